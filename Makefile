@@ -1,0 +1,218 @@
+# dgemma - one flat Makefile.
+#
+#   make                 build everything this machine can build (CPU always,
+#                        CUDA objects when nvcc is found)
+#   make test            build and run the CPU test suite
+#   make test-asan       the same suite under AddressSanitizer + UBSan, plus a
+#                        bounded fuzz run (build-asan/)
+#   make test-gpu        build the GPU suite; run it where a GPU is present
+#   make fuzz            run every fuzz target for FUZZ_SECONDS each
+#   make check           what CI runs: all, test, test-asan, a CPU-only build
+#   make deps            install the Debian/Ubuntu packages the build needs
+#   make install         PREFIX=/usr/local DESTDIR=
+#   V=1                  show full commands
+#   SANITIZE=address,undefined   build with sanitizers
+#   CUDA=0               build CPU-only even where nvcc exists
+
+BUILD    ?= build
+PREFIX   ?= /usr/local
+BINDIR   ?= $(PREFIX)/bin
+MANDIR   ?= $(PREFIX)/share/man
+DESTDIR  ?=
+CC       ?= cc
+CLANG    ?= clang
+FUZZ_SECONDS ?= 20
+
+ifeq ($(V),1)
+Q :=
+say = @true
+else
+Q := @
+say = @printf '  %-7s %s\n' $(1) $(2)
+endif
+
+# ---- toolchain detection ------------------------------------------------
+CUDA_HOME ?= /usr/local/cuda
+ifeq ($(CUDA),0)
+NVCC :=
+else
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+endif
+ifneq ($(NVCC),)
+NVCC_VERSION := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+ifeq ($(NVCC_VERSION),)
+$(error $(NVCC) did not report a version; set NVCC= or CUDA=0 for a CPU-only build)
+endif
+CUDA_ARCH     ?= 90a
+CUDA_PTX_ARCH ?= 90
+HAVE_CUDA := 1
+else
+HAVE_CUDA := 0
+endif
+
+ifeq ($(MAKELEVEL),0)
+ifeq ($(HAVE_CUDA),1)
+$(info dgemma: nvcc $(NVCC_VERSION) at $(NVCC); sm_$(CUDA_ARCH) + compute_$(CUDA_PTX_ARCH) PTX; cuBLAS, NCCL from $(CUDA_HOME))
+else
+$(info dgemma: no CUDA: CPU-only build)
+endif
+$(info dgemma: cc $(shell $(CC) -dumpfullversion 2>/dev/null); jansson $(shell pkg-config --modversion jansson 2>/dev/null || echo MISSING); build dir $(BUILD)$(if $(SANITIZE), with -fsanitize=$(SANITIZE)))
+endif
+
+# ---- flags -----------------------------------------------------------------
+# -Wno-format-truncation: messages are cut to fit their buffers on purpose.
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+            -Wno-unused-parameter -Wno-format-truncation
+CFLAGS   ?= -O2 -g
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -I. -MMD -MP $(WARN) $(CFLAGS)
+LDFLAGS  ?=
+# Third-party C libraries are linked statically, so the binaries run on the
+# GPU machine's image, which lacks them (shared/device.md).
+STATIC_LIBS := -Wl,-Bstatic -ljansson -Wl,-Bdynamic
+SYS_LIBS    := -lm -lpthread -ldl
+
+ifneq ($(SANITIZE),)
+ALL_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS    += -fsanitize=$(SANITIZE)
+endif
+
+NVCCFLAGS ?= -O2 -g
+ALL_NVCCFLAGS = -std=c++17 -I. -MMD -MP $(NVCCFLAGS) \
+    -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
+    -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH) \
+    --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl \
+             -lcudart_static -lrt -lstdc++
+
+# ---- sources ---------------------------------------------------------------
+LIB_SRC    := $(wildcard lib/*.c)
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIBCORE    := $(BUILD)/libdgemma-core.a
+
+KERNEL_SRC := $(wildcard kernels/*.cu)
+KERNEL_OBJ := $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
+LIBCUDA    := $(BUILD)/libdgemma-cuda.a
+
+EVAL_SRC   := $(wildcard tools/eval/*.c)
+EVAL_OBJ   := $(EVAL_SRC:%.c=$(BUILD)/%.o)
+EVAL_BIN   := $(BUILD)/bin/dgemma-eval
+
+HARNESS_OBJ := $(BUILD)/tests/harness.o
+UNIT_SRC   := $(wildcard tests/unit/t-*.c)
+UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
+CLI_TESTS  := $(wildcard tests/cli/t-*.sh)
+
+GPU_TEST_SRC := $(wildcard tests/gpu/t-*.c)
+GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
+
+FUZZ_SRC   := $(wildcard tests/fuzz/fuzz-*.c)
+FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+
+BINS := $(EVAL_BIN)
+ifeq ($(HAVE_CUDA),1)
+GPU_ALL := $(LIBCUDA)
+endif
+
+.SECONDARY:
+.PHONY: all test test-asan test-gpu fuzz check check-cpu-only deps install uninstall clean
+.DEFAULT_GOAL := all
+
+all: $(LIBCORE) $(BINS) $(GPU_ALL)
+
+# ---- rules -----------------------------------------------------------------
+$(BUILD)/%.o: %.c
+	$(call say,CC,$<)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/kernels/%.o: kernels/%.cu
+	$(call say,NVCC,$<)
+	@mkdir -p $(@D)
+	$(Q)$(NVCC) $(ALL_NVCCFLAGS) -c $< -o $@
+
+$(LIBCORE): $(LIB_OBJ)
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIBCUDA): $(KERNEL_OBJ)
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(EVAL_BIN): $(EVAL_OBJ) $(LIBCORE)
+	$(call say,LINK,$@)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+$(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(HARNESS_OBJ) $(LIBCUDA) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(CUDA_LIBS) $(SYS_LIBS) -o $@
+
+# libFuzzer targets: clang, ASan + UBSan, the library sources compiled in.
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=fuzzer,address,undefined \
+              -fno-sanitize-recover=all
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
+	$(call say,FUZZ,$@)
+	@mkdir -p $(@D)
+	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(LIB_SRC) $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+# ---- test targets ----------------------------------------------------------
+test: all $(UNIT_BIN)
+	$(Q)BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(CLI_TESTS)
+
+test-asan:
+	$(Q)$(MAKE) --no-print-directory BUILD=build-asan SANITIZE=address,undefined CFLAGS="-O1 -g" CUDA=0 test
+	$(Q)$(MAKE) --no-print-directory FUZZ_SECONDS=$(or $(FUZZ_SMOKE_SECONDS),10) fuzz
+
+ifeq ($(HAVE_CUDA),1)
+test-gpu: all $(GPU_TEST_BIN)
+	$(Q)if nvidia-smi -L >/dev/null 2>&1; then BUILD=$(BUILD) tests/run.sh $(GPU_TEST_BIN); \
+	else echo "no GPU here: built $(words $(GPU_TEST_BIN)) GPU test(s) in $(BUILD)/tests/gpu;" \
+	     "run them on the GPU machine with: tests/run.sh $(GPU_TEST_BIN)"; fi
+else
+test-gpu:
+	@echo "test-gpu needs nvcc (CUDA toolkit); this is a CPU-only build" >&2; exit 1
+endif
+
+fuzz: $(FUZZ_BIN)
+	$(Q)for f in $(FUZZ_BIN); do \
+	    name=$$(basename $$f); corpus=tests/fuzz/corpus/$$name; \
+	    work=$(BUILD)/fuzz/work-$$name; rm -rf $$work; mkdir -p $$work; \
+	    echo "fuzz: $$name for $(FUZZ_SECONDS)s (seeds: $$corpus)"; \
+	    $$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -dict=tests/fuzz/json.dict \
+	        -print_final_stats=1 $$work $$corpus > $(BUILD)/fuzz/$$name.log 2>&1 \
+	        || { tail -n 40 $(BUILD)/fuzz/$$name.log; echo "fuzz: $$name FAILED"; exit 1; }; \
+	    grep -E '^stat::number_of_executed_units' $(BUILD)/fuzz/$$name.log | sed "s/^/  $$name /"; \
+	done
+
+check-cpu-only:
+	$(Q)$(MAKE) --no-print-directory BUILD=build-cpu-only CUDA=0 all
+
+check: all test test-asan check-cpu-only
+ifeq ($(HAVE_CUDA),1)
+check: $(GPU_TEST_BIN)
+endif
+
+deps:
+	$(Q)tools/install-deps.sh
+
+# ---- install ---------------------------------------------------------------
+MAN_PAGES := $(wildcard man/*.[0-9])
+install: all
+	$(call say,INSTALL,$(DESTDIR)$(PREFIX))
+	$(Q)install -d $(DESTDIR)$(BINDIR)
+	$(Q)install -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
+	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
+	    install -m 0644 $$p $(DESTDIR)$(MANDIR)/man$$s/; done
+
+uninstall:
+	$(Q)for b in $(notdir $(BINS)); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
+	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$$(basename $$p); done
+
+clean:
+	rm -rf build build-asan build-cpu-only
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,100 @@
+/* harness.c - see harness.h. */
+#include "tests/harness.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int n_pass, n_fail;
+static char fail_msg[2048];
+static char program[256];
+static char scratch[512];
+
+int test_fail(const char *file, int line, const char *fmt, ...)
+{
+    if (!fail_msg[0]) {
+        int off = snprintf(fail_msg, sizeof fail_msg, "%s:%d: ", file, line);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(fail_msg + off, sizeof fail_msg - (size_t)off, fmt, ap);
+        va_end(ap);
+    }
+    return 1;
+}
+
+static const char *prog_name(void)
+{
+    if (!program[0]) {
+        char buf[512];
+        ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+        const char *base = "test";
+        if (n > 0) {
+            buf[n] = '\0';
+            base = strrchr(buf, '/') ? strrchr(buf, '/') + 1 : buf;
+        }
+        snprintf(program, sizeof program, "%s", base);
+    }
+    return program;
+}
+
+void test_run(const char *name, int (*fn)(void))
+{
+    int r;
+
+    fail_msg[0] = '\0';
+    r = fn();
+    if (r == 0 && !fail_msg[0]) {
+        n_pass++;
+        printf("ok %s/%s\n", prog_name(), name);
+    } else {
+        n_fail++;
+        printf("not ok %s/%s: %s\n", prog_name(), name, fail_msg[0] ? fail_msg : "failed");
+    }
+    fflush(stdout);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+int test_finish(void)
+{
+    printf("# %s: %d passed, %d failed\n", prog_name(), n_pass, n_fail);
+    if (scratch[0] && !n_fail)  /* keep the evidence when something failed */
+        nftw(scratch, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    else if (scratch[0])
+        printf("# scratch files kept in %s\n", scratch);
+    return n_fail ? 1 : 0;
+}
+
+const char *test_tmpdir(void)
+{
+    char *dir = scratch;
+    if (!dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(dir, sizeof scratch, "%s/dgemma-%s-XXXXXX", base && *base ? base : "/tmp",
+                 prog_name());
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "cannot create a scratch directory under %s: %s\n",
+                    base ? base : "/tmp", strerror(errno));
+            exit(1);
+        }
+    }
+    return dir;
+}
+
+const char *test_path(const char *name)
+{
+    static char path[4][1024];
+    static int slot;
+    slot = (slot + 1) % 4;
+    snprintf(path[slot], sizeof path[slot], "%s/%s", test_tmpdir(), name);
+    return path[slot];
+}
