@@ -1,0 +1,39 @@
+/*
+ * fileio.h - small-file reading and read-only mappings of large files.
+ */
+#ifndef DG_FILEIO_H
+#define DG_FILEIO_H
+
+#include <stddef.h>
+
+#include "lib/error.h"
+
+/* Read the whole file at path into a fresh NUL-terminated buffer.  Files
+ * larger than max_bytes are refused (DG_E_RANGE) before anything is read,
+ * so a hostile file cannot make us allocate without bound.  On success
+ * *out owns the buffer (free() it) and *len excludes the NUL.
+ * Errors: DG_E_IO (with strerror) when the file cannot be opened or read,
+ * DG_E_MISSING when it does not exist. */
+int dg_file_read(const char *path, size_t max_bytes, char **out, size_t *len,
+                 struct dg_error *err);
+
+/* A read-only private mapping of a whole file. */
+struct dg_mapping {
+    void *addr;     /* NULL for an empty file */
+    size_t size;
+};
+
+/* Map path read-only.  Errors: DG_E_MISSING, DG_E_IO. */
+int dg_file_map(const char *path, struct dg_mapping *m, struct dg_error *err);
+
+/* Unmap; safe on a zeroed or already-released mapping. */
+void dg_file_unmap(struct dg_mapping *m);
+
+/* Join dir and name with exactly one '/' into a fresh string (NULL on
+ * allocation failure). */
+char *dg_path_join(const char *dir, const char *name);
+
+/* True if path names an existing regular file (following symlinks). */
+int dg_file_exists(const char *path);
+
+#endif

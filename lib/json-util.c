@@ -1,0 +1,173 @@
+/* json-util.c - see json-util.h. */
+#include "lib/json-util.h"
+
+#include <math.h>
+
+json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err)
+{
+    json_error_t je;
+    json_t *v = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+
+    if (!v)
+        dg_error_set(err, DG_E_FORMAT, "%s: malformed JSON at line %d column %d: %s", what,
+                     je.line, je.column, je.text);
+    return v;
+}
+
+const char *dg_json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "an unknown value";
+}
+
+/* Fetch key; 0 = absent/null (error if required), 1 = present. */
+static int lookup(const json_t *obj, const char *key, enum dg_json_need need, const char *ctx,
+                  json_t **v, struct dg_error *err)
+{
+    *v = json_object_get(obj, key);
+    if (!*v || json_is_null(*v)) {
+        if (need == DG_JSON_REQUIRED)
+            return dg_error_set(err, DG_E_CONFIG, "%s%s: required key is missing", ctx, key);
+        return 0;
+    }
+    return 1;
+}
+
+static int wrong_type(const char *ctx, const char *key, const char *want, const json_t *v,
+                      struct dg_error *err)
+{
+    return dg_error_set(err, DG_E_CONFIG, "%s%s: expected %s, got %s", ctx, key, want,
+                        dg_json_type_name(v));
+}
+
+int dg_json_get_int(const json_t *obj, const char *key, long long lo, long long hi,
+                    enum dg_json_need need, const char *ctx, long long *out,
+                    struct dg_error *err)
+{
+    json_t *v;
+    long long x;
+    int rc = lookup(obj, key, need, ctx, &v, err);
+
+    if (rc <= 0)
+        return rc;
+    if (!json_is_integer(v))
+        return wrong_type(ctx, key, "an integer", v, err);
+    x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return dg_error_set(err, DG_E_CONFIG, "%s%s: %lld is out of range [%lld, %lld]", ctx,
+                            key, x, lo, hi);
+    *out = x;
+    return 1;
+}
+
+int dg_json_get_real(const json_t *obj, const char *key, double lo, double hi,
+                     enum dg_json_need need, const char *ctx, double *out,
+                     struct dg_error *err)
+{
+    json_t *v;
+    double x;
+    int rc = lookup(obj, key, need, ctx, &v, err);
+
+    if (rc <= 0)
+        return rc;
+    if (!json_is_number(v))
+        return wrong_type(ctx, key, "a number", v, err);
+    x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return dg_error_set(err, DG_E_CONFIG, "%s%s: %g is out of range [%g, %g]", ctx, key, x,
+                            lo, hi);
+    *out = x;
+    return 1;
+}
+
+int dg_json_get_bool(const json_t *obj, const char *key, enum dg_json_need need,
+                     const char *ctx, int *out, struct dg_error *err)
+{
+    json_t *v;
+    int rc = lookup(obj, key, need, ctx, &v, err);
+
+    if (rc <= 0)
+        return rc;
+    if (!json_is_boolean(v))
+        return wrong_type(ctx, key, "a boolean", v, err);
+    *out = json_is_true(v);
+    return 1;
+}
+
+int dg_json_get_string(const json_t *obj, const char *key, enum dg_json_need need,
+                       const char *ctx, const char **out, struct dg_error *err)
+{
+    json_t *v;
+    int rc = lookup(obj, key, need, ctx, &v, err);
+
+    if (rc <= 0)
+        return rc;
+    if (!json_is_string(v))
+        return wrong_type(ctx, key, "a string", v, err);
+    *out = json_string_value(v);
+    return 1;
+}
+
+int dg_json_get_object(const json_t *obj, const char *key, enum dg_json_need need,
+                       const char *ctx, json_t **out, struct dg_error *err)
+{
+    json_t *v;
+    int rc = lookup(obj, key, need, ctx, &v, err);
+
+    if (rc <= 0)
+        return rc;
+    if (!json_is_object(v))
+        return wrong_type(ctx, key, "an object", v, err);
+    *out = v;
+    return 1;
+}
+
+int dg_json_get_int_list(const json_t *obj, const char *key, long long lo, long long hi,
+                         enum dg_json_need need, const char *ctx, long long *out, int cap,
+                         int *n, struct dg_error *err)
+{
+    json_t *v, *item;
+    size_t i;
+    int rc = lookup(obj, key, need, ctx, &v, err);
+
+    if (rc <= 0)
+        return rc;
+    if (json_is_integer(v)) {
+        long long x = json_integer_value(v);
+        if (x < lo || x > hi)
+            return dg_error_set(err, DG_E_CONFIG, "%s%s: %lld is out of range [%lld, %lld]",
+                                ctx, key, x, lo, hi);
+        if (cap < 1)
+            return dg_error_set(err, DG_E_CONFIG, "%s%s: no room for values", ctx, key);
+        out[0] = x;
+        *n = 1;
+        return 1;
+    }
+    if (!json_is_array(v))
+        return wrong_type(ctx, key, "an integer or a list of integers", v, err);
+    if (json_array_size(v) > (size_t)cap)
+        return dg_error_set(err, DG_E_CONFIG, "%s%s: %zu values, at most %d allowed", ctx, key,
+                            json_array_size(v), cap);
+    json_array_foreach(v, i, item) {
+        long long x;
+        if (!json_is_integer(item))
+            return dg_error_set(err, DG_E_CONFIG, "%s%s[%zu]: expected an integer, got %s", ctx,
+                                key, i, dg_json_type_name(item));
+        x = json_integer_value(item);
+        if (x < lo || x > hi)
+            return dg_error_set(err, DG_E_CONFIG, "%s%s[%zu]: %lld is out of range [%lld, %lld]",
+                                ctx, key, i, x, lo, hi);
+        out[i] = x;
+    }
+    *n = (int)json_array_size(v);
+    return 1;
+}

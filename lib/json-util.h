@@ -1,0 +1,58 @@
+/*
+ * json-util.h - typed, bounds-checked reads from jansson values, with
+ * errors that name the file and the key path ("config.json:
+ * text_config.hidden_size: expected an integer, got a string").
+ *
+ * Getter convention: returns 1 when the key was present (and *out set),
+ * 0 when it is absent or JSON null and not required (*out untouched),
+ * negative dg_status on a wrong type, a value out of bounds, or a
+ * required key that is absent.  ctx is written right before the key in
+ * messages, so it carries its own separator: "config.json: " or
+ * "config.json: text_config.".
+ */
+#ifndef DG_JSON_UTIL_H
+#define DG_JSON_UTIL_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "lib/error.h"
+
+enum dg_json_need { DG_JSON_OPTIONAL = 0, DG_JSON_REQUIRED = 1 };
+
+/* Parse len bytes as one JSON value (duplicate keys rejected, NUL bytes
+ * rejected, nothing but whitespace after it).  what names the source in
+ * errors.  Returns NULL with DG_E_FORMAT set on malformed input. */
+json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err);
+
+/* Human name of a JSON value's type ("a string", "an object", ...). */
+const char *dg_json_type_name(const json_t *v);
+
+int dg_json_get_int(const json_t *obj, const char *key, long long lo, long long hi,
+                    enum dg_json_need need, const char *ctx, long long *out,
+                    struct dg_error *err);
+
+/* Accepts JSON integers and reals; rejects non-finite results. */
+int dg_json_get_real(const json_t *obj, const char *key, double lo, double hi,
+                     enum dg_json_need need, const char *ctx, double *out,
+                     struct dg_error *err);
+
+int dg_json_get_bool(const json_t *obj, const char *key, enum dg_json_need need,
+                     const char *ctx, int *out, struct dg_error *err);
+
+/* *out points into obj (valid while obj lives). */
+int dg_json_get_string(const json_t *obj, const char *key, enum dg_json_need need,
+                       const char *ctx, const char **out, struct dg_error *err);
+
+/* An object-valued key; *out borrowed from obj. */
+int dg_json_get_object(const json_t *obj, const char *key, enum dg_json_need need,
+                       const char *ctx, json_t **out, struct dg_error *err);
+
+/* An integer or a list of integers in [lo, hi], e.g. eos_token_id.  Stores
+ * up to cap values in out[] and their count in *n; more than cap values is
+ * an error. */
+int dg_json_get_int_list(const json_t *obj, const char *key, long long lo, long long hi,
+                         enum dg_json_need need, const char *ctx, long long *out, int cap,
+                         int *n, struct dg_error *err);
+
+#endif
