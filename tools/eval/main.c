@@ -1,0 +1,53 @@
+/*
+ * dgemma-eval - offline tools over the dgemma engine: inspect a
+ * checkpoint, write a random-weight one.  (Later: forward, generate,
+ * tokenize.)  See man/dgemma-eval.1.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lib/log.h"
+#include "tools/eval/eval.h"
+
+static const char usage[] =
+    "usage: dgemma-eval COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  inspect DIR [--json]      validate a checkpoint directory and describe it\n"
+    "  mkmodel --out DIR [...]   write a checkpoint with random weights\n"
+    "\n"
+    "dgemma-eval COMMAND --help shows a command's options.\n";
+
+void eval_errorf(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("dgemma-eval: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+static void log_to_stderr(void *ud, enum dg_log_level level, const char *line)
+{
+    (void)ud;
+    fprintf(stderr, "dgemma-eval: %s: %s\n",
+            level == DG_LOG_ERROR ? "error" : level == DG_LOG_WARN ? "warning" : "note", line);
+}
+
+int main(int argc, char **argv)
+{
+    dg_log_set_sink(log_to_stderr, NULL, DG_LOG_WARN);
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "inspect"))
+        return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "mkmodel"))
+        return cmd_mkmodel(argc - 1, argv + 1);
+    eval_errorf("unknown command '%s'", argv[1]);
+    fputs(usage, stderr);
+    return 2;
+}
