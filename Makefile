@@ -4,10 +4,11 @@
 #                        CUDA objects when nvcc is found)
 #   make test            build and run the CPU test suite
 #   make test-asan       the same suite under AddressSanitizer + UBSan, plus a
-#                        bounded fuzz run (build-asan/)
+#                        bounded run of every fuzz target (build-asan/)
 #   make test-gpu        build the GPU suite; run it where a GPU is present
 #   make fuzz            run every fuzz target for FUZZ_SECONDS each
-#   make check           what CI runs: all, test, test-asan, a CPU-only build
+#   make check           what CI runs: every build, test, test-asan; ends
+#                        with the total "N passed, N failed"
 #   make deps            install the Debian/Ubuntu packages the build needs
 #   make install         PREFIX=/usr/local DESTDIR=
 #   V=1                  show full commands
@@ -163,9 +164,20 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
 test: all $(UNIT_BIN)
 	$(Q)BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(CLI_TESTS)
 
+# The same suite built with ASan + UBSan, plus every fuzz target for
+# FUZZ_SMOKE_SECONDS, in one runner call.
+ASAN_BUILD := build-asan
+FUZZ_SMOKE_SECONDS ?= 10
 test-asan:
-	$(Q)$(MAKE) --no-print-directory BUILD=build-asan SANITIZE=address,undefined CFLAGS="-O1 -g" CUDA=0 test
-	$(Q)$(MAKE) --no-print-directory FUZZ_SECONDS=$(or $(FUZZ_SMOKE_SECONDS),10) fuzz
+	$(Q)$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE=address,undefined \
+	    CFLAGS="-O1 -g" CUDA=0 asan-suite
+	$(Q)BUILD=$(ASAN_BUILD) FUZZ_DIR=$(ASAN_BUILD)/fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
+	    tests/run.sh $(UNIT_SRC:tests/unit/%.c=$(ASAN_BUILD)/tests/unit/%) $(CLI_TESTS) \
+	    tests/fuzz/t-fuzz-smoke.sh
+
+# (internal) what test-asan builds, invoked with BUILD=$(ASAN_BUILD)
+.PHONY: asan-suite
+asan-suite: all $(UNIT_BIN) $(FUZZ_BIN)
 
 ifeq ($(HAVE_CUDA),1)
 test-gpu: all $(GPU_TEST_BIN)
@@ -178,23 +190,22 @@ test-gpu:
 endif
 
 fuzz: $(FUZZ_BIN)
-	$(Q)for f in $(FUZZ_BIN); do \
-	    name=$$(basename $$f); corpus=tests/fuzz/corpus/$$name; \
-	    work=$(BUILD)/fuzz/work-$$name; rm -rf $$work; mkdir -p $$work; \
-	    echo "fuzz: $$name for $(FUZZ_SECONDS)s (seeds: $$corpus)"; \
-	    $$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -dict=tests/fuzz/json.dict \
-	        -print_final_stats=1 $$work $$corpus > $(BUILD)/fuzz/$$name.log 2>&1 \
-	        || { tail -n 40 $(BUILD)/fuzz/$$name.log; echo "fuzz: $$name FAILED"; exit 1; }; \
-	    grep -E '^stat::number_of_executed_units' $(BUILD)/fuzz/$$name.log | sed "s/^/  $$name /"; \
-	done
+	$(Q)FUZZ_DIR=$(BUILD)/fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/t-fuzz-smoke.sh
 
 check-cpu-only:
 	$(Q)$(MAKE) --no-print-directory BUILD=build-cpu-only CUDA=0 all
 
-check: all test test-asan check-cpu-only
-ifeq ($(HAVE_CUDA),1)
-check: $(GPU_TEST_BIN)
-endif
+# What CI runs: every build (GPU objects and the GPU suite where nvcc is,
+# a CPU-only build), then the CPU suite and the ASan/UBSan suite with the
+# fuzz smoke run; the last line is the total over both suites.
+CHECK_TALLY = $(abspath $(BUILD))/check.tally
+check:
+	$(Q)mkdir -p $(BUILD) && rm -f $(CHECK_TALLY)
+	$(Q)$(MAKE) --no-print-directory all $(if $(filter 1,$(HAVE_CUDA)),$(GPU_TEST_BIN))
+	$(Q)$(MAKE) --no-print-directory check-cpu-only
+	$(Q)TALLY_FILE=$(CHECK_TALLY) $(MAKE) --no-print-directory test
+	$(Q)TALLY_FILE=$(CHECK_TALLY) $(MAKE) --no-print-directory test-asan
+	$(Q)tests/tally.sh $(CHECK_TALLY)
 
 deps:
 	$(Q)tools/install-deps.sh

@@ -112,16 +112,19 @@ void dg_file_unmap(struct dg_mapping *m)
 char *dg_path_join(const char *dir, const char *name)
 {
     size_t a = strlen(dir), b = strlen(name);
+    int slash;
     char *p;
 
     while (a > 1 && dir[a - 1] == '/')
         a--;
-    p = malloc(a + 1 + b + 1);
+    slash = a > 0 && dir[a - 1] != '/'; /* "/" + "x" is "/x", not "//x" */
+    p = malloc(a + (size_t)slash + b + 1);
     if (!p)
         return NULL;
     memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
+    if (slash)
+        p[a] = '/';
+    memcpy(p + a + (size_t)slash, name, b + 1);
     return p;
 }
 

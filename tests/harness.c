@@ -12,6 +12,8 @@ static int n_pass, n_fail;
 static char fail_msg[2048];
 static char program[256];
 static char scratch[512];
+static char *paths[4096]; /* every test_path() result, alive until test_finish() */
+static size_t n_paths;
 
 int test_fail(const char *file, int line, const char *fmt, ...)
 {
@@ -71,6 +73,9 @@ int test_finish(void)
         nftw(scratch, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     else if (scratch[0])
         printf("# scratch files kept in %s\n", scratch);
+    for (size_t i = 0; i < n_paths; i++)
+        free(paths[i]);
+    n_paths = 0;
     return n_fail ? 1 : 0;
 }
 
@@ -92,9 +97,16 @@ const char *test_tmpdir(void)
 
 const char *test_path(const char *name)
 {
-    static char path[4][1024];
-    static int slot;
-    slot = (slot + 1) % 4;
-    snprintf(path[slot], sizeof path[slot], "%s/%s", test_tmpdir(), name);
-    return path[slot];
+    char *p;
+    if (n_paths == sizeof paths / sizeof paths[0]) {
+        fprintf(stderr, "test_path: more than %zu paths in one program\n",
+                sizeof paths / sizeof paths[0]);
+        exit(1);
+    }
+    if (asprintf(&p, "%s/%s", test_tmpdir(), name) < 0) {
+        fprintf(stderr, "test_path: out of memory\n");
+        exit(1);
+    }
+    paths[n_paths++] = p;
+    return p;
 }

@@ -32,7 +32,9 @@ void test_run(const char *name, int (*fn)(void));
 int test_finish(void);
 
 /* Scratch directory for this program (created on first use, under
- * $TMPDIR or /tmp), and a path inside it. */
+ * $TMPDIR or /tmp; removed by test_finish() when every case passed), and a
+ * path inside it (each call returns its own string, valid until
+ * test_finish()). */
 const char *test_tmpdir(void);
 const char *test_path(const char *name);
 

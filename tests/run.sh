@@ -10,7 +10,8 @@
 # non-zero without reporting a failed case, or runs past the timeout, counts
 # as one failure.  Each test's time is printed beside its previous run's.
 # The last line is "N passed, N failed"; the exit status is 0 only when
-# nothing failed.
+# nothing failed.  With TALLY_FILE set, "passed failed skipped" is also
+# appended there (tests/tally.sh adds several runs up).
 set -u
 
 timeout_s=${TEST_TIMEOUT:-300}
@@ -70,4 +71,5 @@ done
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
 [ $skip -gt 0 ] && echo "$skip skipped"
 echo "$pass passed, $fail failed"
+[ -n "${TALLY_FILE:-}" ] && echo "$pass $fail $skip" >>"$TALLY_FILE"
 [ $fail -eq 0 ]
