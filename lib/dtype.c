@@ -76,6 +76,37 @@ float dg_f16_to_f32(uint16_t h)
     return f;
 }
 
+uint16_t dg_f32_to_f16(float f)
+{
+    uint32_t u, sign, exp, man;
+    memcpy(&u, &f, sizeof u);
+    sign = (u >> 16) & 0x8000u;
+    exp = (u >> 23) & 0xffu;
+    man = u & 0x7fffffu;
+
+    if (exp == 0xff) /* inf or NaN (keep NaN quiet and non-zero) */
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
+    if (exp > 112) { /* normal in f32, at least 2^-14: normal half or overflow */
+        uint32_t e = exp - 112, m = man >> 13, rest = man & 0x1fffu;
+        uint32_t h = (e << 10) | m;
+        if (rest > 0x1000u || (rest == 0x1000u && (m & 1u)))
+            h++; /* may carry into the exponent, and into inf: both correct */
+        if (e >= 31)
+            return (uint16_t)(sign | 0x7c00u);
+        return (uint16_t)(sign | (h > 0x7c00u ? 0x7c00u : h));
+    }
+    if (exp < 102) /* below half the smallest subnormal: zero */
+        return (uint16_t)sign;
+    {
+        /* subnormal half: value = m * 2^-24 with m = (1.man) * 2^(exp-127+24) */
+        uint32_t full = man | 0x800000u, shift = 126 - exp; /* 14..24 */
+        uint32_t m = full >> shift, rest = full & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (m & 1u)))
+            m++;
+        return (uint16_t)(sign | m);
+    }
+}
+
 float dg_load_f32(const void *data, enum dg_dtype t, size_t i)
 {
     uint16_t h;

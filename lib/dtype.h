@@ -61,6 +61,9 @@ static inline uint16_t dg_f32_to_bf16(float f)
 /* IEEE half -> float, exact (subnormals, inf, NaN included). */
 float dg_f16_to_f32(uint16_t h);
 
+/* float -> IEEE half, round to nearest even; overflow to inf; NaN stays NaN. */
+uint16_t dg_f32_to_f16(float f);
+
 /* Read element i of a float weight buffer of type t as f32.  t must satisfy
  * dg_dtype_is_float_weight(); other types return 0. */
 float dg_load_f32(const void *data, enum dg_dtype t, size_t i);

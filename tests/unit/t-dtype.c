@@ -122,6 +122,56 @@ static int case_f16_every_pattern(void)
     return 0;
 }
 
+/* round-to-nearest-even to f16 by comparing neighbours in double */
+static uint16_t f16_rne_ref(float f)
+{
+    double x = fabs((double)f), best_d = INFINITY;
+    uint16_t best = 0;
+    /* every non-negative finite half, then infinity */
+    for (uint32_t p = 0; p <= 0x7c00; p++) {
+        double v = p == 0x7c00 ? ldexp(1.0, 16) : f16_value((uint16_t)p); /* inf at 65536 */
+        double d = fabs(v - x);
+        if (d < best_d || (d == best_d && !(p & 1))) {
+            best_d = d;
+            best = (uint16_t)p;
+        }
+    }
+    return (uint16_t)(best | (signbit(f) ? 0x8000 : 0));
+}
+
+static int case_f16_every_pattern_round_trips(void)
+{
+    for (uint32_t p = 0; p < 65536; p++) {
+        float f = dg_f16_to_f32((uint16_t)p);
+        if (isnan(f)) {
+            CHECKF(isnan(dg_f16_to_f32(dg_f32_to_f16(f))), "NaN %04x lost", p);
+            continue;
+        }
+        CHECKF(dg_f32_to_f16(f) == p, "pattern %04x does not round-trip: %04x", p,
+               dg_f32_to_f16(f));
+    }
+    return 0;
+}
+
+static int case_f32_to_f16_rounding(void)
+{
+    uint64_t s = 0x9e3779b9;
+    for (int i = 0; i < 3000; i++) {
+        float f;
+        uint32_t u;
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        /* exponents around the half range: 2^-27 .. 2^17 */
+        u = (uint32_t)(s >> 41) | ((uint32_t)(100 + (s >> 20) % 45) << 23) |
+            ((uint32_t)(s >> 63) << 31);
+        if (i % 4 == 0)
+            u = (u & ~0x1fffu) | 0x1000u; /* halfway between two normal halves */
+        memcpy(&f, &u, 4);
+        CHECKF(dg_f32_to_f16(f) == f16_rne_ref(f), "%a -> %04x, want %04x", (double)f,
+               dg_f32_to_f16(f), f16_rne_ref(f));
+    }
+    return 0;
+}
+
 static int case_load_f32(void)
 {
     float f[3] = {1.5f, -2.25f, 3e-5f};
@@ -141,6 +191,8 @@ int main(void)
     TEST_CASE(case_bf16_every_pattern);
     TEST_CASE(case_f32_to_bf16_rounding);
     TEST_CASE(case_f16_every_pattern);
+    TEST_CASE(case_f16_every_pattern_round_trips);
+    TEST_CASE(case_f32_to_f16_rounding);
     TEST_CASE(case_load_f32);
     return test_finish();
 }
