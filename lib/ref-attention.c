@@ -1,0 +1,54 @@
+/* ref-attention.c - masked grouped-query attention reference; see ref-ops.h. */
+#include "lib/ref-ops.h"
+
+#include <string.h>
+
+void dg_ref_attention(float *out, const float *q, const int64_t *q_pos, int64_t Tq,
+                      const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
+                      int nh, int nkv, int hd, enum dg_attn_mask mask, int window,
+                      float *scores)
+{
+    const int group = nh / nkv;
+    const int64_t qdim = (int64_t)nh * hd, kdim = (int64_t)nkv * hd;
+
+    for (int64_t t = 0; t < Tq; t++) {
+        for (int h = 0; h < nh; h++) {
+            const float *qv = q + t * qdim + (int64_t)h * hd;
+            const int c = h / group;
+            float *o = out + t * qdim + (int64_t)h * hd;
+            float mx = -INFINITY;
+            double sum = 0;
+            int any = 0;
+
+            for (int64_t j = 0; j < Tk; j++) {
+                const float *kv = k + j * kdim + (int64_t)c * hd;
+                float s = 0;
+                if (!dg_mask_visible(mask, q_pos[t], k_pos[j], window)) {
+                    scores[j] = -INFINITY;
+                    continue;
+                }
+                for (int i = 0; i < hd; i++)
+                    s += qv[i] * kv[i];
+                scores[j] = s;
+                if (s > mx)
+                    mx = s;
+                any = 1;
+            }
+            memset(o, 0, sizeof *o * (size_t)hd);
+            if (!any)
+                continue;
+            for (int64_t j = 0; j < Tk; j++) {
+                scores[j] = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - mx);
+                sum += scores[j];
+            }
+            for (int64_t j = 0; j < Tk; j++) {
+                const float p = (float)(scores[j] / sum);
+                const float *vv = v + j * kdim + (int64_t)c * hd;
+                if (p == 0.0f)
+                    continue;
+                for (int i = 0; i < hd; i++)
+                    o[i] += p * vv[i];
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+/*
+ * ref-ops.h - the plain-C reference for every operator of the DiffusionGemma
+ * forward pass.  fp32 activations; weights read from checkpoint memory in
+ * their stored dtype (BF16, F16, F32).  These are the CPU backend's ops and
+ * the oracle each CUDA kernel is tested against.
+ *
+ * Letters: T tokens (rows), H hidden, nh/nkv query/KV heads, hd head size,
+ * E experts, K experts per token.  Row-major throughout.
+ */
+#ifndef DG_REF_OPS_H
+#define DG_REF_OPS_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "lib/model-config.h"
+#include "lib/model-weights.h"
+
+/* RMSNorm, Gemma style (plain weight, not 1 + w), per row of dim values:
+ *     y = x * (mean(x^2) + eps)^(-1/2) * w        (w == NULL: no scale)
+ * Computed in fp32 with a double accumulator for the mean.  y may be x. */
+void dg_ref_rmsnorm(float *y, const float *x, const float *w, int64_t rows, int dim, float eps);
+
+/* gelu with the tanh approximation:
+ *     gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static inline float dg_gelu_tanh(float x)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+/* Logit soft-cap in place: z = cap * tanh(z / cap).  cap <= 0: no-op. */
+void dg_ref_softcap(float *z, int64_t n, float cap);
+
+/* RoPE inverse frequencies for one layer kind, hd/2 entries (model.md §3.1.3):
+ *   default:      f_i = theta^(-2i/hd)                              i < hd/2
+ *   proportional: f_i = theta^(-2i/hd) / factor  for i < r, 0 for i >= r,
+ *                 with r = floor(partial_rotary_factor * hd / 2)
+ * computed in fp32 the way transformers does. */
+void dg_rope_inv_freq(const struct dg_rope_config *rope, int hd, float *inv_freq);
+
+/* Rotate n_heads vectors of hd values in place at position pos
+ * (NeoX / rotate-half pairing, angle_i = pos * f_i):
+ *   x'[i]      = x[i] cos - x[i + hd/2] sin
+ *   x'[i+hd/2] = x[i + hd/2] cos + x[i] sin          for i < hd/2
+ * Pairs with f_i = 0 are left exactly as they are. */
+void dg_ref_rope(float *x, int n_heads, int hd, const float *inv_freq, int64_t pos);
+
+/* y[t, j] = sum_i x[t, i] * W[j, i] for t < T, j < w->rows, i < w->cols
+ * (y = x W^T, nn.Linear).  row_buf: scratch of w->cols floats. */
+void dg_ref_matmul(float *y, const float *x, int64_t T, const struct dg_weight *w, float *row_buf);
+
+/* Which keys a query sees (model.md §4.3), by absolute position q, k:
+ *   DG_MASK_NONE           every key (decoder mode: the caller passes only
+ *                          the keys the layer keeps: the cached window and
+ *                          the whole canvas)
+ *   DG_MASK_CAUSAL         k <= q                       (encoder, full layers)
+ *   DG_MASK_CAUSAL_WINDOW  k <= q and k > q - window    (encoder, sliding layers) */
+enum dg_attn_mask { DG_MASK_NONE = 0, DG_MASK_CAUSAL = 1, DG_MASK_CAUSAL_WINDOW = 2 };
+
+static inline int dg_mask_visible(enum dg_attn_mask mask, int64_t q, int64_t k, int window)
+{
+    switch (mask) {
+    case DG_MASK_NONE: return 1;
+    case DG_MASK_CAUSAL: return k <= q;
+    case DG_MASK_CAUSAL_WINDOW: return k <= q && k > q - window;
+    }
+    return 0;
+}
+
+/* Grouped-query attention with scale 1 (the q/k norms stand in for 1/sqrt(hd)):
+ *   for query t, head h, g = nh / nkv, kv head c = h / g:
+ *     s_j = q[t,h] . k[j,c]          over the keys j visible to q_pos[t]
+ *     out[t,h] = sum_j softmax(s)_j v[j,c]
+ * q, out: [Tq, nh*hd]; k, v: [Tk, nkv*hd]; positions give the mask.  A
+ * query that sees no key gets zeros.  scores: scratch of Tk floats. */
+void dg_ref_attention(float *out, const float *q, const int64_t *q_pos, int64_t Tq,
+                      const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
+                      int nh, int nkv, int hd, enum dg_attn_mask mask, int window,
+                      float *scores);
+
+/* Router decision for one token (model.md §3.3 step 9) from its E logits:
+ *   p = softmax(logits) (fp32); the K largest p (ties: lower index first),
+ *   w_j = p_j / sum_topK p * per_expert_scale[e_j].
+ * idx, w: K entries each, in decreasing p. */
+void dg_ref_router_topk(int *idx, float *w, const float *logits, int E, int K,
+                        const float *per_expert_scale);
+
+/* Softmax of n values in place (max-subtracted, fp32 exp, double sum). */
+void dg_ref_softmax(float *x, int64_t n);
+
+#endif

@@ -1,0 +1,222 @@
+/*
+ * Description: each forward-pass primitive against values worked out by
+ * hand from its formula (model.md §3): RMSNorm with and without weight,
+ * gelu-tanh, soft-cap, both RoPE kinds (incl. the 26B proportional table),
+ * router top-k with renormalisation, per-expert scale and ties, the mask of
+ * every mode and layer kind, and grouped-query attention.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/ref-ops.h"
+#include "tests/harness.h"
+
+#define NEAR(a, b, tol) (fabs((double)(a) - (double)(b)) <= (tol))
+
+static int case_rmsnorm(void)
+{
+    /* x = [3, 4]: mean(x^2) = 12.5, scale (12.5 + 1e-6)^-1/2 = 0.2828427 */
+    float x[2] = {3, 4}, y[2], w[2] = {2, 0.5f};
+    dg_ref_rmsnorm(y, x, NULL, 1, 2, 1e-6f);
+    CHECK(NEAR(y[0], 0.8485281, 1e-6) && NEAR(y[1], 1.1313708, 1e-6));
+    dg_ref_rmsnorm(y, x, w, 1, 2, 1e-6f);
+    CHECK(NEAR(y[0], 1.6970562, 1e-6) && NEAR(y[1], 0.5656854, 1e-6));
+    /* in place, several rows; a zero row stays zero (eps keeps it finite) */
+    {
+        float z[6] = {3, 4, 0, 0, -6, 8};
+        dg_ref_rmsnorm(z, z, w, 3, 2, 1e-6f);
+        CHECK(NEAR(z[0], 1.6970562, 1e-6) && z[2] == 0 && z[3] == 0);
+        /* [-6, 8]: mean 50, scale 0.1414214 -> [-0.8485, 1.1314] * w */
+        CHECK(NEAR(z[4], -1.6970562, 1e-6) && NEAR(z[5], 0.5656854, 1e-6));
+    }
+    return 0;
+}
+
+static int case_gelu_and_softcap(void)
+{
+    /* 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) */
+    CHECK(dg_gelu_tanh(0) == 0);
+    CHECK(NEAR(dg_gelu_tanh(1), 0.8411920, 1e-6));
+    CHECK(NEAR(dg_gelu_tanh(-1), -0.1588080, 1e-6));
+    CHECK(NEAR(dg_gelu_tanh(2.5f), 2.4849157, 1e-6));
+    CHECK(NEAR(dg_gelu_tanh(-3), -0.0036374, 1e-6));
+    {
+        /* 30 tanh(z / 30): 45 -> 27.154448, -100 -> -29.923739, 0 -> 0 */
+        float z[3] = {45, -100, 0};
+        dg_ref_softcap(z, 3, 30);
+        CHECK(NEAR(z[0], 27.154448, 1e-4) && NEAR(z[1], -29.923739, 1e-4) && z[2] == 0);
+        dg_ref_softcap(z, 3, 0); /* no cap: unchanged */
+        CHECK(NEAR(z[0], 27.154448, 1e-4));
+    }
+    {
+        /* exps [1, 1, 1/2] / 2.5; large values must not overflow (1000 - ln 2
+         * rounds by up to 3e-5 in fp32, hence the tolerance) */
+        float s[3] = {1000, 1000, 1000 - logf(2)};
+        dg_ref_softmax(s, 3);
+        CHECK(NEAR(s[0], 0.4, 2e-5) && NEAR(s[2], 0.2, 2e-5));
+    }
+    return 0;
+}
+
+static int case_rope_default(void)
+{
+    /* hd 4, theta 1e4: f = [1, 1e4^(-1/2)] = [1, 0.01]; pos 1 rotates the
+     * pairs (x0, x2) by 1 rad and (x1, x3) by 0.01 rad */
+    struct dg_rope_config r = {DG_ROPE_DEFAULT, 10000.0, 1.0, 1.0};
+    float f[2], x[4] = {1, 2, 3, 4};
+    dg_rope_inv_freq(&r, 4, f);
+    CHECK(f[0] == 1.0f && NEAR(f[1], 0.01, 1e-9));
+    dg_ref_rope(x, 1, 4, f, 1);
+    CHECK(NEAR(x[0], -1.9841106, 1e-6) && NEAR(x[2], 2.4623779, 1e-6));
+    CHECK(NEAR(x[1], 1.9599007, 1e-6) && NEAR(x[3], 4.0197997, 1e-6));
+    /* position 0 is the identity; two heads rotate alike */
+    {
+        float y[8] = {1, 2, 3, 4, 1, 2, 3, 4};
+        dg_ref_rope(y, 2, 4, f, 0);
+        CHECK(y[0] == 1 && y[1] == 2 && y[2] == 3 && y[3] == 4);
+        dg_ref_rope(y, 2, 4, f, 1);
+        CHECK(y[4] == y[0] && y[7] == y[3] && NEAR(y[4], -1.9841106, 1e-6));
+    }
+    return 0;
+}
+
+static int case_rope_proportional(void)
+{
+    /* hd 8, partial 0.25: floor(0.25 * 8 / 2) = 1 rotated pair (x0, x4);
+     * the exponent's denominator is the full hd */
+    struct dg_rope_config r = {DG_ROPE_PROPORTIONAL, 1e6, 0.25, 1.0};
+    float f[4], x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    dg_rope_inv_freq(&r, 8, f);
+    CHECK(f[0] == 1.0f && f[1] == 0 && f[2] == 0 && f[3] == 0);
+    dg_ref_rope(x, 1, 8, f, 2);
+    CHECK(NEAR(x[0], -4.9626340, 1e-6) && NEAR(x[4], -1.1714368, 1e-6));
+    CHECK(x[1] == 2 && x[2] == 3 && x[3] == 4 && x[5] == 6 && x[6] == 7 && x[7] == 8);
+    /* the 26B full layers: hd 512, 64 rotated pairs, f_i = 1e6^(-2i/512) */
+    {
+        float g[256];
+        dg_rope_inv_freq(&r, 512, g);
+        CHECK(g[0] == 1.0f && NEAR(g[1], 0.9474635, 1e-6) && NEAR(g[63], 0.0333762, 1e-6));
+        for (int i = 64; i < 256; i++)
+            CHECKF(g[i] == 0.0f, "pair %d should not rotate", i);
+        /* factor divides the frequencies */
+        r.factor = 2.0;
+        dg_rope_inv_freq(&r, 512, g);
+        CHECK(g[0] == 0.5f && g[64] == 0.0f);
+    }
+    return 0;
+}
+
+static int case_router_topk(void)
+{
+    /* logits [1, 3, 2, 3]: p = [0.0541, 0.3995, 0.1470, 0.3995]; top 2 is
+     * the tie {1, 3}, lower index first; renormalised 0.5 each, times the
+     * per-expert scales 2 and 0.5 */
+    float logits[4] = {1, 3, 2, 3}, scale[4] = {1, 2, 1, 0.5f}, w[3];
+    int idx[3];
+    dg_ref_router_topk(idx, w, logits, 4, 2, scale);
+    CHECK(idx[0] == 1 && idx[1] == 3);
+    CHECK(NEAR(w[0], 1.0, 1e-6) && NEAR(w[1], 0.25, 1e-6));
+    /* logits [0.5, -1, 2, 1.5, 0], K 3: experts 2, 3, 0 with
+     * p / (p2 + p3 + p0) * scale = [1.0930988, 0.1657495, 0.1219517] */
+    {
+        float l2[5] = {0.5f, -1, 2, 1.5f, 0}, s2[5] = {1, 1.5f, 2, 0.5f, 1};
+        dg_ref_router_topk(idx, w, l2, 5, 3, s2);
+        CHECK(idx[0] == 2 && idx[1] == 3 && idx[2] == 0);
+        CHECK(NEAR(w[0], 1.0930988, 1e-6) && NEAR(w[1], 0.1657495, 1e-6) &&
+              NEAR(w[2], 0.1219517, 1e-6));
+    }
+    /* K = E: every expert, weights = p * scale */
+    {
+        float l3[2] = {0, 0}, s3[2] = {1, 3};
+        dg_ref_router_topk(idx, w, l3, 2, 2, s3);
+        CHECK(idx[0] == 0 && idx[1] == 1 && NEAR(w[0], 0.5, 1e-7) && NEAR(w[1], 1.5, 1e-6));
+    }
+    return 0;
+}
+
+static int case_masks(void)
+{
+    /* model.md §4.3, W = 4 */
+    const int W = 4;
+    /* encoder, full layers: causal */
+    CHECK(dg_mask_visible(DG_MASK_CAUSAL, 10, 0, W) && dg_mask_visible(DG_MASK_CAUSAL, 10, 10, W));
+    CHECK(!dg_mask_visible(DG_MASK_CAUSAL, 10, 11, W));
+    /* encoder, sliding layers: k <= q and k > q - W (the last W including self) */
+    CHECK(dg_mask_visible(DG_MASK_CAUSAL_WINDOW, 10, 10, W));
+    CHECK(dg_mask_visible(DG_MASK_CAUSAL_WINDOW, 10, 7, W));
+    CHECK(!dg_mask_visible(DG_MASK_CAUSAL_WINDOW, 10, 6, W));
+    CHECK(!dg_mask_visible(DG_MASK_CAUSAL_WINDOW, 10, 11, W));
+    /* decoder, both kinds: everything handed over (cached window + canvas),
+     * including canvas keys after the query */
+    CHECK(dg_mask_visible(DG_MASK_NONE, 10, 0, W) && dg_mask_visible(DG_MASK_NONE, 10, 15, W));
+    return 0;
+}
+
+static int case_attention(void)
+{
+    /* 2 query heads sharing 1 KV head (GQA), hd 2.  Keys at positions
+     * 4, 5, 6: k4 = [0, 0], k5 = [ln 2, 0], k6 = [ln 3, 0]; values
+     * v4 = [1, 0], v5 = [0, 1], v6 = [1, 1].  Query head 0 = [1, 0]: scores
+     * [0, ln 2, ln 3] -> softmax [1/6, 2/6, 3/6] over all three keys;
+     * head 1 = [0, 1]: scores 0 -> uniform. */
+    const float l2 = logf(2), l3 = logf(3);
+    float q[2 * 4] = {1, 0, 0, 1, /* query at position 5 */ 1, 0, 0, 1 /* position 6 */};
+    float k[3 * 2] = {0, 0, l2, 0, l3, 0}, v[3 * 2] = {1, 0, 0, 1, 1, 1};
+    int64_t qpos[2] = {5, 6}, kpos[3] = {4, 5, 6};
+    float out[2 * 4], scores[3];
+
+    dg_ref_attention(out, q, qpos, 2, k, v, kpos, 3, 2, 1, 2, DG_MASK_NONE, 0, scores);
+    CHECK(NEAR(out[0], 4.0 / 6, 1e-6) && NEAR(out[1], 5.0 / 6, 1e-6));
+    CHECK(NEAR(out[2], 2.0 / 3, 1e-6) && NEAR(out[3], 2.0 / 3, 1e-6));
+    /* causal: the query at 5 sees keys 4 and 5 only: [1/3, 2/3] */
+    dg_ref_attention(out, q, qpos, 2, k, v, kpos, 3, 2, 1, 2, DG_MASK_CAUSAL, 0, scores);
+    CHECK(NEAR(out[0], 1.0 / 3, 1e-6) && NEAR(out[1], 2.0 / 3, 1e-6));
+    CHECK(NEAR(out[4], 4.0 / 6, 1e-6)); /* position 6 sees all three */
+    /* window 1: each query sees only its own position */
+    dg_ref_attention(out, q, qpos, 2, k, v, kpos, 3, 2, 1, 2, DG_MASK_CAUSAL_WINDOW, 1, scores);
+    CHECK(NEAR(out[0], 0, 1e-7) && NEAR(out[1], 1, 1e-7) && NEAR(out[4], 1, 1e-7) &&
+          NEAR(out[5], 1, 1e-7));
+    /* a query that sees nothing gets zeros, not NaN */
+    qpos[0] = 1;
+    dg_ref_attention(out, q, qpos, 1, k, v, kpos, 3, 2, 1, 2, DG_MASK_CAUSAL, 0, scores);
+    CHECK(out[0] == 0 && out[1] == 0 && out[2] == 0 && out[3] == 0);
+    return 0;
+}
+
+static int case_matmul_dtypes(void)
+{
+    /* W [2, 3] = [[1, 2, 3], [-1, 0.5, 4]] in F32, BF16 and F16 (all exact);
+     * x [2, 3] = [[1, 1, 1], [2, 0, -1]]: y = x W^T = [[6, 3.5], [-1, -6]] */
+    const float wf[6] = {1, 2, 3, -1, 0.5f, 4}, x[6] = {1, 1, 1, 2, 0, -1};
+    uint16_t wb[6], wh[6];
+    float y[4], row[3];
+    struct dg_weight w = {wf, DG_DTYPE_F32, 2, 3, "w"};
+
+    for (int i = 0; i < 6; i++) {
+        wb[i] = dg_f32_to_bf16(wf[i]);
+        wh[i] = dg_f32_to_f16(wf[i]);
+    }
+    for (int t = 0; t < 3; t++) {
+        w.data = t == 0 ? (const void *)wf : t == 1 ? (const void *)wb : (const void *)wh;
+        w.dtype = t == 0 ? DG_DTYPE_F32 : t == 1 ? DG_DTYPE_BF16 : DG_DTYPE_F16;
+        memset(y, 0xff, sizeof y);
+        dg_ref_matmul(y, x, 2, &w, row);
+        CHECKF(y[0] == 6 && y[1] == 3.5f && y[2] == -1 && y[3] == -6, "dtype %s",
+               dg_dtype_name(w.dtype));
+    }
+    return 0;
+}
+
+int main(void)
+{
+    TEST_CASE(case_rmsnorm);
+    TEST_CASE(case_gelu_and_softcap);
+    TEST_CASE(case_rope_default);
+    TEST_CASE(case_rope_proportional);
+    TEST_CASE(case_router_topk);
+    TEST_CASE(case_masks);
+    TEST_CASE(case_attention);
+    TEST_CASE(case_matmul_dtypes);
+    return test_finish();
+}
