@@ -110,6 +110,11 @@ FUZZ_SRC   := $(wildcard tests/fuzz/fuzz-*.c)
 FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
 BINS := $(EVAL_BIN)
+
+# The embedded default model: the "small" preset with random weights and its
+# own tokenizer, generated deterministically at build time (its output is
+# noise until a trained model replaces it).
+DEFAULT_MODEL := $(BUILD)/model/default
 ifeq ($(HAVE_CUDA),1)
 GPU_ALL := $(LIBCUDA)
 endif
@@ -118,7 +123,7 @@ endif
 .PHONY: all test test-asan test-gpu fuzz check check-cpu-only deps install uninstall clean
 .DEFAULT_GOAL := all
 
-all: $(LIBCORE) $(BINS) $(GPU_ALL)
+all: $(LIBCORE) $(BINS) $(DEFAULT_MODEL)/config.json $(GPU_ALL)
 
 # ---- rules -----------------------------------------------------------------
 $(BUILD)/%.o: %.c
@@ -143,6 +148,11 @@ $(EVAL_BIN): $(EVAL_OBJ) $(LIBCORE)
 	$(call say,LINK,$@)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+$(DEFAULT_MODEL)/config.json: $(EVAL_BIN)
+	$(call say,MODEL,$(DEFAULT_MODEL))
+	$(Q)rm -rf $(DEFAULT_MODEL) && mkdir -p $(dir $(DEFAULT_MODEL))
+	$(Q)$(EVAL_BIN) mkmodel --preset small --seed 1 --out $(DEFAULT_MODEL) >/dev/null
 
 $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(LIBCORE)
 	$(call say,LINK,$@)
@@ -212,15 +222,18 @@ deps:
 
 # ---- install ---------------------------------------------------------------
 MAN_PAGES := $(wildcard man/*.[0-9])
+DATADIR   ?= $(PREFIX)/share/dgemma
 install: all
 	$(call say,INSTALL,$(DESTDIR)$(PREFIX))
-	$(Q)install -d $(DESTDIR)$(BINDIR)
+	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)/model/default
 	$(Q)install -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
+	$(Q)install -m 0644 $(DEFAULT_MODEL)/* $(DESTDIR)$(DATADIR)/model/default/
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
 	    install -m 0644 $$p $(DESTDIR)$(MANDIR)/man$$s/; done
 
 uninstall:
 	$(Q)for b in $(notdir $(BINS)); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
+	$(Q)rm -rf $(DESTDIR)$(DATADIR)/model/default
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$$(basename $$p); done
 
 clean:

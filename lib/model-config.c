@@ -493,8 +493,37 @@ int dg_model_config_preset(const char *name, struct dg_model_config *c, struct d
         dg_model_config_26b(c);
         return 0;
     }
+    if (strcmp(name, "small") == 0) {
+        /* the embedded default: vocabulary 512 (room for the synthetic
+         * tokenizer), five sliding layers and one full, canvas 32 */
+        dg_model_config_26b(c);
+        c->vocab_size = 512;
+        c->hidden_size = 64;
+        c->intermediate_size = 128;
+        c->self_conditioning_size = 128;
+        c->num_layers = 6;
+        memset(c->layer_kind, 0, sizeof c->layer_kind);
+        c->layer_kind[5] = DG_LAYER_FULL;
+        c->num_heads = 4;
+        c->num_kv_heads = 2;
+        c->head_dim = 16;
+        c->global_head_dim = 32;
+        c->num_global_kv_heads = 1;
+        c->sliding_window = 64;
+        c->max_position_embeddings = 8192;
+        c->num_experts = 8;
+        c->top_k_experts = 2;
+        c->moe_intermediate_size = 32;
+        memset(c->eos_ids, 0, sizeof c->eos_ids);
+        c->n_eos = 2;
+        c->eos_ids[0] = 1; /* <eos> */
+        c->eos_ids[1] = 6; /* <turn|> of the synthetic tokenizer */
+        c->canvas_length = 32;
+        return 0;
+    }
     if (strcmp(name, "tiny") != 0)
-        return dg_error_set(err, DG_E_INVAL, "unknown model preset '%s' (26b, tiny)", name);
+        return dg_error_set(err, DG_E_INVAL, "unknown model preset '%s' (26b, small, tiny)",
+                            name);
     dg_model_config_26b(c);
     c->vocab_size = 131;
     c->hidden_size = 32;

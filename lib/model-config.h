@@ -95,10 +95,13 @@ int dg_model_config_validate(const struct dg_model_config *cfg, const char *what
 /* The released google/diffusiongemma-26B-A4B-it configuration. */
 void dg_model_config_26b(struct dg_model_config *cfg);
 
-/* Named configurations: "26b" (the release) and "tiny" (a few-KB model
- * that still has every feature: an odd vocabulary of 131, sliding window 8,
- * two sliding layers and one full layer with its own head shape, 4 experts
- * with top 2, canvas 16).  Returns 0, or -DG_E_INVAL for an unknown name. */
+/* Named configurations: "26b" (the release); "small" (the embedded
+ * default model: vocabulary 512, hidden 64, 5 sliding layers + 1 full,
+ * window 64, 8 experts with top 2, canvas 32, stop ids <eos> and <turn|>
+ * of the synthetic tokenizer); "tiny" (a few-KB model that still has every
+ * feature: an odd vocabulary of 131, sliding window 8, two sliding layers
+ * and one full layer with its own head shape, 4 experts with top 2, canvas
+ * 16).  Returns 0, or -DG_E_INVAL for an unknown name. */
 int dg_model_config_preset(const char *name, struct dg_model_config *cfg, struct dg_error *err);
 
 /* Serialise as a transformers-compatible wrapper config.json.  With

@@ -334,10 +334,10 @@ static int same_config(const struct dg_model_config *a, const struct dg_model_co
 
 static int case_serialise_round_trip(void)
 {
-    const char *presets[] = {"26b", "tiny"};
+    const char *presets[] = {"26b", "tiny", "small"};
     struct dg_error err = {0};
 
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < 3; p++) {
         for (int form = 0; form < 2; form++) {
             struct dg_model_config a, b;
             char *text;

@@ -9,19 +9,24 @@
 #include "lib/fileio.h"
 #include "lib/model-config.h"
 #include "lib/model-synth.h"
+#include "lib/tokenizer-synth.h"
 #include "tools/eval/eval.h"
 
 static const char usage[] =
     "usage: dgemma-eval mkmodel --out DIR [options]\n"
-    "Write config.json, generation_config.json and random weights to DIR.\n"
-    "  --preset NAME        tiny (default) or 26b (the released shapes: ~50 GB)\n"
+    "Write config.json, generation_config.json and random weights to DIR, and,\n"
+    "when the vocabulary has room (at least 361 ids), a matching small\n"
+    "tokenizer.json and tokenizer_config.json.\n"
+    "  --preset NAME        tiny (default), small (the embedded default model) or\n"
+    "                       26b (the released shapes: ~50 GB)\n"
     "  --config FILE        take the shapes from this config.json instead\n"
     "  --dtype f32|bf16     weight dtype (default f32)\n"
     "  --seed N             weight seed (default 1)\n"
     "  --shards N           write N shards and an index (default 1: model.safetensors)\n"
     "  --per-expert         store experts as per-expert 2-D tensors, not packed banks\n"
     "  --per-layer-config   write config.json the way transformers 5.17 saves it\n"
-    "  --vision             add a few vision-tower tensors (the loader skips them)\n";
+    "  --vision             add a few vision-tower tensors (the loader skips them)\n"
+    "  --no-tokenizer       do not write tokenizer.json\n";
 
 static int parse_u64(const char *s, unsigned long long *out)
 {
@@ -40,6 +45,7 @@ int cmd_mkmodel(int argc, char **argv)
     struct dg_synth_plan plan;
     struct dg_error err = {0};
     unsigned long long v;
+    int tokenizer = 1;
 
     dg_synth_options_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -82,6 +88,8 @@ int cmd_mkmodel(int argc, char **argv)
             o.per_layer_config_form = 1;
         } else if (!strcmp(a, "--vision")) {
             o.with_vision = 1;
+        } else if (!strcmp(a, "--no-tokenizer")) {
+            tokenizer = 0;
         } else {
             eval_errorf("mkmodel: unexpected argument '%s'%s", a,
                         val || a[0] != '-' ? "" : " (missing its value?)");
@@ -116,8 +124,14 @@ int cmd_mkmodel(int argc, char **argv)
         eval_errorf("mkmodel: %s", err.msg);
         return 1;
     }
-    printf("wrote %s: %d tensors in %d file%s\n", out, plan.n, o.n_shards,
-           o.n_shards == 1 ? "" : "s");
+    tokenizer = tokenizer && cfg.vocab_size >= DG_TOKSYNTH_MIN_VOCAB;
+    if (tokenizer && dg_tokenizer_synth_write(out, cfg.vocab_size, &err) != 0) {
+        dg_synth_plan_free(&plan);
+        eval_errorf("mkmodel: %s", err.msg);
+        return 1;
+    }
+    printf("wrote %s: %d tensors in %d file%s%s\n", out, plan.n, o.n_shards,
+           o.n_shards == 1 ? "" : "s", tokenizer ? ", tokenizer.json" : "");
     dg_synth_plan_free(&plan);
     return 0;
 }
