@@ -1,7 +1,7 @@
 /*
  * dgemma-eval - offline tools over the dgemma engine: inspect a
- * checkpoint, write a random-weight one.  (Later: forward, generate,
- * tokenize.)  See man/dgemma-eval.1.
+ * checkpoint, write a random-weight one, run the CPU forward pass, compare
+ * arrays.  See man/dgemma-eval.1.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +16,8 @@ static const char usage[] =
     "commands:\n"
     "  inspect DIR [--json]      validate a checkpoint directory and describe it\n"
     "  mkmodel --out DIR [...]   write a checkpoint with random weights\n"
+    "  forward --model DIR ...   run the CPU backend on token ids, write .npy\n"
+    "  compare A.npy B.npy       compare two float32 arrays\n"
     "\n"
     "dgemma-eval COMMAND --help shows a command's options.\n";
 
@@ -47,6 +49,10 @@ int main(int argc, char **argv)
         return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(argv[1], "mkmodel"))
         return cmd_mkmodel(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "forward"))
+        return cmd_forward(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "compare"))
+        return cmd_compare(argc - 1, argv + 1);
     eval_errorf("unknown command '%s'", argv[1]);
     fputs(usage, stderr);
     return 2;

@@ -1,0 +1,329 @@
+/* cmd-forward.c - `dgemma-eval forward`: run the CPU backend on given ids
+ * and write the result as float32 .npy, for comparison with references;
+ * and `dgemma-eval compare`, which compares two such files. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/checkpoint.h"
+#include "lib/cpu-forward.h"
+#include "lib/fileio.h"
+#include "lib/ids-text.h"
+#include "lib/kv-cache.h"
+#include "lib/model-weights.h"
+#include "lib/npy.h"
+#include "tools/eval/eval.h"
+
+#define MAX_COMMITS 64
+#define IDS_FILE_MAX (64u << 20)
+#define NPY_FILE_MAX (4ull << 30)
+
+static const char usage[] =
+    "usage: dgemma-eval forward --model DIR --prompt-ids FILE [--commit-ids FILE]...\n"
+    "                           [--canvas-ids FILE] [--sc-logits FILE.npy]\n"
+    "                           [--mode encoder|decoder] --out FILE.npy\n"
+    "Encode the prompt (and then each committed canvas, in order) on the CPU\n"
+    "backend.  encoder mode (the default without --canvas-ids) writes the\n"
+    "final-normed hidden states of the last encoder pass [T, H]; decoder mode\n"
+    "runs one denoising step over the canvas and writes its softcapped logits\n"
+    "[CL, V], self-conditioned on --sc-logits (processed logits [CL, V]) if given.\n"
+    "Id files hold whitespace-separated integers; '-' reads standard input.\n";
+
+static int read_ids_file(const char *path, int64_t vocab, int32_t **ids, size_t *n)
+{
+    struct dg_error err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+
+    if (!strcmp(path, "-")) {
+        size_t cap = 4096;
+        text = malloc(cap);
+        while (text) {
+            size_t got = fread(text + len, 1, cap - len - 1, stdin);
+            len += got;
+            if (got == 0 || len > IDS_FILE_MAX)
+                break;
+            if (len + 1 == cap) {
+                char *p = realloc(text, cap * 2);
+                if (!p) {
+                    free(text);
+                    text = NULL;
+                    break;
+                }
+                text = p;
+                cap *= 2;
+            }
+        }
+        if (!text) {
+            eval_errorf("forward: out of memory reading standard input");
+            return 1;
+        }
+        rc = len > IDS_FILE_MAX ? dg_error_set(&err, DG_E_RANGE, "standard input: too long")
+                                : dg_ids_parse(text, len, vocab, "standard input", ids, n, &err);
+    } else {
+        rc = dg_file_read(path, IDS_FILE_MAX, &text, &len, &err);
+        if (rc == 0)
+            rc = dg_ids_parse(text, len, vocab, path, ids, n, &err);
+    }
+    free(text);
+    if (rc) {
+        eval_errorf("%s", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_forward(int argc, char **argv)
+{
+    const char *model = NULL, *prompt_path = NULL, *canvas_path = NULL, *sc_path = NULL;
+    const char *out = NULL, *mode = NULL, *commits[MAX_COMMITS];
+    int n_commits = 0, decoder, status = 1;
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_cpu_model cm;
+    struct dg_kv_cache kv = {0};
+    struct dg_error err = {0};
+    int32_t *prompt = NULL, *canvas = NULL, *commit_ids[MAX_COMMITS] = {0};
+    size_t n_prompt = 0, n_canvas = 0, n_commit[MAX_COMMITS] = {0};
+    float *sc = NULL, *result = NULL;
+    int64_t total, shape[2];
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!val || a[0] != '-') {
+            eval_errorf("forward: unexpected argument '%s'%s", a, val ? "" : " (missing value?)");
+            fputs(usage, stderr);
+            return 2;
+        }
+        if (!strcmp(a, "--model"))
+            model = val;
+        else if (!strcmp(a, "--prompt-ids"))
+            prompt_path = val;
+        else if (!strcmp(a, "--canvas-ids"))
+            canvas_path = val;
+        else if (!strcmp(a, "--sc-logits"))
+            sc_path = val;
+        else if (!strcmp(a, "--out"))
+            out = val;
+        else if (!strcmp(a, "--mode"))
+            mode = val;
+        else if (!strcmp(a, "--commit-ids")) {
+            if (n_commits == MAX_COMMITS) {
+                eval_errorf("forward: at most %d --commit-ids", MAX_COMMITS);
+                return 2;
+            }
+            commits[n_commits++] = val;
+        } else {
+            eval_errorf("forward: unknown option '%s'", a);
+            fputs(usage, stderr);
+            return 2;
+        }
+        i++;
+    }
+    if (!model || !prompt_path || !out) {
+        eval_errorf("forward: --model, --prompt-ids and --out are required");
+        fputs(usage, stderr);
+        return 2;
+    }
+    if (mode && strcmp(mode, "encoder") && strcmp(mode, "decoder")) {
+        eval_errorf("forward: --mode must be encoder or decoder, not '%s'", mode);
+        return 2;
+    }
+    decoder = mode ? !strcmp(mode, "decoder") : canvas_path != NULL;
+    if (decoder && !canvas_path) {
+        eval_errorf("forward: decoder mode needs --canvas-ids");
+        return 2;
+    }
+    if (!decoder && (canvas_path || sc_path)) {
+        eval_errorf("forward: --canvas-ids and --sc-logits belong to decoder mode");
+        return 2;
+    }
+
+    if (dg_model_load(model, &ck, &m, &err) != 0) {
+        eval_errorf("%s [%s]", err.msg, dg_status_name(err.code));
+        return 1;
+    }
+    if (dg_cpu_model_init(&cm, &m, &err) != 0) {
+        eval_errorf("%s", err.msg);
+        goto out_model;
+    }
+    if (read_ids_file(prompt_path, m.cfg.vocab_size, &prompt, &n_prompt))
+        goto out;
+    total = (int64_t)n_prompt;
+    for (int i = 0; i < n_commits; i++) {
+        if (read_ids_file(commits[i], m.cfg.vocab_size, &commit_ids[i], &n_commit[i]))
+            goto out;
+        total += (int64_t)n_commit[i];
+    }
+    if (decoder) {
+        if (read_ids_file(canvas_path, m.cfg.vocab_size, &canvas, &n_canvas))
+            goto out;
+        total += (int64_t)n_canvas;
+    }
+    if (sc_path) {
+        int ndim;
+        int64_t sh[DG_NPY_MAX_DIMS];
+        if (dg_npy_read_f32(sc_path, NPY_FILE_MAX, &sc, &ndim, sh, &err) != 0) {
+            eval_errorf("%s", err.msg);
+            goto out;
+        }
+        if (ndim != 2 || sh[0] != (int64_t)n_canvas || sh[1] != m.cfg.vocab_size) {
+            eval_errorf("%s: shape %s[%lld, %lld], but the canvas needs [%zu, %lld]", sc_path,
+                        ndim == 2 ? "" : "of rank != 2, ", (long long)(ndim > 0 ? sh[0] : 0),
+                        (long long)(ndim > 1 ? sh[1] : 0), n_canvas, (long long)m.cfg.vocab_size);
+            goto out;
+        }
+    }
+    if (dg_kv_cache_init(&kv, &m.cfg, total, &err) != 0 || kv.max_length < total) {
+        eval_errorf("%s", kv.layers ? "the inputs exceed max_position_embeddings" : err.msg);
+        goto out;
+    }
+
+    /* encoder passes: the prompt, then each commit; keep the last one's hidden */
+    {
+        size_t last_n = n_commits ? n_commit[n_commits - 1] : n_prompt;
+        float *hidden = decoder ? NULL : malloc(sizeof(float) * last_n * (size_t)m.cfg.hidden_size);
+        if (!decoder && !hidden) {
+            eval_errorf("forward: out of memory");
+            goto out;
+        }
+        if (dg_cpu_encode(&cm, &kv, prompt, (int64_t)n_prompt, n_commits ? NULL : hidden, &err)) {
+            free(hidden);
+            eval_errorf("%s: %s", prompt_path, err.msg);
+            goto out;
+        }
+        for (int i = 0; i < n_commits; i++) {
+            if (dg_cpu_encode(&cm, &kv, commit_ids[i], (int64_t)n_commit[i],
+                              i == n_commits - 1 ? hidden : NULL, &err)) {
+                free(hidden);
+                eval_errorf("%s: %s", commits[i], err.msg);
+                goto out;
+            }
+        }
+        result = hidden;
+        shape[0] = (int64_t)last_n;
+        shape[1] = m.cfg.hidden_size;
+    }
+    if (decoder) {
+        result = malloc(sizeof(float) * n_canvas * (size_t)m.cfg.vocab_size);
+        if (!result) {
+            eval_errorf("forward: out of memory for [%zu, %lld] logits", n_canvas,
+                        (long long)m.cfg.vocab_size);
+            goto out;
+        }
+        if (dg_cpu_decode(&cm, &kv, canvas, (int64_t)n_canvas, sc, result, &err)) {
+            eval_errorf("%s: %s", canvas_path, err.msg);
+            goto out;
+        }
+        shape[0] = (int64_t)n_canvas;
+        shape[1] = m.cfg.vocab_size;
+    }
+    if (dg_npy_write_f32(out, result, 2, shape, &err)) {
+        eval_errorf("%s", err.msg);
+        goto out;
+    }
+    printf("wrote %s: %s [%lld, %lld] after %lld cached tokens\n", out,
+           decoder ? "logits" : "hidden states", (long long)shape[0], (long long)shape[1],
+           (long long)(kv.length - (decoder ? 0 : shape[0])));
+    status = 0;
+out:
+    free(result);
+    free(sc);
+    free(prompt);
+    free(canvas);
+    for (int i = 0; i < n_commits; i++)
+        free(commit_ids[i]);
+    dg_kv_cache_free(&kv);
+    dg_cpu_model_free(&cm);
+out_model:
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    return status;
+}
+
+static const char compare_usage[] =
+    "usage: dgemma-eval compare OURS.npy REF.npy [--tol X]\n"
+    "Compare two float32 arrays of the same shape: prints max|ours - ref|,\n"
+    "max|ref|, their ratio and, for 2-D arrays, how many rows have the same\n"
+    "argmax.  Exit status 0 if the ratio is at most X (default 1e-4), 1 if not.\n";
+
+int cmd_compare(int argc, char **argv)
+{
+    const char *paths[2] = {NULL, NULL};
+    double tol = 1e-4, max_d = 0, max_r = 0, ratio;
+    float *a = NULL, *b = NULL;
+    int nd[2], n_paths = 0, status = 1;
+    int64_t sa[DG_NPY_MAX_DIMS], sb[DG_NPY_MAX_DIMS], n = 1, same = 0;
+    struct dg_error err = {0};
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(compare_usage, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--tol") && i + 1 < argc) {
+            char *end;
+            tol = strtod(argv[++i], &end);
+            if (*end || !(tol >= 0)) {
+                eval_errorf("compare: --tol needs a non-negative number");
+                return 2;
+            }
+        } else if (argv[i][0] != '-' && n_paths < 2) {
+            paths[n_paths++] = argv[i];
+        } else {
+            eval_errorf("compare: unexpected argument '%s'", argv[i]);
+            fputs(compare_usage, stderr);
+            return 2;
+        }
+    }
+    if (n_paths != 2) {
+        fputs(compare_usage, stderr);
+        return 2;
+    }
+    if (dg_npy_read_f32(paths[0], NPY_FILE_MAX, &a, &nd[0], sa, &err) ||
+        dg_npy_read_f32(paths[1], NPY_FILE_MAX, &b, &nd[1], sb, &err)) {
+        eval_errorf("%s", err.msg);
+        goto out;
+    }
+    if (nd[0] != nd[1] || memcmp(sa, sb, sizeof(int64_t) * (size_t)nd[0])) {
+        eval_errorf("compare: the arrays have different shapes");
+        goto out;
+    }
+    for (int i = 0; i < nd[0]; i++)
+        n *= sa[i];
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            d = INFINITY;
+        if (d > max_d)
+            max_d = d;
+        if (fabs((double)b[i]) > max_r)
+            max_r = fabs((double)b[i]);
+    }
+    ratio = max_r > 0 ? max_d / max_r : max_d;
+    printf("max|d| %.4g  max|ref| %.4g  ratio %.4g", max_d, max_r, ratio);
+    if (nd[0] == 2 && sa[1] > 0) {
+        for (int64_t r = 0; r < sa[0]; r++) {
+            int64_t ia = 0, ib = 0;
+            for (int64_t c = 1; c < sa[1]; c++) {
+                if (a[r * sa[1] + c] > a[r * sa[1] + ia])
+                    ia = c;
+                if (b[r * sa[1] + c] > b[r * sa[1] + ib])
+                    ib = c;
+            }
+            same += ia == ib;
+        }
+        printf("  argmax agree %lld/%lld", (long long)same, (long long)sa[0]);
+    }
+    printf("  %s (tol %g)\n", ratio <= tol ? "ok" : "EXCEEDS", tol);
+    status = ratio <= tol ? 0 : 1;
+out:
+    free(a);
+    free(b);
+    return status;
+}
