@@ -7,6 +7,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_forward(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 /* Print "dgemma-eval: <msg>" to stderr. */
 void eval_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -18,6 +18,7 @@ static const char usage[] =
     "  mkmodel --out DIR [...]   write a checkpoint with random weights\n"
     "  forward --model DIR ...   run the CPU backend on token ids, write .npy\n"
     "  compare A.npy B.npy       compare two float32 arrays\n"
+    "  tokenize --tokenizer F    JSON lines of text or chat messages to token ids\n"
     "\n"
     "dgemma-eval COMMAND --help shows a command's options.\n";
 
@@ -53,6 +54,8 @@ int main(int argc, char **argv)
         return cmd_forward(argc - 1, argv + 1);
     if (!strcmp(argv[1], "compare"))
         return cmd_compare(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokenize"))
+        return cmd_tokenize(argc - 1, argv + 1);
     eval_errorf("unknown command '%s'", argv[1]);
     fputs(usage, stderr);
     return 2;

@@ -1,0 +1,250 @@
+/* cmd-tokenize.c - `dgemma-eval tokenize`: JSON lines in, JSON lines out,
+ * through the C tokenizer and chat formatter (the oracle's I/O format). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/chat-format.h"
+#include "lib/fileio.h"
+#include "lib/tokenizer.h"
+#include "tools/eval/eval.h"
+
+#define LINE_MAX_BYTES (64u << 20)
+#define MAX_MESSAGES 1024
+#define MAX_PARTS 64
+
+static const char usage[] =
+    "usage: dgemma-eval tokenize --tokenizer FILE [--config FILE]\n"
+    "Read JSON lines on standard input, one object each:\n"
+    "  {\"text\": \"...\", \"add_special_tokens\": false}\n"
+    "  {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, ...],\n"
+    "   \"add_generation_prompt\": true, \"enable_thinking\": false}\n"
+    "and write one JSON line each: \"ids\", \"decoded\" (special tokens kept),\n"
+    "\"decoded_skip_special\", and for messages the rendered prompt as \"text\".\n"
+    "A line that cannot be processed gets {\"line\": N, \"error\": \"...\"}\n"
+    "and the rest continue.  --config defaults to tokenizer_config.json beside\n"
+    "the tokenizer.  Exit status 0 if every line succeeded, 1 otherwise.\n";
+
+static void print_error(size_t line, const char *msg)
+{
+    json_t *o = json_pack("{s:I,s:s}", "line", (json_int_t)line, "error", msg);
+    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    if (s)
+        puts(s);
+    free(s);
+    json_decref(o);
+}
+
+/* content: a string, or a list of {"type": "text", "text": ...} items */
+static int content_parts(json_t *content, struct dg_chat_part *parts, size_t *n, char *why,
+                         size_t why_len)
+{
+    json_t *item;
+    size_t i;
+
+    *n = 0;
+    if (json_is_string(content)) {
+        parts[0].text = json_string_value(content);
+        parts[0].len = json_string_length(content);
+        *n = 1;
+        return 0;
+    }
+    if (!json_is_array(content)) {
+        snprintf(why, why_len, "content must be a string or a list of text items");
+        return -1;
+    }
+    json_array_foreach(content, i, item) {
+        json_t *type = json_object_get(item, "type"), *text = json_object_get(item, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !json_is_string(text)) {
+            snprintf(why, why_len, "content item %zu is not {\"type\": \"text\", \"text\": ...} "
+                     "(images and other items are not supported)", i);
+            return -1;
+        }
+        if (*n == MAX_PARTS) {
+            snprintf(why, why_len, "more than %d content items", MAX_PARTS);
+            return -1;
+        }
+        parts[*n].text = json_string_value(text);
+        parts[*n].len = json_string_length(text);
+        (*n)++;
+    }
+    return 0;
+}
+
+/* Process one input object; on failure write the reason to why. */
+static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t why_len)
+{
+    json_t *text = json_object_get(in, "text"), *messages = json_object_get(in, "messages");
+    json_t *out = NULL;
+    struct dg_ids ids = {0};
+    struct dg_buf prompt = {0}, dec = {0}, dec_skip = {0};
+    struct dg_error err = {0};
+    const char *src;
+    size_t src_len;
+    int flags = 0, rc = -1;
+    char *line;
+
+    if (!json_is_object(in)) {
+        snprintf(why, why_len, "a line must be a JSON object");
+        return -1;
+    }
+    if (!!text == !!messages || (text && !json_is_string(text)) ||
+        (messages && !json_is_array(messages))) {
+        snprintf(why, why_len, "need exactly one of \"text\" (a string) or \"messages\" (a list)");
+        return -1;
+    }
+    if (text) {
+        json_t *as = json_object_get(in, "add_special_tokens");
+        if (as && !json_is_boolean(as)) {
+            snprintf(why, why_len, "add_special_tokens must be a boolean");
+            return -1;
+        }
+        flags = json_is_true(as) ? DG_TOK_ADD_SPECIAL : 0;
+        src = json_string_value(text);
+        src_len = json_string_length(text);
+    } else {
+        static struct dg_chat_message msgs[MAX_MESSAGES];
+        static struct dg_chat_part parts[MAX_MESSAGES][MAX_PARTS];
+        json_t *m, *gen = json_object_get(in, "add_generation_prompt");
+        json_t *think = json_object_get(in, "enable_thinking");
+        size_t i, n = json_array_size(messages);
+        if (n > MAX_MESSAGES) {
+            snprintf(why, why_len, "more than %d messages", MAX_MESSAGES);
+            return -1;
+        }
+        if ((gen && !json_is_boolean(gen)) || (think && !json_is_boolean(think))) {
+            snprintf(why, why_len, "add_generation_prompt and enable_thinking must be booleans");
+            return -1;
+        }
+        json_array_foreach(messages, i, m) {
+            json_t *role = json_object_get(m, "role");
+            if (!json_is_string(role)) {
+                snprintf(why, why_len, "message %zu has no string role", i);
+                return -1;
+            }
+            msgs[i].role = json_string_value(role);
+            msgs[i].parts = parts[i];
+            if (content_parts(json_object_get(m, "content"), parts[i], &msgs[i].n_parts, why,
+                              why_len) < 0)
+                return -1;
+        }
+        if (dg_chat_render(t, msgs, n, json_is_true(gen), json_is_true(think), &prompt, &err)) {
+            snprintf(why, why_len, "%s", err.msg);
+            return -1;
+        }
+        src = prompt.s;
+        src_len = prompt.n;
+    }
+    if (dg_tokenizer_encode(t, src, src_len, flags, &ids, &err) ||
+        dg_tokenizer_decode(t, ids.v, ids.n, 0, &dec, &err) ||
+        dg_tokenizer_decode(t, ids.v, ids.n, 1, &dec_skip, &err)) {
+        snprintf(why, why_len, "%s", err.msg);
+        goto done;
+    }
+    out = json_object();
+    if (messages)
+        json_object_set_new(out, "text", json_stringn(prompt.s, prompt.n));
+    {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < ids.n; i++)
+            json_array_append_new(arr, json_integer(ids.v[i]));
+        json_object_set_new(out, "ids", arr);
+    }
+    json_object_set_new(out, "decoded", json_stringn(dec.s, dec.n));
+    json_object_set_new(out, "decoded_skip_special", json_stringn(dec_skip.s, dec_skip.n));
+    line = json_dumps(out, JSON_COMPACT);
+    if (!line) {
+        snprintf(why, why_len, "out of memory");
+        goto done;
+    }
+    puts(line);
+    free(line);
+    rc = 0;
+done:
+    json_decref(out);
+    dg_ids_free(&ids);
+    dg_buf_free(&prompt);
+    dg_buf_free(&dec);
+    dg_buf_free(&dec_skip);
+    return rc;
+}
+
+int cmd_tokenize(int argc, char **argv)
+{
+    const char *tok_path = NULL, *cfg_path = NULL;
+    char *cfg_default = NULL, *line = NULL;
+    size_t cap = 0, lineno = 0;
+    ssize_t n;
+    struct dg_tokenizer *t;
+    struct dg_error err = {0};
+    int failures = 0;
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) {
+            tok_path = argv[++i];
+        } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            cfg_path = argv[++i];
+        } else {
+            eval_errorf("tokenize: unexpected argument '%s'", argv[i]);
+            fputs(usage, stderr);
+            return 2;
+        }
+    }
+    if (!tok_path) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    if (!cfg_path) {
+        const char *slash = strrchr(tok_path, '/');
+        size_t dir = slash ? (size_t)(slash - tok_path) : 0;
+        cfg_default = malloc(dir + 32);
+        if (!cfg_default)
+            return 1;
+        memcpy(cfg_default, tok_path, dir);
+        strcpy(cfg_default + dir, dir ? "/tokenizer_config.json" : "tokenizer_config.json");
+        cfg_path = cfg_default;
+    }
+    if (dg_tokenizer_load(tok_path, cfg_path, &t, &err) != 0) {
+        eval_errorf("%s [%s]", err.msg, dg_status_name(err.code));
+        free(cfg_default);
+        return 1;
+    }
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        json_error_t je;
+        json_t *in;
+        char why[1200];
+        lineno++;
+        if (n > 0 && line[n - 1] == '\n')
+            line[--n] = '\0';
+        if (n == 0)
+            continue;
+        if ((size_t)n > LINE_MAX_BYTES) {
+            print_error(lineno, "line too long");
+            failures++;
+            continue;
+        }
+        in = json_loadb(line, (size_t)n, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+        if (!in) {
+            snprintf(why, sizeof why, "malformed JSON (or invalid UTF-8) at column %d: %s",
+                     je.column, je.text);
+            print_error(lineno, why);
+            failures++;
+            continue;
+        }
+        if (one_line(t, in, why, sizeof why) < 0) {
+            print_error(lineno, why);
+            failures++;
+        }
+        json_decref(in);
+        fflush(stdout);
+    }
+    free(line);
+    free(cfg_default);
+    dg_tokenizer_free(t);
+    return failures ? 1 : 0;
+}
