@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-static char fail_msg[2048];
+static int n_pass, n_fail, n_skip;
+static char fail_msg[2048], skip_msg[1024];
 static char program[256];
 static char scratch[512];
 static char *paths[4096]; /* every test_path() result, alive until test_finish() */
@@ -42,13 +42,26 @@ static const char *prog_name(void)
     return program;
 }
 
+int test_skip(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(skip_msg, sizeof skip_msg, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
 void test_run(const char *name, int (*fn)(void))
 {
     int r;
 
     fail_msg[0] = '\0';
+    skip_msg[0] = '\0';
     r = fn();
-    if (r == 0 && !fail_msg[0]) {
+    if (r == 0 && !fail_msg[0] && skip_msg[0]) {
+        n_skip++;
+        printf("skip %s/%s: %s\n", prog_name(), name, skip_msg);
+    } else if (r == 0 && !fail_msg[0]) {
         n_pass++;
         printf("ok %s/%s\n", prog_name(), name);
     } else {
@@ -68,7 +81,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 
 int test_finish(void)
 {
-    printf("# %s: %d passed, %d failed\n", prog_name(), n_pass, n_fail);
+    printf("# %s: %d passed, %d failed, %d skipped\n", prog_name(), n_pass, n_fail, n_skip);
     if (scratch[0] && !n_fail)  /* keep the evidence when something failed */
         nftw(scratch, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
     else if (scratch[0])

@@ -25,6 +25,10 @@
 /* Record a failure of the running case (first one wins) and return 1. */
 int test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Mark the running case skipped (it could not run here), with a reason;
+ * returns 0 so a case can `return test_skip(...)`. */
+int test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Run one case and print its verdict. */
 void test_run(const char *name, int (*fn)(void));
 
