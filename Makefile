@@ -106,6 +106,9 @@ CLI_TESTS  := $(wildcard tests/cli/t-*.sh)
 GPU_TEST_SRC := $(wildcard tests/gpu/t-*.c)
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
+BENCH_SRC  := $(wildcard bench/*/bench-*.c)
+BENCH_BIN  := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
+
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz-*.c)
 FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
@@ -120,6 +123,7 @@ GPU_ALL := $(LIBCUDA)
 endif
 
 .SECONDARY:
+.PHONY: bench-build
 .PHONY: all test test-asan test-gpu fuzz check check-cpu-only deps install uninstall clean
 .DEFAULT_GOAL := all
 
@@ -157,6 +161,12 @@ $(DEFAULT_MODEL)/config.json: $(EVAL_BIN)
 $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+bench-build: $(BENCH_BIN)
 
 $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(HARNESS_OBJ) $(LIBCUDA) $(LIBCORE)
 	$(call say,LINK,$@)

@@ -8,6 +8,7 @@ set -u
 dir=${FUZZ_DIR:-build/fuzz}
 secs=${FUZZ_SECONDS:-10}
 here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
 fails=0
 shopt -s nullglob
 targets=("$dir"/fuzz-*)
@@ -21,7 +22,7 @@ for f in "${targets[@]}"; do
     work=$dir/work-$name
     rm -rf "$work"; mkdir -p "$work"
     log=$dir/$name.log
-    if (cd "$dir" && "./$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    if (cd "$dir" && DG_SOURCE_DIR="$src" "./$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
             -dict="$here/json.dict" -print_final_stats=1 "work-$name" "$here/corpus/$name") \
             >"$log" 2>&1; then
         runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
