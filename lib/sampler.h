@@ -1,0 +1,94 @@
+/*
+ * sampler.h - the per-position arithmetic of DiffusionGemma's sampler
+ * (model.md §6), written so that it can run on a slice of the vocabulary
+ * and be combined across slices: the vocab-parallel sampler of design.md
+ * §3.4.  The CUDA sampler kernels are checked against these functions.
+ *
+ * For one canvas position with raw (softcapped) logits z over V ids, at
+ * temperature T, with the request's top-k / top-p filter:
+ *
+ *   keep     = { v : z_v >= tau }      tau from the filter (-inf: keep all)
+ *   l_v      = z_v / T                 processed logits (v in keep)
+ *   p_v      = exp(l_v - M) / S,       M = max l, S = sum exp(l - M)
+ *   argmax   = argmax_v l_v            (lowest id on ties; = argmax z)
+ *   sample   = argmax_v l_v + g_v      Gumbel-max: a draw from p, with
+ *                                      g_v = dg_rand_gumbel(seed, canvas,
+ *                                      step, position, v)
+ *   entropy  = -sum p log p = log S - D / S,  D = sum exp(l - M) (l - M)
+ *
+ * A slice yields (M, S, D, argmax, sample) for its ids; slices combine
+ * exactly (up to rounding) with dg_row_stats_combine, so no full row of
+ * logits or probabilities ever has to be gathered in one place.
+ */
+#ifndef DG_SAMPLER_H
+#define DG_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/error.h"
+
+/* Where a position's random draws come from (see philox.h). */
+struct dg_rand_site {
+    uint64_t seed;
+    uint32_t canvas, step, position;
+};
+
+struct dg_row_stats {
+    float max;          /* M over kept ids of this slice; -inf if none */
+    double sum;         /* S, relative to max */
+    double dev;         /* D, relative to max (<= 0) */
+    int32_t argmax;     /* -1 if no kept id */
+    float argmax_val;   /* l at argmax */
+    int32_t sample;     /* -1 if no kept id */
+    float sample_val;   /* l + g at sample */
+    int64_t nonfinite;  /* ids whose raw logit was NaN or infinite */
+};
+
+/* The temperature at 0-based step k of a canvas with at most n_steps steps,
+ * computed as transformers does it (float32):
+ *   T = t_min + (t_max - t_min) * ((n_steps - k) / n_steps)
+ * so T = t_max at k = 0 and t_min + (t_max - t_min) / n_steps at the last
+ * step. */
+float dg_temperature(double t_min, double t_max, int n_steps, int k);
+
+/* The filter threshold tau for one row of raw logits z[0..V): ids with
+ * z >= tau are kept.  top_k: keep the top_k largest logits (0 or >= V: no
+ * limit); top_p: then keep the smallest set of largest logits whose mass
+ * under softmax(z) (renormalised over the top-k set) reaches top_p (>= 1:
+ * no limit).  Ties at the boundary are all kept.  Both at their no-limit
+ * values give -INFINITY.  scratch: V floats.  The search is a bisection
+ * over the ordered float values (32 counting passes), the form that also
+ * works when the row is split across ranks. */
+float dg_filter_threshold(const float *z, int64_t V, int top_k, double top_p, float *scratch);
+
+/* Statistics of the slice z[0..n) holding vocab ids v0 .. v0+n-1.  site may
+ * be NULL (no sample drawn: sample = -1). */
+void dg_row_stats_slice(const float *z, int64_t v0, int64_t n, float T, float tau,
+                        const struct dg_rand_site *site, struct dg_row_stats *st);
+
+/* Fold b into a: the statistics of the union of two disjoint slices. */
+void dg_row_stats_combine(struct dg_row_stats *a, const struct dg_row_stats *b);
+
+/* Entropy in nats of the row the statistics describe. */
+float dg_row_entropy(const struct dg_row_stats *st);
+
+/* p[v] for the slice z[0..n): exp(z_v / T - M) / S for kept ids, 0 for
+ * filtered ones, with M and S from the combined statistics of the row. */
+void dg_row_probs(const float *z, int64_t n, float T, float tau, const struct dg_row_stats *all,
+                  float *p);
+
+/* The entropy-bound acceptance (model.md §6): order positions by entropy,
+ * ascending (ties: lower position first); the r-th in that order is
+ * accepted iff the sum of the entropies before it is <= beta.  The lowest
+ * entropy is always accepted; the accepted set is a prefix of the order.
+ * Arithmetic as transformers on the CPU: the running sum in double, each
+ * partial sum rounded to float, minus the current entropy in float,
+ * compared with (float)beta.  order: n ints of scratch.  Returns the number
+ * accepted. */
+int dg_accept_mask(const float *entropy, int n, double beta, uint8_t *mask, int32_t *order);
+
+/* Mean of n entropies (float). */
+float dg_mean_entropy(const float *entropy, int n);
+
+#endif
