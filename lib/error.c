@@ -23,6 +23,7 @@ static const char *const status_names[DG_STATUS_COUNT] = {
     [DG_E_CUBLAS] = "cublas",
     [DG_E_NCCL] = "nccl",
     [DG_E_NODEV] = "no_device",
+    [DG_E_BUSY] = "busy",
 };
 
 const char *dg_status_name(int status)

@@ -37,6 +37,7 @@ enum dg_status {
     DG_E_CUBLAS,      /* cuBLAS error */
     DG_E_NCCL,        /* NCCL error */
     DG_E_NODEV,       /* no usable GPU */
+    DG_E_BUSY,        /* every slot or queue place is taken; try again later */
     DG_STATUS_COUNT
 };
 

@@ -52,7 +52,7 @@ static int case_status_names_stable(void)
     static const char *const want[] = {"ok", "invalid_argument", "out_of_memory", "io", "format",
                                        "config", "unsupported", "dtype", "shape", "missing",
                                        "extra", "range", "internal", "cuda", "cublas", "nccl",
-                                       "no_device"};
+                                       "no_device", "busy"};
     CHECK(sizeof want / sizeof want[0] == DG_STATUS_COUNT);
     for (int i = 0; i < DG_STATUS_COUNT; i++) {
         CHECKF(strcmp(dg_status_name(i), want[i]) == 0, "status %d is %s", i, dg_status_name(i));
