@@ -352,54 +352,63 @@ int dg_cpu_encode(const struct dg_cpu_model *cm, struct dg_kv_cache *kv, const i
     return rc;
 }
 
-/* soft[t] = (softmax(sc[t]) E) * c, accumulated in double; then the SC MLP:
- * out[t] = down(gelu(gate u) * up u), u = rms(soft[t]; pre_norm). */
-static int self_conditioning(const struct dg_cpu_model *cm, const float *sc, int64_t CL,
-                             struct scratch *s, float *out, struct dg_error *err)
+int dg_cpu_soft_embed(const struct dg_cpu_model *cm, const float *probs, int64_t CL, float *soft,
+                      struct dg_error *err)
 {
     const struct dg_model *m = cm->m;
-    const struct dg_model_config *c = &m->cfg;
-    const int64_t V = c->vocab_size, H = c->hidden_size, S = c->self_conditioning_size;
+    const int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     double *acc = calloc((size_t)(CL * H), sizeof *acc);
-    float *p = malloc(sizeof(float) * (size_t)(CL * V));
+    float *row = malloc(sizeof(float) * (size_t)H);
 
-    if (!acc || !p) {
+    if (!acc || !row) {
         free(acc);
-        free(p);
+        free(row);
         return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for self-conditioning");
     }
-    memcpy(p, sc, sizeof(float) * (size_t)(CL * V));
-    for (int64_t t = 0; t < CL; t++)
-        dg_ref_softmax(p + t * V, V);
     for (int64_t v = 0; v < V; v++) {
-        const unsigned char *row = (const unsigned char *)m->embed.data +
+        const unsigned char *src = (const unsigned char *)m->embed.data +
                                    (size_t)v * (size_t)H * dg_dtype_size(m->embed.dtype);
-        for (int64_t i = 0; i < H; i++)
-            s->row[i] = dg_load_f32(row, m->embed.dtype, (size_t)i);
+        int loaded = 0;
         for (int64_t t = 0; t < CL; t++) {
-            const double pv = p[t * V + v];
+            const double pv = probs[t * V + v];
             if (pv == 0.0)
                 continue;
+            if (!loaded) {
+                for (int64_t i = 0; i < H; i++)
+                    row[i] = dg_load_f32(src, m->embed.dtype, (size_t)i);
+                loaded = 1;
+            }
             for (int64_t i = 0; i < H; i++)
-                acc[t * H + i] += pv * s->row[i];
+                acc[t * H + i] += pv * row[i];
         }
     }
     for (int64_t i = 0; i < CL * H; i++)
-        s->a[i] = (float)acc[i] * cm->embed_scale;
+        soft[i] = (float)acc[i] * cm->embed_scale;
     free(acc);
-    free(p);
-    dg_ref_rmsnorm(s->a, s->a, cm->sc_pre_norm, CL, (int)H, (float)c->rms_norm_eps);
+    free(row);
+    return 0;
+}
+
+/* The SC MLP on a soft embedding: out[t] = down(gelu(gate u) * up u),
+ * u = rms(soft[t]; pre_norm). */
+static void self_conditioning(const struct dg_cpu_model *cm, const float *soft, int64_t CL,
+                              struct scratch *s, float *out)
+{
+    const struct dg_model *m = cm->m;
+    const struct dg_model_config *c = &m->cfg;
+    const int64_t S = c->self_conditioning_size;
+
+    dg_ref_rmsnorm(s->a, soft, cm->sc_pre_norm, CL, c->hidden_size, (float)c->rms_norm_eps);
     dg_ref_matmul(s->gate, s->a, CL, &m->sc_gate, s->row);
     dg_ref_matmul(s->up, s->a, CL, &m->sc_up, s->row);
     for (int64_t i = 0; i < CL * S; i++)
         s->gate[i] = dg_gelu_tanh(s->gate[i]) * s->up[i];
     dg_ref_matmul(out, s->gate, CL, &m->sc_down, s->row);
-    return 0;
 }
 
-int dg_cpu_decode(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,
-                  const int32_t *canvas, int64_t CL, const float *sc_logits, float *logits,
-                  struct dg_error *err)
+int dg_cpu_decode_soft(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,
+                       const int32_t *canvas, int64_t CL, const float *soft, float *logits,
+                       struct dg_error *err)
 {
     const struct dg_model *m = cm->m;
     const struct dg_model_config *c = &m->cfg;
@@ -412,11 +421,8 @@ int dg_cpu_decode(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,
     if ((rc = scratch_alloc(&s, c, CL, kv->length, err)) < 0)
         return rc;
     embed(cm, canvas, CL, s.x);
-    if (sc_logits) {
-        if ((rc = self_conditioning(cm, sc_logits, CL, &s, s.tmp, err)) < 0) {
-            scratch_free(&s);
-            return rc;
-        }
+    if (soft) {
+        self_conditioning(cm, soft, CL, &s, s.tmp);
         for (int64_t i = 0; i < CL * H; i++)
             s.x[i] += s.tmp[i];
     }
@@ -430,5 +436,36 @@ int dg_cpu_decode(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,
         dg_ref_softcap(logits, CL * c->vocab_size, (float)c->final_logit_softcapping);
     }
     scratch_free(&s);
+    return rc;
+}
+
+int dg_cpu_decode(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,
+                  const int32_t *canvas, int64_t CL, const float *sc_logits, float *logits,
+                  struct dg_error *err)
+{
+    const int64_t V = cm->m->cfg.vocab_size, H = cm->m->cfg.hidden_size;
+    float *p, *soft;
+    int rc;
+
+    if (!sc_logits)
+        return dg_cpu_decode_soft(cm, kv, canvas, CL, NULL, logits, err);
+    if (CL < 1)
+        return dg_error_set(err, DG_E_INVAL, "decoder: %lld tokens; need at least one",
+                            (long long)CL);
+    p = malloc(sizeof(float) * (size_t)(CL * V));
+    soft = malloc(sizeof(float) * (size_t)(CL * H));
+    if (!p || !soft) {
+        free(p);
+        free(soft);
+        return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for self-conditioning");
+    }
+    memcpy(p, sc_logits, sizeof(float) * (size_t)(CL * V));
+    for (int64_t t = 0; t < CL; t++)
+        dg_ref_softmax(p + t * V, V);
+    rc = dg_cpu_soft_embed(cm, p, CL, soft, err);
+    free(p);
+    if (rc == 0)
+        rc = dg_cpu_decode_soft(cm, kv, canvas, CL, soft, logits, err);
+    free(soft);
     return rc;
 }

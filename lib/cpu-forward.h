@@ -69,6 +69,17 @@ int dg_cpu_decode(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,
                   const int32_t *canvas, int64_t CL, const float *sc_logits, float *logits,
                   struct dg_error *err);
 
+/* Decoder pass with the self-conditioning input given as a soft embedding
+ * soft [CL, H] (= (pi E) c for probabilities pi), or NULL for none. */
+int dg_cpu_decode_soft(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,
+                       const int32_t *canvas, int64_t CL, const float *soft, float *logits,
+                       struct dg_error *err);
+
+/* soft[t] = (sum_v probs[t, v] E[v]) c for CL rows of probabilities over the
+ * vocabulary, accumulated in double.  Errors: DG_E_NOMEM. */
+int dg_cpu_soft_embed(const struct dg_cpu_model *cm, const float *probs, int64_t CL, float *soft,
+                      struct dg_error *err);
+
 /* sqrt(H) rounded to dtype t (bf16: 53.0 for H = 2816). */
 float dg_embed_scale(int hidden, enum dg_dtype t);
 
