@@ -1,0 +1,590 @@
+/*
+ * Description: the generation engine on the CPU backend with the "small"
+ * preset (random weights) and its synthetic tokenizer.  Same seed -> same
+ * output alone, batched with other requests in any order and phase, and
+ * whatever the prefill chunk; max_tokens never exceeded, also when not a
+ * multiple of the canvas; a stop id in mid-canvas cuts there (excluded);
+ * a stop string cuts the text before it; statistics add up; cancellation,
+ * full slots, bad requests, a failing backend and non-finite logits each
+ * end in a clear error or finish reason without disturbing other requests.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/checkpoint.h"
+#include "lib/cpu-backend.h"
+#include "lib/engine.h"
+#include "lib/model-synth.h"
+#include "lib/model-weights.h"
+#include "lib/tokenizer-synth.h"
+#include "tests/harness.h"
+
+static struct dg_checkpoint ck;
+static struct dg_model model;
+static struct dg_cpu_model cm;
+static struct dg_tokenizer *tok;
+static int ready;
+
+static int setup(void)
+{
+    struct dg_model_config c;
+    struct dg_synth_options o;
+    struct dg_synth_plan p;
+    struct dg_error err = {0};
+    const char *dir = test_path("small");
+    char tpath[600], cpath[600];
+
+    dg_model_config_preset("small", &c, NULL);
+    dg_synth_options_default(&o);
+    o.seed = 5;
+    CHECK_OK(dg_synth_plan_build(&c, &o, &p, &err), &err);
+    CHECK_OK(dg_synth_write(dir, &c, NULL, &p, &o, &err), &err);
+    dg_synth_plan_free(&p);
+    CHECK_OK(dg_tokenizer_synth_write(dir, c.vocab_size, &err), &err);
+    CHECK_OK(dg_model_load(dir, &ck, &model, &err), &err);
+    CHECK_OK(dg_cpu_model_init(&cm, &model, &err), &err);
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+    snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
+    CHECK_OK(dg_tokenizer_load(tpath, cpath, &tok, &err), &err);
+    ready = 1;
+    return 0;
+}
+
+/* ---- collecting events ---------------------------------------------------- */
+
+#define MAX_REQ 8
+#define MAX_OUT 4096
+
+struct outcome {
+    uint64_t id;
+    int32_t ids[MAX_OUT];
+    int n_ids;
+    char text[MAX_OUT * 8];
+    size_t text_len;
+    int canvas_events;
+    int canvas_tokens;         /* sum over CANVAS events' canvas->tokens */
+    int steps_in_events;
+    int done;
+    enum dg_finish finish;
+    int32_t stop_id;
+    char stop_string[DG_STOP_STRING_MAX + 1];
+    struct dg_request_stats stats;
+    int canvas_steps_sum;
+    int error_code;
+    char error[DG_ERROR_MSG_MAX];
+    int events_after_done;
+};
+
+struct sink {
+    struct outcome out[MAX_REQ];
+    int n;
+};
+
+static struct outcome *find(struct sink *s, uint64_t id)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->out[i].id == id)
+            return &s->out[i];
+    return NULL;
+}
+
+static void on_event(void *ctx, const struct dg_gen_event *ev)
+{
+    struct sink *s = ctx;
+    struct outcome *o = find(s, ev->id);
+    if (!o)
+        return;
+    if (o->done)
+        o->events_after_done++;
+    if (ev->kind == DG_EVENT_CANVAS) {
+        for (int i = 0; i < ev->n_ids && o->n_ids < MAX_OUT; i++)
+            o->ids[o->n_ids++] = ev->ids[i];
+        if (ev->text && o->text_len + ev->text_len < sizeof o->text) {
+            memcpy(o->text + o->text_len, ev->text, ev->text_len);
+            o->text_len += ev->text_len;
+        }
+        o->canvas_events++;
+        o->canvas_tokens += ev->canvas->tokens;
+        o->steps_in_events += ev->canvas->steps;
+        return;
+    }
+    o->done = 1;
+    o->finish = ev->finish;
+    o->stop_id = ev->stop_id;
+    if (ev->stop_string)
+        snprintf(o->stop_string, sizeof o->stop_string, "%s", ev->stop_string);
+    o->stats = *ev->stats;
+    for (int i = 0; i < ev->stats->canvases; i++)
+        o->canvas_steps_sum += ev->stats->canvas[i].steps;
+    o->stats.canvas = NULL;
+    o->error_code = ev->error_code;
+    if (ev->error)
+        snprintf(o->error, sizeof o->error, "%s", ev->error);
+}
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static void settings(struct dg_gen_settings *s, uint64_t seed, int64_t max_tokens)
+{
+    dg_gen_settings_defaults(s, &model.cfg, &ck.generation);
+    s->seed = seed;
+    s->seed_set = 1;
+    s->max_tokens = max_tokens;
+    s->max_denoising_steps = 6;
+}
+
+static void prompt_of(int32_t *p, int n, int salt)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = 10 + (int32_t)((i * 37 + salt * 101) % 400);
+}
+
+static int make_engine(int max_batch, int prefill_chunk, const struct dg_tokenizer *t,
+                       struct sink *sink, struct dg_backend **b, struct dg_engine **e,
+                       struct dg_error *err)
+{
+    struct dg_engine_config ec;
+    int rc;
+    memset(sink, 0, sizeof *sink);
+    dg_engine_config_default(&ec, &model.cfg);
+    ec.max_batch = max_batch;
+    ec.prefill_chunk = prefill_chunk;
+    if ((rc = dg_cpu_backend_create(&cm, max_batch, b, err)) < 0)
+        return rc;
+    if ((rc = dg_engine_create(*b, &ec, t, on_event, sink, e, err)) < 0)
+        (*b)->ops->destroy(*b);
+    return rc;
+}
+
+static void drop_engine(struct dg_backend *b, struct dg_engine *e)
+{
+    dg_engine_destroy(e);
+    b->ops->destroy(b);
+}
+
+static int submit(struct dg_engine *e, struct sink *sink, const int32_t *prompt, int n,
+                  const struct dg_gen_settings *s, struct outcome **o, struct dg_error *err)
+{
+    uint64_t id;
+    int rc = dg_engine_submit(e, prompt, n, s, NULL, &id, err);
+    if (rc == 0) {
+        memset(&sink->out[sink->n], 0, sizeof sink->out[sink->n]);
+        sink->out[sink->n].id = id;
+        *o = &sink->out[sink->n++];
+    }
+    return rc;
+}
+
+static void run_all(struct dg_engine *e)
+{
+    for (int guard = 0; guard < 100000 && dg_engine_step(e) > 0; guard++)
+        ;
+}
+
+/* Generate one request alone; its outcome copied to *out. */
+static int alone(const int32_t *prompt, int n, const struct dg_gen_settings *s, int chunk,
+                 struct outcome *out)
+{
+    struct sink sink;
+    struct dg_backend *b;
+    struct dg_engine *e;
+    struct dg_error err = {0};
+    struct outcome *o;
+    CHECK_OK(make_engine(1, chunk, tok, &sink, &b, &e, &err), &err);
+    CHECK_OK(submit(e, &sink, prompt, n, s, &o, &err), &err);
+    run_all(e);
+    CHECK(o->done && dg_engine_active(e) == 0);
+    *out = *o;
+    drop_engine(b, e);
+    return 0;
+}
+
+static int same_output(const struct outcome *a, const struct outcome *b)
+{
+    return a->n_ids == b->n_ids && !memcmp(a->ids, b->ids, sizeof(int32_t) * (size_t)a->n_ids) &&
+           a->text_len == b->text_len && !memcmp(a->text, b->text, a->text_len) &&
+           a->finish == b->finish && a->stats.decoder_steps == b->stats.decoder_steps;
+}
+
+/* ---- cases ---------------------------------------------------------------- */
+
+static int consistent(const struct outcome *o, const struct dg_gen_settings *s)
+{
+    CHECK(o->done && o->events_after_done == 0);
+    CHECK(o->n_ids <= s->max_tokens);
+    CHECK(o->stats.completion_tokens == o->n_ids && o->canvas_tokens == o->n_ids);
+    CHECK(o->canvas_events == o->stats.canvases);
+    CHECK(o->stats.decoder_steps == o->canvas_steps_sum);
+    CHECK(o->steps_in_events == o->canvas_steps_sum);
+    CHECK(o->stats.canvases >= 1 &&
+          o->stats.decoder_steps <= (int64_t)o->stats.canvases * s->max_denoising_steps);
+    for (int i = 0; i < o->n_ids; i++)
+        CHECK(!dg_gen_settings_is_stop_id(s, o->ids[i]));
+    return 0;
+}
+
+static int determinism_batched(void)
+{
+    static struct outcome ref, other, chunked;
+    struct dg_gen_settings sa, sb, sc;
+    int32_t pa[40], pb[11], pc[70];
+    struct dg_error err = {0};
+
+    CHECK(ready);
+    prompt_of(pa, 40, 1);
+    prompt_of(pb, 11, 2);
+    prompt_of(pc, 70, 3);
+    settings(&sa, 1001, 70);
+    settings(&sb, 2002, 40);
+    sb.canvas_length = 16;
+    sb.top_k = 20;
+    sb.entropy_bound = 2.0;
+    settings(&sc, 3003, 33);
+    sc.stability_threshold = 0;
+    sc.confidence_threshold = 1e9; /* converges after one step */
+    CHECK(alone(pa, 40, &sa, 512, &ref) == 0);
+    CHECK(consistent(&ref, &sa) == 0);
+    printf("# alone: %d tokens, %d canvases, %lld steps, finish %s\n", ref.n_ids,
+           ref.stats.canvases, (long long)ref.stats.decoder_steps, dg_finish_name(ref.finish));
+    /* the prefill chunk does not change the result */
+    CHECK(alone(pa, 40, &sa, 7, &chunked) == 0);
+    CHECK(same_output(&ref, &chunked));
+    CHECK(alone(pb, 11, &sb, 512, &other) == 0);
+
+    for (int order = 0; order < 3; order++) {
+        struct sink sink;
+        struct dg_backend *b;
+        struct dg_engine *e;
+        struct outcome *oa = NULL, *ob = NULL, *oc = NULL;
+        CHECK_OK(make_engine(4, 16, tok, &sink, &b, &e, &err), &err);
+        if (order == 0) {
+            /* A first, the others join while it is in flight */
+            CHECK_OK(submit(e, &sink, pa, 40, &sa, &oa, &err), &err);
+            dg_engine_step(e);
+            dg_engine_step(e);
+            dg_engine_step(e);
+            CHECK_OK(submit(e, &sink, pb, 11, &sb, &ob, &err), &err);
+            dg_engine_step(e);
+            CHECK_OK(submit(e, &sink, pc, 70, &sc, &oc, &err), &err);
+        } else if (order == 1) {
+            /* A last */
+            CHECK_OK(submit(e, &sink, pc, 70, &sc, &oc, &err), &err);
+            CHECK_OK(submit(e, &sink, pb, 11, &sb, &ob, &err), &err);
+            for (int k = 0; k < 9; k++)
+                dg_engine_step(e);
+            CHECK_OK(submit(e, &sink, pa, 40, &sa, &oa, &err), &err);
+        } else {
+            /* all at once, A in the middle */
+            CHECK_OK(submit(e, &sink, pb, 11, &sb, &ob, &err), &err);
+            CHECK_OK(submit(e, &sink, pa, 40, &sa, &oa, &err), &err);
+            CHECK_OK(submit(e, &sink, pc, 70, &sc, &oc, &err), &err);
+        }
+        run_all(e);
+        CHECKF(same_output(oa, &ref), "order %d: A differs from A alone", order);
+        CHECKF(same_output(ob, &other), "order %d: B differs from B alone", order);
+        CHECK(consistent(oa, &sa) == 0 && consistent(ob, &sb) == 0 && consistent(oc, &sc) == 0);
+        CHECK(oc->stats.decoder_steps == oc->stats.canvases); /* one step per canvas */
+        drop_engine(b, e);
+    }
+    {
+        /* a different seed gives a different output */
+        static struct outcome diff;
+        sa.seed = 1002;
+        CHECK(alone(pa, 40, &sa, 512, &diff) == 0);
+        CHECK(!same_output(&diff, &ref));
+    }
+    return 0;
+}
+
+static int max_tokens_budget(void)
+{
+    static const int64_t budgets[] = {1, 5, 31, 32, 33, 45, 63, 64, 70};
+    int32_t p[9];
+    prompt_of(p, 9, 4);
+    for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+        static struct outcome o;
+        struct dg_gen_settings s;
+        settings(&s, 77, budgets[i]);
+        s.stability_threshold = 0;
+        s.confidence_threshold = 1e9;
+        s.n_stop_ids = 0; /* nothing stops early: the budget alone ends it */
+        CHECK(alone(p, 9, &s, 512, &o) == 0);
+        CHECK(consistent(&o, &s) == 0);
+        CHECKF(o.n_ids == budgets[i] && o.finish == DG_FINISH_LENGTH,
+               "max_tokens %lld: %d tokens, finish %s", (long long)budgets[i], o.n_ids,
+               dg_finish_name(o.finish));
+        CHECK(o.stats.canvases == (int)((budgets[i] + 31) / 32));
+    }
+    return 0;
+}
+
+static int stop_id_mid_canvas(void)
+{
+    static struct outcome full, cut;
+    struct dg_gen_settings s;
+    int32_t p[12];
+    int at = -1;
+
+    prompt_of(p, 12, 5);
+    settings(&s, 4242, 64);
+    s.n_stop_ids = 0;
+    CHECK(alone(p, 12, &s, 512, &full) == 0);
+    CHECK(full.n_ids == 64);
+    /* an id in the second canvas that does not occur before it */
+    for (int i = 40; i < 60 && at < 0; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= full.ids[j] == full.ids[i];
+        if (!seen)
+            at = i;
+    }
+    CHECK(at > 32);
+    s.stop_ids[s.n_stop_ids++] = full.ids[at];
+    CHECK(alone(p, 12, &s, 512, &cut) == 0);
+    CHECK(consistent(&cut, &s) == 0);
+    CHECKF(cut.finish == DG_FINISH_STOP && cut.stop_id == full.ids[at] && cut.n_ids == at,
+           "finish %s, stop id %d, %d tokens; want stop at %d", dg_finish_name(cut.finish),
+           cut.stop_id, cut.n_ids, at);
+    CHECK(!memcmp(cut.ids, full.ids, sizeof(int32_t) * (size_t)at));
+    CHECK(cut.stats.canvases == 2);
+    /* a stop id right at the start of a canvas: that canvas adds nothing */
+    s.stop_ids[s.n_stop_ids - 1] = full.ids[32];
+    {
+        int seen = 0;
+        for (int j = 0; j < 32; j++)
+            seen |= full.ids[j] == full.ids[32];
+        if (!seen) {
+            CHECK(alone(p, 12, &s, 512, &cut) == 0);
+            CHECK(cut.finish == DG_FINISH_STOP && cut.n_ids == 32 && cut.stats.canvases == 2);
+        }
+    }
+    return 0;
+}
+
+static int stop_string_cuts_text(void)
+{
+    static struct outcome full, cut;
+    struct dg_gen_settings s;
+    int32_t p[8];
+    char stop[16] = {0};
+    const char *at;
+
+    prompt_of(p, 8, 6);
+    settings(&s, 99, 64);
+    s.n_stop_ids = 0;
+    CHECK(alone(p, 8, &s, 512, &full) == 0);
+    /* two printable ASCII bytes from the middle of the text */
+    for (size_t i = full.text_len / 2; i + 1 < full.text_len && !stop[0]; i++)
+        if (full.text[i] > 32 && full.text[i] < 127 && full.text[i + 1] > 32 &&
+            full.text[i + 1] < 127) {
+            stop[0] = full.text[i];
+            stop[1] = full.text[i + 1];
+        }
+    CHECKF(stop[0], "no ASCII pair in the generated text");
+    at = memmem(full.text, full.text_len, stop, 2);
+    CHECK(at);
+    strcpy(s.stop_strings[0], stop);
+    s.n_stop_strings = 1;
+    CHECK(alone(p, 8, &s, 512, &cut) == 0);
+    CHECK(consistent(&cut, &s) == 0);
+    CHECKF(cut.finish == DG_FINISH_STOP && !strcmp(cut.stop_string, stop) && cut.stop_id == -1,
+           "finish %s", dg_finish_name(cut.finish));
+    CHECKF(cut.text_len == (size_t)(at - full.text) && !memcmp(cut.text, full.text, cut.text_len),
+           "text cut at %zu, want %zu", cut.text_len, (size_t)(at - full.text));
+    CHECK(cut.n_ids <= full.n_ids && !memcmp(cut.ids, full.ids, sizeof(int32_t) * cut.n_ids));
+    return 0;
+}
+
+static int cancel_and_busy(void)
+{
+    struct sink sink;
+    struct dg_backend *b;
+    struct dg_engine *e;
+    struct dg_error err = {0};
+    struct dg_gen_settings s;
+    struct outcome *o1, *o2, *o3;
+    int32_t p[10];
+    uint64_t id;
+
+    prompt_of(p, 10, 7);
+    settings(&s, 5, 200);
+    CHECK_OK(make_engine(2, 512, tok, &sink, &b, &e, &err), &err);
+    CHECK_OK(submit(e, &sink, p, 10, &s, &o1, &err), &err);
+    CHECK_OK(submit(e, &sink, p, 10, &s, &o2, &err), &err);
+    CHECK_FAILS(dg_engine_submit(e, p, 10, &s, NULL, &id, &err), &err, DG_E_BUSY, "busy");
+    for (int k = 0; k < 4; k++)
+        dg_engine_step(e);
+    CHECK(dg_engine_cancel(e, o1->id) == 0);
+    CHECK(dg_engine_cancel(e, 999999) == -DG_E_INVAL);
+    CHECK(dg_engine_step(e) == 1);
+    CHECK(o1->done && o1->finish == DG_FINISH_CANCELLED);
+    /* the freed slot takes a new request; the other one is unaffected */
+    CHECK_OK(submit(e, &sink, p, 10, &s, &o3, &err), &err);
+    run_all(e);
+    CHECK(o2->done && o3->done && same_output(o2, o3));
+    CHECK(o2->finish != DG_FINISH_CANCELLED && o2->finish != DG_FINISH_ERROR);
+    CHECK(dg_engine_cancel(e, o2->id) == -DG_E_INVAL); /* finished: no longer in flight */
+    drop_engine(b, e);
+    return 0;
+}
+
+static int bad_requests(void)
+{
+    struct sink sink;
+    struct dg_backend *b;
+    struct dg_engine *e;
+    struct dg_error err = {0};
+    struct dg_gen_settings s;
+    int32_t p[4] = {10, 11, 12, 13};
+    int32_t bad[2] = {10, 512};
+    uint64_t id;
+
+    settings(&s, 1, 10);
+    CHECK_OK(make_engine(2, 512, NULL, &sink, &b, &e, &err), &err);
+    CHECK_FAILS(dg_engine_submit(e, p, 0, &s, NULL, &id, &err), &err, DG_E_INVAL, "empty");
+    CHECK_FAILS(dg_engine_submit(e, bad, 2, &s, NULL, &id, &err), &err, DG_E_INVAL,
+                "id 512, outside");
+    s.max_tokens = 200000;
+    CHECK_FAILS(dg_engine_submit(e, p, 4, &s, NULL, &id, &err), &err, DG_E_RANGE,
+                "lower max_tokens");
+    s.max_tokens = 10;
+    s.seed_set = 0;
+    CHECK_FAILS(dg_engine_submit(e, p, 4, &s, NULL, &id, &err), &err, DG_E_INVAL, "seed");
+    s.seed_set = 1;
+    strcpy(s.stop_strings[0], "x");
+    s.n_stop_strings = 1;
+    CHECK_FAILS(dg_engine_submit(e, p, 4, &s, NULL, &id, &err), &err, DG_E_INVAL, "tokenizer");
+    s.n_stop_strings = 0;
+    s.t_min = 0.9;
+    CHECK_FAILS(dg_engine_submit(e, p, 4, &s, NULL, &id, &err), &err, DG_E_INVAL, "t_min");
+    CHECK(dg_engine_active(e) == 0);
+    drop_engine(b, e);
+    return 0;
+}
+
+/* ---- a backend that fails on demand ---------------------------------------- */
+
+struct faulty {
+    struct dg_backend base;
+    struct dg_backend *inner;
+    int fail_denoise_at;      /* fail the n-th denoise call (1-based); 0: never */
+    int nonfinite_slot;       /* report non-finite logits for this slot; -1: none */
+    int calls;
+};
+
+static int f_slot_open(struct dg_backend *b, int slot, int64_t n, int cl, struct dg_error *err)
+{
+    struct faulty *f = (struct faulty *)b;
+    return f->inner->ops->slot_open(f->inner, slot, n, cl, err);
+}
+static void f_slot_close(struct dg_backend *b, int slot)
+{
+    struct faulty *f = (struct faulty *)b;
+    f->inner->ops->slot_close(f->inner, slot);
+}
+static int64_t f_slot_length(const struct dg_backend *b, int slot)
+{
+    const struct faulty *f = (const struct faulty *)b;
+    return f->inner->ops->slot_length(f->inner, slot);
+}
+static int f_encode(struct dg_backend *b, const struct dg_encode_item *it, int n,
+                    struct dg_error *err)
+{
+    struct faulty *f = (struct faulty *)b;
+    return f->inner->ops->encode(f->inner, it, n, err);
+}
+static int f_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, struct dg_error *err)
+{
+    struct faulty *f = (struct faulty *)b;
+    int rc;
+    if (++f->calls == f->fail_denoise_at)
+        return dg_error_set(err, DG_E_CUDA, "injected device failure");
+    rc = f->inner->ops->denoise(f->inner, it, n, err);
+    for (int i = 0; rc == 0 && i < n; i++)
+        if (it[i].slot == f->nonfinite_slot)
+            it[i].nonfinite = 3;
+    return rc;
+}
+static int f_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
+{
+    struct faulty *f = (struct faulty *)b;
+    return f->inner->ops->condition(f->inner, which, n, err);
+}
+static void f_destroy(struct dg_backend *b)
+{
+    (void)b;
+}
+static const struct dg_backend_ops faulty_ops = {f_slot_open, f_slot_close, f_slot_length,
+                                                 f_encode, f_denoise, f_condition, f_destroy};
+
+static int backend_failures(void)
+{
+    struct sink sink;
+    struct dg_backend *inner;
+    struct dg_engine *e;
+    struct dg_engine_config ec;
+    struct dg_error err = {0};
+    struct dg_gen_settings s;
+    struct faulty f;
+    struct outcome *o1, *o2;
+    int32_t p[6];
+
+    prompt_of(p, 6, 8);
+    settings(&s, 3, 40);
+    memset(&sink, 0, sizeof sink);
+    CHECK_OK(dg_cpu_backend_create(&cm, 2, &inner, &err), &err);
+    f.base = *inner;
+    f.base.ops = &faulty_ops;
+    f.inner = inner;
+    f.calls = 0;
+    f.fail_denoise_at = 3;
+    f.nonfinite_slot = -1;
+    dg_engine_config_default(&ec, &model.cfg);
+    ec.max_batch = 2;
+    CHECK_OK(dg_engine_create(&f.base, &ec, tok, on_event, &sink, &e, &err), &err);
+    CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
+    CHECK_OK(submit(e, &sink, p, 6, &s, &o2, &err), &err);
+    run_all(e);
+    /* both were in the failing batch */
+    CHECK(o1->done && o1->finish == DG_FINISH_ERROR && o1->error_code == DG_E_CUDA &&
+          strstr(o1->error, "injected"));
+    CHECK(o2->done && o2->finish == DG_FINISH_ERROR);
+    CHECK(inner->ops->slot_length(inner, 0) == -1 && inner->ops->slot_length(inner, 1) == -1);
+    /* the engine goes on: a new request completes */
+    f.fail_denoise_at = 0;
+    sink.n = 0;
+    CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
+    run_all(e);
+    CHECK(o1->done && consistent(o1, &s) == 0);
+    /* non-finite logits end only the affected request */
+    f.nonfinite_slot = 1;
+    sink.n = 0;
+    CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
+    CHECK_OK(submit(e, &sink, p, 6, &s, &o2, &err), &err);
+    run_all(e);
+    CHECK(o1->done && o1->finish != DG_FINISH_ERROR);
+    CHECK(o2->done && o2->finish == DG_FINISH_ERROR && strstr(o2->error, "non-finite"));
+    dg_engine_destroy(e);
+    inner->ops->destroy(inner);
+    return 0;
+}
+
+int main(void)
+{
+    TEST_CASE(setup);
+    TEST_CASE(determinism_batched);
+    TEST_CASE(max_tokens_budget);
+    TEST_CASE(stop_id_mid_canvas);
+    TEST_CASE(stop_string_cuts_text);
+    TEST_CASE(cancel_and_busy);
+    TEST_CASE(bad_requests);
+    TEST_CASE(backend_failures);
+    if (ready) {
+        dg_tokenizer_free(tok);
+        dg_cpu_model_free(&cm);
+        dg_model_free(&model);
+        dg_checkpoint_close(&ck);
+    }
+    return test_finish();
+}
