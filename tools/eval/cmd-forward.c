@@ -16,7 +16,6 @@
 #include "tools/eval/eval.h"
 
 #define MAX_COMMITS 64
-#define IDS_FILE_MAX (64u << 20)
 #define NPY_FILE_MAX (4ull << 30)
 
 static const char usage[] =
@@ -29,51 +28,6 @@ static const char usage[] =
     "runs one denoising step over the canvas and writes its softcapped logits\n"
     "[CL, V], self-conditioned on --sc-logits (processed logits [CL, V]) if given.\n"
     "Id files hold whitespace-separated integers; '-' reads standard input.\n";
-
-static int read_ids_file(const char *path, int64_t vocab, int32_t **ids, size_t *n)
-{
-    struct dg_error err = {0};
-    char *text = NULL;
-    size_t len = 0;
-    int rc;
-
-    if (!strcmp(path, "-")) {
-        size_t cap = 4096;
-        text = malloc(cap);
-        while (text) {
-            size_t got = fread(text + len, 1, cap - len - 1, stdin);
-            len += got;
-            if (got == 0 || len > IDS_FILE_MAX)
-                break;
-            if (len + 1 == cap) {
-                char *p = realloc(text, cap * 2);
-                if (!p) {
-                    free(text);
-                    text = NULL;
-                    break;
-                }
-                text = p;
-                cap *= 2;
-            }
-        }
-        if (!text) {
-            eval_errorf("forward: out of memory reading standard input");
-            return 1;
-        }
-        rc = len > IDS_FILE_MAX ? dg_error_set(&err, DG_E_RANGE, "standard input: too long")
-                                : dg_ids_parse(text, len, vocab, "standard input", ids, n, &err);
-    } else {
-        rc = dg_file_read(path, IDS_FILE_MAX, &text, &len, &err);
-        if (rc == 0)
-            rc = dg_ids_parse(text, len, vocab, path, ids, n, &err);
-    }
-    free(text);
-    if (rc) {
-        eval_errorf("%s", err.msg);
-        return 1;
-    }
-    return 0;
-}
 
 int cmd_forward(int argc, char **argv)
 {
@@ -153,16 +107,16 @@ int cmd_forward(int argc, char **argv)
         eval_errorf("%s", err.msg);
         goto out_model;
     }
-    if (read_ids_file(prompt_path, m.cfg.vocab_size, &prompt, &n_prompt))
+    if (eval_read_ids(prompt_path, m.cfg.vocab_size, &prompt, &n_prompt))
         goto out;
     total = (int64_t)n_prompt;
     for (int i = 0; i < n_commits; i++) {
-        if (read_ids_file(commits[i], m.cfg.vocab_size, &commit_ids[i], &n_commit[i]))
+        if (eval_read_ids(commits[i], m.cfg.vocab_size, &commit_ids[i], &n_commit[i]))
             goto out;
         total += (int64_t)n_commit[i];
     }
     if (decoder) {
-        if (read_ids_file(canvas_path, m.cfg.vocab_size, &canvas, &n_canvas))
+        if (eval_read_ids(canvas_path, m.cfg.vocab_size, &canvas, &n_canvas))
             goto out;
         total += (int64_t)n_canvas;
     }

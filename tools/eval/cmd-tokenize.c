@@ -11,8 +11,6 @@
 #include "tools/eval/eval.h"
 
 #define LINE_MAX_BYTES (64u << 20)
-#define MAX_MESSAGES 1024
-#define MAX_PARTS 64
 
 static const char usage[] =
     "usage: dgemma-eval tokenize --tokenizer FILE [--config FILE]\n"
@@ -34,43 +32,6 @@ static void print_error(size_t line, const char *msg)
         puts(s);
     free(s);
     json_decref(o);
-}
-
-/* content: a string, or a list of {"type": "text", "text": ...} items */
-static int content_parts(json_t *content, struct dg_chat_part *parts, size_t *n, char *why,
-                         size_t why_len)
-{
-    json_t *item;
-    size_t i;
-
-    *n = 0;
-    if (json_is_string(content)) {
-        parts[0].text = json_string_value(content);
-        parts[0].len = json_string_length(content);
-        *n = 1;
-        return 0;
-    }
-    if (!json_is_array(content)) {
-        snprintf(why, why_len, "content must be a string or a list of text items");
-        return -1;
-    }
-    json_array_foreach(content, i, item) {
-        json_t *type = json_object_get(item, "type"), *text = json_object_get(item, "text");
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
-            !json_is_string(text)) {
-            snprintf(why, why_len, "content item %zu is not {\"type\": \"text\", \"text\": ...} "
-                     "(images and other items are not supported)", i);
-            return -1;
-        }
-        if (*n == MAX_PARTS) {
-            snprintf(why, why_len, "more than %d content items", MAX_PARTS);
-            return -1;
-        }
-        parts[*n].text = json_string_value(text);
-        parts[*n].len = json_string_length(text);
-        (*n)++;
-    }
-    return 0;
 }
 
 /* Process one input object; on failure write the reason to why. */
@@ -105,31 +66,17 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
         src = json_string_value(text);
         src_len = json_string_length(text);
     } else {
-        static struct dg_chat_message msgs[MAX_MESSAGES];
-        static struct dg_chat_part parts[MAX_MESSAGES][MAX_PARTS];
-        json_t *m, *gen = json_object_get(in, "add_generation_prompt");
+        static struct dg_chat_message msgs[EVAL_MAX_MESSAGES];
+        static struct dg_chat_part parts[EVAL_MAX_MESSAGES][EVAL_MAX_PARTS];
+        json_t *gen = json_object_get(in, "add_generation_prompt");
         json_t *think = json_object_get(in, "enable_thinking");
-        size_t i, n = json_array_size(messages);
-        if (n > MAX_MESSAGES) {
-            snprintf(why, why_len, "more than %d messages", MAX_MESSAGES);
-            return -1;
-        }
+        size_t n;
         if ((gen && !json_is_boolean(gen)) || (think && !json_is_boolean(think))) {
             snprintf(why, why_len, "add_generation_prompt and enable_thinking must be booleans");
             return -1;
         }
-        json_array_foreach(messages, i, m) {
-            json_t *role = json_object_get(m, "role");
-            if (!json_is_string(role)) {
-                snprintf(why, why_len, "message %zu has no string role", i);
-                return -1;
-            }
-            msgs[i].role = json_string_value(role);
-            msgs[i].parts = parts[i];
-            if (content_parts(json_object_get(m, "content"), parts[i], &msgs[i].n_parts, why,
-                              why_len) < 0)
-                return -1;
-        }
+        if (eval_messages(messages, msgs, parts, &n, why, why_len) < 0)
+            return -1;
         if (dg_chat_render(t, msgs, n, json_is_true(gen), json_is_true(think), &prompt, &err)) {
             snprintf(why, why_len, "%s", err.msg);
             return -1;

@@ -1,7 +1,7 @@
 /*
  * dgemma-eval - offline tools over the dgemma engine: inspect a
  * checkpoint, write a random-weight one, run the CPU forward pass, compare
- * arrays.  See man/dgemma-eval.1.
+ * arrays, tokenize, generate.  See man/dgemma-eval.1.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +19,7 @@ static const char usage[] =
     "  forward --model DIR ...   run the CPU backend on token ids, write .npy\n"
     "  compare A.npy B.npy       compare two float32 arrays\n"
     "  tokenize --tokenizer F    JSON lines of text or chat messages to token ids\n"
+    "  generate --model DIR ...  generate text on the CPU backend\n"
     "\n"
     "dgemma-eval COMMAND --help shows a command's options.\n";
 
@@ -56,6 +57,8 @@ int main(int argc, char **argv)
         return cmd_compare(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize"))
         return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "generate"))
+        return cmd_generate(argc - 1, argv + 1);
     eval_errorf("unknown command '%s'", argv[1]);
     fputs(usage, stderr);
     return 2;

@@ -1,0 +1,456 @@
+/* cmd-generate.c - `dgemma-eval generate`: offline generation with the
+ * serving engine on the CPU backend. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "lib/chat-format.h"
+#include "lib/checkpoint.h"
+#include "lib/cpu-backend.h"
+#include "lib/engine.h"
+#include "lib/fileio.h"
+#include "lib/gen-settings.h"
+#include "lib/json-util.h"
+#include "lib/model-weights.h"
+#include "lib/tokenizer.h"
+#include "tools/eval/eval.h"
+
+#define MESSAGES_FILE_MAX (64u << 20)
+
+static const char usage[] =
+    "usage: dgemma-eval generate --model DIR\n"
+    "                            (--prompt TEXT | --messages FILE | --prompt-ids FILE)\n"
+    "                            [--settings JSON] [--canvas-length N]\n"
+    "                            [--max-denoising-steps N] [--entropy-bound X]\n"
+    "                            [--confidence-threshold X] [--stability-threshold N]\n"
+    "                            [--t-min X] [--t-max X] [--top-k N] [--top-p X]\n"
+    "                            [--seed N] [--max-tokens N] [--stop-id N]...\n"
+    "                            [--stop TEXT]... [--thinking] [--json]\n"
+    "Generate on the CPU backend with the serving engine.  --prompt is raw text\n"
+    "(a <bos> is prepended); --messages is a JSON list of {\"role\", \"content\"}\n"
+    "rendered with the model's chat format and a generation prompt (--thinking\n"
+    "turns the thought channel on); --prompt-ids holds whitespace-separated ids.\n"
+    "Settings default to the checkpoint's generation_config.json; --settings\n"
+    "takes a JSON object of them (the daemon's names), and the flags override it.\n"
+    "Without --seed a random seed is used and reported.  Text is written to\n"
+    "standard output as each canvas finishes and a summary to standard error;\n"
+    "--json writes one JSON object with ids, text, statistics and settings instead.\n";
+
+/* flag -> settings key, and how its value is read */
+static const struct {
+    const char *flag, *key;
+    char kind; /* i: integer, r: real, s: string list, n: integer list */
+} FLAGS[] = {
+    {"--canvas-length", "canvas_length", 'i'},
+    {"--max-denoising-steps", "max_denoising_steps", 'i'},
+    {"--entropy-bound", "entropy_bound", 'r'},
+    {"--confidence-threshold", "confidence_threshold", 'r'},
+    {"--stability-threshold", "stability_threshold", 'i'},
+    {"--t-min", "t_min", 'r'},
+    {"--t-max", "t_max", 'r'},
+    {"--top-k", "top_k", 'i'},
+    {"--top-p", "top_p", 'r'},
+    {"--seed", "seed", 'i'},
+    {"--max-tokens", "max_tokens", 'i'},
+    {"--stop-id", "stop_token_ids", 'n'},
+    {"--stop", "stop", 's'},
+};
+
+struct result {
+    int json;
+    int have_text;
+    struct dg_ids ids;
+    struct dg_buf text;
+    json_t *canvases;
+    enum dg_finish finish;
+    int32_t stop_id;
+    char stop_string[DG_STOP_STRING_MAX + 1];
+    struct dg_request_stats stats;
+    char error[DG_ERROR_MSG_MAX];
+    int oom;
+};
+
+static void on_event(void *ctx, const struct dg_gen_event *ev)
+{
+    struct result *res = ctx;
+
+    if (ev->kind == DG_EVENT_CANVAS) {
+        for (int i = 0; i < ev->n_ids; i++) {
+            if (res->ids.n == res->ids.cap) {
+                size_t cap = res->ids.cap ? 2 * res->ids.cap : 256;
+                int32_t *v = realloc(res->ids.v, cap * sizeof *v);
+                if (!v) {
+                    res->oom = 1;
+                    return;
+                }
+                res->ids.v = v;
+                res->ids.cap = cap;
+            }
+            res->ids.v[res->ids.n++] = ev->ids[i];
+        }
+        if (ev->text && dg_buf_append(&res->text, ev->text, ev->text_len) < 0)
+            res->oom = 1;
+        if (!res->json) {
+            if (ev->text)
+                fwrite(ev->text, 1, ev->text_len, stdout);
+            else
+                for (int i = 0; i < ev->n_ids; i++)
+                    printf("%s%d", res->ids.n - (size_t)ev->n_ids + (size_t)i ? " " : "",
+                           ev->ids[i]);
+            fflush(stdout);
+        }
+        return;
+    }
+    res->finish = ev->finish;
+    res->stop_id = ev->stop_id;
+    if (ev->stop_string)
+        snprintf(res->stop_string, sizeof res->stop_string, "%s", ev->stop_string);
+    if (ev->error)
+        snprintf(res->error, sizeof res->error, "%s", ev->error);
+    res->stats = *ev->stats;
+    for (int i = 0; i < ev->stats->canvases; i++) {
+        const struct dg_canvas_stats *c = &ev->stats->canvas[i];
+        json_t *o = json_pack("{s:i,s:i,s:b,s:i,s:f,s:f}", "index", c->index, "steps", c->steps,
+                              "converged", c->converged, "tokens", c->tokens, "ms", c->ms,
+                              "mean_entropy", (double)c->mean_entropy);
+        if (!o || json_array_append_new(res->canvases, o))
+            res->oom = 1;
+    }
+    res->stats.canvas = NULL;
+}
+
+/* Build the prompt ids from one of the three sources. */
+static int make_prompt(const char *text, const char *messages, const char *ids_path, int thinking,
+                       const struct dg_tokenizer *tok, int64_t vocab, int32_t **ids, size_t *n)
+{
+    struct dg_error err = {0};
+    struct dg_ids out = {0};
+    struct dg_buf rendered = {0};
+    int rc;
+
+    if (ids_path)
+        return eval_read_ids(ids_path, vocab, ids, n);
+    if (!tok) {
+        eval_errorf("generate: the model directory has no tokenizer.json; use --prompt-ids");
+        return 1;
+    }
+    if (messages) {
+        static struct dg_chat_message msgs[EVAL_MAX_MESSAGES];
+        static struct dg_chat_part parts[EVAL_MAX_MESSAGES][EVAL_MAX_PARTS];
+        char *buf = NULL, why[512];
+        size_t len = 0, count = 0;
+        json_t *doc;
+        if (dg_file_read(messages, MESSAGES_FILE_MAX, &buf, &len, &err) != 0) {
+            eval_errorf("%s", err.msg);
+            return 1;
+        }
+        doc = dg_json_parse(buf, len, messages, &err);
+        free(buf);
+        if (!doc) {
+            eval_errorf("%s", err.msg);
+            return 1;
+        }
+        if (eval_messages(doc, msgs, parts, &count, why, sizeof why) < 0) {
+            eval_errorf("%s: %s", messages, why);
+            json_decref(doc);
+            return 1;
+        }
+        rc = dg_chat_render(tok, msgs, count, 1, thinking, &rendered, &err);
+        if (rc == 0)
+            rc = dg_tokenizer_encode(tok, rendered.s, rendered.n, 0, &out, &err);
+        json_decref(doc);
+        dg_buf_free(&rendered);
+    } else {
+        rc = dg_tokenizer_encode(tok, text, strlen(text), DG_TOK_ADD_SPECIAL, &out, &err);
+    }
+    if (rc != 0) {
+        eval_errorf("generate: prompt: %s", err.msg);
+        dg_ids_free(&out);
+        return 1;
+    }
+    for (size_t i = 0; i < out.n; i++)
+        if (out.v[i] >= vocab) {
+            eval_errorf("generate: prompt token %zu is id %d, outside the model's vocabulary of "
+                        "%lld", i, out.v[i], (long long)vocab);
+            dg_ids_free(&out);
+            return 1;
+        }
+    *ids = out.v;
+    *n = out.n;
+    return 0;
+}
+
+/* Set key in obj from a flag's text value. */
+static int flag_value(json_t *obj, const char *flag, const char *key, char kind, const char *val)
+{
+    char *end;
+    json_t *v;
+
+    if (kind == 'i' || kind == 'n') {
+        long long x = strtoll(val, &end, 10);
+        if (end == val || *end) {
+            eval_errorf("generate: %s: '%s' is not an integer", flag, val);
+            return -1;
+        }
+        v = json_integer(x);
+    } else if (kind == 'r') {
+        double x = strtod(val, &end);
+        if (end == val || *end) {
+            eval_errorf("generate: %s: '%s' is not a number", flag, val);
+            return -1;
+        }
+        v = json_real(x);
+    } else {
+        v = json_string(val);
+        if (!v) {
+            eval_errorf("generate: %s: not valid UTF-8", flag);
+            return -1;
+        }
+    }
+    if (kind == 'n' || kind == 's') {
+        json_t *list = json_object_get(obj, key);
+        if (!json_is_array(list)) {
+            list = json_array();
+            json_object_set_new(obj, key, list);
+        }
+        return json_array_append_new(list, v);
+    }
+    return json_object_set_new(obj, key, v);
+}
+
+static void print_summary(const struct result *res, const struct dg_gen_settings *s)
+{
+    const struct dg_request_stats *st = &res->stats;
+    fprintf(stderr, "dgemma-eval: generate: finish %s", dg_finish_name(res->finish));
+    if (res->stop_id >= 0)
+        fprintf(stderr, " (stop id %d)", res->stop_id);
+    if (res->stop_string[0])
+        fprintf(stderr, " (stop string)");
+    if (res->finish == DG_FINISH_ERROR)
+        fprintf(stderr, ": %s", res->error);
+    fprintf(stderr, "; %lld prompt + %lld tokens in %d canvases, %lld steps, %.2f tokens/step, "
+            "%.1f tokens/s; seed %llu\n",
+            (long long)st->prompt_tokens, (long long)st->completion_tokens, st->canvases,
+            (long long)st->decoder_steps, st->tokens_per_step, st->tokens_per_s,
+            (unsigned long long)s->seed);
+}
+
+static int print_json(const struct result *res, const struct dg_gen_settings *s, const char *backend)
+{
+    const struct dg_request_stats *st = &res->stats;
+    json_t *ids = json_array(), *o;
+    char *out;
+
+    for (size_t i = 0; ids && i < res->ids.n; i++)
+        json_array_append_new(ids, json_integer(res->ids.v[i]));
+    o = json_pack("{s:s,s:o,s:o*,s:s,s:I,s:I,s:i,s:I,s:f,s:f,s:f,s:f,s:f,s:O,s:o,s:s}",
+                  "finish_reason", dg_finish_name(res->finish), "ids", ids,
+                  "text", res->have_text ? json_stringn(res->text.s ? res->text.s : "",
+                                                        res->text.n) : NULL,
+                  "backend", backend,
+                  "prompt_tokens", (json_int_t)st->prompt_tokens,
+                  "completion_tokens", (json_int_t)st->completion_tokens,
+                  "canvas_count", st->canvases,
+                  "decoder_steps", (json_int_t)st->decoder_steps,
+                  "tokens_per_step", st->tokens_per_step,
+                  "tokens_per_s", st->tokens_per_s,
+                  "ms_prefill", st->ms_prefill,
+                  "ms_first_canvas", st->ms_first_canvas,
+                  "ms_total", st->ms_total,
+                  "canvases", res->canvases,
+                  "settings", dg_gen_settings_to_json(s),
+                  "error", res->error);
+    if (!o) {
+        eval_errorf("generate: out of memory");
+        return 1;
+    }
+    if (res->stop_id >= 0)
+        json_object_set_new(o, "stop_id", json_integer(res->stop_id));
+    if (res->stop_string[0])
+        json_object_set_new(o, "stop", json_string(res->stop_string));
+    if (res->finish != DG_FINISH_ERROR)
+        json_object_del(o, "error");
+    out = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(o);
+    if (!out) {
+        eval_errorf("generate: out of memory");
+        return 1;
+    }
+    puts(out);
+    free(out);
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    const char *model = NULL, *text = NULL, *messages = NULL, *ids_path = NULL;
+    const char *settings_json = NULL;
+    int json_out = 0, thinking = 0, sources, status = 1;
+    json_t *flags = json_object();
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_cpu_model cm = {0};
+    struct dg_backend *backend = NULL;
+    struct dg_engine *engine = NULL;
+    struct dg_engine_config ec;
+    struct dg_gen_settings s;
+    struct dg_tokenizer *tok = NULL;
+    struct dg_error err = {0};
+    struct result res;
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    uint64_t id;
+
+    memset(&res, 0, sizeof res);
+    res.stop_id = -1;
+    if (!flags)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        size_t f = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            json_decref(flags);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) {
+            json_out = 1;
+            continue;
+        }
+        if (!strcmp(a, "--thinking")) {
+            thinking = 1;
+            continue;
+        }
+        if (!val) {
+            eval_errorf("generate: %s needs a value", a);
+            json_decref(flags);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--model"))
+            model = val;
+        else if (!strcmp(a, "--prompt"))
+            text = val;
+        else if (!strcmp(a, "--messages"))
+            messages = val;
+        else if (!strcmp(a, "--prompt-ids"))
+            ids_path = val;
+        else if (!strcmp(a, "--settings"))
+            settings_json = val;
+        else {
+            while (f < sizeof FLAGS / sizeof FLAGS[0] && strcmp(a, FLAGS[f].flag))
+                f++;
+            if (f == sizeof FLAGS / sizeof FLAGS[0]) {
+                eval_errorf("generate: unknown option '%s'", a);
+                fputs(usage, stderr);
+                json_decref(flags);
+                return 2;
+            }
+            if (flag_value(flags, a, FLAGS[f].key, FLAGS[f].kind, val) < 0) {
+                json_decref(flags);
+                return 2;
+            }
+        }
+    }
+    sources = !!text + !!messages + !!ids_path;
+    if (!model || sources != 1) {
+        eval_errorf("generate: need --model and exactly one of --prompt, --messages, "
+                    "--prompt-ids");
+        fputs(usage, stderr);
+        json_decref(flags);
+        return 2;
+    }
+    res.json = json_out;
+    res.canvases = json_array();
+
+    if (dg_model_load(model, &ck, &m, &err) != 0) {
+        eval_errorf("%s [%s]", err.msg, dg_status_name(err.code));
+        json_decref(flags);
+        json_decref(res.canvases);
+        return 1;
+    }
+    {
+        char tpath[4096], cpath[4096];
+        snprintf(tpath, sizeof tpath, "%s/tokenizer.json", model);
+        snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", model);
+        if (dg_file_exists(tpath) && dg_tokenizer_load(tpath, cpath, &tok, &err) != 0) {
+            eval_errorf("%s", err.msg);
+            goto out_model;
+        }
+    }
+    res.have_text = tok != NULL;
+
+    /* settings: the checkpoint's defaults, then --settings, then the flags */
+    dg_engine_config_default(&ec, &m.cfg);
+    ec.max_batch = 1;
+    dg_gen_settings_defaults(&s, &m.cfg, &ck.generation);
+    if (settings_json) {
+        json_t *o = dg_json_parse(settings_json, strlen(settings_json), "--settings", &err);
+        if (!o || dg_gen_settings_apply_json(&s, o, &m.cfg, &ec.limits, "--settings: ",
+                                             &err) != 0) {
+            eval_errorf("%s", err.msg);
+            json_decref(o);
+            goto out_model;
+        }
+        json_decref(o);
+    }
+    if (dg_gen_settings_apply_json(&s, flags, &m.cfg, &ec.limits, "", &err) != 0) {
+        eval_errorf("generate: %s", err.msg);
+        goto out_model;
+    }
+    if (!s.seed_set) {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
+            eval_errorf("generate: no random seed available; pass --seed");
+            goto out_model;
+        }
+        s.seed = r & (uint64_t)INT64_MAX;
+        s.seed_set = 1;
+    }
+    if (make_prompt(text, messages, ids_path, thinking, tok, m.cfg.vocab_size, &prompt,
+                    &n_prompt))
+        goto out_model;
+
+    if (dg_cpu_model_init(&cm, &m, &err) != 0) {
+        eval_errorf("%s", err.msg);
+        goto out_model;
+    }
+    if (dg_cpu_backend_create(&cm, 1, &backend, &err) != 0 ||
+        dg_engine_create(backend, &ec, tok, on_event, &res, &engine, &err) != 0 ||
+        dg_engine_submit(engine, prompt, (int64_t)n_prompt, &s, NULL, &id, &err) != 0) {
+        eval_errorf("generate: %s [%s]", err.msg, dg_status_name(err.code));
+        goto out;
+    }
+    while (dg_engine_step(engine) > 0)
+        ;
+    if (res.oom) {
+        eval_errorf("generate: out of memory collecting the output");
+        goto out;
+    }
+    if (json_out) {
+        if (print_json(&res, &s, backend->name))
+            goto out;
+    } else {
+        if (res.ids.n || res.text.n)
+            putchar('\n');
+        print_summary(&res, &s);
+    }
+    status = res.finish == DG_FINISH_ERROR ? 1 : 0;
+out:
+    dg_engine_destroy(engine);
+    if (backend)
+        backend->ops->destroy(backend);
+    dg_cpu_model_free(&cm);
+out_model:
+    free(prompt);
+    dg_tokenizer_free(tok);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    dg_ids_free(&res.ids);
+    dg_buf_free(&res.text);
+    json_decref(res.canvases);
+    json_decref(flags);
+    return status;
+}
