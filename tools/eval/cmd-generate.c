@@ -435,6 +435,7 @@ int cmd_generate(int argc, char **argv)
     } else {
         if (res.ids.n || res.text.n)
             putchar('\n');
+        fflush(stdout);
         print_summary(&res, &s);
     }
     status = res.finish == DG_FINISH_ERROR ? 1 : 0;
