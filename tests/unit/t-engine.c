@@ -1,6 +1,7 @@
 /*
  * Description: the generation engine on the CPU backend with the "small"
- * preset (random weights) and its synthetic tokenizer.  Same seed -> same
+ * preset (random weights) and its synthetic tokenizer, and on a scripted
+ * backend whose argmax canvases are written by hand.  Same seed -> same
  * output alone, batched with other requests in any order and phase, and
  * whatever the prefill chunk; max_tokens never exceeded, also when not a
  * multiple of the canvas; a stop id in mid-canvas cuts there (excluded);
@@ -570,6 +571,172 @@ static int backend_failures(void)
     return 0;
 }
 
+
+/* ---- a scripted backend: hand-built argmax canvases, no model ------------- */
+
+#define SCRIPT_CL 8
+
+struct scripted {
+    struct dg_backend base;
+    struct dg_model_config cfg;
+    int64_t length[4];
+    int open[4];
+    int encodes, commits_of_full_canvas;
+    int32_t stop_at_canvas, stop_at_pos, stop_id; /* where the script puts a stop id */
+};
+
+/* the argmax of position p of canvas c: 100 + 10 c + p, or the stop id */
+static int32_t script_token(const struct scripted *sb, uint32_t c, int p)
+{
+    if ((int32_t)c == sb->stop_at_canvas && p == sb->stop_at_pos)
+        return sb->stop_id;
+    return 100 + 10 * (int32_t)c + p;
+}
+
+static int s_slot_open(struct dg_backend *b, int slot, int64_t n, int cl, struct dg_error *err)
+{
+    struct scripted *sb = (struct scripted *)b;
+    (void)n;
+    (void)cl;
+    (void)err;
+    sb->open[slot] = 1;
+    sb->length[slot] = 0;
+    return 0;
+}
+static void s_slot_close(struct dg_backend *b, int slot)
+{
+    ((struct scripted *)b)->open[slot] = 0;
+}
+static int64_t s_slot_length(const struct dg_backend *b, int slot)
+{
+    const struct scripted *sb = (const struct scripted *)b;
+    return sb->open[slot] ? sb->length[slot] : -1;
+}
+static int s_encode(struct dg_backend *b, const struct dg_encode_item *it, int n,
+                    struct dg_error *err)
+{
+    struct scripted *sb = (struct scripted *)b;
+    (void)err;
+    for (int i = 0; i < n; i++) {
+        sb->length[it[i].slot] += it[i].n;
+        sb->encodes++;
+        if (it[i].n == SCRIPT_CL && it[i].ids[1] >= 100)
+            sb->commits_of_full_canvas++;
+    }
+    return 0;
+}
+static int s_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, struct dg_error *err)
+{
+    struct scripted *sb = (struct scripted *)b;
+    (void)err;
+    for (int i = 0; i < n; i++) {
+        for (int p = 0; p < it[i].cl; p++) {
+            it[i].argmax[p] = it[i].sample[p] = script_token(sb, it[i].canvas_index, p);
+            it[i].entropy[p] = 0.0f; /* certain */
+        }
+        it[i].nonfinite = 0;
+    }
+    return 0;
+}
+static int s_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
+{
+    (void)b;
+    (void)which;
+    (void)n;
+    (void)err;
+    return 0;
+}
+static void s_destroy(struct dg_backend *b)
+{
+    (void)b;
+}
+static const struct dg_backend_ops scripted_ops = {s_slot_open, s_slot_close, s_slot_length,
+                                                   s_encode, s_denoise, s_condition, s_destroy};
+
+/* Run one request on the scripted backend. */
+static int scripted_run(struct scripted *sb, int64_t max_tokens, int stability,
+                        struct outcome *out)
+{
+    struct sink sink;
+    struct dg_engine *e;
+    struct dg_engine_config ec;
+    struct dg_error err = {0};
+    struct dg_gen_settings s;
+    struct outcome *o;
+    const int32_t prompt[3] = {2, 3, 4};
+
+    memset(&sink, 0, sizeof sink);
+    sb->encodes = sb->commits_of_full_canvas = 0;
+    dg_engine_config_default(&ec, &sb->cfg);
+    ec.max_batch = 1;
+    CHECK_OK(dg_engine_create(&sb->base, &ec, NULL, on_event, &sink, &e, &err), &err);
+    dg_gen_settings_defaults(&s, &sb->cfg, &ck.generation);
+    s.canvas_length = SCRIPT_CL;
+    s.max_tokens = max_tokens;
+    s.stability_threshold = stability;
+    s.seed = 1;
+    s.seed_set = 1;
+    s.n_stop_ids = 1;
+    s.stop_ids[0] = 1;
+    CHECK_OK(submit(e, &sink, prompt, 3, &s, &o, &err), &err);
+    run_all(e);
+    *out = *o;
+    CHECK(dg_engine_active(e) == 0 && !sb->open[0]);
+    dg_engine_destroy(e);
+    return consistent(out, &s);
+}
+
+static int scripted_canvases(void)
+{
+    static struct outcome o;
+    struct scripted sb;
+
+    memset(&sb, 0, sizeof sb);
+    dg_model_config_preset("small", &sb.cfg, NULL);
+    sb.base.ops = &scripted_ops;
+    sb.base.name = "scripted";
+    sb.base.cfg = &sb.cfg;
+    sb.base.max_slots = 4;
+    sb.stop_at_canvas = -1;
+
+    /* zero entropy: confident; s = 1 needs the second identical step */
+    CHECK(scripted_run(&sb, 13, 1, &o) == 0);
+    CHECK(o.finish == DG_FINISH_LENGTH && o.n_ids == 13 && o.stats.canvases == 2);
+    CHECK(o.stats.decoder_steps == 4);
+    for (int i = 0; i < 13; i++)
+        CHECK(o.ids[i] == script_token(&sb, (uint32_t)(i / SCRIPT_CL), i % SCRIPT_CL));
+    /* prefill, one commit of the whole first canvas, none after the last */
+    CHECK(sb.encodes == 2 && sb.commits_of_full_canvas == 1);
+    /* s = 0: one step per canvas */
+    CHECK(scripted_run(&sb, 16, 0, &o) == 0);
+    CHECK(o.n_ids == 16 && o.stats.decoder_steps == 2 && o.finish == DG_FINISH_LENGTH);
+    CHECK(sb.commits_of_full_canvas == 1);
+
+    /* a stop id at position 5 of the second canvas: 8 + 5 tokens, stop */
+    sb.stop_at_canvas = 1;
+    sb.stop_at_pos = 5;
+    sb.stop_id = 1;
+    CHECK(scripted_run(&sb, 100, 0, &o) == 0);
+    CHECK(o.finish == DG_FINISH_STOP && o.stop_id == 1 && o.n_ids == 13);
+    CHECK(sb.commits_of_full_canvas == 1);
+    /* the same stop id beyond the budget: the budget ends it */
+    CHECK(scripted_run(&sb, 11, 0, &o) == 0);
+    CHECK(o.finish == DG_FINISH_LENGTH && o.n_ids == 11 && o.stop_id == -1);
+    /* exactly at the budget's edge: the stop id is not emitted either way */
+    CHECK(scripted_run(&sb, 13, 0, &o) == 0);
+    CHECK(o.n_ids == 13 && o.finish == DG_FINISH_LENGTH);
+    CHECK(scripted_run(&sb, 14, 0, &o) == 0);
+    CHECK(o.n_ids == 13 && o.finish == DG_FINISH_STOP);
+    /* a stop id first in the first canvas: nothing emitted */
+    sb.stop_at_canvas = 0;
+    sb.stop_at_pos = 0;
+    CHECK(scripted_run(&sb, 100, 0, &o) == 0);
+    CHECK(o.finish == DG_FINISH_STOP && o.n_ids == 0 && o.stats.canvases == 1 &&
+          o.canvas_events == 1);
+    CHECK(sb.commits_of_full_canvas == 0 && sb.encodes == 1);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(setup);
@@ -580,6 +747,7 @@ int main(void)
     TEST_CASE(cancel_and_busy);
     TEST_CASE(bad_requests);
     TEST_CASE(backend_failures);
+    TEST_CASE(scripted_canvases);
     if (ready) {
         dg_tokenizer_free(tok);
         dg_cpu_model_free(&cm);
