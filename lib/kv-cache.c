@@ -7,6 +7,12 @@
 int dg_kv_cache_init(struct dg_kv_cache *kv, const struct dg_model_config *cfg,
                      int64_t max_length, struct dg_error *err)
 {
+    return dg_kv_cache_init_heads(kv, cfg, max_length, NULL, err);
+}
+
+int dg_kv_cache_init_heads(struct dg_kv_cache *kv, const struct dg_model_config *cfg,
+                           int64_t max_length, const int *kv_heads, struct dg_error *err)
+{
     memset(kv, 0, sizeof *kv);
     if (max_length < 1)
         return dg_error_set(err, DG_E_INVAL, "kv cache: max_length %lld must be positive",
@@ -20,7 +26,8 @@ int dg_kv_cache_init(struct dg_kv_cache *kv, const struct dg_model_config *cfg,
     kv->max_length = max_length;
     for (int l = 0; l < cfg->num_layers; l++) {
         struct dg_kv_layer *L = &kv->layers[l];
-        L->kv_dim = dg_layer_kv_heads(cfg, l) * dg_layer_head_dim(cfg, l);
+        L->kv_dim = (kv_heads ? kv_heads[l] : dg_layer_kv_heads(cfg, l)) *
+                    dg_layer_head_dim(cfg, l);
         if (cfg->layer_kind[l] == DG_LAYER_SLIDING) {
             L->sliding = 1;
             L->window = cfg->sliding_window - 1;

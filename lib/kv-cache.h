@@ -45,6 +45,11 @@ struct dg_kv_cache {
 int dg_kv_cache_init(struct dg_kv_cache *kv, const struct dg_model_config *cfg,
                      int64_t max_length, struct dg_error *err);
 
+/* The same holding kv_heads[l] KV heads for layer l (a tensor-parallel
+ * rank's share); NULL: the config's. */
+int dg_kv_cache_init_heads(struct dg_kv_cache *kv, const struct dg_model_config *cfg,
+                           int64_t max_length, const int *kv_heads, struct dg_error *err);
+
 void dg_kv_cache_free(struct dg_kv_cache *kv);
 
 /* Forget every token (keeps the allocations). */

@@ -240,6 +240,7 @@ static void set_view(struct dg_weight *w, const struct dg_st_tensor *t, const vo
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
+    w->stride = 0;
     w->name = t->name;
 }
 

@@ -26,13 +26,38 @@
 
 struct dg_checkpoint;
 
-/* A row-major matrix [rows, cols] (vectors: rows = 1) in checkpoint memory. */
+/* A row-major matrix [rows, cols] (vectors: rows = 1) in checkpoint memory;
+ * rows lie stride elements apart (0: cols; a column slice has more). */
 struct dg_weight {
     const void *data;    /* NULL when the tensor does not exist (v_proj of full layers) */
     enum dg_dtype dtype;
     int64_t rows, cols;
+    int64_t stride;
     const char *name;    /* checkpoint tensor name (owned by the checkpoint) */
 };
+
+/* Views of rows [r0, r1) and of columns [c0, c1) of w. */
+static inline struct dg_weight dg_weight_rows(const struct dg_weight *w, int64_t r0, int64_t r1)
+{
+    struct dg_weight v = *w;
+    const int64_t stride = w->stride ? w->stride : w->cols;
+    v.data = w->data ? (const unsigned char *)w->data +
+                           (size_t)(r0 * stride) * dg_dtype_size(w->dtype)
+                     : NULL;
+    v.rows = r1 - r0;
+    v.stride = stride;
+    return v;
+}
+
+static inline struct dg_weight dg_weight_cols(const struct dg_weight *w, int64_t c0, int64_t c1)
+{
+    struct dg_weight v = *w;
+    v.data = w->data ? (const unsigned char *)w->data + (size_t)c0 * dg_dtype_size(w->dtype)
+                     : NULL;
+    v.cols = c1 - c0;
+    v.stride = w->stride ? w->stride : w->cols;
+    return v;
+}
 
 struct dg_layer_weights {
     struct dg_weight input_norm;      /* [H] */

@@ -8,13 +8,21 @@ void dg_ref_attention(float *out, const float *q, const int64_t *q_pos, int64_t 
                       int nh, int nkv, int hd, enum dg_attn_mask mask, int window,
                       float *scores)
 {
-    const int group = nh / nkv;
-    const int64_t qdim = (int64_t)nh * hd, kdim = (int64_t)nkv * hd;
+    dg_ref_attention_heads(out, q, q_pos, Tq, k, v, k_pos, Tk, nh, 0, nkv, 0, nh / nkv, hd, mask,
+                           window, scores);
+}
+
+void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, int64_t Tq,
+                            const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
+                            int nq, int q_base, int nkv, int kv_base, int group, int hd,
+                            enum dg_attn_mask mask, int window, float *scores)
+{
+    const int64_t qdim = (int64_t)nq * hd, kdim = (int64_t)nkv * hd;
 
     for (int64_t t = 0; t < Tq; t++) {
-        for (int h = 0; h < nh; h++) {
+        for (int h = 0; h < nq; h++) {
             const float *qv = q + t * qdim + (int64_t)h * hd;
-            const int c = h / group;
+            const int c = (q_base + h) / group - kv_base;
             float *o = out + t * qdim + (int64_t)h * hd;
             float mx = -INFINITY;
             double sum = 0;

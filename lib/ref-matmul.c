@@ -6,8 +6,8 @@
 /* Row j of w as f32: the row itself for F32 weights, else converted into buf. */
 static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
 {
-    const size_t cols = (size_t)w->cols;
-    const unsigned char *base = (const unsigned char *)w->data + (size_t)j * cols * dg_dtype_size(w->dtype);
+    const size_t cols = (size_t)w->cols, stride = w->stride ? (size_t)w->stride : cols;
+    const unsigned char *base = (const unsigned char *)w->data + (size_t)j * stride * dg_dtype_size(w->dtype);
 
     if (w->dtype == DG_DTYPE_F32)
         return (const float *)(const void *)base;
@@ -45,5 +45,22 @@ void dg_ref_matmul(float *y, const float *x, int64_t T, const struct dg_weight *
         const float *wr = weight_row(w, j, row_buf);
         for (int64_t t = 0; t < T; t++)
             y[t * rows + j] = dot(x + t * cols, wr, cols);
+    }
+}
+
+void dg_ref_matmul_f64(double *y, const float *x, int64_t T, const struct dg_weight *w,
+                       float *row_buf)
+{
+    const int64_t rows = w->rows, cols = w->cols;
+
+    for (int64_t j = 0; j < rows; j++) {
+        const float *wr = weight_row(w, j, row_buf);
+        for (int64_t t = 0; t < T; t++) {
+            const float *xt = x + t * cols;
+            double acc = 0;
+            for (int64_t i = 0; i < cols; i++)
+                acc += (double)xt[i] * wr[i];
+            y[t * rows + j] = acc;
+        }
     }
 }

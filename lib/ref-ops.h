@@ -47,8 +47,16 @@ void dg_rope_inv_freq(const struct dg_rope_config *rope, int hd, float *inv_freq
 void dg_ref_rope(float *x, int n_heads, int hd, const float *inv_freq, int64_t pos);
 
 /* y[t, j] = sum_i x[t, i] * W[j, i] for t < T, j < w->rows, i < w->cols
- * (y = x W^T, nn.Linear).  row_buf: scratch of w->cols floats. */
+ * (y = x W^T, nn.Linear); W's rows lie w->stride elements apart (0: cols).
+ * row_buf: scratch of w->cols floats. */
 void dg_ref_matmul(float *y, const float *x, int64_t T, const struct dg_weight *w, float *row_buf);
+
+/* The same accumulated in double, into double: the form whose partial
+ * sums over column slices (tensor-parallel ranks) add up to the whole
+ * product up to double rounding, so the float result hardly ever depends
+ * on how the columns were split. */
+void dg_ref_matmul_f64(double *y, const float *x, int64_t T, const struct dg_weight *w,
+                       float *row_buf);
 
 /* Which keys a query sees (model.md §4.3), by absolute position q, k:
  *   DG_MASK_NONE           every key (decoder mode: the caller passes only
@@ -78,6 +86,15 @@ void dg_ref_attention(float *out, const float *q, const int64_t *q_pos, int64_t 
                       const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
                       int nh, int nkv, int hd, enum dg_attn_mask mask, int window,
                       float *scores);
+
+/* The same over a slice of the heads (one tensor-parallel rank): nq query
+ * heads, global ids q_base.., and nkv KV heads, global ids kv_base..; query
+ * head q_base + j reads KV head (q_base + j) / group (group = the model's
+ * query heads per KV head), which must lie in the slice. */
+void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, int64_t Tq,
+                            const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
+                            int nq, int q_base, int nkv, int kv_base, int group, int hd,
+                            enum dg_attn_mask mask, int window, float *scores);
 
 /* Router decision for one token (model.md §3.3 step 9) from its E logits:
  *   p = softmax(logits) (fp32); the K largest p (ties: lower index first),

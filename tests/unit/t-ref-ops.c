@@ -191,7 +191,7 @@ static int case_matmul_dtypes(void)
     const float wf[6] = {1, 2, 3, -1, 0.5f, 4}, x[6] = {1, 1, 1, 2, 0, -1};
     uint16_t wb[6], wh[6];
     float y[4], row[3];
-    struct dg_weight w = {wf, DG_DTYPE_F32, 2, 3, "w"};
+    struct dg_weight w = {.data = wf, .dtype = DG_DTYPE_F32, .rows = 2, .cols = 3, .name = "w"};
 
     for (int i = 0; i < 6; i++) {
         wb[i] = dg_f32_to_bf16(wf[i]);
@@ -208,6 +208,73 @@ static int case_matmul_dtypes(void)
     return 0;
 }
 
+/* Row and column views: y over a view equals the same sub-product of the
+ * whole matrix; attention over a slice of heads equals those heads of the
+ * whole. */
+static int case_views_and_head_slices(void)
+{
+    float W[5 * 7], x[3 * 7], y_full[3 * 5], y[3 * 5], row[7];
+    struct dg_weight w = {.data = W, .dtype = DG_DTYPE_F32, .rows = 5, .cols = 7, .name = "w"};
+    for (int i = 0; i < 35; i++)
+        W[i] = (float)((i * 37) % 11) - 5.0f;
+    for (int i = 0; i < 21; i++)
+        x[i] = (float)((i * 13) % 7) - 3.0f;
+    dg_ref_matmul(y_full, x, 3, &w, row);
+    {
+        struct dg_weight r = dg_weight_rows(&w, 1, 4); /* output rows 1..3 */
+        dg_ref_matmul(y, x, 3, &r, row);
+        for (int t = 0; t < 3; t++)
+            for (int j = 0; j < 3; j++)
+                CHECK(y[t * 3 + j] == y_full[t * 5 + 1 + j]);
+    }
+    {
+        /* columns 2..5 of W against the matching columns of x: partial sums
+         * that add up (exactly, for these small integers) to y */
+        struct dg_weight c1 = dg_weight_cols(&w, 0, 2), c2 = dg_weight_cols(&w, 2, 7);
+        float xa[3 * 2], xb[3 * 5], ya[15], yb[15];
+        for (int t = 0; t < 3; t++) {
+            memcpy(xa + t * 2, x + t * 7, 2 * sizeof(float));
+            memcpy(xb + t * 5, x + t * 7 + 2, 5 * sizeof(float));
+        }
+        dg_ref_matmul(ya, xa, 3, &c1, row);
+        dg_ref_matmul(yb, xb, 3, &c2, row);
+        for (int i = 0; i < 15; i++)
+            CHECK(ya[i] + yb[i] == y_full[i]);
+        /* a column view of a row view */
+        {
+            struct dg_weight rc = dg_weight_rows(&c2, 2, 5);
+            dg_ref_matmul(y, xb, 3, &rc, row);
+            for (int t = 0; t < 3; t++)
+                for (int j = 0; j < 3; j++)
+                    CHECK(y[t * 3 + j] == yb[t * 5 + 2 + j]);
+        }
+    }
+    {
+        /* 6 query heads, 2 KV heads (group 3), hd 2, 2 queries, 3 keys:
+         * heads 2..4 read KV heads 0 and 1 */
+        float q[2 * 12], k[3 * 4], v[3 * 4], out_full[2 * 12], out[2 * 6], sc[3];
+        float qs[2 * 6], ks[3 * 4], vs[3 * 4];
+        int64_t qpos[2] = {3, 4}, kpos[3] = {2, 3, 4};
+        for (int i = 0; i < 24; i++)
+            q[i] = (float)((i * 7) % 5) * 0.25f - 0.5f;
+        for (int i = 0; i < 12; i++) {
+            k[i] = (float)((i * 3) % 7) * 0.2f - 0.6f;
+            v[i] = (float)((i * 5) % 9) * 0.1f;
+        }
+        dg_ref_attention(out_full, q, qpos, 2, k, v, kpos, 3, 6, 2, 2, DG_MASK_CAUSAL, 0, sc);
+        for (int t = 0; t < 2; t++)
+            memcpy(qs + t * 6, q + t * 12 + 4, 6 * sizeof(float));
+        memcpy(ks, k, sizeof ks);
+        memcpy(vs, v, sizeof vs);
+        dg_ref_attention_heads(out, qs, qpos, 2, ks, vs, kpos, 3, 3, 2, 2, 0, 3, 2,
+                               DG_MASK_CAUSAL, 0, sc);
+        for (int t = 0; t < 2; t++)
+            for (int i = 0; i < 6; i++)
+                CHECK(out[t * 6 + i] == out_full[t * 12 + 4 + i]);
+    }
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(case_rmsnorm);
@@ -218,5 +285,6 @@ int main(void)
     TEST_CASE(case_masks);
     TEST_CASE(case_attention);
     TEST_CASE(case_matmul_dtypes);
+    TEST_CASE(case_views_and_head_slices);
     return test_finish();
 }
