@@ -1,39 +1,69 @@
-/* cpu-backend.c - the backend interface over the CPU forward pass. */
+/* cpu-backend.c - the backend interface over the CPU forward pass, on one
+ * or more rank threads (see cpu-backend.h). */
 #include "lib/cpu-backend.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lib/sampler.h"
 
-struct cpu_slot {
-    int open;
-    int max_cl;
+struct rank_slot {
     struct dg_kv_cache kv;
-    float *soft;          /* [max_cl, H] self-conditioning input for the next step */
+    double *soft;             /* [max_cl, H] this rank's part of sum_v p_v E[v] */
 };
 
-/* what condition() needs of the last denoise batch, per item */
+/* the last denoise batch, per item (the same on every rank) */
 struct last_item {
     int slot, cl;
     float temperature;
-    size_t off;           /* first row in the batch buffers */
+    size_t off;               /* first row in the batch buffers */
 };
+
+struct rank {
+    struct dg_cpu_model cm;
+    struct dg_coll *coll;     /* NULL with one rank */
+    struct dg_mem_ledger *ledger;
+    struct rank_slot *slots;
+    /* the last denoise batch: this rank's logits columns, and per row the
+     * filter threshold and the combined statistics */
+    float *logits;            /* [rows, nv] */
+    float *tau;
+    struct dg_row_stats *local, *combined, *gather;
+    float *filter_scratch;    /* [rows, nv] */
+    size_t rows_cap;
+    uint64_t held;            /* bytes of the buffers above, for the ledger */
+    /* the job's outcome */
+    int rc;
+    struct dg_error err;
+    pthread_t thread;
+    int started;
+    struct cpu_backend *cb;   /* for the thread */
+    int index;
+};
+
+enum job_kind { JOB_NONE = 0, JOB_ENCODE, JOB_DENOISE, JOB_CONDITION, JOB_QUIT };
 
 struct cpu_backend {
     struct dg_backend base;
-    const struct dg_cpu_model *cm;
-    struct cpu_slot *slots;
-    /* the last denoise batch: raw logits, and per position the filter
-     * threshold and the combined row statistics */
-    float *logits;
-    float *tau;
-    struct dg_row_stats *stats;
-    size_t rows_cap;
+    const struct dg_model *m;
+    struct dg_tp_plan plan;
+    struct dg_coll_cpu_group *group;
+    struct rank *ranks;
+    int *slot_open, *slot_max_cl;
     struct last_item *last;
     int n_last, last_cap;
-    float *filter_scratch; /* [V] */
+    /* the job every rank runs */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t seq;
+    int finished;
+    enum job_kind kind;
+    const struct dg_encode_item *enc;
+    struct dg_denoise_item *den;
+    const int *which;
+    int n;
 };
 
 static struct cpu_backend *impl(struct dg_backend *b)
@@ -41,65 +71,285 @@ static struct cpu_backend *impl(struct dg_backend *b)
     return (struct cpu_backend *)b;
 }
 
-static int slot_ok(const struct cpu_backend *cb, int slot, const char *what, struct dg_error *err)
+/* ---- per-rank work ------------------------------------------------------- */
+
+static int reserve_rows(struct rank *R, size_t rows, int n_ranks, struct dg_error *err)
 {
-    if (slot < 0 || slot >= cb->base.max_slots || !cb->slots[slot].open)
-        return dg_error_set(err, DG_E_INVAL, "cpu backend: %s: slot %d is not open", what, slot);
+    const size_t nv = (size_t)R->cm.nv;
+    uint64_t bytes;
+    if (rows <= R->rows_cap)
+        return 0;
+    free(R->logits);
+    free(R->tau);
+    free(R->local);
+    free(R->combined);
+    free(R->gather);
+    free(R->filter_scratch);
+    dg_ledger_free(R->ledger, R->held);
+    R->logits = malloc(sizeof(float) * rows * nv);
+    R->tau = malloc(sizeof(float) * rows);
+    R->local = malloc(sizeof *R->local * rows);
+    R->combined = malloc(sizeof *R->combined * rows);
+    R->gather = malloc(sizeof *R->gather * rows * (size_t)n_ranks);
+    R->filter_scratch = malloc(sizeof(float) * rows * nv);
+    R->rows_cap = 0;
+    R->held = 0;
+    if (!R->logits || !R->tau || !R->local || !R->combined || !R->gather || !R->filter_scratch)
+        return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for %zu rows", rows);
+    R->rows_cap = rows;
+    dg_ledger_alloc(R->ledger, sizeof(float) * rows * nv);
+    dg_ledger_alloc(R->ledger, sizeof(float) * rows * nv);
+    dg_ledger_alloc(R->ledger, sizeof *R->gather * rows * (size_t)n_ranks);
+    bytes = 2 * sizeof(float) * rows * nv + sizeof *R->gather * rows * (size_t)n_ranks;
+    dg_ledger_hold(R->ledger, (sizeof(float) + 2 * sizeof *R->local) * rows);
+    bytes += (sizeof(float) + 2 * sizeof *R->local) * rows;
+    R->held = bytes;
     return 0;
 }
 
-static int cpu_slot_open(struct dg_backend *b, int slot, int64_t max_positions, int max_cl,
-                         struct dg_error *err)
+static int rank_encode(struct cpu_backend *cb, struct rank *R, struct dg_error *err)
 {
-    struct cpu_backend *cb = impl(b);
-    struct cpu_slot *s;
+    int rc;
+    for (int i = 0; i < cb->n; i++) {
+        const struct dg_encode_item *it = &cb->enc[i];
+        if ((rc = dg_cpu_encode(&R->cm, &R->slots[it->slot].kv, it->ids, it->n, NULL, err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int rank_denoise(struct cpu_backend *cb, struct rank *R, int is_root, struct dg_error *err)
+{
+    const int64_t nv = R->cm.nv, V = cb->base.cfg->vocab_size;
+    size_t rows = 0, off = 0;
     int rc;
 
-    if (slot < 0 || slot >= b->max_slots || cb->slots[slot].open)
-        return dg_error_set(err, DG_E_INVAL, "cpu backend: slot %d is %s", slot,
-                            slot < 0 || slot >= b->max_slots ? "out of range" : "already open");
-    if (max_cl < 1 || max_positions < 1)
-        return dg_error_set(err, DG_E_INVAL, "cpu backend: slot %d: %lld positions, canvas %d",
-                            slot, (long long)max_positions, max_cl);
-    s = &cb->slots[slot];
-    if ((rc = dg_kv_cache_init(&s->kv, b->cfg, max_positions, err)) < 0)
+    for (int i = 0; i < cb->n; i++)
+        rows += (size_t)cb->den[i].cl;
+    if ((rc = reserve_rows(R, rows, cb->plan.n_ranks, err)) < 0)
         return rc;
-    if (s->kv.max_length < max_positions) {
-        dg_kv_cache_free(&s->kv);
-        return dg_error_set(err, DG_E_RANGE,
-                            "cpu backend: %lld positions exceed the model's %lld",
-                            (long long)max_positions, (long long)b->cfg->max_position_embeddings);
+    for (int i = 0; i < cb->n; i++) {
+        struct dg_denoise_item *it = &cb->den[i];
+        struct rank_slot *s = &R->slots[it->slot];
+        float *z = R->logits + off * (size_t)nv;
+        int64_t bad = 0;
+
+        if ((rc = dg_cpu_decode_soft(&R->cm, &s->kv, it->canvas, it->cl,
+                                     it->self_cond ? s->soft : NULL, z, err)) < 0)
+            return rc;
+        if ((rc = dg_filter_thresholds(z, it->cl, nv, nv, V, it->top_k, it->top_p,
+                                       R->tau + off, R->filter_scratch, R->coll, err)) < 0)
+            return rc;
+        for (int p = 0; p < it->cl; p++) {
+            const struct dg_rand_site site = {it->seed, it->canvas_index, it->step, (uint32_t)p};
+            dg_row_stats_slice(z + (size_t)p * (size_t)nv, R->cm.v0, nv, it->temperature,
+                               R->tau[off + (size_t)p], &site, &R->local[off + (size_t)p]);
+        }
+        if ((rc = dg_row_stats_allgather(R->coll, R->local + off, it->cl, R->combined + off,
+                                         R->gather, err)) < 0)
+            return rc;
+        if (is_root) {
+            /* one writer for the shared outputs; every rank has the same values */
+            for (int p = 0; p < it->cl; p++) {
+                const struct dg_row_stats *st = &R->combined[off + (size_t)p];
+                if (st->nonfinite || st->argmax < 0) {
+                    bad++;
+                    it->sample[p] = it->argmax[p] = 0;
+                    it->entropy[p] = NAN;
+                    continue;
+                }
+                it->sample[p] = st->sample;
+                it->argmax[p] = st->argmax;
+                it->entropy[p] = dg_row_entropy(st);
+            }
+            it->nonfinite = bad;
+            cb->last[i] = (struct last_item){it->slot, it->cl, it->temperature, off};
+        }
+        off += (size_t)it->cl;
     }
-    s->soft = malloc(sizeof(float) * (size_t)max_cl * (size_t)b->cfg->hidden_size);
-    if (!s->soft) {
-        dg_kv_cache_free(&s->kv);
-        return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for slot %d", slot);
+    return 0;
+}
+
+static int rank_condition(struct cpu_backend *cb, struct rank *R, struct dg_error *err)
+{
+    const int64_t nv = R->cm.nv;
+    float *probs = NULL;
+    size_t cap = 0;
+    int rc = 0;
+
+    for (int i = 0; i < cb->n && rc == 0; i++) {
+        const struct last_item *li = &cb->last[cb->which[i]];
+        if ((size_t)li->cl > cap) {
+            free(probs);
+            dg_ledger_free(R->ledger, sizeof(float) * cap * (size_t)nv);
+            probs = malloc(sizeof(float) * (size_t)li->cl * (size_t)nv);
+            if (!probs)
+                return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for "
+                                    "self-conditioning");
+            cap = (size_t)li->cl;
+            dg_ledger_alloc(R->ledger, sizeof(float) * cap * (size_t)nv);
+        }
+        for (int p = 0; p < li->cl; p++) {
+            const size_t r = li->off + (size_t)p;
+            dg_row_probs(R->logits + r * (size_t)nv, nv, li->temperature, R->tau[r],
+                         &R->combined[r], probs + (size_t)p * (size_t)nv);
+        }
+        rc = dg_cpu_soft_embed(&R->cm, probs, li->cl, R->slots[li->slot].soft, err);
     }
-    s->max_cl = max_cl;
-    s->open = 1;
+    dg_ledger_free(R->ledger, sizeof(float) * cap * (size_t)nv);
+    free(probs);
+    return rc;
+}
+
+static int run_rank(struct cpu_backend *cb, int r)
+{
+    struct rank *R = &cb->ranks[r];
+    dg_error_clear(&R->err);
+    switch (cb->kind) {
+    case JOB_ENCODE: R->rc = rank_encode(cb, R, &R->err); break;
+    case JOB_DENOISE: R->rc = rank_denoise(cb, R, r == 0, &R->err); break;
+    case JOB_CONDITION: R->rc = rank_condition(cb, R, &R->err); break;
+    default: R->rc = 0; break;
+    }
+    /* the others must not wait for this rank in a collective */
+    if (R->rc < 0 && cb->group)
+        dg_coll_cpu_abort(cb->group);
+    return R->rc;
+}
+
+static void *rank_thread(void *arg)
+{
+    struct rank *R = arg;
+    struct cpu_backend *cb = R->cb;
+    const int r = R->index;
+    uint64_t seen = 0;
+
+    for (;;) {
+        pthread_mutex_lock(&cb->mu);
+        while (cb->seq == seen)
+            pthread_cond_wait(&cb->go, &cb->mu);
+        seen = cb->seq;
+        pthread_mutex_unlock(&cb->mu);
+        if (cb->kind == JOB_QUIT)
+            return NULL;
+        run_rank(cb, r);
+        pthread_mutex_lock(&cb->mu);
+        cb->finished++;
+        pthread_cond_signal(&cb->done);
+        pthread_mutex_unlock(&cb->mu);
+    }
+}
+
+/* Run the job on every rank (rank 0 here, the others on their threads) and
+ * report the first real failure. */
+static int run_job(struct cpu_backend *cb, enum job_kind kind, struct dg_error *err)
+{
+    const int n = cb->plan.n_ranks;
+    int rc = 0, first = -1;
+
+    cb->kind = kind;
+    if (n > 1) {
+        pthread_mutex_lock(&cb->mu);
+        cb->finished = 0;
+        cb->seq++;
+        pthread_cond_broadcast(&cb->go);
+        pthread_mutex_unlock(&cb->mu);
+    }
+    run_rank(cb, 0);
+    if (n > 1) {
+        pthread_mutex_lock(&cb->mu);
+        while (cb->finished < n - 1)
+            pthread_cond_wait(&cb->done, &cb->mu);
+        pthread_mutex_unlock(&cb->mu);
+    }
+    /* the cause, not the ranks that were told to give up */
+    for (int r = 0; r < n; r++)
+        if (cb->ranks[r].rc < 0 && (first < 0 || (cb->ranks[first].err.code == DG_E_INTERNAL &&
+                                                  cb->ranks[r].err.code != DG_E_INTERNAL)))
+            first = r;
+    if (first >= 0) {
+        rc = -cb->ranks[first].err.code;
+        if (err)
+            *err = cb->ranks[first].err;
+        if (n > 1)
+            dg_error_prefix(err, "rank %d", first);
+    }
+    if (cb->group)
+        dg_coll_cpu_reset(cb->group);
+    return rc;
+}
+
+/* ---- the interface -------------------------------------------------------- */
+
+static int slot_ok(const struct cpu_backend *cb, int slot, const char *what, struct dg_error *err)
+{
+    if (slot < 0 || slot >= cb->base.max_slots || !cb->slot_open[slot])
+        return dg_error_set(err, DG_E_INVAL, "cpu backend: %s: slot %d is not open", what, slot);
     return 0;
 }
 
 static void cpu_slot_close(struct dg_backend *b, int slot)
 {
     struct cpu_backend *cb = impl(b);
-    if (slot < 0 || slot >= b->max_slots || !cb->slots[slot].open)
+    if (slot < 0 || slot >= b->max_slots || !cb->slot_open[slot])
         return;
-    dg_kv_cache_free(&cb->slots[slot].kv);
-    free(cb->slots[slot].soft);
-    memset(&cb->slots[slot], 0, sizeof cb->slots[slot]);
+    for (int r = 0; r < cb->plan.n_ranks; r++) {
+        struct rank *R = &cb->ranks[r];
+        struct rank_slot *s = &R->slots[slot];
+        dg_ledger_free(R->ledger, sizeof(double) * (uint64_t)cb->slot_max_cl[slot] *
+                                      (uint64_t)b->cfg->hidden_size);
+        dg_kv_cache_free(&s->kv);
+        free(s->soft);
+        memset(s, 0, sizeof *s);
+    }
+    cb->slot_open[slot] = 0;
     /* the last batch may name this slot; forget it */
     for (int i = 0; i < cb->n_last; i++)
         if (cb->last[i].slot == slot)
             cb->last[i].slot = -1;
 }
 
+static int cpu_slot_open(struct dg_backend *b, int slot, int64_t max_positions, int max_cl,
+                         struct dg_error *err)
+{
+    struct cpu_backend *cb = impl(b);
+    int rc;
+
+    if (slot < 0 || slot >= b->max_slots || cb->slot_open[slot])
+        return dg_error_set(err, DG_E_INVAL, "cpu backend: slot %d is %s", slot,
+                            slot < 0 || slot >= b->max_slots ? "out of range" : "already open");
+    if (max_cl < 1 || max_positions < 1)
+        return dg_error_set(err, DG_E_INVAL, "cpu backend: slot %d: %lld positions, canvas %d",
+                            slot, (long long)max_positions, max_cl);
+    if (max_positions > b->cfg->max_position_embeddings)
+        return dg_error_set(err, DG_E_RANGE, "cpu backend: %lld positions exceed the model's %lld",
+                            (long long)max_positions, (long long)b->cfg->max_position_embeddings);
+    cb->slot_open[slot] = 1;
+    cb->slot_max_cl[slot] = max_cl;
+    for (int r = 0; r < cb->plan.n_ranks; r++) {
+        struct rank *R = &cb->ranks[r];
+        struct rank_slot *s = &R->slots[slot];
+        const size_t soft = sizeof(double) * (size_t)max_cl * (size_t)b->cfg->hidden_size;
+        if ((rc = dg_cpu_kv_init(&R->cm, &s->kv, max_positions, err)) < 0) {
+            cpu_slot_close(b, slot);
+            return rc;
+        }
+        s->soft = malloc(soft);
+        if (!s->soft) {
+            cpu_slot_close(b, slot);
+            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for slot %d", slot);
+        }
+        dg_ledger_alloc(R->ledger, soft); /* (the KV cache: see dg_tp_plan_bytes) */
+    }
+    return 0;
+}
+
 static int64_t cpu_slot_length(const struct dg_backend *b, int slot)
 {
     const struct cpu_backend *cb = (const struct cpu_backend *)b;
-    if (slot < 0 || slot >= b->max_slots || !cb->slots[slot].open)
+    if (slot < 0 || slot >= b->max_slots || !cb->slot_open[slot])
         return -1;
-    return cb->slots[slot].kv.length;
+    return cb->ranks[0].slots[slot].kv.length;
 }
 
 static int check_ids(const struct dg_model_config *c, const int32_t *ids, int64_t n,
@@ -120,15 +370,15 @@ static int cpu_encode(struct dg_backend *b, const struct dg_encode_item *items, 
     int rc;
 
     for (int i = 0; i < n; i++) {
-        const struct cpu_slot *s;
+        const struct dg_kv_cache *kv;
         if ((rc = slot_ok(cb, items[i].slot, "encode", err)) < 0)
             return rc;
-        s = &cb->slots[items[i].slot];
-        if (items[i].n < 1 || s->kv.length + items[i].n > s->kv.max_length)
+        kv = &cb->ranks[0].slots[items[i].slot].kv;
+        if (items[i].n < 1 || kv->length + items[i].n > kv->max_length)
             return dg_error_set(err, DG_E_RANGE, "cpu backend: encode (slot %d): %lld tokens "
                                 "after %lld do not fit %lld positions", items[i].slot,
-                                (long long)items[i].n, (long long)s->kv.length,
-                                (long long)s->kv.max_length);
+                                (long long)items[i].n, (long long)kv->length,
+                                (long long)kv->max_length);
         if ((rc = check_ids(b->cfg, items[i].ids, items[i].n, "encode", items[i].slot, err)) < 0)
             return rc;
         for (int j = 0; j < i; j++)
@@ -136,100 +386,47 @@ static int cpu_encode(struct dg_backend *b, const struct dg_encode_item *items, 
                 return dg_error_set(err, DG_E_INVAL, "cpu backend: slot %d twice in one batch",
                                     items[i].slot);
     }
-    for (int i = 0; i < n; i++)
-        if ((rc = dg_cpu_encode(cb->cm, &cb->slots[items[i].slot].kv, items[i].ids, items[i].n,
-                                NULL, err)) < 0)
-            return rc;
-    return 0;
-}
-
-static int reserve_rows(struct cpu_backend *cb, size_t rows, int items, struct dg_error *err)
-{
-    const size_t V = (size_t)cb->base.cfg->vocab_size;
-    if (rows > cb->rows_cap) {
-        float *l = realloc(cb->logits, sizeof(float) * rows * V);
-        float *t;
-        struct dg_row_stats *st;
-        if (!l)
-            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for logits");
-        cb->logits = l;
-        if (!(t = realloc(cb->tau, sizeof(float) * rows)))
-            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
-        cb->tau = t;
-        if (!(st = realloc(cb->stats, sizeof *st * rows)))
-            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
-        cb->stats = st;
-        cb->rows_cap = rows;
-    }
-    if (items > cb->last_cap) {
-        struct last_item *li = realloc(cb->last, sizeof *li * (size_t)items);
-        if (!li)
-            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
-        cb->last = li;
-        cb->last_cap = items;
-    }
-    return 0;
+    cb->enc = items;
+    cb->n = n;
+    return run_job(cb, JOB_ENCODE, err);
 }
 
 static int cpu_denoise(struct dg_backend *b, struct dg_denoise_item *items, int n,
                        struct dg_error *err)
 {
     struct cpu_backend *cb = impl(b);
-    const int64_t V = b->cfg->vocab_size;
-    size_t rows = 0, off = 0;
     int rc;
 
     for (int i = 0; i < n; i++) {
         const struct dg_denoise_item *it = &items[i];
-        const struct cpu_slot *s;
+        const struct dg_kv_cache *kv;
         if ((rc = slot_ok(cb, it->slot, "denoise", err)) < 0)
             return rc;
-        s = &cb->slots[it->slot];
-        if (it->cl < 1 || it->cl > s->max_cl || s->kv.length + it->cl > s->kv.max_length)
+        kv = &cb->ranks[0].slots[it->slot].kv;
+        if (it->cl < 1 || it->cl > cb->slot_max_cl[it->slot] || kv->length + it->cl > kv->max_length)
             return dg_error_set(err, DG_E_RANGE, "cpu backend: denoise (slot %d): canvas of %d "
                                 "after %lld tokens does not fit (canvas up to %d, %lld positions)",
-                                it->slot, it->cl, (long long)s->kv.length, s->max_cl,
-                                (long long)s->kv.max_length);
+                                it->slot, it->cl, (long long)kv->length, cb->slot_max_cl[it->slot],
+                                (long long)kv->max_length);
         if (!(it->temperature > 0) || !isfinite(it->temperature) || !(it->top_p > 0))
             return dg_error_set(err, DG_E_INVAL, "cpu backend: denoise (slot %d): temperature "
                                 "%g, top_p %g", it->slot, (double)it->temperature,
                                 (double)it->top_p);
         if ((rc = check_ids(b->cfg, it->canvas, it->cl, "denoise", it->slot, err)) < 0)
             return rc;
-        rows += (size_t)it->cl;
     }
     cb->n_last = 0;
-    if ((rc = reserve_rows(cb, rows, n, err)) < 0)
-        return rc;
-    for (int i = 0; i < n; i++) {
-        struct dg_denoise_item *it = &items[i];
-        struct cpu_slot *s = &cb->slots[it->slot];
-        float *z = cb->logits + off * (size_t)V;
-
-        if ((rc = dg_cpu_decode_soft(cb->cm, &s->kv, it->canvas, it->cl,
-                                     it->self_cond ? s->soft : NULL, z, err)) < 0)
-            return rc;
-        it->nonfinite = 0;
-        for (int p = 0; p < it->cl; p++) {
-            const float *zr = z + (size_t)p * (size_t)V;
-            const struct dg_rand_site site = {it->seed, it->canvas_index, it->step, (uint32_t)p};
-            struct dg_row_stats *st = &cb->stats[off + (size_t)p];
-            const float tau = dg_filter_threshold(zr, V, it->top_k, it->top_p, cb->filter_scratch);
-            cb->tau[off + (size_t)p] = tau;
-            dg_row_stats_slice(zr, 0, V, it->temperature, tau, &site, st);
-            if (st->nonfinite || st->argmax < 0) {
-                it->nonfinite++;
-                it->sample[p] = it->argmax[p] = 0;
-                it->entropy[p] = NAN;
-                continue;
-            }
-            it->sample[p] = st->sample;
-            it->argmax[p] = st->argmax;
-            it->entropy[p] = dg_row_entropy(st);
-        }
-        cb->last[i] = (struct last_item){it->slot, it->cl, it->temperature, off};
-        off += (size_t)it->cl;
+    if (n > cb->last_cap) {
+        struct last_item *li = realloc(cb->last, sizeof *li * (size_t)n);
+        if (!li)
+            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
+        cb->last = li;
+        cb->last_cap = n;
     }
+    cb->den = items;
+    cb->n = n;
+    if ((rc = run_job(cb, JOB_DENOISE, err)) < 0)
+        return rc;
     cb->n_last = n;
     return 0;
 }
@@ -237,34 +434,14 @@ static int cpu_denoise(struct dg_backend *b, struct dg_denoise_item *items, int 
 static int cpu_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
 {
     struct cpu_backend *cb = impl(b);
-    const int64_t V = b->cfg->vocab_size;
-    float *probs = NULL;
-    size_t probs_rows = 0;
-    int rc = 0;
 
     for (int i = 0; i < n; i++)
         if (which[i] < 0 || which[i] >= cb->n_last || cb->last[which[i]].slot < 0)
             return dg_error_set(err, DG_E_INVAL, "cpu backend: condition: item %d is not in the "
                                 "last denoise batch", which[i]);
-    for (int i = 0; i < n && rc == 0; i++) {
-        const struct last_item *li = &cb->last[which[i]];
-        if ((size_t)li->cl > probs_rows) {
-            free(probs);
-            probs = malloc(sizeof(float) * (size_t)li->cl * (size_t)V);
-            if (!probs)
-                return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for "
-                                    "self-conditioning");
-            probs_rows = (size_t)li->cl;
-        }
-        for (int p = 0; p < li->cl; p++) {
-            const size_t r = li->off + (size_t)p;
-            dg_row_probs(cb->logits + r * (size_t)V, V, li->temperature, cb->tau[r],
-                         &cb->stats[r], probs + (size_t)p * (size_t)V);
-        }
-        rc = dg_cpu_soft_embed(cb->cm, probs, li->cl, cb->slots[li->slot].soft, err);
-    }
-    free(probs);
-    return rc;
+    cb->which = which;
+    cb->n = n;
+    return run_job(cb, JOB_CONDITION, err);
 }
 
 static void cpu_destroy(struct dg_backend *b)
@@ -272,14 +449,42 @@ static void cpu_destroy(struct dg_backend *b)
     struct cpu_backend *cb = impl(b);
     if (!b)
         return;
-    for (int i = 0; i < b->max_slots; i++)
-        cpu_slot_close(b, i);
-    free(cb->slots);
-    free(cb->logits);
-    free(cb->tau);
-    free(cb->stats);
+    if (cb->ranks) {
+        int started = 0;
+        for (int r = 1; r < cb->plan.n_ranks; r++)
+            started |= cb->ranks[r].started;
+        if (started) {
+            pthread_mutex_lock(&cb->mu);
+            cb->kind = JOB_QUIT;
+            cb->seq++;
+            pthread_cond_broadcast(&cb->go);
+            pthread_mutex_unlock(&cb->mu);
+            for (int r = 1; r < cb->plan.n_ranks; r++)
+                if (cb->ranks[r].started)
+                    pthread_join(cb->ranks[r].thread, NULL);
+        }
+        for (int i = 0; cb->slot_open && i < b->max_slots; i++)
+            cpu_slot_close(b, i);
+        for (int r = 0; r < cb->plan.n_ranks; r++) {
+            struct rank *R = &cb->ranks[r];
+            dg_cpu_model_free(&R->cm);
+            free(R->slots);
+            free(R->logits);
+            free(R->tau);
+            free(R->local);
+            free(R->combined);
+            free(R->gather);
+            free(R->filter_scratch);
+        }
+        free(cb->ranks);
+    }
+    dg_coll_cpu_group_free(cb->group);
+    pthread_cond_destroy(&cb->go);
+    pthread_cond_destroy(&cb->done);
+    pthread_mutex_destroy(&cb->mu);
+    free(cb->slot_open);
+    free(cb->slot_max_cl);
     free(cb->last);
-    free(cb->filter_scratch);
     free(cb);
 }
 
@@ -288,27 +493,80 @@ static const struct dg_backend_ops cpu_ops = {
     cpu_destroy,
 };
 
-int dg_cpu_backend_create(const struct dg_cpu_model *cm, int max_slots, struct dg_backend **out,
-                          struct dg_error *err)
+const struct dg_tp_plan *dg_cpu_backend_plan(const struct dg_backend *b)
+{
+    return &((const struct cpu_backend *)b)->plan;
+}
+
+struct dg_coll_stats dg_cpu_backend_coll_stats(const struct dg_backend *b, int r)
+{
+    const struct cpu_backend *cb = (const struct cpu_backend *)b;
+    struct dg_coll_stats none;
+    memset(&none, 0, sizeof none);
+    if (r < 0 || r >= cb->plan.n_ranks || !cb->ranks[r].coll)
+        return none;
+    return cb->ranks[r].coll->stats;
+}
+
+int dg_cpu_backend_create(const struct dg_model *m, const struct dg_cpu_backend_options *o,
+                          struct dg_backend **out, struct dg_error *err)
 {
     struct cpu_backend *cb;
+    const int n = o->n_ranks;
+    int rc;
 
     *out = NULL;
-    if (max_slots < 1 || max_slots > 4096)
-        return dg_error_set(err, DG_E_INVAL, "cpu backend: %d slots (1 .. 4096)", max_slots);
+    if (o->max_slots < 1 || o->max_slots > 4096)
+        return dg_error_set(err, DG_E_INVAL, "cpu backend: %d slots (1 .. 4096)", o->max_slots);
     cb = calloc(1, sizeof *cb);
     if (!cb)
         return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
+    pthread_mutex_init(&cb->mu, NULL);
+    pthread_cond_init(&cb->go, NULL);
+    pthread_cond_init(&cb->done, NULL);
     cb->base.ops = &cpu_ops;
     cb->base.name = "cpu";
-    cb->base.cfg = &cm->m->cfg;
-    cb->base.max_slots = max_slots;
-    cb->cm = cm;
-    cb->slots = calloc((size_t)max_slots, sizeof *cb->slots);
-    cb->filter_scratch = malloc(sizeof(float) * (size_t)cm->m->cfg.vocab_size);
-    if (!cb->slots || !cb->filter_scratch) {
+    cb->base.cfg = &m->cfg;
+    cb->base.max_slots = o->max_slots;
+    cb->m = m;
+    if ((rc = dg_tp_plan_build(&m->cfg, n, o->experts, 1, &cb->plan, err)) < 0) {
+        cpu_destroy(&cb->base);
+        return rc;
+    }
+    cb->slot_open = calloc((size_t)o->max_slots, sizeof *cb->slot_open);
+    cb->slot_max_cl = calloc((size_t)o->max_slots, sizeof *cb->slot_max_cl);
+    cb->ranks = calloc((size_t)n, sizeof *cb->ranks);
+    if (!cb->slot_open || !cb->slot_max_cl || !cb->ranks) {
         cpu_destroy(&cb->base);
         return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
+    }
+    if (n > 1 && (rc = dg_coll_cpu_group_create(n, &cb->group, err)) < 0) {
+        cpu_destroy(&cb->base);
+        return rc;
+    }
+    for (int r = 0; r < n; r++) {
+        struct rank *R = &cb->ranks[r];
+        R->cb = cb;
+        R->index = r;
+        R->coll = cb->group ? dg_coll_cpu_rank(cb->group, r) : NULL;
+        R->ledger = o->ledgers ? &o->ledgers[r] : NULL;
+        R->slots = calloc((size_t)o->max_slots, sizeof *R->slots);
+        if (!R->slots) {
+            cpu_destroy(&cb->base);
+            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
+        }
+        if ((rc = dg_cpu_model_init_rank(&R->cm, m, &cb->plan, r, R->coll, R->ledger, err)) < 0) {
+            cpu_destroy(&cb->base);
+            return rc;
+        }
+    }
+    for (int r = 1; r < n; r++) {
+        if (pthread_create(&cb->ranks[r].thread, NULL, rank_thread, &cb->ranks[r]) != 0) {
+            cpu_destroy(&cb->base);
+            return dg_error_set(err, DG_E_INTERNAL, "cpu backend: cannot start rank thread %d",
+                                r);
+        }
+        cb->ranks[r].started = 1;
     }
     *out = &cb->base;
     return 0;

@@ -35,65 +35,140 @@ static float key_float(uint32_t k)
     return f;
 }
 
-/* The largest key t with pred(t); pred(0) must hold and pred must be
- * monotone (true below some key, false above). */
-#define BISECT(pred_expr, out)                                                   \
-    do {                                                                         \
-        uint64_t lo_ = 0, hi_ = UINT64_C(1) << 32;                               \
-        while (hi_ - lo_ > 1) {                                                  \
-            const uint32_t t = (uint32_t)((lo_ + hi_) / 2);                      \
-            if (pred_expr)                                                       \
-                lo_ = t;                                                         \
-            else                                                                 \
-                hi_ = t;                                                         \
-        }                                                                        \
-        (out) = (uint32_t)lo_;                                                   \
-    } while (0)
-
-static int64_t count_at_least(const float *z, int64_t V, uint32_t t)
+/* Local count of keys >= t[r] (or mass, with e) per row, then summed over
+ * the ranks. */
+static int reduce_round(const float *z, const float *e, int64_t n_rows, int64_t nv, int64_t stride,
+                        const uint32_t *kmin, const uint64_t *mid, double *acc,
+                        struct dg_coll *coll, struct dg_error *err)
 {
-    int64_t c = 0;
-    for (int64_t v = 0; v < V; v++)
-        c += float_key(z[v]) >= t;
-    return c;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *zr = z + r * stride;
+        const uint32_t t = (uint32_t)mid[r];
+        double a = 0;
+        if (e) {
+            for (int64_t v = 0; v < nv; v++)
+                if (float_key(zr[v]) >= t && float_key(zr[v]) >= kmin[r])
+                    a += e[r * nv + v];
+        } else {
+            int64_t c = 0;
+            for (int64_t v = 0; v < nv; v++)
+                c += float_key(zr[v]) >= t;
+            a = (double)c;
+        }
+        acc[r] = a;
+    }
+    return dg_all_reduce(coll, acc, (size_t)n_rows, DG_COLL_F64, DG_COLL_SUM, err);
 }
 
-static double mass_at_least(const float *z, const float *e, int64_t V, uint32_t t)
+/* The largest key with acc(key) >= target[r], per row: 32 halvings of
+ * [0, 2^32). */
+static int bisect(const float *z, const float *e, int64_t n_rows, int64_t nv, int64_t stride,
+                  const uint32_t *kmin, const double *target, uint32_t *out, uint64_t *lo,
+                  uint64_t *hi, uint64_t *mid, double *acc, struct dg_coll *coll,
+                  struct dg_error *err)
 {
-    double m = 0;
-    for (int64_t v = 0; v < V; v++)
-        if (float_key(z[v]) >= t)
-            m += e[v];
-    return m;
+    int rc;
+    for (int64_t r = 0; r < n_rows; r++) {
+        lo[r] = 0;
+        hi[r] = UINT64_C(1) << 32;
+    }
+    for (int round = 0; round < 32; round++) {
+        for (int64_t r = 0; r < n_rows; r++)
+            mid[r] = (lo[r] + hi[r]) / 2;
+        if ((rc = reduce_round(z, e, n_rows, nv, stride, kmin, mid, acc, coll, err)) < 0)
+            return rc;
+        for (int64_t r = 0; r < n_rows; r++) {
+            if (acc[r] >= target[r])
+                lo[r] = mid[r];
+            else
+                hi[r] = mid[r];
+        }
+    }
+    for (int64_t r = 0; r < n_rows; r++)
+        out[r] = (uint32_t)lo[r];
+    return 0;
 }
 
-float dg_filter_threshold(const float *z, int64_t V, int top_k, double top_p, float *scratch)
+int dg_filter_thresholds(const float *z, int64_t n_rows, int64_t nv, int64_t stride, int64_t V,
+                         int top_k, double top_p, float *tau, float *scratch,
+                         struct dg_coll *coll, struct dg_error *err)
 {
-    uint32_t kmin = 0; /* keys below this are filtered out */
+    const int use_k = top_k > 0 && top_k < V, use_p = top_p < 1.0;
+    uint64_t *lo = NULL, *hi = NULL, *mid = NULL;
+    uint32_t *kmin = NULL, *kp = NULL;
+    double *acc = NULL, *target = NULL;
+    float *zmax = NULL;
+    int rc = 0;
 
-    if (top_k > 0 && top_k < V) {
-        const int64_t K = top_k;
-        BISECT(count_at_least(z, V, t) >= K, kmin);
+    if (!use_k && !use_p) {
+        for (int64_t r = 0; r < n_rows; r++)
+            tau[r] = -INFINITY;
+        return 0;
     }
-    if (top_p < 1.0) {
-        float zmax = -INFINITY;
-        double total = 0;
-        for (int64_t v = 0; v < V; v++)
-            if (float_key(z[v]) >= kmin && z[v] > zmax)
-                zmax = z[v];
-        for (int64_t v = 0; v < V; v++) {
-            scratch[v] = float_key(z[v]) >= kmin ? (float)exp((double)z[v] - zmax) : 0.0f;
-            total += scratch[v];
-        }
-        {
-            const double target = top_p * total;
-            uint32_t kp;
-            BISECT(mass_at_least(z, scratch, V, t) >= target, kp);
-            if (kp > kmin)
-                kmin = kp;
-        }
+    lo = malloc(sizeof *lo * (size_t)n_rows);
+    hi = malloc(sizeof *hi * (size_t)n_rows);
+    mid = malloc(sizeof *mid * (size_t)n_rows);
+    kmin = calloc((size_t)n_rows, sizeof *kmin);
+    kp = malloc(sizeof *kp * (size_t)n_rows);
+    acc = malloc(sizeof *acc * (size_t)n_rows);
+    target = malloc(sizeof *target * (size_t)n_rows);
+    zmax = malloc(sizeof *zmax * (size_t)n_rows);
+    if (!lo || !hi || !mid || !kmin || !kp || !acc || !target || !zmax) {
+        rc = dg_error_set(err, DG_E_NOMEM, "sampler: out of memory for %lld rows",
+                          (long long)n_rows);
+        goto out;
     }
-    return kmin == 0 ? -INFINITY : key_float(kmin);
+    if (use_k) {
+        for (int64_t r = 0; r < n_rows; r++)
+            target[r] = (double)top_k;
+        if ((rc = bisect(z, NULL, n_rows, nv, stride, kmin, target, kmin, lo, hi, mid, acc, coll,
+                         err)) < 0)
+            goto out;
+    }
+    if (use_p) {
+        /* the kept ids' mass under softmax(z), relative to the kept maximum */
+        for (int64_t r = 0; r < n_rows; r++) {
+            const float *zr = z + r * stride;
+            zmax[r] = -INFINITY;
+            for (int64_t v = 0; v < nv; v++)
+                if (float_key(zr[v]) >= kmin[r] && zr[v] > zmax[r])
+                    zmax[r] = zr[v];
+        }
+        if ((rc = dg_all_reduce(coll, zmax, (size_t)n_rows, DG_COLL_F32, DG_COLL_MAX, err)) < 0)
+            goto out;
+        for (int64_t r = 0; r < n_rows; r++) {
+            const float *zr = z + r * stride;
+            double total = 0;
+            for (int64_t v = 0; v < nv; v++) {
+                float *e = &scratch[r * nv + v];
+                *e = float_key(zr[v]) >= kmin[r] ? (float)exp((double)zr[v] - zmax[r]) : 0.0f;
+                total += *e;
+            }
+            acc[r] = total;
+        }
+        if ((rc = dg_all_reduce(coll, acc, (size_t)n_rows, DG_COLL_F64, DG_COLL_SUM, err)) < 0)
+            goto out;
+        for (int64_t r = 0; r < n_rows; r++)
+            target[r] = top_p * acc[r];
+        if ((rc = bisect(z, scratch, n_rows, nv, stride, kmin, target, kp, lo, hi, mid, acc, coll,
+                         err)) < 0)
+            goto out;
+        for (int64_t r = 0; r < n_rows; r++)
+            if (kp[r] > kmin[r])
+                kmin[r] = kp[r];
+    }
+    for (int64_t r = 0; r < n_rows; r++)
+        tau[r] = kmin[r] == 0 ? -INFINITY : key_float(kmin[r]);
+out:
+    free(lo);
+    free(hi);
+    free(mid);
+    free(kmin);
+    free(kp);
+    free(acc);
+    free(target);
+    free(zmax);
+    return rc;
 }
 
 void dg_row_stats_slice(const float *z, int64_t v0, int64_t n, float T, float tau,
@@ -123,13 +198,16 @@ void dg_row_stats_slice(const float *z, int64_t v0, int64_t n, float T, float ta
     }
     if (am >= 0) {
         for (int64_t i = 0; i < n; i++) {
-            float l, d;
+            float l;
+            double d;
             if (!isfinite(z[i]) || !(z[i] >= tau))
                 continue;
             l = z[i] / T;
-            d = l - M;
+            /* in double: exact for two floats, so the slice's sums rescale
+             * to any other maximum without a float rounding in between */
+            d = (double)l - (double)M;
             {
-                const double e = exp((double)d);
+                const double e = exp(d);
                 S += e;
                 D += e * d;
             }
@@ -196,6 +274,26 @@ void dg_row_stats_combine(struct dg_row_stats *a, const struct dg_row_stats *b)
     pick(&a->sample, &a->sample_val, b->sample, b->sample_val);
 }
 
+int dg_row_stats_allgather(struct dg_coll *coll, const struct dg_row_stats *local, int64_t n_rows,
+                           struct dg_row_stats *out, struct dg_row_stats *gather,
+                           struct dg_error *err)
+{
+    int rc;
+    if (!coll || coll->size <= 1) {
+        if (out != local)
+            memmove(out, local, sizeof *out * (size_t)n_rows);
+        return 0;
+    }
+    if ((rc = dg_all_gather(coll, local, gather, sizeof *local * (size_t)n_rows, err)) < 0)
+        return rc;
+    for (int64_t r = 0; r < n_rows; r++) {
+        out[r] = gather[r];
+        for (int q = 1; q < coll->size; q++)
+            dg_row_stats_combine(&out[r], &gather[(int64_t)q * n_rows + r]);
+    }
+    return 0;
+}
+
 float dg_row_entropy(const struct dg_row_stats *st)
 {
     if (st->argmax < 0 || !(st->sum > 0))
@@ -212,8 +310,8 @@ void dg_row_probs(const float *z, int64_t n, float T, float tau, const struct dg
     const double inv_s = 1.0 / all->sum;
     for (int64_t i = 0; i < n; i++) {
         if (isfinite(z[i]) && z[i] >= tau) {
-            const float d = z[i] / T - all->max;
-            p[i] = (float)(exp((double)d) * inv_s);
+            const double d = (double)(z[i] / T) - (double)all->max;
+            p[i] = (float)(exp(d) * inv_s);
         } else {
             p[i] = 0.0f;
         }

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lib/coll.h"
 #include "lib/error.h"
 
 /* Where a position's random draws come from (see philox.h). */
@@ -52,15 +53,25 @@ struct dg_row_stats {
  * step. */
 float dg_temperature(double t_min, double t_max, int n_steps, int k);
 
-/* The filter threshold tau for one row of raw logits z[0..V): ids with
- * z >= tau are kept.  top_k: keep the top_k largest logits (0 or >= V: no
- * limit); top_p: then keep the smallest set of largest logits whose mass
- * under softmax(z) (renormalised over the top-k set) reaches top_p (>= 1:
- * no limit).  Ties at the boundary are all kept.  Both at their no-limit
- * values give -INFINITY.  scratch: V floats.  The search is a bisection
- * over the ordered float values (32 counting passes), the form that also
- * works when the row is split across ranks. */
-float dg_filter_threshold(const float *z, int64_t V, int top_k, double top_p, float *scratch);
+/* The filter thresholds tau for rows of raw logits: ids with z >= tau are
+ * kept.  top_k: keep the top_k largest logits (0 or >= V: no limit);
+ * top_p: then keep the smallest set of largest logits whose mass under
+ * softmax(z) (renormalised over the top-k set) reaches top_p (>= 1: no
+ * limit).  Ties at the boundary are all kept.  Both at their no-limit
+ * values give -INFINITY.  The search is a bisection over the ordered float
+ * values (32 counting passes), the form that also works when rows are
+ * split across ranks:
+ *
+ * n_rows rows split over the ranks of coll (NULL: one rank), all ranks
+ * calling together: this rank holds columns z[r * stride + j], j < nv, of
+ * row r; V is the whole row's length.  tau[n_rows] out, the same on every
+ * rank.  scratch: n_rows * nv floats.  The bisection's counts and masses
+ * are summed across ranks (32 all-reduces of n_rows values per filter,
+ * plus a max and a total for top-p).  Errors: DG_E_NOMEM, collective
+ * failures. */
+int dg_filter_thresholds(const float *z, int64_t n_rows, int64_t nv, int64_t stride, int64_t V,
+                         int top_k, double top_p, float *tau, float *scratch,
+                         struct dg_coll *coll, struct dg_error *err);
 
 /* Statistics of the slice z[0..n) holding vocab ids v0 .. v0+n-1.  site may
  * be NULL (no sample drawn: sample = -1). */
@@ -69,6 +80,14 @@ void dg_row_stats_slice(const float *z, int64_t v0, int64_t n, float T, float ta
 
 /* Fold b into a: the statistics of the union of two disjoint slices. */
 void dg_row_stats_combine(struct dg_row_stats *a, const struct dg_row_stats *b);
+
+/* Combine every rank's statistics of n_rows rows (one all-gather): out[r]
+ * folds the ranks' local[r] in rank order, so every rank gets the same
+ * bits.  gather: scratch of coll->size * n_rows records (unused with one
+ * rank, where out = local).  Errors: collective failures. */
+int dg_row_stats_allgather(struct dg_coll *coll, const struct dg_row_stats *local, int64_t n_rows,
+                           struct dg_row_stats *out, struct dg_row_stats *gather,
+                           struct dg_error *err);
 
 /* Entropy in nats of the row the statistics describe. */
 float dg_row_entropy(const struct dg_row_stats *st);

@@ -2,8 +2,9 @@
 # Description: dgemma-eval forward and compare from the command line: the
 # golden ladder reproduced through the CLI (encoder, decoder with and
 # without self-conditioning, a commit), ids from standard input, the
-# default model built by make (with its tokenizer), and clear failures for
-# bad inputs (exit 1) and bad usage (exit 2).
+# default model built by make (with its tokenizer), tensor-parallel runs
+# (--tp 3, experts along their width) that match the single-rank logits,
+# and clear failures for bad inputs (exit 1) and bad usage (exit 2).
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
@@ -77,5 +78,19 @@ if run u1 2 "$EVAL" forward --model $G/checkpoint --out "$tmp/x.npy" &&
    run u5 2 "$EVAL" compare "$tmp/l1.npy" &&
    run u6 2 "$EVAL" compare "$tmp/l1.npy" "$tmp/l2.npy" --tol -1
 then ok usage_errors_exit_2; else bad usage_errors_exit_2 "see above"; fi
+
+# tensor parallel: 3 ranks (V = 301 is not a multiple of 3), after a commit, with SC
+if run tp1 0 "$EVAL" forward --model $G/checkpoint --prompt-ids $G/prompt.ids \
+       --commit-ids $G/commit.ids --canvas-ids $G/canvas3.ids --sc-logits $G/sc3.npy \
+       --out "$tmp/tp1.npy" &&
+   run tp3 0 "$EVAL" forward --model $G/checkpoint --prompt-ids $G/prompt.ids \
+       --commit-ids $G/commit.ids --canvas-ids $G/canvas3.ids --sc-logits $G/sc3.npy \
+       --tp 3 --experts width --out "$tmp/tp3.npy" && has tp3 out "(tensor parallel)" &&
+   run cmp_tp 0 "$EVAL" compare "$tmp/tp3.npy" "$tmp/tp1.npy" --tol 1e-6 &&
+   run tp_bad 2 "$EVAL" forward --model $G/checkpoint --prompt-ids $G/prompt.ids --tp 0 \
+       --out "$tmp/x.npy" &&
+   run tp_many 1 "$EVAL" forward --model $G/checkpoint --prompt-ids $G/prompt.ids --tp 5 \
+       --out "$tmp/x.npy" && has tp_many err "5 ranks for 4 query heads"
+then ok tensor_parallel; else bad tensor_parallel "$(cat "$tmp/cmp_tp.out" "$tmp/tp_many.err" 2>/dev/null)"; fi
 
 [ $fails -eq 0 ]

@@ -2,7 +2,8 @@
 # Description: dgemma-eval generate as a user drives it, on the default
 # model: text streamed with a summary, --json with ids, statistics and the
 # settings used; the same seed gives the same ids from flags or --settings;
-# --max-tokens, --stop-id, --messages and --prompt-ids; bad settings,
+# --max-tokens, --stop-id, --messages and --prompt-ids; --tp 2 and 4 give
+# the same ids as one rank; bad settings,
 # unknown options and a missing model fail with a message and exit 1 or 2.
 set -u
 BUILD=${BUILD:-build}
@@ -56,6 +57,14 @@ if [ -n "$third" ] && ! echo ",$first_two," | grep -q ",$third,"; then
 else
     ok "stop_id # the third id repeats an earlier one; skipped"
 fi
+
+"$EVAL" generate --model "$MODEL" --prompt "Once upon a time" --seed 7 --max-tokens 40 \
+    "${fast[@]}" --json --tp 2 >"$tmp/tp2.json" 2>&1; t2=$?
+"$EVAL" generate --model "$MODEL" --prompt "Once upon a time" --seed 7 --max-tokens 40 \
+    "${fast[@]}" --json --tp 4 --experts width >"$tmp/tp4.json" 2>&1; t4=$?
+if [ $t2 -eq 0 ] && [ $t4 -eq 0 ] && [ "$(ids_of "$tmp/tp2.json")" = "$(ids_of "$tmp/a.json")" ] &&
+   [ "$(ids_of "$tmp/tp4.json")" = "$(ids_of "$tmp/a.json")" ] && grep -q '"tp":4' "$tmp/tp4.json"
+then ok tensor_parallel; else bad tensor_parallel "$t2 $t4: $(cat "$tmp/tp2.json" "$tmp/tp4.json")"; fi
 
 printf '[{"role": "user", "content": "Hi"}]' >"$tmp/msgs.json"
 echo "2 10 11 12" >"$tmp/prompt.ids"

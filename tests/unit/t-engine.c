@@ -23,7 +23,6 @@
 
 static struct dg_checkpoint ck;
 static struct dg_model model;
-static struct dg_cpu_model cm;
 static struct dg_tokenizer *tok;
 static int ready;
 
@@ -44,12 +43,20 @@ static int setup(void)
     dg_synth_plan_free(&p);
     CHECK_OK(dg_tokenizer_synth_write(dir, c.vocab_size, &err), &err);
     CHECK_OK(dg_model_load(dir, &ck, &model, &err), &err);
-    CHECK_OK(dg_cpu_model_init(&cm, &model, &err), &err);
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
     snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
     CHECK_OK(dg_tokenizer_load(tpath, cpath, &tok, &err), &err);
     ready = 1;
     return 0;
+}
+
+static int cpu_backend(int slots, struct dg_backend **b, struct dg_error *err)
+{
+    struct dg_cpu_backend_options o;
+    memset(&o, 0, sizeof o);
+    o.n_ranks = 1;
+    o.max_slots = slots;
+    return dg_cpu_backend_create(&model, &o, b, err);
 }
 
 /* ---- collecting events ---------------------------------------------------- */
@@ -151,7 +158,7 @@ static int make_engine(int max_batch, int prefill_chunk, const struct dg_tokeniz
     dg_engine_config_default(&ec, &model.cfg);
     ec.max_batch = max_batch;
     ec.prefill_chunk = prefill_chunk;
-    if ((rc = dg_cpu_backend_create(&cm, max_batch, b, err)) < 0)
+    if ((rc = cpu_backend(max_batch, b, err)) < 0)
         return rc;
     if ((rc = dg_engine_create(*b, &ec, t, on_event, sink, e, err)) < 0)
         (*b)->ops->destroy(*b);
@@ -534,7 +541,7 @@ static int backend_failures(void)
     prompt_of(p, 6, 8);
     settings(&s, 3, 40);
     memset(&sink, 0, sizeof sink);
-    CHECK_OK(dg_cpu_backend_create(&cm, 2, &inner, &err), &err);
+    CHECK_OK(cpu_backend(2, &inner, &err), &err);
     f.base = *inner;
     f.base.ops = &faulty_ops;
     f.inner = inner;
@@ -750,7 +757,6 @@ int main(void)
     TEST_CASE(scripted_canvases);
     if (ready) {
         dg_tokenizer_free(tok);
-        dg_cpu_model_free(&cm);
         dg_model_free(&model);
         dg_checkpoint_close(&ck);
     }

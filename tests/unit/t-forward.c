@@ -98,8 +98,8 @@ static int case_chunked_prefill_equals_one_pass(void)
     CHECK(at == P && a.length == P && b.length == P);
     CHECKF(max_rel(hb, ha, P * H) <= 1e-5, "hidden states differ by %.3g",
            max_rel(hb, ha, P * H));
-    CHECK_OK(dg_cpu_decode(&f.cm, &a, canvas, CL, NULL, la, &err), &err);
-    CHECK_OK(dg_cpu_decode(&f.cm, &b, canvas, CL, NULL, lb, &err), &err);
+    CHECK_OK(dg_cpu_decode(&f.cm, &a, canvas, CL, NULL, (&f.cm)->m->cfg.vocab_size, la, &err), &err);
+    CHECK_OK(dg_cpu_decode(&f.cm, &b, canvas, CL, NULL, (&f.cm)->m->cfg.vocab_size, lb, &err), &err);
     CHECKF(max_rel(lb, la, CL * V) <= 1e-5, "logits differ by %.3g", max_rel(lb, la, CL * V));
     printf("# chunked vs one-pass prefill: hidden %.2g, logits %.2g\n", max_rel(hb, ha, P * H),
            max_rel(lb, la, CL * V));
@@ -129,8 +129,8 @@ static int case_commit_equals_longer_prompt(void)
     CHECK_OK(dg_cpu_encode(&f.cm, &b, seq, P, NULL, &err), &err);
     CHECK_OK(dg_cpu_encode(&f.cm, &b, seq + P, CL, hb, &err), &err);
     CHECK(max_rel(hb, ha + P * H, CL * H) <= 1e-5);
-    CHECK_OK(dg_cpu_decode(&f.cm, &a, canvas, CL, NULL, la, &err), &err);
-    CHECK_OK(dg_cpu_decode(&f.cm, &b, canvas, CL, NULL, lb, &err), &err);
+    CHECK_OK(dg_cpu_decode(&f.cm, &a, canvas, CL, NULL, (&f.cm)->m->cfg.vocab_size, la, &err), &err);
+    CHECK_OK(dg_cpu_decode(&f.cm, &b, canvas, CL, NULL, (&f.cm)->m->cfg.vocab_size, lb, &err), &err);
     CHECK(max_rel(lb, la, CL * V) <= 1e-5);
     dg_kv_cache_free(&a);
     dg_kv_cache_free(&b);
@@ -154,16 +154,16 @@ static int case_decoder_reads_only(void)
     CHECK_OK(dg_kv_cache_init(&kv, &f.m.cfg, 256, &err), &err);
     CHECK_OK(dg_cpu_encode(&f.cm, &kv, prompt, P, NULL, &err), &err);
     bytes = dg_kv_cache_bytes(&kv);
-    CHECK_OK(dg_cpu_decode(&f.cm, &kv, canvas, CL, NULL, l1, &err), &err);
+    CHECK_OK(dg_cpu_decode(&f.cm, &kv, canvas, CL, NULL, (&f.cm)->m->cfg.vocab_size, l1, &err), &err);
     CHECK(kv.length == P && dg_kv_cache_bytes(&kv) == bytes);
-    CHECK_OK(dg_cpu_decode(&f.cm, &kv, canvas, CL, NULL, l2, &err), &err);
+    CHECK_OK(dg_cpu_decode(&f.cm, &kv, canvas, CL, NULL, (&f.cm)->m->cfg.vocab_size, l2, &err), &err);
     CHECK(memcmp(l1, l2, sizeof l1) == 0); /* deterministic, and the cache is untouched */
     for (int i = 0; i < CL * V; i++)
         CHECK(isfinite(l1[i]) && fabsf(l1[i]) <= 30.0f); /* softcapped */
     /* self-conditioning changes the answer */
     for (int i = 0; i < CL * V; i++)
         sc[i] = l1[i] / 0.8f;
-    CHECK_OK(dg_cpu_decode(&f.cm, &kv, canvas, CL, sc, l2, &err), &err);
+    CHECK_OK(dg_cpu_decode(&f.cm, &kv, canvas, CL, sc, (&f.cm)->m->cfg.vocab_size, l2, &err), &err);
     CHECK(max_rel(l2, l1, CL * V) > 1e-3);
     dg_kv_cache_free(&kv);
     close_fixture(&f);
@@ -195,8 +195,8 @@ static int case_bf16_weights_and_embed_scale(void)
     CHECK_OK(dg_kv_cache_init(&kb, &b.m.cfg, 64, &err), &err);
     CHECK_OK(dg_cpu_encode(&a.cm, &ka, prompt, P, NULL, &err), &err);
     CHECK_OK(dg_cpu_encode(&b.cm, &kb, prompt, P, NULL, &err), &err);
-    CHECK_OK(dg_cpu_decode(&a.cm, &ka, canvas, CL, NULL, la, &err), &err);
-    CHECK_OK(dg_cpu_decode(&b.cm, &kb, canvas, CL, NULL, lb, &err), &err);
+    CHECK_OK(dg_cpu_decode(&a.cm, &ka, canvas, CL, NULL, (&a.cm)->m->cfg.vocab_size, la, &err), &err);
+    CHECK_OK(dg_cpu_decode(&b.cm, &kb, canvas, CL, NULL, (&b.cm)->m->cfg.vocab_size, lb, &err), &err);
     rel = max_rel(lb, la, CL * V);
     /* The same weights rounded to bf16 give finite, softcapped logits that
      * differ (the bf16 path really ran).  How much they differ is not a
@@ -230,13 +230,13 @@ static int case_bad_inputs_leave_cache_alone(void)
     CHECK_FAILS(dg_cpu_encode(&f.cm, &kv, ids, 5, NULL, &err), &err, DG_E_INVAL,
                 "encoder: token 3 is id 131, outside [0, 131)");
     ids[3] = -1;
-    CHECK_FAILS(dg_cpu_decode(&f.cm, &kv, ids, 16, NULL, out, &err), &err, DG_E_INVAL,
+    CHECK_FAILS(dg_cpu_decode(&f.cm, &kv, ids, 16, NULL, (&f.cm)->m->cfg.vocab_size, out, &err), &err, DG_E_INVAL,
                 "decoder: token 3 is id -1");
     ids[3] = 0;
     CHECK_FAILS(dg_cpu_encode(&f.cm, &kv, ids, 0, NULL, &err), &err, DG_E_INVAL, "0 tokens");
     CHECK_FAILS(dg_cpu_encode(&f.cm, &kv, ids, 16, NULL, &err), &err, DG_E_RANGE,
                 "encoder: positions 10..25 run past the cache's 24 positions");
-    CHECK_FAILS(dg_cpu_decode(&f.cm, &kv, ids, 16, NULL, out, &err), &err, DG_E_RANGE,
+    CHECK_FAILS(dg_cpu_decode(&f.cm, &kv, ids, 16, NULL, (&f.cm)->m->cfg.vocab_size, out, &err), &err, DG_E_RANGE,
                 "decoder: positions 10..25");
     CHECK(kv.length == 10);
     dg_kv_cache_free(&kv);

@@ -150,17 +150,17 @@ static int case_golden(void)
     CHECK_OK(compare("encoder_hidden.npy", hidden, (int64_t)P, H, &err, &ratio), &err);
     CHECKF(ratio <= TOL, "encoder hidden states off by %.3g", ratio);
 
-    CHECK_OK(dg_cpu_decode(&cm, &kv, c1, CL, NULL, logits, &err), &err);
+    CHECK_OK(dg_cpu_decode(&cm, &kv, c1, CL, NULL, (&cm)->m->cfg.vocab_size, logits, &err), &err);
     CHECK_OK(compare("logits1.npy", logits, CL, V, &err, &ratio), &err);
     CHECKF(ratio <= TOL, "decoder step without self-conditioning off by %.3g", ratio);
 
-    CHECK_OK(dg_cpu_decode(&cm, &kv, c2, CL, sc2, logits, &err), &err);
+    CHECK_OK(dg_cpu_decode(&cm, &kv, c2, CL, sc2, (&cm)->m->cfg.vocab_size, logits, &err), &err);
     CHECK_OK(compare("logits2.npy", logits, CL, V, &err, &ratio), &err);
     CHECKF(ratio <= TOL, "decoder step with self-conditioning off by %.3g", ratio);
 
     CHECK_OK(dg_cpu_encode(&cm, &kv, commit, CL, NULL, &err), &err);
     CHECK(kv.length == (int64_t)P + CL);
-    CHECK_OK(dg_cpu_decode(&cm, &kv, c3, CL, sc3, logits, &err), &err);
+    CHECK_OK(dg_cpu_decode(&cm, &kv, c3, CL, sc3, (&cm)->m->cfg.vocab_size, logits, &err), &err);
     CHECK_OK(compare("logits3.npy", logits, CL, V, &err, &ratio), &err);
     CHECKF(ratio <= TOL, "second block after a commit off by %.3g", ratio);
 

@@ -29,6 +29,16 @@ static double rnd(void)
     return (double)(rng_state >> 11) / 9007199254740992.0;
 }
 
+/* One row on one rank; NAN if the call fails (the tests compare values). */
+static float dg_filter_threshold(const float *z, int64_t V, int top_k, double top_p,
+                                 float *scratch)
+{
+    float tau;
+    if (dg_filter_thresholds(z, 1, V, V, V, top_k, top_p, &tau, scratch, NULL, NULL) < 0)
+        return NAN;
+    return tau;
+}
+
 static int temperature_schedule(void)
 {
     /* first step t_max, last step t_min + (t_max - t_min) / N, linear between */

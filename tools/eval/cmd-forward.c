@@ -7,12 +7,11 @@
 #include <string.h>
 
 #include "lib/checkpoint.h"
-#include "lib/cpu-forward.h"
 #include "lib/fileio.h"
 #include "lib/ids-text.h"
-#include "lib/kv-cache.h"
 #include "lib/model-weights.h"
 #include "lib/npy.h"
+#include "lib/tp-forward.h"
 #include "tools/eval/eval.h"
 
 #define MAX_COMMITS 64
@@ -21,13 +20,17 @@
 static const char usage[] =
     "usage: dgemma-eval forward --model DIR --prompt-ids FILE [--commit-ids FILE]...\n"
     "                           [--canvas-ids FILE] [--sc-logits FILE.npy]\n"
-    "                           [--mode encoder|decoder] --out FILE.npy\n"
+    "                           [--mode encoder|decoder] [--tp T]\n"
+    "                           [--experts across|width] --out FILE.npy\n"
     "Encode the prompt (and then each committed canvas, in order) on the CPU\n"
     "backend.  encoder mode (the default without --canvas-ids) writes the\n"
     "final-normed hidden states of the last encoder pass [T, H]; decoder mode\n"
     "runs one denoising step over the canvas and writes its softcapped logits\n"
     "[CL, V], self-conditioned on --sc-logits (processed logits [CL, V]) if given.\n"
-    "Id files hold whitespace-separated integers; '-' reads standard input.\n";
+    "Id files hold whitespace-separated integers; '-' reads standard input.\n"
+    "--tp T runs T tensor-parallel rank threads (experts split across ranks, or\n"
+    "along their width with --experts width); the result is assembled from the\n"
+    "ranks' parts.\n";
 
 int cmd_forward(int argc, char **argv)
 {
@@ -36,8 +39,8 @@ int cmd_forward(int argc, char **argv)
     int n_commits = 0, decoder, status = 1;
     struct dg_checkpoint ck;
     struct dg_model m;
-    struct dg_cpu_model cm;
-    struct dg_kv_cache kv = {0};
+    int tp = 1;
+    enum dg_expert_split experts = DG_EXPERTS_ACROSS;
     struct dg_error err = {0};
     int32_t *prompt = NULL, *canvas = NULL, *commit_ids[MAX_COMMITS] = {0};
     size_t n_prompt = 0, n_canvas = 0, n_commit[MAX_COMMITS] = {0};
@@ -67,6 +70,21 @@ int cmd_forward(int argc, char **argv)
             out = val;
         else if (!strcmp(a, "--mode"))
             mode = val;
+        else if (!strcmp(a, "--tp")) {
+            char *end;
+            long t = strtol(val, &end, 10);
+            if (end == val || *end || t < 1 || t > DG_TP_MAX) {
+                eval_errorf("forward: --tp must be 1 .. %d, not '%s'", DG_TP_MAX, val);
+                return 2;
+            }
+            tp = (int)t;
+        } else if (!strcmp(a, "--experts")) {
+            if (strcmp(val, "across") && strcmp(val, "width")) {
+                eval_errorf("forward: --experts must be across or width, not '%s'", val);
+                return 2;
+            }
+            experts = !strcmp(val, "width") ? DG_EXPERTS_WIDTH : DG_EXPERTS_ACROSS;
+        }
         else if (!strcmp(a, "--commit-ids")) {
             if (n_commits == MAX_COMMITS) {
                 eval_errorf("forward: at most %d --commit-ids", MAX_COMMITS);
@@ -103,10 +121,6 @@ int cmd_forward(int argc, char **argv)
         eval_errorf("%s [%s]", err.msg, dg_status_name(err.code));
         return 1;
     }
-    if (dg_cpu_model_init(&cm, &m, &err) != 0) {
-        eval_errorf("%s", err.msg);
-        goto out_model;
-    }
     if (eval_read_ids(prompt_path, m.cfg.vocab_size, &prompt, &n_prompt))
         goto out;
     total = (int64_t)n_prompt;
@@ -134,57 +148,45 @@ int cmd_forward(int argc, char **argv)
             goto out;
         }
     }
-    if (dg_kv_cache_init(&kv, &m.cfg, total, &err) != 0 || kv.max_length < total) {
-        eval_errorf("%s", kv.layers ? "the inputs exceed max_position_embeddings" : err.msg);
-        goto out;
-    }
-
-    /* encoder passes: the prompt, then each commit; keep the last one's hidden */
     {
-        size_t last_n = n_commits ? n_commit[n_commits - 1] : n_prompt;
-        float *hidden = decoder ? NULL : malloc(sizeof(float) * last_n * (size_t)m.cfg.hidden_size);
-        if (!decoder && !hidden) {
-            eval_errorf("forward: out of memory");
-            goto out;
-        }
-        if (dg_cpu_encode(&cm, &kv, prompt, (int64_t)n_prompt, n_commits ? NULL : hidden, &err)) {
-            free(hidden);
-            eval_errorf("%s: %s", prompt_path, err.msg);
-            goto out;
-        }
+        const int32_t *cptr[MAX_COMMITS];
+        int64_t clen[MAX_COMMITS];
+        struct dg_tp_forward_job job;
+        const size_t last_n = n_commits ? n_commit[n_commits - 1] : n_prompt;
+        memset(&job, 0, sizeof job);
         for (int i = 0; i < n_commits; i++) {
-            if (dg_cpu_encode(&cm, &kv, commit_ids[i], (int64_t)n_commit[i],
-                              i == n_commits - 1 ? hidden : NULL, &err)) {
-                free(hidden);
-                eval_errorf("%s: %s", commits[i], err.msg);
-                goto out;
-            }
+            cptr[i] = commit_ids[i];
+            clen[i] = (int64_t)n_commit[i];
         }
-        result = hidden;
-        shape[0] = (int64_t)last_n;
-        shape[1] = m.cfg.hidden_size;
-    }
-    if (decoder) {
-        result = malloc(sizeof(float) * n_canvas * (size_t)m.cfg.vocab_size);
+        job.prompt = prompt;
+        job.n_prompt = (int64_t)n_prompt;
+        job.commits = cptr;
+        job.n_commits = clen;
+        job.n_commit = n_commits;
+        job.canvas = decoder ? canvas : NULL;
+        job.n_canvas = decoder ? (int64_t)n_canvas : 0;
+        job.sc_logits = sc;
+        shape[0] = decoder ? (int64_t)n_canvas : (int64_t)last_n;
+        shape[1] = decoder ? m.cfg.vocab_size : m.cfg.hidden_size;
+        result = malloc(sizeof(float) * (size_t)(shape[0] * shape[1]));
         if (!result) {
-            eval_errorf("forward: out of memory for [%zu, %lld] logits", n_canvas,
-                        (long long)m.cfg.vocab_size);
+            eval_errorf("forward: out of memory for [%lld, %lld] outputs", (long long)shape[0],
+                        (long long)shape[1]);
             goto out;
         }
-        if (dg_cpu_decode(&cm, &kv, canvas, (int64_t)n_canvas, sc, result, &err)) {
-            eval_errorf("%s: %s", canvas_path, err.msg);
+        job.out = result;
+        if (dg_tp_forward(&m, tp, experts, &job, &err) != 0) {
+            eval_errorf("%s", err.msg);
             goto out;
         }
-        shape[0] = (int64_t)n_canvas;
-        shape[1] = m.cfg.vocab_size;
     }
     if (dg_npy_write_f32(out, result, 2, shape, &err)) {
         eval_errorf("%s", err.msg);
         goto out;
     }
-    printf("wrote %s: %s [%lld, %lld] after %lld cached tokens\n", out,
+    printf("wrote %s: %s [%lld, %lld] after %lld cached tokens%s\n", out,
            decoder ? "logits" : "hidden states", (long long)shape[0], (long long)shape[1],
-           (long long)(kv.length - (decoder ? 0 : shape[0])));
+           (long long)(total - shape[0]), tp > 1 ? " (tensor parallel)" : "");
     status = 0;
 out:
     free(result);
@@ -193,9 +195,6 @@ out:
     free(canvas);
     for (int i = 0; i < n_commits; i++)
         free(commit_ids[i]);
-    dg_kv_cache_free(&kv);
-    dg_cpu_model_free(&cm);
-out_model:
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     return status;

@@ -27,7 +27,8 @@ static const char usage[] =
     "                            [--confidence-threshold X] [--stability-threshold N]\n"
     "                            [--t-min X] [--t-max X] [--top-k N] [--top-p X]\n"
     "                            [--seed N] [--max-tokens N] [--stop-id N]...\n"
-    "                            [--stop TEXT]... [--thinking] [--json]\n"
+    "                            [--stop TEXT]... [--thinking] [--tp T]\n"
+    "                            [--experts across|width] [--json]\n"
     "Generate on the CPU backend with the serving engine.  --prompt is raw text\n"
     "(a <bos> is prepended); --messages is a JSON list of {\"role\", \"content\"}\n"
     "rendered with the model's chat format and a generation prompt (--thinking\n"
@@ -36,7 +37,8 @@ static const char usage[] =
     "takes a JSON object of them (the daemon's names), and the flags override it.\n"
     "Without --seed a random seed is used and reported.  Text is written to\n"
     "standard output as each canvas finishes and a summary to standard error;\n"
-    "--json writes one JSON object with ids, text, statistics and settings instead.\n";
+    "--json writes one JSON object with ids, text, statistics and settings instead.\n"
+    "--tp T runs T tensor-parallel rank threads (the same tokens for a seed).\n";
 
 /* flag -> settings key, and how its value is read */
 static const struct {
@@ -237,7 +239,8 @@ static void print_summary(const struct result *res, const struct dg_gen_settings
             (unsigned long long)s->seed);
 }
 
-static int print_json(const struct result *res, const struct dg_gen_settings *s, const char *backend)
+static int print_json(const struct result *res, const struct dg_gen_settings *s, const char *backend,
+                      int tp)
 {
     const struct dg_request_stats *st = &res->stats;
     json_t *ids = json_array(), *o;
@@ -266,6 +269,7 @@ static int print_json(const struct result *res, const struct dg_gen_settings *s,
         eval_errorf("generate: out of memory");
         return 1;
     }
+    json_object_set_new(o, "tp", json_integer(tp));
     if (res->stop_id >= 0)
         json_object_set_new(o, "stop_id", json_integer(res->stop_id));
     if (res->stop_string[0])
@@ -287,11 +291,12 @@ int cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *messages = NULL, *ids_path = NULL;
     const char *settings_json = NULL;
-    int json_out = 0, thinking = 0, sources, status = 1;
+    int json_out = 0, thinking = 0, sources, status = 1, tp = 1;
+    enum dg_expert_split experts = DG_EXPERTS_ACROSS;
+    struct dg_cpu_backend_options bo;
     json_t *flags = json_object();
     struct dg_checkpoint ck;
     struct dg_model m;
-    struct dg_cpu_model cm = {0};
     struct dg_backend *backend = NULL;
     struct dg_engine *engine = NULL;
     struct dg_engine_config ec;
@@ -339,6 +344,23 @@ int cmd_generate(int argc, char **argv)
             ids_path = val;
         else if (!strcmp(a, "--settings"))
             settings_json = val;
+        else if (!strcmp(a, "--tp")) {
+            char *end;
+            long t = strtol(val, &end, 10);
+            if (end == val || *end || t < 1 || t > DG_TP_MAX) {
+                eval_errorf("generate: --tp must be 1 .. %d, not '%s'", DG_TP_MAX, val);
+                json_decref(flags);
+                return 2;
+            }
+            tp = (int)t;
+        } else if (!strcmp(a, "--experts")) {
+            if (strcmp(val, "across") && strcmp(val, "width")) {
+                eval_errorf("generate: --experts must be across or width, not '%s'", val);
+                json_decref(flags);
+                return 2;
+            }
+            experts = !strcmp(val, "width") ? DG_EXPERTS_WIDTH : DG_EXPERTS_ACROSS;
+        }
         else {
             while (f < sizeof FLAGS / sizeof FLAGS[0] && strcmp(a, FLAGS[f].flag))
                 f++;
@@ -413,11 +435,11 @@ int cmd_generate(int argc, char **argv)
                     &n_prompt))
         goto out_model;
 
-    if (dg_cpu_model_init(&cm, &m, &err) != 0) {
-        eval_errorf("%s", err.msg);
-        goto out_model;
-    }
-    if (dg_cpu_backend_create(&cm, 1, &backend, &err) != 0 ||
+    memset(&bo, 0, sizeof bo);
+    bo.n_ranks = tp;
+    bo.experts = experts;
+    bo.max_slots = 1;
+    if (dg_cpu_backend_create(&m, &bo, &backend, &err) != 0 ||
         dg_engine_create(backend, &ec, tok, on_event, &res, &engine, &err) != 0 ||
         dg_engine_submit(engine, prompt, (int64_t)n_prompt, &s, NULL, &id, &err) != 0) {
         eval_errorf("generate: %s [%s]", err.msg, dg_status_name(err.code));
@@ -430,7 +452,7 @@ int cmd_generate(int argc, char **argv)
         goto out;
     }
     if (json_out) {
-        if (print_json(&res, &s, backend->name))
+        if (print_json(&res, &s, backend->name, tp))
             goto out;
     } else {
         if (res.ids.n || res.text.n)
@@ -443,7 +465,6 @@ out:
     dg_engine_destroy(engine);
     if (backend)
         backend->ops->destroy(backend);
-    dg_cpu_model_free(&cm);
 out_model:
     free(prompt);
     dg_tokenizer_free(tok);
