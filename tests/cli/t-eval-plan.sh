@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Description: dgemma-eval plan: the 26B-A4B split over 1, 2, 4 and 8 ranks
+# (per-rank totals shrink with T; T = 1 carries no collectives; a step's
+# collectives are 2 per layer + 1 all-reduces and 1 all-gather), the same
+# from a checkpoint directory, an impossible degree reported in its row,
+# and usage errors (exit 2).
+set -u
+BUILD=${BUILD:-build}
+EVAL=$BUILD/bin/dgemma-eval
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-plan-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+ok() { echo "ok t-eval-plan/$1"; }
+bad() { echo "not ok t-eval-plan/$1: $2"; fails=$((fails + 1)); }
+
+"$EVAL" plan --preset 26b >"$tmp/p.out" 2>&1; st=$?
+total() { awk -v t="$1" '$1 == t && NF == 9 { print $7; exit }' "$tmp/p.out"; }
+ar() { awk -v t="$1" '$1 == t && NF == 7 { print $2; exit }' "$tmp/p.out"; }
+if [ $st -eq 0 ] && [ -n "$(total 1)" ] &&
+   awk -v a="$(total 1)" -v b="$(total 2)" -v c="$(total 4)" -v d="$(total 8)" \
+       'BEGIN { exit !(a > b && b > c && c > d && b < 0.51 * a) }' &&
+   [ "$(ar 1)" = 0 ] && [ "$(ar 2)" = 61 ] && [ "$(ar 8)" = 61 ]
+then ok preset_26b; else bad preset_26b "exit $st: $(cat "$tmp/p.out")"; fi
+
+"$EVAL" plan --model "$BUILD/model/default" --tp 2 --tp 3 --experts width >"$tmp/d.out" 2>&1; st=$?
+if [ $st -eq 0 ] && grep -q "^2 " "$tmp/d.out" && grep -q "^3 .*3 ranks for 4 query heads\|^3 " "$tmp/d.out" &&
+   grep -q "along their width" "$tmp/d.out"
+then ok model_dir; else bad model_dir "exit $st: $(cat "$tmp/d.out")"; fi
+
+"$EVAL" plan --preset 26b --tp 32 >"$tmp/big.out" 2>&1; st=$?
+if [ $st -eq 0 ] && grep -q "32 ranks for 16 query heads" "$tmp/big.out"
+then ok impossible_degree; else bad impossible_degree "$(cat "$tmp/big.out")"; fi
+
+"$EVAL" plan >/dev/null 2>&1; a=$?
+"$EVAL" plan --preset 26b --tp 0 >/dev/null 2>&1; b=$?
+"$EVAL" plan --preset nosuch >/dev/null 2>&1; c=$?
+"$EVAL" plan --preset 26b --act-bytes 3 >/dev/null 2>&1; d=$?
+if [ $a -eq 2 ] && [ $b -eq 2 ] && [ $c -eq 2 ] && [ $d -eq 2 ]
+then ok usage_errors; else bad usage_errors "$a $b $c $d"; fi
+
+[ $fails -eq 0 ]
