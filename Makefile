@@ -5,9 +5,10 @@
 #   make test            build and run the CPU test suite
 #   make test-asan       the same suite under AddressSanitizer + UBSan, plus a
 #                        bounded run of every fuzz target (build-asan/)
+#   make test-tsan       the threaded tests under ThreadSanitizer (build-tsan/)
 #   make test-gpu        build the GPU suite; run it where a GPU is present
 #   make fuzz            run every fuzz target for FUZZ_SECONDS each
-#   make check           what CI runs: every build, test, test-asan; ends
+#   make check           what CI runs: every build, test, test-asan, test-tsan; ends
 #                        with the total "N passed, N failed"
 #   make deps            install the Debian/Ubuntu packages the build needs
 #   make install         PREFIX=/usr/local DESTDIR=
@@ -124,7 +125,7 @@ endif
 
 .SECONDARY:
 .PHONY: bench-build
-.PHONY: all test test-asan test-gpu fuzz check check-cpu-only deps install uninstall clean
+.PHONY: all test test-asan test-tsan test-gpu fuzz check check-cpu-only deps install uninstall clean
 .DEFAULT_GOAL := all
 
 all: $(LIBCORE) $(BINS) $(DEFAULT_MODEL)/config.json $(GPU_ALL)
@@ -195,6 +196,16 @@ test-asan:
 	    tests/run.sh $(UNIT_SRC:tests/unit/%.c=$(ASAN_BUILD)/tests/unit/%) $(CLI_TESTS) \
 	    tests/fuzz/t-fuzz-smoke.sh
 
+# The threaded tests under ThreadSanitizer (the rank threads, the
+# collectives, the backend's job dispatch), in their quick form.
+TSAN_BUILD := build-tsan
+TSAN_TESTS := t-coll t-tp
+test-tsan:
+	$(Q)$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SANITIZE=thread CFLAGS="-O1 -g" \
+	    CUDA=0 $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%)
+	$(Q)BUILD=$(TSAN_BUILD) DG_TEST_QUICK=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	    tests/run.sh $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%)
+
 # (internal) what test-asan builds, invoked with BUILD=$(ASAN_BUILD)
 .PHONY: asan-suite
 asan-suite: all $(UNIT_BIN) $(FUZZ_BIN)
@@ -225,6 +236,7 @@ check:
 	$(Q)$(MAKE) --no-print-directory check-cpu-only
 	$(Q)TALLY_FILE=$(CHECK_TALLY) $(MAKE) --no-print-directory test
 	$(Q)TALLY_FILE=$(CHECK_TALLY) $(MAKE) --no-print-directory test-asan
+	$(Q)TALLY_FILE=$(CHECK_TALLY) $(MAKE) --no-print-directory test-tsan
 	$(Q)tests/tally.sh $(CHECK_TALLY)
 
 deps:
@@ -247,6 +259,6 @@ uninstall:
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$$(basename $$p); done
 
 clean:
-	rm -rf build build-asan build-cpu-only
+	rm -rf build build-asan build-tsan build-cpu-only
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
