@@ -43,7 +43,7 @@ if [ $st -eq 1 ] && [ "$(wc -l <"$tmp/mixed.out")" -eq 10 ] && [ "$n_err" -eq 8 
    grep -q '"line":2,"error":"malformed JSON' "$tmp/mixed.out" &&
    grep -q '"line":3,"error":"malformed JSON (or invalid UTF-8)' "$tmp/mixed.out" &&
    grep -q '"line":7,"error":"chat: message 0 has role' "$tmp/mixed.out" &&
-   grep -q '"line":8,"error":"content item 0 is not' "$tmp/mixed.out" &&
+   grep -q '"line":8,"error":"messages\[0\].content\[0\]: not' "$tmp/mixed.out" &&
    grep -q '"line":9,"error":"add_special_tokens must be a boolean"' "$tmp/mixed.out" &&
    [ "$(tail -n 1 "$tmp/mixed.out" | grep -c '"ids"')" -eq 1 ]
 then ok errors_continue; else bad errors_continue "exit $st, $n_err errors: $(cat "$tmp/mixed.out")"; fi

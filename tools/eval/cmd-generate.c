@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "lib/chat-format.h"
+#include "lib/chat-json.h"
 #include "lib/checkpoint.h"
 #include "lib/cpu-backend.h"
 #include "lib/engine.h"
@@ -139,10 +139,8 @@ static int make_prompt(const char *text, const char *messages, const char *ids_p
         return 1;
     }
     if (messages) {
-        static struct dg_chat_message msgs[EVAL_MAX_MESSAGES];
-        static struct dg_chat_part parts[EVAL_MAX_MESSAGES][EVAL_MAX_PARTS];
-        char *buf = NULL, why[512];
-        size_t len = 0, count = 0;
+        char *buf = NULL;
+        size_t len = 0;
         json_t *doc;
         if (dg_file_read(messages, MESSAGES_FILE_MAX, &buf, &len, &err) != 0) {
             eval_errorf("%s", err.msg);
@@ -154,12 +152,7 @@ static int make_prompt(const char *text, const char *messages, const char *ids_p
             eval_errorf("%s", err.msg);
             return 1;
         }
-        if (eval_messages(doc, msgs, parts, &count, why, sizeof why) < 0) {
-            eval_errorf("%s: %s", messages, why);
-            json_decref(doc);
-            return 1;
-        }
-        rc = dg_chat_render(tok, msgs, count, 1, thinking, &rendered, &err);
+        rc = dg_chat_render_json(tok, doc, 1, thinking, &rendered, &err);
         if (rc == 0)
             rc = dg_tokenizer_encode(tok, rendered.s, rendered.n, 0, &out, &err);
         json_decref(doc);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/chat-format.h"
+#include "lib/chat-json.h"
 #include "lib/fileio.h"
 #include "lib/tokenizer.h"
 #include "tools/eval/eval.h"
@@ -66,18 +66,14 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
         src = json_string_value(text);
         src_len = json_string_length(text);
     } else {
-        static struct dg_chat_message msgs[EVAL_MAX_MESSAGES];
-        static struct dg_chat_part parts[EVAL_MAX_MESSAGES][EVAL_MAX_PARTS];
         json_t *gen = json_object_get(in, "add_generation_prompt");
         json_t *think = json_object_get(in, "enable_thinking");
-        size_t n;
         if ((gen && !json_is_boolean(gen)) || (think && !json_is_boolean(think))) {
             snprintf(why, why_len, "add_generation_prompt and enable_thinking must be booleans");
             return -1;
         }
-        if (eval_messages(messages, msgs, parts, &n, why, why_len) < 0)
-            return -1;
-        if (dg_chat_render(t, msgs, n, json_is_true(gen), json_is_true(think), &prompt, &err)) {
+        if (dg_chat_render_json(t, messages, json_is_true(gen), json_is_true(think), &prompt,
+                                &err)) {
             snprintf(why, why_len, "%s", err.msg);
             return -1;
         }

@@ -19,20 +19,10 @@ void eval_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #include <stddef.h>
 #include <stdint.h>
 
-#include "lib/chat-format.h"
 
-#define EVAL_MAX_MESSAGES 1024
-#define EVAL_MAX_PARTS 64
 
 /* Read whitespace-separated ids in [0, vocab) from path ("-": standard
  * input).  Returns 0, or 1 after printing the error. */
 int eval_read_ids(const char *path, int64_t vocab, int32_t **ids, size_t *n);
-
-/* Chat messages from a JSON list of {"role": ..., "content": string or
- * [{"type": "text", "text": ...}]} into msgs / parts (borrowing strings
- * from messages).  Returns 0, or -1 with the reason in why. */
-int eval_messages(json_t *messages, struct dg_chat_message *msgs,
-                  struct dg_chat_part (*parts)[EVAL_MAX_PARTS], size_t *n, char *why,
-                  size_t why_len);
 
 #endif

@@ -1,0 +1,27 @@
+/*
+ * chat-json.h - chat messages as JSON ([{"role": ..., "content": ...}]) to a
+ * prompt, through the chat formats of chat-format.h.  Content is a string
+ * or a list of {"type": "text", "text": ...} items (other item types, such
+ * as images, are rejected).
+ */
+#ifndef DG_CHAT_JSON_H
+#define DG_CHAT_JSON_H
+
+#include <jansson.h>
+
+#include "lib/chat-format.h"
+#include "lib/error.h"
+#include "lib/tokenizer.h"
+
+#define DG_CHAT_MAX_MESSAGES 4096
+#define DG_CHAT_MAX_PARTS 256
+
+/* Render messages (a JSON list) into out, appending.  Errors: DG_E_INVAL
+ * (not a list, more than DG_CHAT_MAX_MESSAGES, a message without a string
+ * role, content neither a string nor a list of text items), and those of
+ * dg_chat_render; DG_E_NOMEM. */
+int dg_chat_render_json(const struct dg_tokenizer *t, const json_t *messages,
+                        int add_generation_prompt, int enable_thinking, struct dg_buf *out,
+                        struct dg_error *err);
+
+#endif
