@@ -4,9 +4,11 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/log.h"
 #include "lib/sampler.h"
 
 struct rank_slot {
@@ -47,6 +49,9 @@ enum job_kind { JOB_NONE = 0, JOB_ENCODE, JOB_DENOISE, JOB_CONDITION, JOB_QUIT }
 
 struct cpu_backend {
     struct dg_backend base;
+    int workers;              /* rank 0 on a worker thread too */
+    int pin;
+    cpu_set_t allowed;        /* the CPUs this process may run on (for pinning) */
     const struct dg_model *m;
     struct dg_tp_plan plan;
     struct dg_coll_cpu_group *group;
@@ -217,6 +222,25 @@ static int run_rank(struct cpu_backend *cb, int r)
     return R->rc;
 }
 
+/* Bind the calling thread to the r-th allowed CPU (wrapping around). */
+static void pin_to(struct cpu_backend *cb, int r)
+{
+    const int n = CPU_COUNT(&cb->allowed);
+    cpu_set_t one;
+    int k = 0, cpu = -1;
+    if (n <= 0)
+        return;
+    for (int c = 0; c < CPU_SETSIZE && cpu < 0; c++)
+        if (CPU_ISSET(c, &cb->allowed) && k++ == r % n)
+            cpu = c;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0)
+        dg_log(DG_LOG_INFO, "cpu backend: rank %d worker pinned to CPU %d", r, cpu);
+    else
+        dg_log(DG_LOG_WARN, "cpu backend: rank %d worker: cannot pin to CPU %d", r, cpu);
+}
+
 static void *rank_thread(void *arg)
 {
     struct rank *R = arg;
@@ -224,6 +248,8 @@ static void *rank_thread(void *arg)
     const int r = R->index;
     uint64_t seen = 0;
 
+    if (cb->pin)
+        pin_to(cb, r);
     for (;;) {
         pthread_mutex_lock(&cb->mu);
         while (cb->seq == seen)
@@ -245,20 +271,22 @@ static void *rank_thread(void *arg)
 static int run_job(struct cpu_backend *cb, enum job_kind kind, struct dg_error *err)
 {
     const int n = cb->plan.n_ranks;
+    const int threads = cb->workers ? n : n - 1; /* ranks on worker threads */
     int rc = 0, first = -1;
 
     cb->kind = kind;
-    if (n > 1) {
+    if (threads > 0) {
         pthread_mutex_lock(&cb->mu);
         cb->finished = 0;
         cb->seq++;
         pthread_cond_broadcast(&cb->go);
         pthread_mutex_unlock(&cb->mu);
     }
-    run_rank(cb, 0);
-    if (n > 1) {
+    if (!cb->workers)
+        run_rank(cb, 0);
+    if (threads > 0) {
         pthread_mutex_lock(&cb->mu);
-        while (cb->finished < n - 1)
+        while (cb->finished < threads)
             pthread_cond_wait(&cb->done, &cb->mu);
         pthread_mutex_unlock(&cb->mu);
     }
@@ -451,7 +479,7 @@ static void cpu_destroy(struct dg_backend *b)
         return;
     if (cb->ranks) {
         int started = 0;
-        for (int r = 1; r < cb->plan.n_ranks; r++)
+        for (int r = 0; r < cb->plan.n_ranks; r++)
             started |= cb->ranks[r].started;
         if (started) {
             pthread_mutex_lock(&cb->mu);
@@ -459,7 +487,7 @@ static void cpu_destroy(struct dg_backend *b)
             cb->seq++;
             pthread_cond_broadcast(&cb->go);
             pthread_mutex_unlock(&cb->mu);
-            for (int r = 1; r < cb->plan.n_ranks; r++)
+            for (int r = 0; r < cb->plan.n_ranks; r++)
                 if (cb->ranks[r].started)
                     pthread_join(cb->ranks[r].thread, NULL);
         }
@@ -529,6 +557,10 @@ int dg_cpu_backend_create(const struct dg_model *m, const struct dg_cpu_backend_
     cb->base.cfg = &m->cfg;
     cb->base.max_slots = o->max_slots;
     cb->m = m;
+    cb->workers = o->workers;
+    cb->pin = o->pin;
+    if (sched_getaffinity(0, sizeof cb->allowed, &cb->allowed) != 0)
+        CPU_ZERO(&cb->allowed);
     if ((rc = dg_tp_plan_build(&m->cfg, n, o->experts, 1, &cb->plan, err)) < 0) {
         cpu_destroy(&cb->base);
         return rc;
@@ -560,7 +592,7 @@ int dg_cpu_backend_create(const struct dg_model *m, const struct dg_cpu_backend_
             return rc;
         }
     }
-    for (int r = 1; r < n; r++) {
+    for (int r = cb->workers ? 0 : 1; r < n; r++) {
         if (pthread_create(&cb->ranks[r].thread, NULL, rank_thread, &cb->ranks[r]) != 0) {
             cpu_destroy(&cb->base);
             return dg_error_set(err, DG_E_INTERNAL, "cpu backend: cannot start rank thread %d",

@@ -15,6 +15,12 @@
  *
  * Items of a batch run one after another, each exactly as it would alone,
  * so a request's result never depends on its batch.
+ *
+ * Threads: rank r > 0 always has its own worker thread; with `workers`
+ * rank 0 has one too and the calling thread only hands each batch to the
+ * workers and waits for them (what the daemon's scheduler does).  Workers
+ * wait on a condition variable between batches; with `pin` each is bound
+ * to one CPU (sched affinity), logged through lib/log.h.
  */
 #ifndef DG_CPU_BACKEND_H
 #define DG_CPU_BACKEND_H
@@ -30,6 +36,9 @@ struct dg_cpu_backend_options {
     enum dg_expert_split experts;  /* how experts are split (n_ranks > 1) */
     int max_slots;                 /* requests in flight */
     struct dg_mem_ledger *ledgers; /* optional [n_ranks]: what each rank holds */
+    int workers;                   /* 1: rank 0 too runs on a worker thread (the daemon);
+                                      0: on the calling thread */
+    int pin;                       /* 1: pin worker r to the r-th CPU this process may use */
 };
 
 /* A backend over m (which must outlive it).  Errors: DG_E_INVAL (a plan

@@ -384,7 +384,7 @@ static void gen_event(void *ctx, const struct dg_gen_event *ev)
 static int generate(const struct dg_model *m, int T, enum dg_expert_split split,
                     struct dg_mem_ledger *ledgers, struct gen_out *o)
 {
-    struct dg_cpu_backend_options bo = {T, split, NREQ, ledgers};
+    struct dg_cpu_backend_options bo = {T, split, NREQ, ledgers, 0, 0};
     struct dg_backend *b;
     struct dg_engine *e;
     struct dg_engine_config ec;
@@ -535,7 +535,7 @@ static int comm_counted(void)
     struct golden G;
     CHECK(open_golden("golden-b", &G) == 0);
     for (int T = 2; T <= (quick() ? 2 : 4); T++) {
-        struct dg_cpu_backend_options bo = {T, DG_EXPERTS_ACROSS, 1, NULL};
+        struct dg_cpu_backend_options bo = {T, DG_EXPERTS_ACROSS, 1, NULL, 0, 0};
         struct dg_backend *b;
         struct dg_error err = {0};
         struct dg_coll_stats before[4];
