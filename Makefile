@@ -20,6 +20,9 @@ BUILD    ?= build
 PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 MANDIR   ?= $(PREFIX)/share/man
+DATADIR  ?= $(PREFIX)/share/dgemma
+SYSCONFDIR ?= /etc
+UNITDIR  ?= /etc/systemd/system
 DESTDIR  ?=
 CC       ?= cc
 CLANG    ?= clang
@@ -70,7 +73,7 @@ ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -I. -MMD -MP $(WARN) $(CFLAGS)
 LDFLAGS  ?=
 # Third-party C libraries are linked statically, so the binaries run on the
 # GPU machine's image, which lacks them (shared/device.md).
-STATIC_LIBS := -Wl,-Bstatic -ljansson -Wl,-Bdynamic
+STATIC_LIBS := -Wl,-Bstatic -ljansson -lyaml -luring -Wl,-Bdynamic
 SYS_LIBS    := -lm -lpthread -ldl
 
 ifneq ($(SANITIZE),)
@@ -95,6 +98,13 @@ KERNEL_SRC := $(wildcard kernels/*.cu)
 KERNEL_OBJ := $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
 LIBCUDA    := $(BUILD)/libdgemma-cuda.a
 
+DAEMON_SRC  := $(wildcard daemon/*.c)
+DAEMON_OBJ  := $(DAEMON_SRC:%.c=$(BUILD)/%.o)
+DAEMON_LIB  := $(BUILD)/libdgemma-daemon.a
+DAEMON_BIN  := $(BUILD)/bin/dgemmad
+
+CLIENT_BIN  := $(BUILD)/bin/dgemma-client
+
 EVAL_SRC   := $(wildcard tools/eval/*.c)
 EVAL_OBJ   := $(EVAL_SRC:%.c=$(BUILD)/%.o)
 EVAL_BIN   := $(BUILD)/bin/dgemma-eval
@@ -103,6 +113,8 @@ HARNESS_OBJ := $(BUILD)/tests/harness.o
 UNIT_SRC   := $(wildcard tests/unit/t-*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
 CLI_TESTS  := $(wildcard tests/cli/t-*.sh)
+INTEG_SRC  := $(wildcard tests/integration/t-*.c)
+INTEG_BIN  := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/integration/%)
 
 GPU_TEST_SRC := $(wildcard tests/gpu/t-*.c)
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
@@ -113,7 +125,7 @@ BENCH_BIN  := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz-*.c)
 FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
-BINS := $(EVAL_BIN)
+BINS := $(EVAL_BIN) $(DAEMON_BIN) $(CLIENT_BIN)
 
 # The embedded default model: the "small" preset with random weights and its
 # own tokenizer, generated deterministically at build time (its output is
@@ -149,6 +161,24 @@ $(LIBCUDA): $(KERNEL_OBJ)
 	$(call say,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# the daemon's modules as a library (tests link them), its main() apart
+# the installed default model's place, for a dgemmad outside a build tree
+$(BUILD)/daemon/main.o: ALL_CFLAGS += -DDG_DATADIR='"$(DATADIR)"'
+
+$(DAEMON_LIB): $(filter-out $(BUILD)/daemon/main.o,$(DAEMON_OBJ))
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(LIBCORE)
+	$(call say,LINK,$@)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+$(CLIENT_BIN): $(BUILD)/client/dgemma-client.o $(LIBCORE)
+	$(call say,LINK,$@)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
 $(EVAL_BIN): $(EVAL_OBJ) $(LIBCORE)
 	$(call say,LINK,$@)
 	@mkdir -p $(@D)
@@ -159,7 +189,11 @@ $(DEFAULT_MODEL)/config.json: $(EVAL_BIN)
 	$(Q)rm -rf $(DEFAULT_MODEL) && mkdir -p $(dir $(DEFAULT_MODEL))
 	$(Q)$(EVAL_BIN) mkmodel --preset small --seed 1 --out $(DEFAULT_MODEL) >/dev/null
 
-$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(LIBCORE)
+$(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(DAEMON_LIB) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+$(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(HARNESS_OBJ) $(DAEMON_LIB) $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
@@ -176,14 +210,16 @@ $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(HARNESS_OBJ) $(LIBCUDA) $(LIBCORE
 # libFuzzer targets: clang, ASan + UBSan, the library sources compiled in.
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=all
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(wildcard lib/*.h)
+# (the daemon's request parser is fuzzed too: its source goes in as well)
+FUZZ_DAEMON_SRC := daemon/protocol.c
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h daemon/*.h)
 	$(call say,FUZZ,$@)
 	@mkdir -p $(@D)
-	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(LIB_SRC) $(STATIC_LIBS) $(SYS_LIBS) -o $@
+	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
 # ---- test targets ----------------------------------------------------------
-test: all $(UNIT_BIN)
-	$(Q)BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(CLI_TESTS)
+test: all $(UNIT_BIN) $(INTEG_BIN)
+	$(Q)BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(INTEG_BIN) $(CLI_TESTS)
 
 # The same suite built with ASan + UBSan, plus every fuzz target for
 # FUZZ_SMOKE_SECONDS, in one runner call.
@@ -193,7 +229,8 @@ test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE=address,undefined \
 	    CFLAGS="-O1 -g" CUDA=0 asan-suite
 	$(Q)BUILD=$(ASAN_BUILD) FUZZ_DIR=$(ASAN_BUILD)/fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
-	    tests/run.sh $(UNIT_SRC:tests/unit/%.c=$(ASAN_BUILD)/tests/unit/%) $(CLI_TESTS) \
+	    tests/run.sh $(UNIT_SRC:tests/unit/%.c=$(ASAN_BUILD)/tests/unit/%) \
+	    $(INTEG_SRC:tests/integration/%.c=$(ASAN_BUILD)/tests/integration/%) $(CLI_TESTS) \
 	    tests/fuzz/t-fuzz-smoke.sh
 
 # The threaded tests under ThreadSanitizer (the rank threads, the
@@ -208,7 +245,7 @@ test-tsan:
 
 # (internal) what test-asan builds, invoked with BUILD=$(ASAN_BUILD)
 .PHONY: asan-suite
-asan-suite: all $(UNIT_BIN) $(FUZZ_BIN)
+asan-suite: all $(UNIT_BIN) $(INTEG_BIN) $(FUZZ_BIN)
 
 ifeq ($(HAVE_CUDA),1)
 test-gpu: all $(GPU_TEST_BIN)
@@ -244,7 +281,6 @@ deps:
 
 # ---- install ---------------------------------------------------------------
 MAN_PAGES := $(wildcard man/*.[0-9])
-DATADIR   ?= $(PREFIX)/share/dgemma
 install: all
 	$(call say,INSTALL,$(DESTDIR)$(PREFIX))
 	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)/model/default
@@ -252,10 +288,16 @@ install: all
 	$(Q)install -m 0644 $(DEFAULT_MODEL)/* $(DESTDIR)$(DATADIR)/model/default/
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
 	    install -m 0644 $$p $(DESTDIR)$(MANDIR)/man$$s/; done
+	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/dgemma $(DESTDIR)$(UNITDIR)
+	$(Q)test -e $(DESTDIR)$(SYSCONFDIR)/dgemma/dgemmad.yaml || \
+	    install -m 0644 etc/dgemmad.yaml $(DESTDIR)$(SYSCONFDIR)/dgemma/dgemmad.yaml
+	$(Q)sed 's|/usr/local/bin/|$(BINDIR)/|; s|/etc/dgemma/|$(SYSCONFDIR)/dgemma/|' \
+	    etc/dgemmad.service >$(DESTDIR)$(UNITDIR)/dgemmad.service
 
 uninstall:
 	$(Q)for b in $(notdir $(BINS)); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
 	$(Q)rm -rf $(DESTDIR)$(DATADIR)/model/default
+	$(Q)rm -f $(DESTDIR)$(UNITDIR)/dgemmad.service
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$$(basename $$p); done
 
 clean:

@@ -1,0 +1,38 @@
+/*
+ * dlog.h - the daemon's one logger.  Every line:
+ *
+ *   PID:T DD Mon YYYY HH:MM:SS.mmm L message
+ *
+ * T is the thread's tag (M main / front end, S scheduler, W the metrics
+ * writer, - any other thread, such as the backend's rank workers, whose
+ * messages name their rank), L one of E W I D.  Lines go to a file
+ * (appending, reopened on SIGHUP) or to standard error, one write(2) each,
+ * so threads do not interleave within a line.  lib/'s messages arrive here
+ * through dlog_lib_sink.
+ */
+#ifndef DG_DAEMON_DLOG_H
+#define DG_DAEMON_DLOG_H
+
+#include "lib/error.h"
+#include "lib/log.h"
+
+/* Log to path ("" or NULL: standard error) up to level.  Errors: DG_E_IO. */
+int dlog_open(const char *path, enum dg_log_level level, struct dg_error *err);
+
+/* Reopen the file (after a rotation).  On failure the old one stays. */
+int dlog_reopen(struct dg_error *err);
+
+void dlog_close(void);
+
+/* This thread's tag character. */
+void dlog_set_tag(char tag);
+
+void dlog(enum dg_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* A dg_log sink (lib/log.h) that writes through dlog. */
+void dlog_lib_sink(void *userdata, enum dg_log_level level, const char *line);
+
+/* Async-signal-safe: write msg and a newline to the log, unformatted. */
+void dlog_signal_safe(const char *msg);
+
+#endif

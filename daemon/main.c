@@ -1,0 +1,332 @@
+/*
+ * main.c - dgemmad: start-up, the run, shut-down.  See dgemmad(8).
+ *
+ * Threads: this one becomes the front end (server.h); the scheduler
+ * (sched.h) owns the engine; the backend's workers, one per rank, run the
+ * model.  SIGTERM, SIGINT and SIGHUP are blocked everywhere and read by the
+ * front end through a signalfd; SIGPIPE is ignored (sends use MSG_NOSIGNAL).
+ * Only this file decides what is fatal.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "daemon/dlog.h"
+#include "daemon/protocol.h"
+#include "daemon/sched.h"
+#include "daemon/sdnotify.h"
+#include "daemon/server.h"
+#include "lib/checkpoint.h"
+#include "lib/cpu-backend.h"
+#include "lib/daemon-config.h"
+#include "lib/fileio.h"
+#include "lib/model-weights.h"
+#include "lib/tokenizer.h"
+#include "lib/version.h"
+
+#ifndef DG_DATADIR
+#define DG_DATADIR "/usr/local/share/dgemma"
+#endif
+
+static const char usage[] =
+    "usage: dgemmad [-c FILE] [-o KEY=VALUE]... [--print-config] [--check-config]\n"
+    "               [--version] [-h]\n"
+    "Serve DiffusionGemma on a UNIX socket (JSON lines; see dgemmad(8)).\n"
+    "  -c FILE          read the configuration (dgemmad.yaml(5)); without it,\n"
+    "                   the defaults\n"
+    "  -o KEY=VALUE     set one option over the file (repeatable)\n"
+    "  --print-config   print the effective configuration and exit\n"
+    "  --check-config   check the configuration and the model, then exit\n"
+    "Without a model option, the small model shipped with dgemma is served.\n";
+
+static void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void errorf(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("dgemmad: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* The embedded default model: beside the binary in a build tree
+ * (build/bin/dgemmad -> build/model/default), else the installed copy. */
+static int default_model(char *out, size_t size)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        snprintf(out, size, "%s/../model/default", dirname(exe));
+        {
+            char probe[PATH_MAX + 32];
+            snprintf(probe, sizeof probe, "%s/config.json", out);
+            if (dg_file_exists(probe))
+                return 0;
+        }
+    }
+    snprintf(out, size, "%s/model/default", DG_DATADIR);
+    return 0;
+}
+
+struct loaded {
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_tokenizer *tok;
+    int have_model;
+};
+
+static int load_model(const char *dir, struct loaded *L, struct dg_error *err)
+{
+    char tpath[PATH_MAX + 32], cpath[PATH_MAX + 32];
+    int rc;
+    memset(L, 0, sizeof *L);
+    if ((rc = dg_model_load(dir, &L->ck, &L->m, err)) < 0)
+        return rc;
+    L->have_model = 1;
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+    snprintf(cpath, sizeof cpath, "%s/tokenizer_config.json", dir);
+    if (dg_file_exists(tpath) && (rc = dg_tokenizer_load(tpath, cpath, &L->tok, err)) < 0)
+        return dg_error_prefix(err, "tokenizer");
+    return 0;
+}
+
+static void unload(struct loaded *L)
+{
+    dg_tokenizer_free(L->tok);
+    if (L->have_model) {
+        dg_model_free(&L->m);
+        dg_checkpoint_close(&L->ck);
+    }
+}
+
+/* Settings a request starts from, and the limits it is held to. */
+static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
+                            struct dg_engine_config *ec, struct dg_gen_settings *def,
+                            struct dg_error *err)
+{
+    const struct dg_model_config *mc = &L->m.cfg;
+    dg_engine_config_default(ec, mc);
+    ec->max_batch = cfg->max_batch;
+    ec->prefill_chunk = cfg->prefill_chunk;
+    if (cfg->max_context > 0)
+        ec->max_context = cfg->max_context < mc->max_position_embeddings
+                              ? cfg->max_context : mc->max_position_embeddings;
+    ec->limits.max_canvas_length = cfg->max_canvas_length > 0 ? cfg->max_canvas_length
+                                                              : mc->canvas_length;
+    ec->limits.max_denoising_steps = cfg->max_denoising_steps;
+    ec->limits.max_tokens = cfg->max_tokens;
+    dg_gen_settings_defaults(def, mc, &L->ck.generation);
+    if (cfg->default_max_tokens > 0)
+        def->max_tokens = cfg->default_max_tokens;
+    if (def->max_tokens > cfg->max_tokens)
+        def->max_tokens = cfg->max_tokens;
+    if (def->max_denoising_steps > cfg->max_denoising_steps)
+        def->max_denoising_steps = cfg->max_denoising_steps;
+    if (dg_gen_settings_validate(def, mc, &ec->limits, err) < 0)
+        return dg_error_prefix(err, "the default request settings (generation_config.json "
+                                    "and the configuration)");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct dg_config cfg;
+    struct dg_error err = {0};
+    const char *config_path = NULL;
+    int print_config = 0, check_config = 0, status = 1, event_fd = -1;
+    char model_dir[PATH_MAX];
+    struct loaded L;
+    struct dg_engine_config ec;
+    struct dg_gen_settings defaults;
+    struct dproto_ctx pctx;
+    struct dg_backend *backend = NULL;
+    struct dsched *sched = NULL;
+    struct dserver *srv = NULL;
+    struct dserver_options so;
+    json_t *info = NULL;
+    sigset_t mask;
+
+    memset(&L, 0, sizeof L);
+    dlog_set_tag('M');
+    dg_config_defaults(&cfg);
+    /* the file first, whatever the order of the arguments, then -o in order */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--version")) {
+            printf("dgemmad %s\n", DGEMMA_VERSION);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--print-config"))
+            print_config = 1;
+        else if (!strcmp(argv[i], "--check-config"))
+            check_config = 1;
+        else if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "-o")) && i + 1 < argc) {
+            if (argv[i][1] == 'c')
+                config_path = argv[i + 1];
+            i++;
+        } else {
+            errorf("unexpected argument '%s'", argv[i]);
+            fputs(usage, stderr);
+            return 2;
+        }
+    }
+    if (config_path && dg_config_load_file(&cfg, config_path, &err) < 0) {
+        errorf("%s", err.msg);
+        return 1;
+    }
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-o") && i + 1 < argc) {
+            char what[300];
+            snprintf(what, sizeof what, "-o %.280s", argv[i + 1]);
+            if (dg_config_set(&cfg, argv[i + 1], what, &err) < 0) {
+                errorf("%s", err.msg);
+                return 1;
+            }
+            i++;
+        } else if (!strcmp(argv[i], "-c")) {
+            i++;
+        }
+    if (dg_config_validate(&cfg, &err) < 0) {
+        errorf("%s", err.msg);
+        return 1;
+    }
+    if (print_config) {
+        char *y = dg_config_to_yaml(&cfg);
+        if (!y) {
+            errorf("out of memory");
+            return 1;
+        }
+        fputs(y, stdout);
+        free(y);
+        return 0;
+    }
+    if (cfg.model[0])
+        snprintf(model_dir, sizeof model_dir, "%s", cfg.model);
+    else
+        default_model(model_dir, sizeof model_dir);
+    {
+        char real[PATH_MAX];
+        if (realpath(model_dir, real))
+            snprintf(model_dir, sizeof model_dir, "%s", real);
+    }
+
+    if (dlog_open(cfg.log_file, (enum dg_log_level)cfg.log_level, &err) < 0) {
+        errorf("%s", err.msg);
+        return 1;
+    }
+    dg_log_set_sink(dlog_lib_sink, NULL, (enum dg_log_level)cfg.log_level);
+    /* before any thread: the front end reads these through a signalfd */
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    dlog(DG_LOG_INFO, "dgemmad %s starting: config %s, model %s", DGEMMA_VERSION,
+         config_path ? config_path : "(defaults)", model_dir);
+    if (cfg.backend == DG_BACKEND_CUDA) {
+        dlog(DG_LOG_ERROR, "backend cuda: this build has no CUDA backend yet; use cpu or auto");
+        goto out;
+    }
+    if (load_model(model_dir, &L, &err) < 0) {
+        dlog(DG_LOG_ERROR, "model %s: %s", model_dir, err.msg);
+        goto out;
+    }
+    if (request_defaults(&cfg, &L, &ec, &defaults, &err) < 0) {
+        dlog(DG_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
+    if (check_config) {
+        printf("dgemmad: configuration %s and model %s are usable\n",
+               config_path ? config_path : "(defaults)", model_dir);
+        status = 0;
+        goto out;
+    }
+    if (cfg.backend == DG_BACKEND_AUTO)
+        dlog(DG_LOG_INFO, "backend auto: the CPU (this build has no GPU backend yet)");
+    {
+        struct dg_cpu_backend_options bo;
+        memset(&bo, 0, sizeof bo);
+        bo.n_ranks = cfg.tp;
+        bo.experts = cfg.experts_width ? DG_EXPERTS_WIDTH : DG_EXPERTS_ACROSS;
+        bo.max_slots = cfg.max_batch;
+        bo.workers = 1;
+        bo.pin = cfg.pin_workers;
+        if (dg_cpu_backend_create(&L.m, &bo, &backend, &err) < 0) {
+            dlog(DG_LOG_ERROR, "backend: %s", err.msg);
+            goto out;
+        }
+    }
+    event_fd = eventfd(0, EFD_CLOEXEC);
+    if (event_fd < 0) {
+        dlog(DG_LOG_ERROR, "eventfd: %s", strerror(errno));
+        goto out;
+    }
+    if (dsched_create(backend, &ec, L.tok, (size_t)cfg.queue_max, event_fd, &sched, &err) < 0) {
+        dlog(DG_LOG_ERROR, "scheduler: %s", err.msg);
+        goto out;
+    }
+    memset(&pctx, 0, sizeof pctx);
+    pctx.cfg = &L.m.cfg;
+    pctx.defaults = &defaults;
+    pctx.limits = &ec.limits;
+    pctx.tok = L.tok;
+    pctx.max_prompt_tokens = (size_t)(ec.max_context - 1);
+    info = json_pack("{s:s,s:s,s:s,s:i,s:s,s:I,s:i,s:i,s:i,s:I,s:I}", "version", DGEMMA_VERSION,
+                     "model", model_dir, "backend", "cpu", "tp", cfg.tp, "experts",
+                     cfg.experts_width ? "width" : "across", "vocab_size",
+                     (json_int_t)L.m.cfg.vocab_size, "canvas_length", L.m.cfg.canvas_length,
+                     "max_batch", cfg.max_batch, "queue_max", cfg.queue_max, "max_context",
+                     (json_int_t)ec.max_context, "max_tokens", (json_int_t)ec.limits.max_tokens);
+    memset(&so, 0, sizeof so);
+    so.socket_path = cfg.socket;
+    so.socket_mode = cfg.socket_mode;
+    so.socket_group = cfg.socket_group;
+    so.max_connections = cfg.max_connections;
+    so.max_line_bytes = (size_t)cfg.max_line_bytes;
+    so.max_output_bytes = (size_t)cfg.max_output_bytes;
+    so.tick = cfg.tick;
+    so.shutdown_grace = cfg.shutdown_grace;
+    so.info = info;
+    if (!info || dserver_create(&so, sched, &pctx, event_fd, &srv, &err) < 0) {
+        dlog(DG_LOG_ERROR, "%s", info ? err.msg : "out of memory");
+        goto out;
+    }
+    dlog(DG_LOG_INFO, "ready: socket %s, model %s (vocabulary %lld, canvas %d), backend cpu, "
+         "tp %d, max_batch %d, %s", cfg.socket, model_dir, (long long)L.m.cfg.vocab_size,
+         L.m.cfg.canvas_length, cfg.tp, cfg.max_batch, L.tok ? "tokenizer" : "no tokenizer");
+    sd_notify_send("READY=1\nSTATUS=serving");
+    if (dserver_run(srv, &err) < 0) {
+        dlog(DG_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
+    sd_notify_send("STOPPING=1");
+    status = 0;
+out:
+    dserver_destroy(srv);
+    dsched_destroy(sched);
+    if (backend)
+        backend->ops->destroy(backend);
+    if (event_fd >= 0)
+        close(event_fd);
+    json_decref(info);
+    unload(&L);
+    dlog(status == 0 ? DG_LOG_INFO : DG_LOG_ERROR, "dgemmad %s", status == 0 ? "stopped"
+                                                                             : "failed");
+    dlog_close();
+    return status;
+}

@@ -1,0 +1,63 @@
+/*
+ * server.h - the front end: one thread, one io_uring, the UNIX socket.
+ *
+ * DESIGN
+ *   The ring (IORING_SETUP_SINGLE_ISSUER when the kernel has it) carries
+ *   every wait of the daemon's main thread: accept on the listening socket;
+ *   per connection a recv, a send and a poll for hang-up; a read on the
+ *   scheduler's eventfd (its outbox has lines); a read on a signalfd
+ *   (SIGTERM, SIGINT, SIGHUP); and a periodic timeout for housekeeping.
+ *   Completions are identified by user_data = kind | slot | generation
+ *   (never a raw fd: a slot's generation changes when it is reused).
+ *   Connections.  A fixed table of max_connections slots.  Input is framed
+ *   by newlines; a line longer than max_line_bytes gets a too_large error
+ *   and is skipped up to its newline.  Output is a queue of blocks, sent one
+ *   send at a time; while more than max_output_bytes / 4 is unsent the
+ *   connection is not read (backpressure), and beyond max_output_bytes the
+ *   client is too slow: its requests are cancelled and it is dropped.  A
+ *   half-closed client (EOF on its side) still gets its events; a hung-up
+ *   one (poll: POLLHUP) is gone at once and its requests are cancelled.
+ *   Shutdown.  The first SIGTERM or SIGINT stops accepting, removes the
+ *   socket, ends queued requests and lets running ones finish for
+ *   shutdown_grace seconds, then cancels them; once every request has its
+ *   done line and the output is flushed (or 2 s more have passed), run
+ *   returns.  A second signal cancels at once; a third exits immediately.
+ */
+#ifndef DG_DAEMON_SERVER_H
+#define DG_DAEMON_SERVER_H
+
+#include <jansson.h>
+
+#include "daemon/protocol.h"
+#include "daemon/sched.h"
+#include "lib/error.h"
+
+struct dserver_options {
+    const char *socket_path;
+    int socket_mode;              /* permission bits of the socket file */
+    const char *socket_group;     /* "" or NULL: leave it */
+    int max_connections;
+    size_t max_line_bytes;
+    size_t max_output_bytes;
+    double tick;                  /* housekeeping period, seconds */
+    double shutdown_grace;        /* seconds running requests get at shutdown */
+    json_t *info;                 /* what status reports about the model and backend (borrowed) */
+};
+
+struct dserver;
+
+/* Bind the socket (refusing a path a live daemon serves, replacing a stale
+ * one), set up the ring and the signalfd.  SIGTERM, SIGINT and SIGHUP must
+ * already be blocked in every thread.  Errors: DG_E_IO (socket, ring),
+ * DG_E_INVAL (the path is taken or too long), DG_E_NOMEM. */
+int dserver_create(const struct dserver_options *o, struct dsched *s,
+                   const struct dproto_ctx *pctx, int event_fd, struct dserver **out,
+                   struct dg_error *err);
+
+/* Serve until shut down.  Returns 0 after a clean shutdown, or a negative
+ * status for a failure of the ring itself. */
+int dserver_run(struct dserver *srv, struct dg_error *err);
+
+void dserver_destroy(struct dserver *srv);
+
+#endif

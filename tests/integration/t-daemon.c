@@ -1,0 +1,730 @@
+/*
+ * Description: the real dgemmad (from $BUILD/bin) on the embedded default
+ * model, driven over its UNIX socket: streamed and whole generation,
+ * concurrent clients with different settings batched together (fewer
+ * engine steps than one after another, and the same outputs), cancel
+ * mid-request, a client that vanishes mid-stream, a half-closed client,
+ * every kind of bad input (the connection stays usable), a full queue,
+ * too many connections, a second daemon refused on a live socket, a stale
+ * socket replaced, readiness sent to $NOTIFY_SOCKET, the log reopened on
+ * SIGHUP, and SIGTERM during generation ending cleanly.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+
+#define WAIT_MS 60000
+
+static char daemon_bin[512], sock_path[512], log_path[512], notify_path[512];
+static pid_t daemon_pid;
+static int notify_fd = -1;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- a daemon -------------------------------------------------------------- */
+
+static pid_t spawn(const char *sock, const char *log, const char *const *extra)
+{
+    char o_sock[600], o_log[600];
+    const char *argv[40];
+    int n = 0;
+    pid_t pid;
+
+    snprintf(o_sock, sizeof o_sock, "socket=%s", sock);
+    snprintf(o_log, sizeof o_log, "log_file=%s", log);
+    argv[n++] = daemon_bin;
+    argv[n++] = "-o";
+    argv[n++] = o_sock;
+    argv[n++] = "-o";
+    argv[n++] = o_log;
+    for (const char *const *e = extra; e && *e; e++) {
+        argv[n++] = "-o";
+        argv[n++] = *e;
+    }
+    argv[n] = NULL;
+    pid = fork();
+    if (pid == 0) {
+        execv(daemon_bin, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int try_connect(const char *path)
+{
+    struct sockaddr_un a;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+/* Wait until the daemon answers on its socket (or has exited). */
+static int wait_ready(pid_t pid, const char *path)
+{
+    const double t0 = now_ms();
+    while (now_ms() - t0 < WAIT_MS) {
+        int st, fd = try_connect(path);
+        if (fd >= 0) {
+            close(fd);
+            return 0;
+        }
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return -1;
+        usleep(20000);
+    }
+    return -1;
+}
+
+static int wait_exit(pid_t pid, int *status)
+{
+    const double t0 = now_ms();
+    while (now_ms() - t0 < WAIT_MS) {
+        if (waitpid(pid, status, WNOHANG) == pid)
+            return 0;
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+    return -1;
+}
+
+static int file_has(const char *path, const char *needle)
+{
+    char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    size_t n;
+    if (!f)
+        return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* ---- a client ----------------------------------------------------------------- */
+
+struct cl {
+    int fd;
+    char buf[1 << 20];
+    size_t len;
+};
+
+static struct cl *cl_open(void)
+{
+    struct cl *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->fd = try_connect(sock_path);
+    if (c->fd < 0) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void cl_close(struct cl *c)
+{
+    if (c) {
+        close(c->fd);
+        free(c);
+    }
+}
+
+static int cl_send(struct cl *c, const char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = send(c->fd, s, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return -1;
+        s += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The next event, or NULL on timeout or end of stream (*eof set). */
+static json_t *cl_event(struct cl *c, int *eof)
+{
+    const double t0 = now_ms();
+    *eof = 0;
+    for (;;) {
+        char *nl = memchr(c->buf, '\n', c->len);
+        struct pollfd p = {c->fd, POLLIN, 0};
+        ssize_t got;
+        if (nl) {
+            json_t *j;
+            *nl = '\0';
+            j = json_loads(c->buf, 0, NULL);
+            memmove(c->buf, nl + 1, c->len - (size_t)(nl - c->buf) - 1);
+            c->len -= (size_t)(nl - c->buf) + 1;
+            return j;
+        }
+        if (now_ms() - t0 > WAIT_MS || poll(&p, 1, 100) < 0)
+            return NULL;
+        if (!(p.revents & (POLLIN | POLLHUP)))
+            continue;
+        got = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
+        if (got <= 0) {
+            *eof = 1;
+            return NULL;
+        }
+        c->len += (size_t)got;
+    }
+}
+
+static const char *ev_kind(const json_t *e)
+{
+    const char *k = json_string_value(json_object_get(e, "event"));
+    return k ? k : "";
+}
+
+static long long ev_int(const json_t *e, const char *key)
+{
+    return (long long)json_integer_value(json_object_get(e, key));
+}
+
+/* Events of one request until its done (or an error): returns the done. */
+struct run {
+    long long id;
+    json_t *done;
+    char text[65536];
+    size_t text_len;
+    int ids[4096], n_ids;
+    int canvases, tokens;
+};
+
+static int collect(struct cl *c, struct run *r)
+{
+    memset(r, 0, sizeof *r);
+    for (;;) {
+        int eof;
+        json_t *e = cl_event(c, &eof);
+        const char *k;
+        if (!e)
+            return -1;
+        k = ev_kind(e);
+        if (!strcmp(k, "accepted")) {
+            r->id = ev_int(e, "id");
+        } else if (!strcmp(k, "canvas")) {
+            const json_t *ids = json_object_get(e, "ids"), *t = json_object_get(e, "text");
+            size_t i;
+            json_t *v;
+            r->canvases++;
+            r->tokens += (int)ev_int(e, "tokens");
+            json_array_foreach(ids, i, v)
+                if (r->n_ids < 4096)
+                    r->ids[r->n_ids++] = (int)json_integer_value(v);
+            if (json_is_string(t) && r->text_len + json_string_length(t) < sizeof r->text) {
+                memcpy(r->text + r->text_len, json_string_value(t), json_string_length(t));
+                r->text_len += json_string_length(t);
+            }
+        } else if (!strcmp(k, "done") || !strcmp(k, "error")) {
+            r->done = e;
+            return 0;
+        }
+        json_decref(e);
+    }
+}
+
+/* status, on a fresh connection */
+static json_t *status(void)
+{
+    struct cl *c = cl_open();
+    json_t *e = NULL;
+    int eof;
+    if (c && cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0)
+        e = cl_event(c, &eof);
+    cl_close(c);
+    return e;
+}
+
+static long long status_int(const char *key)
+{
+    json_t *s = status();
+    long long v = s ? ev_int(s, key) : -1;
+    json_decref(s);
+    return v;
+}
+
+/* ---- cases ------------------------------------------------------------------------ */
+
+static const char *const DAEMON_OPTS[] = {
+    "max_batch=4", "queue_max=2", "max_line_bytes=4096", "shutdown_grace=1", "tick=0.05",
+    "max_connections=16", "pin_workers=false", "log_level=debug", NULL,
+};
+
+static int start(void)
+{
+    const char *b = getenv("BUILD");
+    snprintf(daemon_bin, sizeof daemon_bin, "%s/bin/dgemmad", b && *b ? b : "build");
+    snprintf(sock_path, sizeof sock_path, "%s", test_path("d.sock"));
+    snprintf(log_path, sizeof log_path, "%s", test_path("d.log"));
+    CHECKF(access(daemon_bin, X_OK) == 0, "%s: not built", daemon_bin);
+    {
+        /* a systemd-like notification socket for the first daemon */
+        struct sockaddr_un a;
+        snprintf(notify_path, sizeof notify_path, "%s", test_path("notify"));
+        memset(&a, 0, sizeof a);
+        a.sun_family = AF_UNIX;
+        snprintf(a.sun_path, sizeof a.sun_path, "%s", notify_path);
+        notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        CHECK(notify_fd >= 0 && bind(notify_fd, (struct sockaddr *)&a, sizeof a) == 0);
+        setenv("NOTIFY_SOCKET", notify_path, 1);
+    }
+    daemon_pid = spawn(sock_path, log_path, DAEMON_OPTS);
+    unsetenv("NOTIFY_SOCKET");
+    CHECKF(wait_ready(daemon_pid, sock_path) == 0, "the daemon did not come up; log %s",
+           log_path);
+    CHECK(file_has(log_path, "ready: socket"));
+    {
+        char msg[256];
+        struct pollfd p = {notify_fd, POLLIN, 0};
+        ssize_t n;
+        CHECK(poll(&p, 1, 5000) == 1);
+        n = recv(notify_fd, msg, sizeof msg - 1, 0);
+        CHECK(n > 0);
+        msg[n] = '\0';
+        CHECKF(strstr(msg, "READY=1"), "notification '%s'", msg);
+    }
+    return 0;
+}
+
+static int sighup_reopens_log(void)
+{
+    char moved[600];
+    const double t0 = now_ms();
+    snprintf(moved, sizeof moved, "%s.1", log_path);
+    CHECK(rename(log_path, moved) == 0);
+    CHECK(kill(daemon_pid, SIGHUP) == 0);
+    while (!file_has(log_path, "SIGHUP: log reopened") && now_ms() - t0 < WAIT_MS)
+        usleep(20000);
+    CHECK(file_has(log_path, "SIGHUP: log reopened"));
+    CHECK(file_has(moved, "ready: socket"));
+    return 0;
+}
+
+static int streamed_generate(void)
+{
+    struct cl *c = cl_open();
+    struct run a, b;
+    CHECK(c);
+    CHECK(cl_send(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"Once upon a time\",\"tag\":\"s1\","
+                     "\"max_tokens\":40,\"seed\":11,\"max_denoising_steps\":4}\n") == 0);
+    CHECK(collect(c, &a) == 0 && !strcmp(ev_kind(a.done), "done"));
+    CHECK(a.id >= 1 && ev_int(a.done, "id") == a.id);
+    CHECK(!strcmp(json_string_value(json_object_get(a.done, "tag")), "s1"));
+    CHECK(a.canvases == ev_int(a.done, "canvases") && a.canvases >= 1);
+    CHECK(a.tokens == ev_int(json_object_get(a.done, "usage"), "completion_tokens"));
+    CHECK(a.tokens == a.n_ids && a.tokens <= 40);
+    /* the same request, not streamed: the same ids and text in the done */
+    CHECK(cl_send(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"Once upon a time\",\"stream\":false,"
+                     "\"max_tokens\":40,\"seed\":11,\"max_denoising_steps\":4}\n") == 0);
+    CHECK(collect(c, &b) == 0 && !strcmp(ev_kind(b.done), "done") && b.canvases == 0);
+    {
+        const json_t *ids = json_object_get(b.done, "ids"), *t = json_object_get(b.done, "text");
+        CHECK((int)json_array_size(ids) == a.n_ids);
+        for (int i = 0; i < a.n_ids; i++)
+            CHECK(json_integer_value(json_array_get(ids, (size_t)i)) == a.ids[i]);
+        CHECK(json_string_length(t) == a.text_len &&
+              !memcmp(json_string_value(t), a.text, a.text_len));
+    }
+    json_decref(a.done);
+    json_decref(b.done);
+    cl_close(c);
+    return 0;
+}
+
+#define NB 4
+
+static const char *batch_request(int k)
+{
+    static char buf[NB][512];
+    snprintf(buf[k], sizeof buf[k],
+             "{\"v\":1,\"op\":\"generate\",\"prompt\":\"request %d, a different prompt\","
+             "\"max_tokens\":%d,\"seed\":%d,\"max_denoising_steps\":5,\"canvas_length\":%d%s}\n",
+             k, 48 + 16 * k, 100 + k, k % 2 ? 16 : 32,
+             k == 2 ? ",\"top_k\":20" : k == 3 ? ",\"top_p\":0.9,\"entropy_bound\":1.0" : "");
+    return buf[k];
+}
+
+static int concurrent_batching(void)
+{
+    static struct run seq[NB], conc[NB];
+    struct cl *c[NB];
+    long long s0, s1, s2;
+
+    /* one after another */
+    s0 = status_int("engine_steps");
+    for (int k = 0; k < NB; k++) {
+        struct cl *one = cl_open();
+        CHECK(one && cl_send(one, batch_request(k)) == 0);
+        CHECK(collect(one, &seq[k]) == 0 && !strcmp(ev_kind(seq[k].done), "done"));
+        cl_close(one);
+    }
+    s1 = status_int("engine_steps");
+    /* all at once, from NB clients */
+    for (int k = 0; k < NB; k++)
+        CHECK((c[k] = cl_open()) != NULL);
+    for (int k = 0; k < NB; k++)
+        CHECK(cl_send(c[k], batch_request(k)) == 0);
+    for (int k = 0; k < NB; k++) {
+        CHECK(collect(c[k], &conc[k]) == 0 && !strcmp(ev_kind(conc[k].done), "done"));
+        cl_close(c[k]);
+    }
+    s2 = status_int("engine_steps");
+    printf("# %d requests: %lld engine steps one after another, %lld together\n", NB, s1 - s0,
+           s2 - s1);
+    CHECKF(2 * (s2 - s1) < s1 - s0, "batched %lld steps, sequential %lld", s2 - s1, s1 - s0);
+    for (int k = 0; k < NB; k++) {
+        CHECKF(conc[k].n_ids == seq[k].n_ids &&
+                   !memcmp(conc[k].ids, seq[k].ids, sizeof(int) * (size_t)seq[k].n_ids),
+               "request %d: different tokens batched", k);
+        json_decref(seq[k].done);
+        json_decref(conc[k].done);
+    }
+    return 0;
+}
+
+static const char LONG_REQ[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a long one\","
+                               "\"max_tokens\":4000,\"max_denoising_steps\":30,\"seed\":5}\n";
+
+static int cancel_mid_request(void)
+{
+    struct cl *c = cl_open();
+    json_t *e;
+    long long id;
+    int eof;
+    CHECK(c && cl_send(c, LONG_REQ) == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "accepted"));
+    id = ev_int(e, "id");
+    json_decref(e);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "canvas"));
+    json_decref(e);
+    {
+        char msg[128];
+        snprintf(msg, sizeof msg, "{\"v\":1,\"op\":\"cancel\",\"id\":%lld}\n", id);
+        CHECK(cl_send(c, msg) == 0);
+    }
+    for (;;) {
+        e = cl_event(c, &eof);
+        CHECK(e);
+        if (!strcmp(ev_kind(e), "done"))
+            break;
+        CHECK(!strcmp(ev_kind(e), "canvas"));
+        json_decref(e);
+    }
+    CHECK(!strcmp(json_string_value(json_object_get(e, "finish_reason")), "cancelled"));
+    CHECK(ev_int(json_object_get(e, "usage"), "completion_tokens") < 4000);
+    json_decref(e);
+    /* the connection still serves */
+    CHECK(cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "status") && ev_int(e, "running") == 0);
+    json_decref(e);
+    cl_close(c);
+    return 0;
+}
+
+static int client_vanishes(void)
+{
+    struct cl *c = cl_open();
+    json_t *e;
+    const long long cancelled = status_int("cancelled");
+    double t0;
+    int eof;
+    CHECK(c && cl_send(c, LONG_REQ) == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "accepted"));
+    json_decref(e);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "canvas"));
+    json_decref(e);
+    cl_close(c); /* mid-stream */
+    t0 = now_ms();
+    while (status_int("running") != 0 && now_ms() - t0 < WAIT_MS)
+        usleep(20000);
+    CHECK(status_int("running") == 0);
+    CHECK(status_int("cancelled") == cancelled + 1);
+    CHECK(file_has(log_path, "cancelled: its client went away"));
+    return 0;
+}
+
+static int half_closed_client(void)
+{
+    struct cl *c = cl_open();
+    struct run r;
+    int eof;
+    CHECK(c && cl_send(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"half\",\"max_tokens\":20,"
+                          "\"max_denoising_steps\":3,\"seed\":1}\n") == 0);
+    CHECK(shutdown(c->fd, SHUT_WR) == 0);
+    CHECK(collect(c, &r) == 0 && !strcmp(ev_kind(r.done), "done"));
+    json_decref(r.done);
+    /* then the daemon closes its side */
+    CHECK(cl_event(c, &eof) == NULL && eof);
+    cl_close(c);
+    return 0;
+}
+
+static int expect_error(struct cl *c, const char *line, const char *code, const char *needle)
+{
+    json_t *e;
+    int eof;
+    CHECK(cl_send(c, line) == 0);
+    e = cl_event(c, &eof);
+    CHECKF(e && !strcmp(ev_kind(e), "error"), "no error event for %.80s", line);
+    CHECKF(!strcmp(json_string_value(json_object_get(e, "code")), code) &&
+               strstr(json_string_value(json_object_get(e, "message")), needle),
+           "%.60s: got %s: %s", line, json_string_value(json_object_get(e, "code")),
+           json_string_value(json_object_get(e, "message")));
+    json_decref(e);
+    return 0;
+}
+
+static int bad_input(void)
+{
+    struct cl *c = cl_open();
+    char big[6000];
+    json_t *e;
+    int eof;
+
+    CHECK(c);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\n", "bad_json", "malformed JSON") == 0);
+    CHECK(expect_error(c, "[1,2]\n", "bad_request", "JSON object") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":5}\n", "bad_request",
+                       "prompt: expected a string") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"x\",\"temprature\":1}\n",
+                       "bad_request", "temprature: unknown setting") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"x\",\"max_tokens\":\"9\"}\n",
+                       "bad_request", "max_tokens") == 0);
+    CHECK(expect_error(c, "{\"v\":2,\"op\":\"status\"}\n", "bad_version", "version 1") == 0);
+    CHECK(expect_error(c, "{\"op\":\"status\"}\n", "bad_request", "v: missing") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"fly\"}\n", "unknown_op", "fly") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"status\",\"x\":1}\n", "bad_request",
+                       "x: unknown field") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[2,999999]}\n",
+                       "bad_request", "outside the vocabulary") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[]}\n", "bad_request",
+                       "empty") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"\xff\xfe\"}\n", "bad_json",
+                       "") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"cancel\",\"id\":424242}\n", "not_found",
+                       "not in flight") == 0);
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"tag\":\"t9\",\"messages\":[{\"role\":"
+                          "\"tool\",\"content\":\"x\"}]}\n", "bad_request", "role") == 0);
+    /* an oversize line, in pieces: too_large, and the next line still works */
+    static const char head[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"";
+    memset(big, 'a', sizeof big);
+    memcpy(big, head, sizeof head - 1);
+    big[sizeof big - 2] = '"';
+    big[sizeof big - 1] = '\0';
+    CHECK(cl_send(c, big) == 0 && cl_send(c, "}\n") == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(json_string_value(json_object_get(e, "code")), "too_large"));
+    json_decref(e);
+    /* a tag comes back with the error */
+    CHECK(cl_send(c, "{\"v\":1,\"op\":\"fly\",\"tag\":\"mine\"}\n") == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(json_string_value(json_object_get(e, "tag")), "mine"));
+    json_decref(e);
+    CHECK(cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "status"));
+    json_decref(e);
+    cl_close(c);
+    return 0;
+}
+
+static int queue_full(void)
+{
+    struct cl *c = cl_open();
+    long long ids[8];
+    int accepted = 0, busy = 0, dones = 0, eof;
+    CHECK(c);
+    /* 4 run, 2 wait, the 7th finds the queue full */
+    for (int k = 0; k < 7; k++)
+        CHECK(cl_send(c, LONG_REQ) == 0);
+    while (accepted + busy < 7) {
+        json_t *e = cl_event(c, &eof);
+        CHECK(e);
+        if (!strcmp(ev_kind(e), "accepted"))
+            ids[accepted++] = ev_int(e, "id");
+        else if (!strcmp(ev_kind(e), "error")) {
+            CHECK(!strcmp(json_string_value(json_object_get(e, "code")), "busy"));
+            busy++;
+        }
+        json_decref(e);
+    }
+    CHECK(accepted == 6 && busy == 1);
+    for (int k = 0; k < accepted; k++) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "{\"v\":1,\"op\":\"cancel\",\"id\":%lld}\n", ids[k]);
+        CHECK(cl_send(c, msg) == 0);
+    }
+    while (dones < accepted) {
+        json_t *e = cl_event(c, &eof);
+        CHECK(e);
+        if (!strcmp(ev_kind(e), "done")) {
+            CHECK(!strcmp(json_string_value(json_object_get(e, "finish_reason")), "cancelled"));
+            dones++;
+        }
+        json_decref(e);
+    }
+    cl_close(c);
+    return 0;
+}
+
+static int too_many_connections(void)
+{
+    struct cl *c[16];
+    struct cl *extra;
+    json_t *e;
+    int eof, n = 0;
+    /* max_connections 16: the 17th gets busy and is closed */
+    for (; n < 16; n++)
+        CHECK((c[n] = cl_open()) != NULL);
+    /* make sure the daemon accepted all of them */
+    CHECK(cl_send(c[15], "{\"v\":1,\"op\":\"status\"}\n") == 0);
+    e = cl_event(c[15], &eof);
+    CHECK(e && ev_int(e, "connections") == 16);
+    json_decref(e);
+    CHECK((extra = cl_open()) != NULL);
+    e = cl_event(extra, &eof);
+    CHECK(e && !strcmp(json_string_value(json_object_get(e, "code")), "busy"));
+    json_decref(e);
+    CHECK(cl_event(extra, &eof) == NULL && eof);
+    cl_close(extra);
+    for (int k = 0; k < n; k++)
+        cl_close(c[k]);
+    return 0;
+}
+
+static int second_daemon_refused(void)
+{
+    char log2[600];
+    int st;
+    pid_t p;
+    snprintf(log2, sizeof log2, "%s", test_path("second.log"));
+    p = spawn(sock_path, log2, DAEMON_OPTS);
+    CHECK(wait_exit(p, &st) == 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    CHECK(file_has(log2, "another dgemmad is serving it"));
+    /* and the first one still serves */
+    CHECK(status_int("running") == 0);
+    return 0;
+}
+
+static int sigterm_during_generation(void)
+{
+    struct cl *c = cl_open();
+    json_t *e;
+    int eof, st, saw_done = 0;
+    struct stat sb;
+    CHECK(c && cl_send(c, LONG_REQ) == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "accepted"));
+    json_decref(e);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "canvas"));
+    json_decref(e);
+    CHECK(kill(daemon_pid, SIGTERM) == 0);
+    /* the request ends (cancelled after the 1 s grace), then the connection */
+    while ((e = cl_event(c, &eof)) != NULL) {
+        if (!strcmp(ev_kind(e), "done")) {
+            CHECK(!strcmp(json_string_value(json_object_get(e, "finish_reason")), "cancelled"));
+            saw_done = 1;
+        }
+        json_decref(e);
+    }
+    CHECK(saw_done && eof);
+    cl_close(c);
+    CHECK(wait_exit(daemon_pid, &st) == 0);
+    daemon_pid = 0;
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
+    CHECK(stat(sock_path, &sb) != 0); /* the socket is gone */
+    CHECK(file_has(log_path, "SIGTERM: shutting down") && file_has(log_path, "dgemmad stopped"));
+    {
+        /* systemd heard about the stop */
+        char msg[256];
+        ssize_t n = recv(notify_fd, msg, sizeof msg - 1, MSG_DONTWAIT);
+        CHECK(n > 0);
+        msg[n] = '\0';
+        CHECK(strstr(msg, "STOPPING=1"));
+    }
+    return 0;
+}
+
+static int stale_socket_replaced(void)
+{
+    struct sockaddr_un a;
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0), st;
+    char log3[600];
+    pid_t p;
+    /* a socket file nobody serves */
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock_path);
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+    close(fd);
+    snprintf(log3, sizeof log3, "%s", test_path("stale.log"));
+    p = spawn(sock_path, log3, DAEMON_OPTS);
+    CHECK(wait_ready(p, sock_path) == 0);
+    CHECK(file_has(log3, "removed a stale socket"));
+    CHECK(status_int("running") == 0);
+    CHECK(kill(p, SIGTERM) == 0 && wait_exit(p, &st) == 0 && WIFEXITED(st) &&
+          WEXITSTATUS(st) == 0);
+    return 0;
+}
+
+int main(void)
+{
+    int rc;
+    TEST_CASE(start);
+    if (daemon_pid > 0) {
+        TEST_CASE(sighup_reopens_log);
+        TEST_CASE(streamed_generate);
+        TEST_CASE(concurrent_batching);
+        TEST_CASE(cancel_mid_request);
+        TEST_CASE(client_vanishes);
+        TEST_CASE(half_closed_client);
+        TEST_CASE(bad_input);
+        TEST_CASE(queue_full);
+        TEST_CASE(too_many_connections);
+        TEST_CASE(second_daemon_refused);
+        TEST_CASE(sigterm_during_generation);
+        TEST_CASE(stale_socket_replaced);
+    }
+    if (daemon_pid > 0) {
+        kill(daemon_pid, SIGKILL);
+        waitpid(daemon_pid, NULL, 0);
+    }
+    rc = test_finish();
+    if (rc != 0)
+        printf("# daemon log: %s\n", log_path);
+    return rc;
+}

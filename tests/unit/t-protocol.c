@@ -1,0 +1,247 @@
+/*
+ * Description: the daemon's protocol, version 1, without a socket.
+ * Request lines: the three prompt forms, settings at the top level applied
+ * over the defaults, a seed drawn when none is given, tags; and every kind
+ * of bad line mapped to its stable error code, with the tag echoed when it
+ * was readable.  Event lines: accepted, canvas, done (streamed and whole,
+ * stop id, error) and error read back as the JSON they claim to be, with
+ * invalid UTF-8 in generated text replaced, never passed through.
+ */
+#include <string.h>
+
+#include "daemon/protocol.h"
+#include "lib/tokenizer-synth.h"
+#include "tests/harness.h"
+
+static struct dg_model_config cfg;
+static struct dg_generation_config gen;
+static struct dg_gen_settings defaults;
+static struct dg_gen_limits limits;
+static struct dg_tokenizer *tok;
+static struct dproto_ctx ctx;
+
+static int setup(void)
+{
+    struct dg_error err = {0};
+    char path[600];
+    CHECK(dg_model_config_preset("small", &cfg, NULL) == 0);
+    dg_generation_config_defaults(&gen);
+    dg_gen_limits_default(&limits);
+    dg_gen_settings_defaults(&defaults, &cfg, &gen);
+    CHECK_OK(dg_tokenizer_synth_write(test_tmpdir(), cfg.vocab_size, &err), &err);
+    snprintf(path, sizeof path, "%s/tokenizer.json", test_tmpdir());
+    CHECK_OK(dg_tokenizer_load(path, NULL, &tok, &err), &err);
+    ctx.cfg = &cfg;
+    ctx.defaults = &defaults;
+    ctx.limits = &limits;
+    ctx.tok = tok;
+    ctx.max_prompt_tokens = 100;
+    return 0;
+}
+
+static int parse(const char *line, struct dproto_request *r, struct dproto_error *e)
+{
+    return dproto_parse(line, strlen(line), &ctx, r, e);
+}
+
+static int good_requests(void)
+{
+    struct dproto_request r;
+    struct dproto_error e;
+
+    CHECK(tok);
+    CHECK(parse("{\"v\":1,\"op\":\"generate\",\"prompt\":\"the cat\",\"tag\":\"t1\"}", &r, &e) == 0);
+    CHECK(r.op == DPROTO_GENERATE && r.prompt_kind == DPROTO_PROMPT_TEXT && r.stream == 1);
+    CHECK(r.has_tag && !strcmp(r.tag, "t1"));
+    CHECK(r.n_ids >= 2 && r.ids[0] == 2); /* <bos> first */
+    CHECK(r.settings.seed_set && r.settings.max_tokens == defaults.max_tokens);
+    dproto_request_free(&r);
+
+    CHECK(parse("{\"v\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                "\"enable_thinking\":true,\"stream\":false,\"max_tokens\":7,\"seed\":99,"
+                "\"top_p\":0.5,\"stop\":[\"x\"]}", &r, &e) == 0);
+    CHECK(r.prompt_kind == DPROTO_PROMPT_MESSAGES && r.stream == 0 && !r.has_tag);
+    CHECK(r.settings.max_tokens == 7 && r.settings.seed == 99 && r.settings.top_p == 0.5);
+    CHECK(r.settings.n_stop_strings == 1 && r.n_ids > 5);
+    dproto_request_free(&r);
+
+    CHECK(parse("{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[2,10,11]}", &r, &e) == 0);
+    CHECK(r.prompt_kind == DPROTO_PROMPT_IDS && r.n_ids == 3 && r.ids[2] == 11);
+    dproto_request_free(&r);
+
+    CHECK(parse("{\"op\":\"cancel\",\"id\":17,\"v\":1}", &r, &e) == 0);
+    CHECK(r.op == DPROTO_CANCEL && r.target == 17);
+    CHECK(parse("{\"v\":1,\"op\":\"status\",\"tag\":\"s\"}", &r, &e) == 0 && r.op == DPROTO_STATUS);
+    /* two requests without a seed get different ones */
+    {
+        struct dproto_request a, b;
+        CHECK(parse("{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[2]}", &a, &e) == 0);
+        CHECK(parse("{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[2]}", &b, &e) == 0);
+        CHECK(a.settings.seed != b.settings.seed);
+        dproto_request_free(&a);
+        dproto_request_free(&b);
+    }
+    return 0;
+}
+
+static int bad_requests(void)
+{
+    static const struct {
+        const char *line, *code, *needle;
+    } bad[] = {
+        {"", "bad_json", ""},
+        {"{", "bad_json", ""},
+        {"{\"v\":1,\"op\":\"status\"} x", "bad_json", ""},
+        {"\"str\"", "bad_json", "expected"},
+        {"[1]", "bad_request", "JSON object"},
+        {"{\"op\":\"status\"}", "bad_request", "v: missing"},
+        {"{\"v\":\"1\",\"op\":\"status\"}", "bad_version", "version 1"},
+        {"{\"v\":1}", "bad_request", "op"},
+        {"{\"v\":1,\"op\":7}", "bad_request", "op"},
+        {"{\"v\":1,\"op\":\"jump\"}", "unknown_op", "jump"},
+        {"{\"v\":1,\"op\":\"status\",\"q\":1}", "bad_request", "q: unknown field"},
+        {"{\"v\":1,\"op\":\"cancel\"}", "bad_request", "id"},
+        {"{\"v\":1,\"op\":\"cancel\",\"id\":0}", "bad_request", "id"},
+        {"{\"v\":1,\"op\":\"cancel\",\"id\":1,\"prompt\":\"x\"}", "bad_request", "prompt: unknown"},
+        {"{\"v\":1,\"op\":\"generate\"}", "bad_request", "exactly one"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"prompt_ids\":[1]}", "bad_request",
+         "exactly one"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":[1]}", "bad_request", "prompt: expected"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"stream\":1}", "bad_request", "stream"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"enable_thinking\":true}", "bad_request",
+         "enable_thinking"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"temperature\":0.5}", "bad_request",
+         "temperature"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"top_p\":3}", "bad_request", "top_p"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt_ids\":\"1 2\"}", "bad_request", "prompt_ids"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[1,1.5]}", "bad_request", "prompt_ids[1]"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[-1]}", "bad_request", "vocabulary"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[]}", "bad_request", "empty"},
+        {"{\"v\":1,\"op\":\"generate\",\"messages\":{}}", "bad_request", "list"},
+        {"{\"v\":1,\"op\":\"generate\",\"messages\":[{\"content\":\"x\"}]}", "bad_request", "role"},
+        {"{\"v\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+         "\"image\"}]}]}", "bad_request", "images"},
+    };
+    struct dproto_request r;
+    struct dproto_error e;
+    CHECK(tok);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECKF(parse(bad[i].line, &r, &e) < 0, "accepted: %s", bad[i].line);
+        CHECKF(!strcmp(e.code, bad[i].code) && strstr(e.message, bad[i].needle),
+               "%s: %s %s (want %s, '%s')", bad[i].line, e.code, e.message, bad[i].code,
+               bad[i].needle);
+        CHECK(r.ids == NULL);
+    }
+    /* a long prompt */
+    {
+        char line[2048];
+        size_t n = (size_t)snprintf(line, sizeof line, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"");
+        for (int i = 0; i < 400; i++)
+            line[n++] = i % 2 ? ' ' : 'q';
+        memcpy(line + n, "\"}", 3);
+        CHECK(parse(line, &r, &e) < 0 && !strcmp(e.code, "too_large"));
+    }
+    /* the tag of a bad request comes back */
+    CHECK(parse("{\"v\":1,\"op\":\"jump\",\"tag\":\"mine\"}", &r, &e) < 0 && e.has_tag &&
+          !strcmp(e.tag, "mine"));
+    CHECK(parse("{\"v\":1,\"op\":\"status\",\"tag\":5}", &r, &e) < 0 && !e.has_tag);
+    /* no tokenizer: only ids */
+    {
+        struct dproto_ctx no = ctx;
+        no.tok = NULL;
+        const char *l = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\"}";
+        CHECK(dproto_parse(l, strlen(l), &no, &r, &e) < 0 && strstr(e.message, "prompt_ids"));
+    }
+    return 0;
+}
+
+/* len is read after the call that filled it (argument order is unspecified) */
+static json_t *back(char *line, const size_t *lenp)
+{
+    json_t *j;
+    const size_t len = *lenp;
+    if (!line || len == 0 || line[len - 1] != '\n' || memchr(line, '\n', len - 1)) {
+        free(line);
+        return NULL;
+    }
+    j = json_loadb(line, len, 0, NULL);
+    free(line);
+    return j;
+}
+
+static int events(void)
+{
+    struct dg_canvas_stats cs = {2, 9, 1, 3, 12.5, 0.25f};
+    struct dg_request_stats st;
+    struct dg_gen_event ev;
+    const int32_t ids[3] = {40, 41, 42};
+    size_t len = 0;
+    json_t *j;
+
+    j = back(dproto_accepted(7, "t", 12, &defaults, &len), &len);
+    CHECK(j && !strcmp(json_string_value(json_object_get(j, "event")), "accepted"));
+    CHECK(json_integer_value(json_object_get(j, "v")) == 1 &&
+          json_integer_value(json_object_get(j, "id")) == 7 &&
+          json_integer_value(json_object_get(j, "prompt_tokens")) == 12 &&
+          json_is_object(json_object_get(j, "settings")));
+    json_decref(j);
+
+    memset(&ev, 0, sizeof ev);
+    ev.kind = DG_EVENT_CANVAS;
+    ev.canvas = &cs;
+    ev.ids = ids;
+    ev.n_ids = 3;
+    ev.text = "ok \xff\xfe tail";
+    ev.text_len = strlen(ev.text);
+    j = back(dproto_canvas(7, NULL, &ev, &len), &len);
+    CHECK(j && json_integer_value(json_object_get(j, "index")) == 2);
+    CHECK(json_array_size(json_object_get(j, "ids")) == 3 && !json_object_get(j, "tag"));
+    CHECK(!strcmp(json_string_value(json_object_get(j, "text")),
+                  "ok \xEF\xBF\xBD\xEF\xBF\xBD tail"));
+    json_decref(j);
+
+    memset(&st, 0, sizeof st);
+    st.prompt_tokens = 12;
+    st.completion_tokens = 3;
+    st.canvases = 1;
+    st.decoder_steps = 9;
+    st.canvas = &cs;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = DG_EVENT_DONE;
+    ev.finish = DG_FINISH_STOP;
+    ev.stop_id = 1;
+    ev.stats = &st;
+    j = back(dproto_done(7, "t", &ev, "abc", 3, 1, ids, 3, &len), &len);
+    CHECK(j && !strcmp(json_string_value(json_object_get(j, "finish_reason")), "stop"));
+    CHECK(json_integer_value(json_object_get(j, "stop_id")) == 1);
+    CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 3);
+    CHECK(json_integer_value(json_array_get(json_object_get(j, "steps_per_canvas"), 0)) == 9);
+    CHECK(!strcmp(json_string_value(json_object_get(j, "text")), "abc") &&
+          json_array_size(json_object_get(j, "ids")) == 3);
+    json_decref(j);
+    ev.finish = DG_FINISH_ERROR;
+    ev.stop_id = -1;
+    ev.error_code = DG_E_CUDA;
+    ev.error = "boom";
+    j = back(dproto_done(8, NULL, &ev, NULL, 0, 0, NULL, 0, &len), &len);
+    CHECK(j && !json_object_get(j, "text") && !json_object_get(j, "ids") &&
+          !json_object_get(j, "stop_id"));
+    CHECK(!strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "cuda"));
+    json_decref(j);
+
+    j = back(dproto_error_line(0, "x", "busy", "full", &len), &len);
+    CHECK(j && json_is_null(json_object_get(j, "id")) &&
+          !strcmp(json_string_value(json_object_get(j, "code")), "busy"));
+    json_decref(j);
+    return 0;
+}
+
+int main(void)
+{
+    TEST_CASE(setup);
+    TEST_CASE(good_requests);
+    TEST_CASE(bad_requests);
+    TEST_CASE(events);
+    dg_tokenizer_free(tok);
+    return test_finish();
+}
