@@ -29,6 +29,8 @@
  *              "decoder_steps":n,"tokens_per_step":x,"tokens_per_s":x,
  *              "ms_first_canvas":x,"ms_total":x[,"stop_id"|"stop"]
  *              [,"text","ids" when not streaming][,"error":{code,message}]}
+ *   cancelling {"v":1,"event":"cancelling","id":N}  (to the client that
+ *              asked; the request's done follows on its own connection)
  *   error     {"v":1,"event":"error","id":N|null,"tag":..,"code":"...",
  *              "message":"..."}   (a request that was not accepted, or a
  *              protocol problem; the connection stays usable)

@@ -391,12 +391,18 @@ static void unqueue(struct dsched *s, struct sreq *r)
         }
 }
 
-int dsched_cancel(struct dsched *s, uint64_t conn, uint64_t id)
+/* May a client (conn, uid) cancel r? Its own connection, the same user, or root. */
+static int may_cancel(const struct sreq *r, uint64_t conn, uid_t uid)
+{
+    return r->conn == conn || r->uid == uid || uid == 0;
+}
+
+int dsched_cancel(struct dsched *s, uint64_t conn, uid_t uid, uint64_t id)
 {
     int rc = -DG_E_INVAL;
     pthread_mutex_lock(&s->mu);
     for (struct sreq *r = s->queue_head; r; r = r->next)
-        if (r->id == id && r->conn == conn) {
+        if (r->id == id && may_cancel(r, conn, uid)) {
             unqueue(s, r);
             done_unstarted(s, r, "cancel");
             sreq_free(r);
@@ -404,7 +410,7 @@ int dsched_cancel(struct dsched *s, uint64_t conn, uint64_t id)
             goto out;
         }
     for (struct sreq *r = s->running; r; r = r->next)
-        if (r->id == id && r->conn == conn) {
+        if (r->id == id && may_cancel(r, conn, uid)) {
             r->cancel = 1;
             pthread_cond_signal(&s->cv);
             rc = 0;

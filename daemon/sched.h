@@ -66,9 +66,11 @@ void dsched_destroy(struct dsched *s);
 int dsched_submit(struct dsched *s, uint64_t conn, struct dproto_request *req, uid_t uid,
                   pid_t pid, uint64_t *id, struct dg_error *err);
 
-/* Cancel request id of connection conn.  Returns 0, or -DG_E_INVAL when
- * conn has no such request in flight. */
-int dsched_cancel(struct dsched *s, uint64_t conn, uint64_t id);
+/* Cancel request id for a client on connection conn with user id uid: its
+ * own requests, any request of the same user, or any request for root.
+ * The done line goes to the request's connection.  Returns 0, or
+ * -DG_E_INVAL when no such request is in flight for this client. */
+int dsched_cancel(struct dsched *s, uint64_t conn, uid_t uid, uint64_t id);
 
 /* The connection is gone: cancel its requests, send it nothing more. */
 void dsched_conn_gone(struct dsched *s, uint64_t conn);

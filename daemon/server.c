@@ -396,11 +396,22 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
         break;
     }
     case DPROTO_CANCEL:
-        if (dsched_cancel(srv->sched, conn_key(srv, c), req.target) < 0) {
+        if (dsched_cancel(srv->sched, conn_key(srv, c), c->uid, req.target) < 0) {
             char msg[128];
-            snprintf(msg, sizeof msg, "request %llu is not in flight on this connection",
+            snprintf(msg, sizeof msg, "request %llu is not in flight for this user",
                      (unsigned long long)req.target);
             send_error(srv, c, req.target, tag, "not_found", msg);
+        } else {
+            /* acknowledged here; the request's done goes to its own connection */
+            size_t clen = 0;
+            json_t *o = json_pack("{s:I}", "id", (json_int_t)req.target);
+            char *ack;
+            if (o && tag)
+                json_object_set_new(o, "tag", json_string(tag));
+            ack = dproto_event_obj("cancelling", o, &clen);
+            write_line(srv, c, ack, clen);
+            dlog(DG_LOG_INFO, "req=%llu cancel asked by conn %u uid=%d",
+                 (unsigned long long)req.target, slot_of(srv, c), (int)c->uid);
         }
         break;
     case DPROTO_STATUS:

@@ -431,12 +431,18 @@ static int cancel_mid_request(void)
         snprintf(msg, sizeof msg, "{\"v\":1,\"op\":\"cancel\",\"id\":%lld}\n", id);
         CHECK(cl_send(c, msg) == 0);
     }
-    for (;;) {
+    for (int acked = 0;;) {
         e = cl_event(c, &eof);
         CHECK(e);
         if (!strcmp(ev_kind(e), "done"))
             break;
-        CHECK(!strcmp(ev_kind(e), "canvas"));
+        if (!strcmp(ev_kind(e), "cancelling")) {
+            CHECK(ev_int(e, "id") == id && !acked);
+            acked = 1;
+        } else {
+            CHECKF(!strcmp(ev_kind(e), "canvas"), "event %s: %s", ev_kind(e),
+                   json_string_value(json_object_get(e, "message")));
+        }
         json_decref(e);
     }
     CHECK(!strcmp(json_string_value(json_object_get(e, "finish_reason")), "cancelled"));
@@ -589,6 +595,8 @@ static int queue_full(void)
     while (dones < accepted) {
         json_t *e = cl_event(c, &eof);
         CHECK(e);
+        CHECK(!strcmp(ev_kind(e), "done") || !strcmp(ev_kind(e), "cancelling") ||
+              !strcmp(ev_kind(e), "canvas"));
         if (!strcmp(ev_kind(e), "done")) {
             CHECK(!strcmp(json_string_value(json_object_get(e, "finish_reason")), "cancelled"));
             dones++;
