@@ -21,8 +21,11 @@ PREFIX   ?= /usr/local
 BINDIR   ?= $(PREFIX)/bin
 MANDIR   ?= $(PREFIX)/share/man
 DATADIR  ?= $(PREFIX)/share/dgemma
+LIBDIR   ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
 SYSCONFDIR ?= /etc
 UNITDIR  ?= /etc/systemd/system
+SYSUSERSDIR ?= /usr/lib/sysusers.d
 DESTDIR  ?=
 CC       ?= cc
 CLANG    ?= clang
@@ -104,6 +107,11 @@ DAEMON_LIB  := $(BUILD)/libdgemma-daemon.a
 DAEMON_BIN  := $(BUILD)/bin/dgemmad
 
 CLIENT_BIN  := $(BUILD)/bin/dgemma-client
+CLIENT_SRC  := $(filter-out client/libdgemma.c,$(wildcard client/*.c))
+LIBDGEMMA_VERSION := 0.1.0
+LIBDGEMMA_A   := $(BUILD)/lib/libdgemma.a
+LIBDGEMMA_SO  := $(BUILD)/lib/libdgemma.so.$(LIBDGEMMA_VERSION)
+LIBDGEMMA_PC  := $(BUILD)/lib/pkgconfig/dgemma.pc
 
 EVAL_SRC   := $(wildcard tools/eval/*.c)
 EVAL_OBJ   := $(EVAL_SRC:%.c=$(BUILD)/%.o)
@@ -114,6 +122,7 @@ UNIT_SRC   := $(wildcard tests/unit/t-*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
 CLI_TESTS  := $(wildcard tests/cli/t-*.sh)
 INTEG_SRC  := $(wildcard tests/integration/t-*.c)
+.SECONDARY: $(BUILD)/tests/integration/fixture.o
 INTEG_BIN  := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/integration/%)
 
 GPU_TEST_SRC := $(wildcard tests/gpu/t-*.c)
@@ -126,6 +135,7 @@ FUZZ_SRC   := $(wildcard tests/fuzz/fuzz-*.c)
 FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
 BINS := $(EVAL_BIN) $(DAEMON_BIN) $(CLIENT_BIN)
+LIBS_OUT := $(LIBDGEMMA_A) $(LIBDGEMMA_SO) $(LIBDGEMMA_PC)
 
 # The embedded default model: the "small" preset with random weights and its
 # own tokenizer, generated deterministically at build time (its output is
@@ -140,7 +150,7 @@ endif
 .PHONY: all test test-asan test-tsan test-gpu fuzz check check-cpu-only deps install uninstall clean
 .DEFAULT_GOAL := all
 
-all: $(LIBCORE) $(BINS) $(DEFAULT_MODEL)/config.json $(GPU_ALL)
+all: $(LIBCORE) $(BINS) $(LIBS_OUT) $(DEFAULT_MODEL)/config.json $(GPU_ALL)
 
 # ---- rules -----------------------------------------------------------------
 $(BUILD)/%.o: %.c
@@ -174,7 +184,32 @@ $(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(LIBCORE)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
-$(CLIENT_BIN): $(BUILD)/client/dgemma-client.o $(LIBCORE)
+# libdgemma: a static archive (the CLI links it) and a shared library that
+# exports only dgemma_* (client/libdgemma.map), with its pkg-config file.
+$(BUILD)/client/pic/libdgemma.o: client/libdgemma.c
+	$(call say,CC,$< [pic])
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(ALL_CFLAGS) -fPIC -c $< -o $@
+
+$(LIBDGEMMA_A): $(BUILD)/client/libdgemma.o
+	$(call say,AR,$@)
+	@mkdir -p $(@D)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIBDGEMMA_SO): $(BUILD)/client/pic/libdgemma.o client/libdgemma.map
+	$(call say,LINK,$@)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libdgemma.so.0 \
+	    -Wl,--version-script=client/libdgemma.map $< -ljansson -lm -o $@
+	$(Q)ln -sf libdgemma.so.$(LIBDGEMMA_VERSION) $(BUILD)/lib/libdgemma.so.0
+	$(Q)ln -sf libdgemma.so.0 $(BUILD)/lib/libdgemma.so
+
+$(LIBDGEMMA_PC): client/dgemma.pc.in Makefile
+	@mkdir -p $(@D)
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@VERSION@|$(LIBDGEMMA_VERSION)|' $< >$@
+
+$(CLIENT_BIN): $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(LIBDGEMMA_A) $(LIBCORE)
 	$(call say,LINK,$@)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
@@ -193,7 +228,8 @@ $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(DAEMON_LIB) $(LI
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
-$(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(HARNESS_OBJ) $(DAEMON_LIB) $(LIBCORE)
+$(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(BUILD)/tests/integration/fixture.o \
+                               $(HARNESS_OBJ) $(LIBDGEMMA_A) $(DAEMON_LIB) $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
@@ -283,22 +319,39 @@ deps:
 MAN_PAGES := $(wildcard man/*.[0-9])
 install: all
 	$(call say,INSTALL,$(DESTDIR)$(PREFIX))
-	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)/model/default
+	$(Q)install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)/model/default \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
 	$(Q)install -m 0755 $(BINS) $(DESTDIR)$(BINDIR)/
 	$(Q)install -m 0644 $(DEFAULT_MODEL)/* $(DESTDIR)$(DATADIR)/model/default/
+	$(Q)install -m 0644 client/dgemma.h $(DESTDIR)$(INCLUDEDIR)/dgemma.h
+	$(Q)install -m 0644 $(LIBDGEMMA_A) $(DESTDIR)$(LIBDIR)/
+	$(Q)install -m 0755 $(LIBDGEMMA_SO) $(DESTDIR)$(LIBDIR)/
+	$(Q)ln -sf libdgemma.so.$(LIBDGEMMA_VERSION) $(DESTDIR)$(LIBDIR)/libdgemma.so.0
+	$(Q)ln -sf libdgemma.so.0 $(DESTDIR)$(LIBDIR)/libdgemma.so
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	    -e 's|@VERSION@|$(LIBDGEMMA_VERSION)|' client/dgemma.pc.in \
+	    >$(DESTDIR)$(LIBDIR)/pkgconfig/dgemma.pc
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
 	    install -m 0644 $$p $(DESTDIR)$(MANDIR)/man$$s/; done
-	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/dgemma $(DESTDIR)$(UNITDIR)
+	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/dgemma $(DESTDIR)$(UNITDIR) \
+	    $(DESTDIR)$(SYSCONFDIR)/cron.d $(DESTDIR)$(SYSUSERSDIR)
 	$(Q)test -e $(DESTDIR)$(SYSCONFDIR)/dgemma/dgemmad.yaml || \
 	    install -m 0644 etc/dgemmad.yaml $(DESTDIR)$(SYSCONFDIR)/dgemma/dgemmad.yaml
-	$(Q)sed 's|/usr/local/bin/|$(BINDIR)/|; s|/etc/dgemma/|$(SYSCONFDIR)/dgemma/|' \
+	$(Q)sed 's|/usr/local/bin/|$(BINDIR)/|g; s|/etc/dgemma/|$(SYSCONFDIR)/dgemma/|g' \
 	    etc/dgemmad.service >$(DESTDIR)$(UNITDIR)/dgemmad.service
+	$(Q)install -m 0644 etc/dgemma.sysusers $(DESTDIR)$(SYSUSERSDIR)/dgemma.conf
+	$(Q)test -e $(DESTDIR)$(SYSCONFDIR)/cron.d/dgemma-batch || \
+	    sed 's|/usr/local/bin/|$(BINDIR)/|g' etc/dgemma-batch.cron \
+	    >$(DESTDIR)$(SYSCONFDIR)/cron.d/dgemma-batch
 
 uninstall:
 	$(Q)for b in $(notdir $(BINS)); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
 	$(Q)rm -rf $(DESTDIR)$(DATADIR)/model/default
-	$(Q)rm -f $(DESTDIR)$(UNITDIR)/dgemmad.service
+	$(Q)rm -f $(DESTDIR)$(INCLUDEDIR)/dgemma.h $(DESTDIR)$(LIBDIR)/libdgemma.* \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig/dgemma.pc $(DESTDIR)$(UNITDIR)/dgemmad.service \
+	    $(DESTDIR)$(SYSUSERSDIR)/dgemma.conf
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$$(basename $$p); done
+	@echo "kept: $(SYSCONFDIR)/dgemma/dgemmad.yaml, $(SYSCONFDIR)/cron.d/dgemma-batch"
 
 clean:
 	rm -rf build build-asan build-tsan build-cpu-only

@@ -3,6 +3,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "lib/json-util.h"
@@ -194,11 +195,12 @@ static int apply(struct dg_gen_settings *s, const json_t *obj, const struct dg_m
     INT_KEY("stability_threshold", 0, 65535, stability_threshold);
     INT_KEY("top_k", 0, 1 << 30, top_k);
     INT_KEY("max_tokens", 1, lim->max_tokens, max_tokens);
-    REAL_KEY("entropy_bound", 1e-300, 1e300, entropy_bound);
-    REAL_KEY("confidence_threshold", 1e-300, 1e300, confidence_threshold);
-    REAL_KEY("t_min", 0.0, 100.0, t_min);
-    REAL_KEY("t_max", 0.0, 100.0, t_max);
-    REAL_KEY("top_p", 1e-300, 1.0, top_p);
+    /* any finite number here; dg_gen_settings_validate names the range */
+    REAL_KEY("entropy_bound", -1e300, 1e300, entropy_bound);
+    REAL_KEY("confidence_threshold", -1e300, 1e300, confidence_threshold);
+    REAL_KEY("t_min", -1e300, 1e300, t_min);
+    REAL_KEY("t_max", -1e300, 1e300, t_max);
+    REAL_KEY("top_p", -1e300, 1e300, top_p);
 #undef INT_KEY
 #undef REAL_KEY
     if ((rc = get_int(obj, "seed", 0, LLONG_MAX, ctx, &v, err)) < 0)
@@ -223,8 +225,15 @@ static int apply(struct dg_gen_settings *s, const json_t *obj, const struct dg_m
     }
     if ((val = json_object_get(obj, "stop")) && (rc = parse_stop_strings(&t, val, ctx, err)) < 0)
         return rc;
-    if ((rc = dg_gen_settings_validate(&t, cfg, lim, err)) < 0)
-        return dg_error_prefix(err, "%s", ctx);
+    if ((rc = dg_gen_settings_validate(&t, cfg, lim, err)) < 0) {
+        /* ctx carries its own separator ("request: ") */
+        if (err && ctx && *ctx) {
+            char msg[DG_ERROR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s%s", ctx, err->msg);
+            memcpy(err->msg, msg, sizeof msg);
+        }
+        return rc;
+    }
     *s = t;
     return 0;
 }

@@ -85,7 +85,7 @@ then ok prompt_sources; else bad prompt_sources "$a $b: $(cat "$tmp/c.json" "$tm
 "$EVAL" generate --model "$MODEL" --prompt x --max-tokens 99999999 >/dev/null 2>"$tmp/e7"; e7=$?
 echo "2 600" >"$tmp/bad.ids"
 "$EVAL" generate --model "$MODEL" --prompt-ids "$tmp/bad.ids" >/dev/null 2>"$tmp/e8"; e8=$?
-if [ $e1 -eq 1 ] && grep -q "top_p: 2 is out of range" "$tmp/e1" &&
+if [ $e1 -eq 1 ] && grep -q "top_p: 2 is outside (0, 1]" "$tmp/e1" &&
    [ $e2 -eq 1 ] && grep -q "temperature: not a setting of diffusion sampling" "$tmp/e2" &&
    [ $e3 -eq 1 ] && grep -q "malformed JSON" "$tmp/e3" &&
    [ $e4 -eq 2 ] && grep -q "unknown option '--temperature'" "$tmp/e4" &&

@@ -24,105 +24,20 @@
 #include <unistd.h>
 
 #include "tests/harness.h"
+#include "tests/integration/fixture.h"
 
-#define WAIT_MS 60000
+#define WAIT_MS FIXTURE_WAIT_MS
 
 static char daemon_bin[512], sock_path[512], log_path[512], notify_path[512];
 static pid_t daemon_pid;
 static int notify_fd = -1;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* ---- a daemon -------------------------------------------------------------- */
-
-static pid_t spawn(const char *sock, const char *log, const char *const *extra)
-{
-    char o_sock[600], o_log[600];
-    const char *argv[40];
-    int n = 0;
-    pid_t pid;
-
-    snprintf(o_sock, sizeof o_sock, "socket=%s", sock);
-    snprintf(o_log, sizeof o_log, "log_file=%s", log);
-    argv[n++] = daemon_bin;
-    argv[n++] = "-o";
-    argv[n++] = o_sock;
-    argv[n++] = "-o";
-    argv[n++] = o_log;
-    for (const char *const *e = extra; e && *e; e++) {
-        argv[n++] = "-o";
-        argv[n++] = *e;
-    }
-    argv[n] = NULL;
-    pid = fork();
-    if (pid == 0) {
-        execv(daemon_bin, (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static int try_connect(const char *path)
-{
-    struct sockaddr_un a;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
-        return fd;
-    if (fd >= 0)
-        close(fd);
-    return -1;
-}
-
-/* Wait until the daemon answers on its socket (or has exited). */
-static int wait_ready(pid_t pid, const char *path)
-{
-    const double t0 = now_ms();
-    while (now_ms() - t0 < WAIT_MS) {
-        int st, fd = try_connect(path);
-        if (fd >= 0) {
-            close(fd);
-            return 0;
-        }
-        if (waitpid(pid, &st, WNOHANG) == pid)
-            return -1;
-        usleep(20000);
-    }
-    return -1;
-}
-
-static int wait_exit(pid_t pid, int *status)
-{
-    const double t0 = now_ms();
-    while (now_ms() - t0 < WAIT_MS) {
-        if (waitpid(pid, status, WNOHANG) == pid)
-            return 0;
-        usleep(20000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, status, 0);
-    return -1;
-}
-
-static int file_has(const char *path, const char *needle)
-{
-    char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    size_t n;
-    if (!f)
-        return 0;
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return strstr(buf, needle) != NULL;
-}
+#define now_ms fixture_now_ms
+#define spawn fixture_spawn
+#define try_connect fixture_connect
+#define wait_ready fixture_wait_ready
+#define wait_exit fixture_wait_exit
+#define file_has fixture_file_has
 
 /* ---- a client ----------------------------------------------------------------- */
 
@@ -279,8 +194,7 @@ static const char *const DAEMON_OPTS[] = {
 
 static int start(void)
 {
-    const char *b = getenv("BUILD");
-    snprintf(daemon_bin, sizeof daemon_bin, "%s/bin/dgemmad", b && *b ? b : "build");
+    snprintf(daemon_bin, sizeof daemon_bin, "%s", fixture_bin("dgemmad"));
     snprintf(sock_path, sizeof sock_path, "%s", test_path("d.sock"));
     snprintf(log_path, sizeof log_path, "%s", test_path("d.log"));
     CHECKF(access(daemon_bin, X_OK) == 0, "%s: not built", daemon_bin);

@@ -1,0 +1,194 @@
+/* client-common.c - options, settings flags and connection for every
+ * dgemma-client command (see client.h). */
+#include "client/client.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+volatile sig_atomic_t client_interrupted;
+
+const char client_settings_help[] =
+    "generation settings (dgemmad(8)):\n"
+    "  --max-tokens N  --seed N  --canvas-length N  --max-denoising-steps N\n"
+    "  --entropy-bound X  --confidence-threshold X  --stability-threshold N\n"
+    "  --t-min X  --t-max X  --top-k N  --top-p X  --stop TEXT  --stop-id N\n"
+    "  --settings JSON (an object of the same settings)\n";
+
+void client_errorf(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("dgemma-client: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* flag -> setting, and how its value reads: i integer, r real, s string
+ * list, n integer list */
+static const struct {
+    const char *flag, *key;
+    char kind;
+} SETTINGS[] = {
+    {"--max-tokens", "max_tokens", 'i'},
+    {"--seed", "seed", 'i'},
+    {"--canvas-length", "canvas_length", 'i'},
+    {"--max-denoising-steps", "max_denoising_steps", 'i'},
+    {"--entropy-bound", "entropy_bound", 'r'},
+    {"--confidence-threshold", "confidence_threshold", 'r'},
+    {"--stability-threshold", "stability_threshold", 'i'},
+    {"--t-min", "t_min", 'r'},
+    {"--t-max", "t_max", 'r'},
+    {"--top-k", "top_k", 'i'},
+    {"--top-p", "top_p", 'r'},
+    {"--stop", "stop", 's'},
+    {"--stop-id", "stop_token_ids", 'n'},
+};
+
+static int need_value(int argc, char **argv, int i)
+{
+    if (i + 1 >= argc) {
+        client_errorf("%s needs a value", argv[i]);
+        return -1;
+    }
+    return 0;
+}
+
+int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    char *end;
+
+    if (!o->settings && !(o->settings = json_object())) {
+        client_errorf("out of memory");
+        return -1;
+    }
+    if (!strcmp(a, "--json")) {
+        o->json = 1;
+        return 1;
+    }
+    if (!strcmp(a, "-s") || !strcmp(a, "--socket")) {
+        if (need_value(argc, argv, *i) < 0)
+            return -1;
+        o->socket = argv[++*i];
+        return 1;
+    }
+    if (!strcmp(a, "--wait")) {
+        if (need_value(argc, argv, *i) < 0)
+            return -1;
+        o->wait_s = strtod(argv[*i + 1], &end);
+        if (end == argv[*i + 1] || *end || !(o->wait_s >= 0) || o->wait_s > 3600) {
+            client_errorf("--wait: '%s' is not a number of seconds (0 .. 3600)", argv[*i + 1]);
+            return -1;
+        }
+        ++*i;
+        return 1;
+    }
+    if (!strcmp(a, "--settings")) {
+        json_error_t je;
+        json_t *s;
+        if (need_value(argc, argv, *i) < 0)
+            return -1;
+        s = json_loads(argv[*i + 1], JSON_REJECT_DUPLICATES, &je);
+        if (!json_is_object(s)) {
+            client_errorf("--settings: %s", s ? "must be a JSON object" : je.text);
+            json_decref(s);
+            return -1;
+        }
+        json_object_update(o->settings, s);
+        json_decref(s);
+        ++*i;
+        return 1;
+    }
+    for (size_t k = 0; k < sizeof SETTINGS / sizeof SETTINGS[0]; k++) {
+        const char *val;
+        json_t *v;
+        if (strcmp(a, SETTINGS[k].flag))
+            continue;
+        if (need_value(argc, argv, *i) < 0)
+            return -1;
+        val = argv[++*i];
+        if (SETTINGS[k].kind == 'i' || SETTINGS[k].kind == 'n') {
+            long long x = strtoll(val, &end, 10);
+            if (end == val || *end) {
+                client_errorf("%s: '%s' is not an integer", a, val);
+                return -1;
+            }
+            v = json_integer(x);
+        } else if (SETTINGS[k].kind == 'r') {
+            double x = strtod(val, &end);
+            if (end == val || *end) {
+                client_errorf("%s: '%s' is not a number", a, val);
+                return -1;
+            }
+            v = json_real(x);
+        } else {
+            v = json_string(val);
+            if (!v) {
+                client_errorf("%s: not valid UTF-8", a);
+                return -1;
+            }
+        }
+        if (SETTINGS[k].kind == 's' || SETTINGS[k].kind == 'n') {
+            json_t *list = json_object_get(o->settings, SETTINGS[k].key);
+            if (!json_is_array(list)) {
+                list = json_array();
+                json_object_set_new(o->settings, SETTINGS[k].key, list);
+            }
+            json_array_append_new(list, v);
+        } else {
+            json_object_set_new(o->settings, SETTINGS[k].key, v);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+dgemma_t *client_connect(const struct client_opts *o)
+{
+    dgemma_t *c = dgemma_new();
+    int rc;
+    if (!c) {
+        client_errorf("out of memory");
+        return NULL;
+    }
+    if ((rc = dgemma_connect(c, o->socket, o->wait_s)) < 0) {
+        client_errorf("%s", dgemma_errmsg(c));
+        dgemma_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+int client_apply_settings(const struct client_opts *o, dgemma_request_t *r)
+{
+    char *text;
+    int rc;
+    if (!o->settings || json_object_size(o->settings) == 0)
+        return 0;
+    text = json_dumps(o->settings, JSON_COMPACT);
+    if (!text)
+        return DGEMMA_E_NOMEM;
+    rc = dgemma_request_set_json(r, text);
+    if (rc < 0)
+        client_errorf("settings: %s", dgemma_request_errmsg(r));
+    free(text);
+    return rc;
+}
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    client_interrupted++;
+}
+
+void client_catch_sigint(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}

@@ -1,0 +1,55 @@
+/* client.h - what dgemma-client's commands share: options, settings flags,
+ * exit codes. */
+#ifndef DG_CLIENT_H
+#define DG_CLIENT_H
+
+#include <jansson.h>
+#include <signal.h>
+
+#include "client/dgemma.h"
+
+/* Exit codes, the same for every command (dgemma-client(1)). */
+enum {
+    EXIT_DONE = 0,        /* everything asked for is done */
+    EXIT_FAILED = 1,      /* a request (or a batch line) failed or was cancelled */
+    EXIT_USAGE = 2,
+    EXIT_UNREACHABLE = 3, /* no daemon at the socket, or the connection was lost */
+};
+
+struct client_opts {
+    const char *socket;   /* NULL: $DGEMMA_SOCKET or the default */
+    double wait_s;
+    int json;             /* print the daemon's events as JSON lines */
+    json_t *settings;     /* settings from flags and --settings (an object) */
+};
+
+/* Parse the options every command takes (-s/--socket, --wait, --json) and
+ * the settings flags (--max-tokens, --top-p, ..., --stop, --stop-id,
+ * --settings).  *i is the index of argv[*i]; on a match it advances past
+ * the option's value.  Returns 1 if it took the option, 0 if it is not
+ * one of these, -1 after printing a usage error. */
+int client_common_option(struct client_opts *o, int argc, char **argv, int *i);
+
+/* The settings flags, for usage texts. */
+extern const char client_settings_help[];
+
+/* Print "dgemma-client: ..." to stderr. */
+void client_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Connect with o's socket and wait; prints why on failure. */
+dgemma_t *client_connect(const struct client_opts *o);
+
+/* Copy o's settings into r (the request's own keys win when present). */
+int client_apply_settings(const struct client_opts *o, dgemma_request_t *r);
+
+/* Set by SIGINT (installed by client_catch_sigint). */
+extern volatile sig_atomic_t client_interrupted;
+void client_catch_sigint(void);
+
+int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_cancel(int argc, char **argv);
+
+#endif

@@ -1,0 +1,556 @@
+/*
+ * cmd-batch.c - `dgemma-client batch`: JSON lines in, JSON lines out, for
+ * cron.  Every input line is a request with an "id"; every result line
+ * carries that id.  Results are appended as requests finish, one write(2)
+ * per line; ids already in the output are skipped, so a killed job resumes
+ * where it stopped (a torn last line is cut off first).  Requests that did
+ * not finish (cancelled by a shutting-down daemon, lost with the
+ * connection, refused as busy) get no result line, so the next run retries
+ * them.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/client.h"
+
+static const char usage[] =
+    "usage: dgemma-client batch --input FILE|- --output FILE [--parallel N]\n"
+    "                           [-s SOCKET] [--wait SECONDS] [SETTINGS]\n"
+    "Each input line: {\"id\": \"...\" or N, \"prompt\": \"...\" | \"messages\": [...] |\n"
+    "\"prompt_ids\": [...], any setting...}; the flags' settings apply where a\n"
+    "line has none.  Each output line: {\"id\", \"finish_reason\", \"text\", \"ids\",\n"
+    "\"usage\", \"seed\", ...} or {\"id\", \"error\": {\"code\", \"message\"}}; a line that\n"
+    "has no usable id gets {\"line\": N, \"error\": ...}.  Re-running skips the ids\n"
+    "(and bad lines) already in the output.  --parallel (default 4) requests are\n"
+    "in flight at once.  On a terminal, progress goes to standard error.\n"
+    "Exit status: 0 every line has a result and none failed, 1 some failed,\n"
+    "2 usage (or another batch writes the output), 3 the daemon is unreachable\n"
+    "or went away (run it again to resume).\n";
+
+enum item_state { IT_TODO = 0, IT_RUNNING, IT_DONE };
+
+struct item {
+    int line;               /* 1-based input line */
+    json_t *obj;            /* the input object */
+    char *key;              /* canonical JSON of its id */
+    enum item_state state;
+    uint64_t id;            /* the daemon's request id, once accepted */
+    uint64_t seed;
+    double retry_at;        /* busy: not before (monotonic seconds) */
+};
+
+struct batch {
+    int out_fd;
+    json_t *seen;           /* result keys already in the output: "id JSON" or "line:N" */
+    struct item *items;
+    size_t n_items, cap_items;
+    size_t done, failed, running, total;
+    size_t unfinished;      /* cancelled by the daemon: retried by the next run */
+    int failed_before;      /* error results found in the output */
+    int progress;           /* stderr is a terminal */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void show_progress(struct batch *b, int final)
+{
+    if (!b->progress)
+        return;
+    fprintf(stderr, "\rdgemma-client batch: %zu/%zu done, %zu failed, %zu running   %s", b->done,
+            b->total, b->failed, b->running, final ? "\n" : "");
+    fflush(stderr);
+}
+
+/* One result line, appended whole. */
+static int write_result(struct batch *b, json_t *res)
+{
+    char *s = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    size_t n;
+    ssize_t w;
+    if (!s)
+        return -1;
+    n = strlen(s);
+    s[n] = '\n'; /* json_dumps leaves room for the NUL: reuse it */
+    w = write(b->out_fd, s, n + 1);
+    free(s);
+    if (w != (ssize_t)(n + 1)) {
+        client_errorf("cannot write a result: %s", w < 0 ? strerror(errno) : "short write");
+        return -1;
+    }
+    return 0;
+}
+
+static int line_error(struct batch *b, int line, const char *code, const char *msg)
+{
+    json_t *r = json_pack("{s:i,s:{s:s,s:s}}", "line", line, "error", "code", code, "message",
+                          msg);
+    int rc = r ? write_result(b, r) : -1;
+    json_decref(r);
+    b->failed++;
+    b->done++;
+    return rc;
+}
+
+/* Read the output file's results into b->seen; cut a torn last line. */
+static int load_output(struct batch *b, const char *path)
+{
+    struct stat st;
+    char *buf, *p, *end;
+    if (fstat(b->out_fd, &st) != 0)
+        return -1;
+    if (st.st_size == 0)
+        return 0;
+    buf = malloc((size_t)st.st_size + 1);
+    if (!buf || pread(b->out_fd, buf, (size_t)st.st_size, 0) != st.st_size) {
+        free(buf);
+        client_errorf("%s: cannot read it", path);
+        return -1;
+    }
+    buf[st.st_size] = '\0';
+    end = strrchr(buf, '\n');
+    if ((end ? (off_t)(end - buf + 1) : 0) != st.st_size) {
+        const off_t keep = end ? (off_t)(end - buf + 1) : 0;
+        if (ftruncate(b->out_fd, keep) != 0) {
+            free(buf);
+            client_errorf("%s: cannot cut its torn last line: %s", path, strerror(errno));
+            return -1;
+        }
+        fprintf(stderr, "dgemma-client: %s: cut a torn last line (an interrupted write)\n",
+                path);
+        if (!end) {
+            free(buf);
+            return 0;
+        }
+        end[1] = '\0';
+    }
+    for (p = buf; *p;) {
+        char *nl = strchr(p, '\n');
+        json_t *r;
+        *nl = '\0';
+        r = json_loads(p, 0, NULL);
+        if (json_is_object(r)) {
+            json_t *id = json_object_get(r, "id"), *ln = json_object_get(r, "line");
+            char key[64], *k = NULL;
+            if (id)
+                k = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+            else if (json_is_integer(ln)) {
+                snprintf(key, sizeof key, "line:%lld", (long long)json_integer_value(ln));
+                k = strdup(key);
+            }
+            if (k && !json_object_get(b->seen, k)) {
+                json_object_set_new(b->seen, k, json_true());
+                if (json_object_get(r, "error"))
+                    b->failed_before++;
+            }
+            free(k);
+        }
+        json_decref(r);
+        p = nl + 1;
+    }
+    free(buf);
+    return 0;
+}
+
+static int add_item(struct batch *b, int line, json_t *obj, char *key)
+{
+    if (b->n_items == b->cap_items) {
+        size_t cap = b->cap_items ? 2 * b->cap_items : 64;
+        struct item *it = realloc(b->items, cap * sizeof *it);
+        if (!it)
+            return -1;
+        b->items = it;
+        b->cap_items = cap;
+    }
+    memset(&b->items[b->n_items], 0, sizeof b->items[0]);
+    b->items[b->n_items].line = line;
+    b->items[b->n_items].obj = obj;
+    b->items[b->n_items].key = key;
+    b->n_items++;
+    return 0;
+}
+
+/* Read the input: bad lines get their result now, good ones become items. */
+static int read_input(struct batch *b, FILE *in)
+{
+    json_t *first_line = json_object(); /* id key -> the line it was first on */
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int ln = 0, rc = 0;
+
+    while (rc == 0 && (n = getline(&line, &cap, in)) >= 0) {
+        json_error_t je;
+        json_t *obj, *id;
+        char key[64], *k, msg[300];
+        ln++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = '\0';
+        if (n == 0)
+            continue;
+        b->total++;
+        snprintf(key, sizeof key, "line:%d", ln);
+        obj = json_loadb(line, (size_t)n, JSON_REJECT_DUPLICATES, &je);
+        id = json_is_object(obj) ? json_object_get(obj, "id") : NULL;
+        if (!obj || !json_is_object(obj) || !(json_is_string(id) || json_is_integer(id))) {
+            if (!json_object_get(b->seen, key)) {
+                if (!obj)
+                    snprintf(msg, sizeof msg, "not JSON: %s", je.text);
+                else
+                    snprintf(msg, sizeof msg, "%s", json_is_object(obj)
+                                                        ? "no \"id\" (a string or an integer)"
+                                                        : "not a JSON object");
+                rc = line_error(b, ln, "bad_line", msg);
+            } else {
+                b->done++; /* its result is there already */
+            }
+            json_decref(obj);
+            continue;
+        }
+        k = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (!k) {
+            json_decref(obj);
+            rc = -1;
+            break;
+        }
+        if (json_object_get(first_line, k)) {
+            if (!json_object_get(b->seen, key)) {
+                snprintf(msg, sizeof msg, "id %.200s is already on line %lld", k,
+                         (long long)json_integer_value(json_object_get(first_line, k)));
+                rc = line_error(b, ln, "duplicate_id", msg);
+            } else {
+                b->done++;
+            }
+            free(k);
+            json_decref(obj);
+            continue;
+        }
+        json_object_set_new(first_line, k, json_integer(ln));
+        if (json_object_get(b->seen, k)) {
+            b->done++; /* finished by an earlier run */
+            free(k);
+            json_decref(obj);
+            continue;
+        }
+        if (add_item(b, ln, obj, k) < 0) {
+            free(k);
+            json_decref(obj);
+            rc = -1;
+        }
+    }
+    free(line);
+    json_decref(first_line);
+    return rc;
+}
+
+/* The request for an item: its prompt form, then the flags' settings, then
+ * its own keys.  NULL with *why set for a line that names no prompt (or
+ * an ill-formed one); NULL with *why NULL when out of memory. */
+static dgemma_request_t *build(const struct client_opts *o, const struct item *it, size_t index,
+                               const char **why)
+{
+    json_t *obj = it->obj, *rest = json_deep_copy(obj);
+    json_t *prompt = json_object_get(obj, "prompt"), *msgs = json_object_get(obj, "messages");
+    json_t *ids = json_object_get(obj, "prompt_ids");
+    dgemma_request_t *r = NULL;
+    char tag[32], *text = NULL;
+
+    *why = NULL;
+    if (!rest)
+        return NULL;
+    if (!!prompt + !!msgs + !!ids != 1) {
+        *why = "needs exactly one of \"prompt\", \"messages\", \"prompt_ids\"";
+    } else if (prompt) {
+        if (!json_is_string(prompt))
+            *why = "\"prompt\" must be a string";
+        else
+            r = dgemma_request_text(json_string_value(prompt));
+    } else if (msgs) {
+        r = dgemma_request_chat(); /* the list itself comes with the other keys */
+    } else if (!json_is_array(ids) || json_array_size(ids) == 0) {
+        *why = "\"prompt_ids\" must be a non-empty list of token ids";
+    } else {
+        size_t n = json_array_size(ids), i;
+        int32_t *v = malloc(n * sizeof *v);
+        json_t *x;
+        json_array_foreach(ids, i, x) {
+            if (!v || !json_is_integer(x) || json_integer_value(x) < 0 ||
+                json_integer_value(x) > INT32_MAX) {
+                if (v)
+                    *why = "\"prompt_ids\" must be a non-empty list of token ids";
+                break;
+            }
+            v[i] = (int32_t)json_integer_value(x);
+        }
+        if (v && !*why)
+            r = dgemma_request_ids(v, n);
+        free(v);
+    }
+    json_object_del(rest, "id");
+    json_object_del(rest, "prompt");
+    json_object_del(rest, "prompt_ids");
+    snprintf(tag, sizeof tag, "b%zu", index);
+    if (r)
+        text = json_dumps(rest, JSON_COMPACT);
+    if (r && (!text || dgemma_request_set_stream(r, 0) < 0 || dgemma_request_set_tag(r, tag) < 0 ||
+              client_apply_settings(o, r) < 0 || dgemma_request_set_json(r, text) < 0)) {
+        dgemma_request_free(r);
+        r = NULL;
+    }
+    free(text);
+    json_decref(rest);
+    return r;
+}
+
+static struct item *item_of(struct batch *b, const char *tag)
+{
+    char *end;
+    unsigned long long i;
+    if (!tag || tag[0] != 'b')
+        return NULL;
+    i = strtoull(tag + 1, &end, 10);
+    return *end || i >= b->n_items ? NULL : &b->items[i];
+}
+
+/* A finished item's result line, from the done event. */
+static int finish(struct batch *b, struct item *it, const dgemma_event_t *ev)
+{
+    json_t *done = json_loads(ev->json, 0, NULL), *res;
+    static const char *const keep[] = {"finish_reason", "text", "ids", "usage", "canvases",
+                                       "steps_per_canvas", "decoder_steps", "tokens_per_step",
+                                       "tokens_per_s", "ms_total", "stop_id", "stop", "error"};
+    int rc;
+    if (!done)
+        return -1;
+    res = json_object();
+    json_object_set(res, "id", json_object_get(it->obj, "id"));
+    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
+        json_t *v = json_object_get(done, keep[k]);
+        if (v)
+            json_object_set(res, keep[k], v);
+        if (k == 0 && v)
+            json_object_set_new(res, "seed", json_integer((json_int_t)it->seed));
+    }
+    rc = write_result(b, res);
+    if (json_object_get(done, "error"))
+        b->failed++;
+    json_decref(res);
+    json_decref(done);
+    return rc;
+}
+
+static int error_result(struct batch *b, struct item *it, const char *code, const char *msg)
+{
+    json_t *res = json_object();
+    int rc;
+    json_object_set(res, "id", json_object_get(it->obj, "id"));
+    json_object_set_new(res, "error", json_pack("{s:s,s:s}", "code", code ? code : "error",
+                                                "message", msg ? msg : ""));
+    rc = write_result(b, res);
+    json_decref(res);
+    b->failed++;
+    return rc;
+}
+
+static int run(struct batch *b, const struct client_opts *o, int parallel)
+{
+    dgemma_t *c;
+    size_t next = 0;
+
+    if (b->n_items == 0)
+        return EXIT_DONE;
+    if (!(c = client_connect(o)))
+        return EXIT_UNREACHABLE;
+    for (;;) {
+        dgemma_event_t ev;
+        int e;
+        /* keep `parallel` requests in flight */
+        for (size_t i = next; i < b->n_items && b->running < (size_t)parallel; i++) {
+            struct item *it = &b->items[i];
+            dgemma_request_t *r;
+            if (it->state != IT_TODO || it->retry_at > now_s())
+                continue;
+            {
+                const char *why;
+                if (!(r = build(o, it, i, &why))) {
+                    if (!why) {
+                        client_errorf("out of memory building line %d", it->line);
+                        dgemma_close(c);
+                        return EXIT_FAILED;
+                    }
+                    it->state = IT_DONE;
+                    b->done++;
+                    if (error_result(b, it, "bad_request", why) < 0) {
+                        dgemma_close(c);
+                        return EXIT_FAILED;
+                    }
+                    continue;
+                }
+            }
+            if (dgemma_submit(c, r) < 0) {
+                client_errorf("%s", dgemma_errmsg(c));
+                dgemma_request_free(r);
+                dgemma_close(c);
+                return EXIT_UNREACHABLE;
+            }
+            dgemma_request_free(r);
+            it->state = IT_RUNNING;
+            b->running++;
+        }
+        while (next < b->n_items && b->items[next].state == IT_DONE)
+            next++;
+        if (next == b->n_items)
+            break;
+        show_progress(b, 0);
+        e = dgemma_next_event(c, &ev, 500);
+        if (e == DGEMMA_E_AGAIN)
+            continue;
+        if (e < 0) {
+            show_progress(b, 1);
+            client_errorf("%s (%zu requests unfinished; run again to resume)", dgemma_errmsg(c),
+                          b->n_items - next);
+            dgemma_close(c);
+            return EXIT_UNREACHABLE;
+        }
+        {
+            struct item *it = item_of(b, ev.tag);
+            if (!it || it->state != IT_RUNNING)
+                continue;
+            if (ev.kind == DGEMMA_EV_ACCEPTED) {
+                it->id = ev.id;
+                it->seed = ev.seed;
+            } else if (ev.kind == DGEMMA_EV_ERROR && ev.code && !strcmp(ev.code, "busy")) {
+                /* the daemon is full: try again in a second */
+                it->state = IT_TODO;
+                it->retry_at = now_s() + 1.0;
+                b->running--;
+            } else if (ev.kind == DGEMMA_EV_ERROR || ev.kind == DGEMMA_EV_DONE) {
+                int rc;
+                b->running--;
+                if (ev.kind == DGEMMA_EV_DONE && ev.finish_reason &&
+                    !strcmp(ev.finish_reason, "cancelled")) {
+                    /* not finished: no result, the next run retries it */
+                    it->state = IT_DONE;
+                    b->unfinished++;
+                    continue;
+                }
+                rc = ev.kind == DGEMMA_EV_ERROR ? error_result(b, it, ev.code, ev.message)
+                                                : finish(b, it, &ev);
+                it->state = IT_DONE;
+                b->done++;
+                if (rc < 0) {
+                    dgemma_close(c);
+                    return EXIT_FAILED;
+                }
+            }
+        }
+    }
+    show_progress(b, 1);
+    dgemma_close(c);
+    return EXIT_DONE;
+}
+
+int cmd_batch(int argc, char **argv)
+{
+    struct client_opts o = {0};
+    const char *input = NULL, *output = NULL;
+    int parallel = 4, rc;
+    struct batch b;
+    FILE *in;
+
+    memset(&b, 0, sizeof b);
+    b.out_fd = -1;
+    for (int i = 1; i < argc; i++) {
+        int took;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            fputs(client_settings_help, stdout);
+            json_decref(o.settings);
+            return EXIT_DONE;
+        }
+        if ((took = client_common_option(&o, argc, argv, &i)) < 0) {
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+        if (took)
+            continue;
+        if ((!strcmp(argv[i], "--input") || !strcmp(argv[i], "--output")) && i + 1 < argc) {
+            if (argv[i][2] == 'i')
+                input = argv[++i];
+            else
+                output = argv[++i];
+        } else if (!strcmp(argv[i], "--parallel") && i + 1 < argc) {
+            char *end;
+            long p = strtol(argv[++i], &end, 10);
+            if (*end || p < 1 || p > 1024) {
+                client_errorf("--parallel: 1 .. 1024");
+                json_decref(o.settings);
+                return EXIT_USAGE;
+            }
+            parallel = (int)p;
+        } else {
+            client_errorf("batch: unexpected '%s'", argv[i]);
+            fputs(usage, stderr);
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+    }
+    if (!input || !output) {
+        client_errorf("batch: --input and --output are required");
+        json_decref(o.settings);
+        return EXIT_USAGE;
+    }
+    in = strcmp(input, "-") ? fopen(input, "r") : stdin;
+    if (!in) {
+        client_errorf("%s: %s", input, strerror(errno));
+        json_decref(o.settings);
+        return EXIT_USAGE;
+    }
+    b.out_fd = open(output, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    b.seen = json_object();
+    b.progress = isatty(2);
+    rc = EXIT_USAGE;
+    if (b.out_fd < 0) {
+        client_errorf("%s: %s", output, strerror(errno));
+    } else if (flock(b.out_fd, LOCK_EX | LOCK_NB) != 0) {
+        client_errorf("%s: another batch is writing it", output);
+    } else if (load_output(&b, output) < 0 || read_input(&b, in) < 0) {
+        rc = EXIT_FAILED;
+    } else {
+        rc = run(&b, &o, parallel);
+        if (rc == EXIT_DONE && b.unfinished) {
+            client_errorf("%zu requests were cancelled by the daemon; run again to finish them",
+                          b.unfinished);
+            rc = EXIT_UNREACHABLE;
+        }
+        if (rc == EXIT_DONE && (b.failed || b.failed_before))
+            rc = EXIT_FAILED;
+        if (!b.progress)
+            fprintf(stderr, "dgemma-client batch: %zu/%zu done, %zu failed\n", b.done, b.total,
+                    b.failed);
+    }
+    if (in != stdin)
+        fclose(in);
+    if (b.out_fd >= 0)
+        close(b.out_fd);
+    for (size_t i = 0; i < b.n_items; i++) {
+        json_decref(b.items[i].obj);
+        free(b.items[i].key);
+    }
+    free(b.items);
+    json_decref(b.seen);
+    json_decref(o.settings);
+    return rc;
+}

@@ -1,0 +1,235 @@
+/* cmd-chat.c - `dgemma-client chat`: a conversation.  On a terminal: a
+ * "> " prompt, the reply streamed, /exit or Ctrl-D to leave, Ctrl-C to stop
+ * a reply.  Otherwise each input line is one turn and each reply one
+ * output line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/client.h"
+
+static const char usage[] =
+    "usage: dgemma-client chat [-s SOCKET] [--wait SECONDS] [--system TEXT] [--thinking]\n"
+    "                          [SETTINGS]\n"
+    "A conversation: every turn sends the whole history in the model's chat\n"
+    "format.  On a terminal it prompts with \"> \"; /reset forgets the history,\n"
+    "/exit or end of input leaves; Ctrl-C stops the reply being written.  When\n"
+    "standard input is not a terminal, each line is a turn and each reply is\n"
+    "written as one line.\n";
+
+struct turn {
+    char *role, *content;
+};
+
+struct history {
+    struct turn *t;
+    size_t n, cap;
+};
+
+static int push(struct history *h, const char *role, const char *content, size_t len)
+{
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? 2 * h->cap : 16;
+        struct turn *t = realloc(h->t, cap * sizeof *t);
+        if (!t)
+            return -1;
+        h->t = t;
+        h->cap = cap;
+    }
+    h->t[h->n].role = strdup(role);
+    h->t[h->n].content = strndup(content, len);
+    if (!h->t[h->n].role || !h->t[h->n].content) {
+        free(h->t[h->n].role);
+        free(h->t[h->n].content);
+        return -1;
+    }
+    h->n++;
+    return 0;
+}
+
+static void clear(struct history *h, size_t keep)
+{
+    while (h->n > keep) {
+        h->n--;
+        free(h->t[h->n].role);
+        free(h->t[h->n].content);
+    }
+}
+
+/* One reply: written as it arrives, kept whole in *reply.  Returns an
+ * exit code (EXIT_DONE even when cancelled by Ctrl-C: the chat goes on). */
+static int reply(dgemma_t *c, const struct client_opts *o, const struct history *h, int thinking,
+                 char **out, size_t *out_len, int tty)
+{
+    dgemma_request_t *r = dgemma_request_chat();
+    uint64_t id = 0;
+    int cancelled = 0, rc = EXIT_UNREACHABLE;
+    size_t len = 0, cap = 0;
+    char *text = NULL;
+
+    *out = NULL;
+    *out_len = 0;
+    if (!r)
+        return EXIT_FAILED;
+    for (size_t i = 0; i < h->n; i++)
+        if (dgemma_request_add_message(r, h->t[i].role, h->t[i].content) < 0) {
+            dgemma_request_free(r);
+            return EXIT_FAILED;
+        }
+    if (thinking)
+        dgemma_request_set_thinking(r, 1);
+    if (client_apply_settings(o, r) < 0 || dgemma_submit(c, r) < 0) {
+        client_errorf("%s", dgemma_errmsg(c));
+        dgemma_request_free(r);
+        return EXIT_UNREACHABLE;
+    }
+    dgemma_request_free(r);
+    client_interrupted = 0;
+    for (;;) {
+        dgemma_event_t ev;
+        int e = dgemma_next_event(c, &ev, 200);
+        if (e == DGEMMA_E_AGAIN) {
+            if (client_interrupted && id && !cancelled) {
+                dgemma_cancel(c, id);
+                cancelled = 1;
+            }
+            continue;
+        }
+        if (e < 0) {
+            client_errorf("%s", dgemma_errmsg(c));
+            break;
+        }
+        if (ev.kind == DGEMMA_EV_ACCEPTED) {
+            id = ev.id;
+        } else if (ev.kind == DGEMMA_EV_ERROR) {
+            client_errorf("%s: %s", ev.code ? ev.code : "error", ev.message ? ev.message : "");
+            rc = EXIT_FAILED;
+            break;
+        } else if (ev.kind == DGEMMA_EV_CANVAS && ev.text) {
+            if (len + ev.text_len + 1 > cap) {
+                size_t ncap = 2 * (len + ev.text_len + 1);
+                char *nt = realloc(text, ncap);
+                if (!nt)
+                    break;
+                text = nt;
+                cap = ncap;
+            }
+            memcpy(text + len, ev.text, ev.text_len);
+            len += ev.text_len;
+            /* a line per reply off a terminal: newlines inside become spaces */
+            if (!tty)
+                for (size_t i = len - ev.text_len; i < len; i++)
+                    if (text[i] == '\n')
+                        text[i] = ' ';
+            fwrite(text + len - ev.text_len, 1, ev.text_len, stdout);
+            fflush(stdout);
+        } else if (ev.kind == DGEMMA_EV_DONE) {
+            putchar('\n');
+            fflush(stdout);
+            if (cancelled && tty)
+                fprintf(stderr, "(stopped)\n");
+            rc = ev.finish_reason && !strcmp(ev.finish_reason, "error") ? EXIT_FAILED : EXIT_DONE;
+            break;
+        }
+    }
+    *out = text;
+    *out_len = len;
+    return rc;
+}
+
+int cmd_chat(int argc, char **argv)
+{
+    struct client_opts o = {0};
+    struct history h = {0};
+    const char *system = NULL;
+    int thinking = 0, rc = EXIT_DONE;
+    const int tty = isatty(0);
+    size_t base;
+    dgemma_t *c;
+    char *line = NULL;
+    size_t cap = 0;
+
+    for (int i = 1; i < argc; i++) {
+        int took;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            fputs(client_settings_help, stdout);
+            json_decref(o.settings);
+            return EXIT_DONE;
+        }
+        if ((took = client_common_option(&o, argc, argv, &i)) < 0) {
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+        if (took)
+            continue;
+        if (!strcmp(argv[i], "--thinking")) {
+            thinking = 1;
+        } else if (!strcmp(argv[i], "--system") && i + 1 < argc) {
+            system = argv[++i];
+        } else {
+            client_errorf("chat: unexpected '%s'", argv[i]);
+            fputs(usage, stderr);
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+    }
+    if (system && push(&h, "system", system, strlen(system)) < 0) {
+        json_decref(o.settings);
+        return EXIT_FAILED;
+    }
+    base = h.n;
+    if (!(c = client_connect(&o))) {
+        clear(&h, 0);
+        free(h.t);
+        json_decref(o.settings);
+        return EXIT_UNREACHABLE;
+    }
+    client_catch_sigint();
+    for (;;) {
+        ssize_t n;
+        char *text;
+        size_t text_len;
+        if (tty) {
+            fputs("> ", stdout);
+            fflush(stdout);
+        }
+        client_interrupted = 0;
+        n = getline(&line, &cap, stdin);
+        if (n < 0) {
+            if (tty)
+                putchar('\n');
+            break;
+        }
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            line[--n] = '\0';
+        if (n == 0)
+            continue;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit"))
+            break;
+        if (!strcmp(line, "/reset")) {
+            clear(&h, base);
+            continue;
+        }
+        if (push(&h, "user", line, (size_t)n) < 0) {
+            rc = EXIT_FAILED;
+            break;
+        }
+        rc = reply(c, &o, &h, thinking, &text, &text_len, tty);
+        if (rc == EXIT_DONE && text_len > 0 && push(&h, "assistant", text, text_len) < 0)
+            rc = EXIT_FAILED;
+        if (rc != EXIT_DONE || text_len == 0)
+            clear(&h, h.n - 1); /* no answer: forget the question too */
+        free(text);
+        if (rc == EXIT_UNREACHABLE || (rc == EXIT_FAILED && !tty))
+            break;
+        rc = EXIT_DONE; /* on a terminal the conversation goes on */
+    }
+    free(line);
+    dgemma_close(c);
+    clear(&h, 0);
+    free(h.t);
+    json_decref(o.settings);
+    return rc;
+}

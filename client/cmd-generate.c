@@ -1,0 +1,267 @@
+/* cmd-generate.c - `dgemma-client generate`: one request, its text
+ * streamed to standard output as canvases finish. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/client.h"
+
+static const char usage[] =
+    "usage: dgemma-client [generate] [-s SOCKET] [--wait SECONDS] [--json] [--no-stream]\n"
+    "                     [--chat [--system TEXT] [--thinking]] [--ids \"ID ...\"]\n"
+    "                     [--tag TAG] [--quiet] [SETTINGS] [PROMPT...]\n"
+    "Send PROMPT (the arguments joined by spaces, or standard input) and write\n"
+    "the text as each canvas arrives, then a summary to standard error (not\n"
+    "with --quiet).  --chat sends it as a user message in the model's chat\n"
+    "format (after --system's system message); --ids sends token ids instead of\n"
+    "text; --json writes the daemon's events as they come.  Ctrl-C cancels the\n"
+    "request.\n";
+
+/* The prompt: the arguments joined by spaces, else standard input. */
+static char *prompt_text(int argc, char **argv, int first)
+{
+    size_t cap = 4096, len = 0;
+    char *b;
+    if (first < argc) {
+        size_t n = 1;
+        for (int i = first; i < argc; i++)
+            n += strlen(argv[i]) + 1;
+        b = calloc(1, n);
+        for (int i = first; b && i < argc; i++) {
+            if (i > first)
+                strcat(b, " ");
+            strcat(b, argv[i]);
+        }
+        return b;
+    }
+    b = malloc(cap);
+    while (b) {
+        size_t got = fread(b + len, 1, cap - len - 1, stdin);
+        len += got;
+        if (got == 0)
+            break;
+        if (len + 1 == cap) {
+            char *nb = realloc(b, cap * 2);
+            if (!nb) {
+                free(b);
+                return NULL;
+            }
+            b = nb;
+            cap *= 2;
+        }
+    }
+    if (b)
+        b[len] = '\0';
+    return b;
+}
+
+/* "1 2 3" -> ids; NULL on a bad token. */
+static int32_t *parse_ids(const char *s, size_t *n)
+{
+    size_t cap = 64;
+    int32_t *v = malloc(cap * sizeof *v);
+    *n = 0;
+    while (v && *s) {
+        char *end;
+        long x;
+        while (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n')
+            s++;
+        if (!*s)
+            break;
+        x = strtol(s, &end, 10);
+        if (end == s || x < 0 || x > INT32_MAX) {
+            free(v);
+            return NULL;
+        }
+        if (*n == cap) {
+            int32_t *nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) {
+                free(v);
+                return NULL;
+            }
+            v = nv;
+            cap *= 2;
+        }
+        v[(*n)++] = (int32_t)x;
+        s = end;
+    }
+    return v;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    struct client_opts o = {0};
+    const char *system = NULL, *tag = NULL, *ids_text = NULL;
+    int chat = 0, thinking = 0, stream = 1, quiet = 0, first = argc, rc = EXIT_UNREACHABLE;
+    dgemma_request_t *r = NULL;
+    dgemma_t *c = NULL;
+    char *prompt = NULL;
+    uint64_t id = 0;
+    int cancelled = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int took;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            fputs(client_settings_help, stdout);
+            json_decref(o.settings);
+            return EXIT_DONE;
+        }
+        if ((took = client_common_option(&o, argc, argv, &i)) < 0) {
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+        if (took)
+            continue;
+        if (!strcmp(a, "--chat"))
+            chat = 1;
+        else if (!strcmp(a, "--thinking"))
+            thinking = 1;
+        else if (!strcmp(a, "--no-stream"))
+            stream = 0;
+        else if (!strcmp(a, "--quiet"))
+            quiet = 1;
+        else if ((!strcmp(a, "--system") || !strcmp(a, "--tag") || !strcmp(a, "--ids")) &&
+                 i + 1 < argc) {
+            const char *v = argv[++i];
+            if (a[2] == 's')
+                system = v;
+            else if (a[2] == 't')
+                tag = v;
+            else
+                ids_text = v;
+        } else if (!strcmp(a, "--")) {
+            first = i + 1;
+            break;
+        } else if (a[0] == '-' && a[1]) {
+            client_errorf("unknown option '%s'", a);
+            fputs(usage, stderr);
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        } else {
+            first = i;
+            break;
+        }
+    }
+    if ((system || thinking) && !chat) {
+        client_errorf("--system and --thinking go with --chat");
+        json_decref(o.settings);
+        return EXIT_USAGE;
+    }
+    if (ids_text) {
+        size_t n;
+        int32_t *ids;
+        if (chat || first < argc) {
+            client_errorf("--ids replaces the prompt (and --chat)");
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+        if (!(ids = parse_ids(ids_text, &n)) || n == 0) {
+            client_errorf("--ids: expected token ids separated by spaces");
+            free(ids);
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+        r = dgemma_request_ids(ids, n);
+        free(ids);
+    } else {
+        prompt = prompt_text(argc, argv, first);
+        if (!prompt) {
+            client_errorf("out of memory reading the prompt");
+            json_decref(o.settings);
+            return EXIT_FAILED;
+        }
+        if (chat) {
+            r = dgemma_request_chat();
+            if (r && system && dgemma_request_add_message(r, "system", system) < 0) {
+                dgemma_request_free(r);
+                r = NULL;
+            }
+            if (r && dgemma_request_add_message(r, "user", prompt) < 0) {
+                dgemma_request_free(r);
+                r = NULL;
+            }
+            if (r && thinking)
+                dgemma_request_set_thinking(r, 1);
+        } else {
+            r = dgemma_request_text(prompt);
+        }
+    }
+    if (!r) {
+        client_errorf("cannot build the request (out of memory, or the prompt is not UTF-8)");
+        free(prompt);
+        json_decref(o.settings);
+        return EXIT_USAGE;
+    }
+    dgemma_request_set_stream(r, stream);
+    if (tag)
+        dgemma_request_set_tag(r, tag);
+    if (client_apply_settings(&o, r) < 0) {
+        rc = EXIT_USAGE;
+        goto out;
+    }
+    if (!(c = client_connect(&o)))
+        goto out;
+    client_catch_sigint();
+    if (dgemma_submit(c, r) < 0) {
+        client_errorf("%s", dgemma_errmsg(c));
+        goto out;
+    }
+    for (;;) {
+        dgemma_event_t ev;
+        int e = dgemma_next_event(c, &ev, 200);
+        if (e == DGEMMA_E_AGAIN) {
+            if (client_interrupted && id && !cancelled) {
+                dgemma_cancel(c, id);
+                cancelled = 1;
+            }
+            continue;
+        }
+        if (e < 0) {
+            client_errorf("%s", dgemma_errmsg(c));
+            rc = EXIT_UNREACHABLE;
+            break;
+        }
+        if (o.json) {
+            puts(ev.json);
+            fflush(stdout);
+        }
+        if (ev.kind == DGEMMA_EV_ACCEPTED) {
+            id = ev.id;
+        } else if (ev.kind == DGEMMA_EV_ERROR) {
+            if (!o.json)
+                client_errorf("%s: %s", ev.code ? ev.code : "error",
+                              ev.message ? ev.message : "");
+            rc = EXIT_FAILED;
+            break;
+        } else if (ev.kind == DGEMMA_EV_CANVAS && !o.json && ev.text) {
+            fwrite(ev.text, 1, ev.text_len, stdout);
+            fflush(stdout);
+        } else if (ev.kind == DGEMMA_EV_DONE) {
+            const char *fin = ev.finish_reason ? ev.finish_reason : "?";
+            if (!o.json) {
+                if (ev.text)
+                    fwrite(ev.text, 1, ev.text_len, stdout);
+                putchar('\n');
+                fflush(stdout);
+                if (!quiet)
+                    fprintf(stderr, "dgemma-client: request %llu: %s%s%s; %lld prompt + %lld "
+                            "tokens in %d canvases, %lld steps, %.1f tokens/s\n",
+                            (unsigned long long)ev.id, fin, ev.message ? ": " : "",
+                            ev.message ? ev.message : "", ev.prompt_tokens, ev.completion_tokens,
+                            ev.canvases, ev.decoder_steps, ev.tokens_per_s);
+            }
+            rc = !strcmp(fin, "stop") || !strcmp(fin, "length") ? EXIT_DONE : EXIT_FAILED;
+            break;
+        }
+    }
+out:
+    dgemma_close(c);
+    dgemma_request_free(r);
+    free(prompt);
+    json_decref(o.settings);
+    return rc;
+}

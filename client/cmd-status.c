@@ -1,0 +1,146 @@
+/* cmd-status.c - `dgemma-client status` and `dgemma-client cancel`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/client.h"
+
+static const char status_usage[] =
+    "usage: dgemma-client status [-s SOCKET] [--wait SECONDS] [--json]\n"
+    "The daemon's model, backend, limits, queue, running requests, counters\n"
+    "and uptime; --json writes the status event as it comes.\n";
+
+static const char cancel_usage[] =
+    "usage: dgemma-client cancel [-s SOCKET] [--wait SECONDS] ID...\n"
+    "Cancel requests by id (yours, or any as root).  Exit status 1 if one of\n"
+    "them is not in flight.\n";
+
+/* The next event that is not noise; NULL (with a message) on failure. */
+static int wait_event(dgemma_t *c, dgemma_event_t *ev)
+{
+    int e = dgemma_next_event(c, ev, 60000);
+    if (e < 0)
+        client_errorf("%s", e == DGEMMA_E_AGAIN ? "no answer from the daemon in 60 s"
+                                                : dgemma_errmsg(c));
+    return e;
+}
+
+int cmd_status(int argc, char **argv)
+{
+    struct client_opts o = {0};
+    dgemma_event_t ev;
+    dgemma_t *c;
+    int rc = EXIT_UNREACHABLE;
+
+    for (int i = 1; i < argc; i++) {
+        int took;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(status_usage, stdout);
+            json_decref(o.settings);
+            return EXIT_DONE;
+        }
+        took = client_common_option(&o, argc, argv, &i);
+        if (took <= 0 || json_object_size(o.settings) > 0) {
+            if (took == 0)
+                client_errorf("status: unexpected '%s'", argv[i]);
+            fputs(status_usage, stderr);
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+    }
+    if (!(c = client_connect(&o))) {
+        json_decref(o.settings);
+        return EXIT_UNREACHABLE;
+    }
+    if (dgemma_status(c) < 0)
+        client_errorf("%s", dgemma_errmsg(c));
+    else if (wait_event(c, &ev) == 0) {
+        if (o.json) {
+            puts(ev.json);
+            rc = EXIT_DONE;
+        } else if (ev.kind == DGEMMA_EV_STATUS) {
+            json_t *s = json_loads(ev.json, 0, NULL);
+            const char *key;
+            json_t *v;
+            json_object_foreach(s, key, v) {
+                char *t;
+                if (!strcmp(key, "v") || !strcmp(key, "event"))
+                    continue;
+                t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+                printf("%-18s %s\n", key, t ? t : "?");
+                free(t);
+            }
+            json_decref(s);
+            rc = EXIT_DONE;
+        } else {
+            client_errorf("unexpected answer: %s", ev.json);
+            rc = EXIT_FAILED;
+        }
+    }
+    dgemma_close(c);
+    json_decref(o.settings);
+    return rc;
+}
+
+int cmd_cancel(int argc, char **argv)
+{
+    struct client_opts o = {0};
+    uint64_t ids[256];
+    int n = 0, rc = EXIT_DONE;
+    dgemma_t *c;
+
+    for (int i = 1; i < argc; i++) {
+        int took;
+        char *end;
+        unsigned long long x;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(cancel_usage, stdout);
+            json_decref(o.settings);
+            return EXIT_DONE;
+        }
+        if ((took = client_common_option(&o, argc, argv, &i)) != 0) {
+            if (took < 0 || json_object_size(o.settings) > 0) {
+                fputs(cancel_usage, stderr);
+                json_decref(o.settings);
+                return EXIT_USAGE;
+            }
+            continue;
+        }
+        x = strtoull(argv[i], &end, 10);
+        if (*end || x == 0 || argv[i][0] == '-' || n == 256) {
+            client_errorf("cancel: '%s' is not a request id (or too many ids)", argv[i]);
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+        ids[n++] = x;
+    }
+    if (n == 0) {
+        fputs(cancel_usage, stderr);
+        json_decref(o.settings);
+        return EXIT_USAGE;
+    }
+    if (!(c = client_connect(&o))) {
+        json_decref(o.settings);
+        return EXIT_UNREACHABLE;
+    }
+    for (int k = 0; k < n && rc != EXIT_UNREACHABLE; k++) {
+        dgemma_event_t ev;
+        if (dgemma_cancel(c, ids[k]) < 0 || wait_event(c, &ev) < 0) {
+            rc = EXIT_UNREACHABLE;
+            break;
+        }
+        if (o.json)
+            puts(ev.json);
+        if (ev.kind == DGEMMA_EV_CANCELLING) {
+            if (!o.json)
+                printf("cancelling %llu\n", (unsigned long long)ids[k]);
+        } else {
+            client_errorf("%llu: %s", (unsigned long long)ids[k],
+                          ev.message ? ev.message : "refused");
+            rc = EXIT_FAILED;
+        }
+    }
+    dgemma_close(c);
+    json_decref(o.settings);
+    return rc;
+}

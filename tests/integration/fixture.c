@@ -1,0 +1,113 @@
+/* fixture.c - a real dgemmad for integration tests (see fixture.h). */
+#include "tests/integration/fixture.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *fixture_bin(const char *name)
+{
+    static char buf[4][600];
+    static int slot;
+    const char *b = getenv("BUILD");
+    slot = (slot + 1) % 4;
+    snprintf(buf[slot], sizeof buf[slot], "%s/bin/%s", b && *b ? b : "build", name);
+    return buf[slot];
+}
+
+double fixture_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra)
+{
+    char o_sock[700], o_log[700];
+    const char *argv[64];
+    const char *bin = fixture_bin("dgemmad");
+    int n = 0;
+    pid_t pid;
+
+    snprintf(o_sock, sizeof o_sock, "socket=%s", sock);
+    snprintf(o_log, sizeof o_log, "log_file=%s", log);
+    argv[n++] = bin;
+    argv[n++] = "-o";
+    argv[n++] = o_sock;
+    argv[n++] = "-o";
+    argv[n++] = o_log;
+    for (const char *const *e = extra; e && *e && n < 60; e++) {
+        argv[n++] = "-o";
+        argv[n++] = *e;
+    }
+    argv[n] = NULL;
+    pid = fork();
+    if (pid == 0) {
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+int fixture_connect(const char *path)
+{
+    struct sockaddr_un a;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+int fixture_wait_ready(pid_t pid, const char *sock)
+{
+    const double t0 = fixture_now_ms();
+    while (fixture_now_ms() - t0 < FIXTURE_WAIT_MS) {
+        int st, fd = fixture_connect(sock);
+        if (fd >= 0) {
+            close(fd);
+            return 0;
+        }
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return -1;
+        usleep(20000);
+    }
+    return -1;
+}
+
+int fixture_wait_exit(pid_t pid, int *status)
+{
+    const double t0 = fixture_now_ms();
+    while (fixture_now_ms() - t0 < FIXTURE_WAIT_MS) {
+        if (waitpid(pid, status, WNOHANG) == pid)
+            return 0;
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+    return -1;
+}
+
+int fixture_file_has(const char *path, const char *needle)
+{
+    static char buf[1 << 20];
+    FILE *f = fopen(path, "r");
+    size_t n;
+    if (!f)
+        return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}

@@ -1,0 +1,35 @@
+/*
+ * fixture.h - a real dgemmad for integration tests: started from
+ * $BUILD/bin with options, waited for, stopped.
+ */
+#ifndef DG_TEST_FIXTURE_H
+#define DG_TEST_FIXTURE_H
+
+#include <sys/types.h>
+
+#define FIXTURE_WAIT_MS 60000
+
+/* $BUILD/bin/NAME (BUILD defaults to "build"). */
+const char *fixture_bin(const char *name);
+
+double fixture_now_ms(void);
+
+/* Start dgemmad on socket sock, logging to log, with "-o KEY=VALUE" for
+ * each string of extra (NULL-terminated; may be NULL).  Returns the pid. */
+pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra);
+
+/* Connect to a UNIX socket; -1 if nobody answers. */
+int fixture_connect(const char *path);
+
+/* Wait until the daemon answers on its socket: 0, or -1 if it exited or
+ * FIXTURE_WAIT_MS passed. */
+int fixture_wait_ready(pid_t pid, const char *sock);
+
+/* Wait for the process to exit (killing it after FIXTURE_WAIT_MS): 0 if it
+ * exited by itself; *status as waitpid gives it. */
+int fixture_wait_exit(pid_t pid, int *status);
+
+/* Whether the file contains needle (its first 1 MiB). */
+int fixture_file_has(const char *path, const char *needle);
+
+#endif

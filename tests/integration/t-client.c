@@ -1,0 +1,446 @@
+/*
+ * Description: the real dgemma-client against the real dgemmad.  generate
+ * (plain text, --json events, settings flags, Ctrl-C cancelling); batch
+ * with 50 lines including bad ones (every line gets exactly one result);
+ * batch killed halfway and run again (no id twice, none missing); chat
+ * driven through a pseudo-terminal and through a pipe; status and cancel;
+ * and every exit code (0 done, 1 failed, 2 usage, 3 unreachable).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+#include "tests/integration/fixture.h"
+
+static char sock[600], log_path[600];
+static pid_t daemon_pid;
+
+/* Run the client with argv (NULL-terminated, without the program name),
+ * stdin from `input` (may be NULL), collecting stdout and stderr.
+ * Returns the exit status, or -1 if it did not exit normally. */
+static int run_client(const char *const *args, const char *input, char *out, size_t out_size,
+                      char *err, size_t err_size)
+{
+    int in_p[2], out_p[2], err_p[2], st;
+    size_t no = 0, ne = 0;
+    pid_t pid;
+    const char *argv[64];
+    int n = 0;
+
+    argv[n++] = fixture_bin("dgemma-client");
+    for (const char *const *a = args; *a && n < 62; a++)
+        argv[n++] = *a;
+    argv[n] = NULL;
+    if (pipe(in_p) || pipe(out_p) || pipe(err_p))
+        return -1;
+    pid = fork();
+    if (pid == 0) {
+        dup2(in_p[0], 0);
+        dup2(out_p[1], 1);
+        dup2(err_p[1], 2);
+        close(in_p[1]);
+        close(out_p[0]);
+        close(err_p[0]);
+        setenv("DGEMMA_SOCKET", sock, 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(in_p[0]);
+    close(out_p[1]);
+    close(err_p[1]);
+    if (input) {
+        size_t len = strlen(input), off = 0;
+        signal(SIGPIPE, SIG_IGN);
+        while (off < len) {
+            ssize_t w = write(in_p[1], input + off, len - off);
+            if (w <= 0)
+                break;
+            off += (size_t)w;
+        }
+    }
+    close(in_p[1]);
+    for (;;) {
+        struct pollfd p[2] = {{out_p[0], POLLIN, 0}, {err_p[0], POLLIN, 0}};
+        int open_fds = 0;
+        if (poll(p, 2, FIXTURE_WAIT_MS) <= 0)
+            break;
+        for (int k = 0; k < 2; k++) {
+            char *buf = k ? err : out;
+            size_t *len = k ? &ne : &no, size = k ? err_size : out_size;
+            if (p[k].revents & (POLLIN | POLLHUP)) {
+                ssize_t r = read(p[k].fd, buf + *len, size - 1 - *len);
+                if (r > 0) {
+                    *len += (size_t)r;
+                    open_fds++;
+                } else {
+                    p[k].fd = -1;
+                }
+            }
+        }
+        if (!open_fds && !(p[0].revents & POLLIN) && !(p[1].revents & POLLIN))
+            break;
+        if (no >= out_size - 1 || ne >= err_size - 1)
+            break;
+    }
+    out[no] = '\0';
+    err[ne] = '\0';
+    close(out_p[0]);
+    close(err_p[0]);
+    if (fixture_wait_exit(pid, &st) < 0 || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+static char OUT[1 << 20], ERR[1 << 16];
+
+static const char *const DAEMON_OPTS[] = {"max_batch=4", "queue_max=64", "pin_workers=false",
+                                          "tick=0.05", "shutdown_grace=1", "log_level=debug",
+                                          NULL};
+
+static int start(void)
+{
+    snprintf(sock, sizeof sock, "%s", test_path("d.sock"));
+    snprintf(log_path, sizeof log_path, "%s", test_path("d.log"));
+    daemon_pid = fixture_spawn(sock, log_path, DAEMON_OPTS);
+    CHECKF(fixture_wait_ready(daemon_pid, sock) == 0, "no daemon; log %s", log_path);
+    return 0;
+}
+
+static int generate_plain_and_json(void)
+{
+    const char *plain[] = {"generate", "--max-tokens", "20", "--seed", "3",
+                           "--max-denoising-steps", "3", "Hello", "there", NULL};
+    const char *json[] = {"--json", "--max-tokens", "20", "--seed", "3",
+                          "--max-denoising-steps", "3", "Hello", "there", NULL};
+    int rc = run_client(plain, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    CHECK(strlen(OUT) > 1 && OUT[strlen(OUT) - 1] == '\n');
+    CHECKF(strstr(ERR, "dgemma-client: request ") && strstr(ERR, ": length; ") &&
+               strstr(ERR, " prompt + 20 tokens in "), "%s", ERR);
+    /* --json: one event per line, the last the done, with the same text */
+    {
+        char plain_text[4096];
+        snprintf(plain_text, sizeof plain_text, "%.*s", (int)strlen(OUT) - 1, OUT);
+        rc = run_client(json, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+        {
+            char *line = OUT, *nl, text[4096] = "";
+            int n = 0, done = 0;
+            while ((nl = strchr(line, '\n'))) {
+                json_t *e;
+                *nl = '\0';
+                e = json_loads(line, 0, NULL);
+                CHECKF(e && json_integer_value(json_object_get(e, "v")) == 1, "line: %s", line);
+                if (!strcmp(json_string_value(json_object_get(e, "event")), "canvas"))
+                    strncat(text, json_string_value(json_object_get(e, "text")),
+                            sizeof text - strlen(text) - 1);
+                done = !strcmp(json_string_value(json_object_get(e, "event")), "done");
+                json_decref(e);
+                n++;
+                line = nl + 1;
+            }
+            CHECK(n >= 3 && done && !strcmp(text, plain_text));
+        }
+    }
+    return 0;
+}
+
+static int exit_codes(void)
+{
+    const char *bad_value[] = {"--top-p", "7", "x", NULL};
+    const char *usage[] = {"--no-such-flag", NULL};
+    const char *usage2[] = {"batch", "--input", "x", NULL};
+    const char *nowhere[] = {"-s", "/nonexistent/d.sock", "hello", NULL};
+    const char *status[] = {"status", NULL};
+    const char *cancel_none[] = {"cancel", "987654", NULL};
+    int rc;
+    rc = run_client(bad_value, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 1 && strstr(ERR, "bad_request: top_p"), "%d: %s", rc, ERR);
+    CHECK(run_client(usage, NULL, OUT, sizeof OUT, ERR, sizeof ERR) == 2);
+    CHECK(run_client(usage2, NULL, OUT, sizeof OUT, ERR, sizeof ERR) == 2);
+    rc = run_client(nowhere, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 3 && strstr(ERR, "/nonexistent/d.sock"), "%d: %s", rc, ERR);
+    rc = run_client(status, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 0 && strstr(OUT, "model") && strstr(OUT, "running"), "%d: %s", rc, ERR);
+    rc = run_client(cancel_none, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 1 && strstr(ERR, "not in flight"), "%d: %s", rc, ERR);
+    return 0;
+}
+
+static int generate_interrupted(void)
+{
+    /* Ctrl-C: the client cancels, the daemon says cancelled, exit 1 */
+    int out_p[2], err_p[2], st;
+    char buf[4096];
+    ssize_t n;
+    pid_t pid;
+    CHECK(pipe(out_p) == 0 && pipe(err_p) == 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(out_p[1], 1);
+        dup2(err_p[1], 2);
+        setenv("DGEMMA_SOCKET", sock, 1);
+        execl(fixture_bin("dgemma-client"), "dgemma-client", "--max-tokens", "4000",
+              "--max-denoising-steps", "30", "a long one", (char *)NULL);
+        _exit(127);
+    }
+    close(out_p[1]);
+    close(err_p[1]);
+    /* wait for the first canvas's text, then interrupt */
+    n = read(out_p[0], buf, sizeof buf);
+    CHECK(n > 0);
+    CHECK(kill(pid, SIGINT) == 0);
+    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
+    n = read(err_p[0], buf, sizeof buf - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    CHECKF(WEXITSTATUS(st) == 1 && strstr(buf, ": cancelled;"), "exit %d: %s",
+           WEXITSTATUS(st), buf);
+    close(out_p[0]);
+    close(err_p[0]);
+    return 0;
+}
+
+/* The batch input: 50 lines, 5 of them bad. */
+static void batch_input(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    for (int i = 1; i <= 50; i++) {
+        if (i == 7)
+            fprintf(f, "this is not json\n");
+        else if (i == 13)
+            fprintf(f, "{\"prompt\":\"no id\"}\n");
+        else if (i == 21)
+            fprintf(f, "{\"id\":\"q3\",\"prompt\":\"the same id again\"}\n");
+        else if (i == 30)
+            fprintf(f, "{\"id\":\"q30\",\"prompt\":\"x\",\"top_p\":9}\n");
+        else if (i == 41)
+            fprintf(f, "{\"id\":\"q41\"}\n");
+        else if (i % 5 == 0)
+            fprintf(f, "{\"id\":\"q%d\",\"messages\":[{\"role\":\"user\",\"content\":\"hi %d\"}],"
+                       "\"max_tokens\":12,\"seed\":%d}\n", i, i, i);
+        else if (i % 7 == 0)
+            fprintf(f, "{\"id\":%d,\"prompt_ids\":[2,%d,%d],\"max_tokens\":12,\"seed\":%d}\n", i,
+                    10 + i, 20 + i, i);
+        else
+            fprintf(f, "{\"id\":\"q%d\",\"prompt\":\"question %d\",\"max_tokens\":12,\"seed\":%d}\n",
+                    i, i, i);
+    }
+    fclose(f);
+}
+
+/* Count the output's results: each key (id or line) must occur once. */
+static int check_results(const char *path, int *n_results, int *n_errors, int *n_dups)
+{
+    FILE *f = fopen(path, "r");
+    char line[1 << 16];
+    json_t *seen;
+    *n_results = *n_errors = *n_dups = 0;
+    if (!f)
+        return -1;
+    seen = json_object();
+    while (fgets(line, sizeof line, f)) {
+        json_t *r = json_loads(line, 0, NULL), *id;
+        char *key;
+        if (!json_is_object(r)) {
+            /* (a line being written right now) */
+            json_decref(r);
+            json_decref(seen);
+            fclose(f);
+            return -1;
+        }
+        id = json_object_get(r, "id");
+        key = id ? json_dumps(id, JSON_ENCODE_ANY) : NULL;
+        if (!key) {
+            char k[32];
+            snprintf(k, sizeof k, "line:%lld",
+                     (long long)json_integer_value(json_object_get(r, "line")));
+            key = strdup(k);
+        }
+        if (json_object_get(seen, key))
+            (*n_dups)++;
+        json_object_set_new(seen, key, json_true());
+        free(key);
+        (*n_results)++;
+        *n_errors += json_object_get(r, "error") != NULL;
+        json_decref(r);
+    }
+    fclose(f);
+    json_decref(seen);
+    return 0;
+}
+
+static int batch_with_bad_lines(void)
+{
+    char in[600], out[600];
+    int rc, n, errors, dups;
+    snprintf(in, sizeof in, "%s", test_path("batch-in.jsonl"));
+    snprintf(out, sizeof out, "%s", test_path("batch-out.jsonl"));
+    batch_input(in);
+    {
+        const char *args[] = {"batch", "--input", in, "--output", out, "--max-denoising-steps",
+                              "3", NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1, "exit %d: %s", rc, ERR);
+    }
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 50 && errors == 5 && dups == 0, "%d results, %d errors, %d duplicates", n, errors,
+           dups);
+    CHECK(strstr(ERR, "50/50 done, 5 failed"));
+    /* a second run has nothing to do and says the same */
+    {
+        const char *args[] = {"batch", "--input", in, "--output", out, NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECK(rc == 1 && check_results(out, &n, &errors, &dups) == 0 && n == 50 && dups == 0);
+    }
+    /* all good: exit 0 */
+    {
+        const char *args[] = {"batch", "--input", "-", "--output", test_path("good.jsonl"),
+                              "--max-tokens", "8", "--max-denoising-steps", "2", NULL};
+        rc = run_client(args, "{\"id\":1,\"prompt\":\"a\"}\n{\"id\":2,\"prompt\":\"b\"}\n", OUT,
+                        sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    }
+    /* daemon unreachable: 3, and nothing lost */
+    {
+        const char *args[] = {"batch", "-s", "/nonexistent/x.sock", "--input", "-", "--output",
+                              test_path("none.jsonl"), NULL};
+        rc = run_client(args, "{\"id\":1,\"prompt\":\"a\"}\n", OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECK(rc == 3);
+    }
+    return 0;
+}
+
+static int batch_resume_after_kill(void)
+{
+    char in[600], out[600];
+    int st, n, errors, dups;
+    pid_t pid;
+    double t0;
+    snprintf(in, sizeof in, "%s", test_path("batch-in.jsonl"));
+    snprintf(out, sizeof out, "%s", test_path("resume-out.jsonl"));
+    batch_input(in);
+    pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        setenv("DGEMMA_SOCKET", sock, 1);
+        execl(fixture_bin("dgemma-client"), "dgemma-client", "batch", "--input", in, "--output",
+              out, "--parallel", "2", "--max-denoising-steps", "6", (char *)NULL);
+        _exit(127);
+    }
+    /* kill it once about half of the results are written */
+    t0 = fixture_now_ms();
+    for (;;) {
+        if (check_results(out, &n, &errors, &dups) == 0 && n >= 25)
+            break;
+        CHECK(fixture_now_ms() - t0 < FIXTURE_WAIT_MS && waitpid(pid, &st, WNOHANG) == 0);
+        usleep(2000);
+    }
+    CHECK(kill(pid, SIGKILL) == 0);
+    waitpid(pid, &st, 0);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    printf("# killed the batch at %d of 50 results\n", n);
+    CHECK(n < 50 && dups == 0);
+    {
+        const char *args[] = {"batch", "--input", in, "--output", out, "--parallel", "2",
+                              "--max-denoising-steps", "6", NULL};
+        int rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1, "exit %d: %s", rc, ERR);
+    }
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 50 && errors == 5 && dups == 0, "%d results, %d errors, %d duplicates", n, errors,
+           dups);
+    return 0;
+}
+
+static int chat_pipe(void)
+{
+    const char *args[] = {"chat", "--max-tokens", "16", "--max-denoising-steps", "2", "--seed",
+                          "4", NULL};
+    int rc = run_client(args, "hello\nand again\n", OUT, sizeof OUT, ERR, sizeof ERR);
+    int lines = 0;
+    CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    for (char *p = OUT; *p; p++)
+        lines += *p == '\n';
+    CHECKF(lines == 2, "%d reply lines: %s", lines, OUT);
+    /* the second turn carried the first one: a longer prompt */
+    CHECK(fixture_file_has(log_path, "accepted: "));
+    return 0;
+}
+
+/* Read from the pty until needle appears (or the time runs out). */
+static int expect(int fd, const char *needle, char *seen, size_t size)
+{
+    size_t len = strlen(seen);
+    const double t0 = fixture_now_ms();
+    while (!strstr(seen, needle)) {
+        struct pollfd p = {fd, POLLIN, 0};
+        ssize_t r;
+        if (fixture_now_ms() - t0 > FIXTURE_WAIT_MS || poll(&p, 1, 200) < 0)
+            return -1;
+        if (!(p.revents & POLLIN))
+            continue;
+        r = read(fd, seen + len, size - 1 - len);
+        if (r <= 0)
+            return -1;
+        len += (size_t)r;
+        seen[len] = '\0';
+    }
+    return 0;
+}
+
+static int chat_terminal(void)
+{
+    int master, st;
+    char seen[1 << 16] = "";
+    pid_t pid = forkpty(&master, NULL, NULL, NULL);
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        setenv("DGEMMA_SOCKET", sock, 1);
+        execl(fixture_bin("dgemma-client"), "dgemma-client", "chat", "--system", "Be brief.",
+              "--max-tokens", "16", "--max-denoising-steps", "2", (char *)NULL);
+        _exit(127);
+    }
+    CHECKF(expect(master, "> ", seen, sizeof seen) == 0, "no prompt: %s", seen);
+    CHECK(write(master, "first question\n", 15) == 15);
+    seen[0] = '\0';
+    /* the reply, then the prompt again */
+    CHECKF(expect(master, "\n> ", seen, sizeof seen) == 0, "no second prompt: %s", seen);
+    CHECK(write(master, "/reset\n", 7) == 7);
+    seen[0] = '\0';
+    CHECK(expect(master, "> ", seen, sizeof seen) == 0);
+    CHECK(write(master, "second\n", 7) == 7);
+    seen[0] = '\0';
+    CHECK(expect(master, "\n> ", seen, sizeof seen) == 0);
+    CHECK(write(master, "/exit\n", 6) == 6);
+    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(master);
+    return 0;
+}
+
+int main(void)
+{
+    TEST_CASE(start);
+    if (daemon_pid > 0) {
+        TEST_CASE(generate_plain_and_json);
+        TEST_CASE(exit_codes);
+        TEST_CASE(generate_interrupted);
+        TEST_CASE(batch_with_bad_lines);
+        TEST_CASE(batch_resume_after_kill);
+        TEST_CASE(chat_pipe);
+        TEST_CASE(chat_terminal);
+        kill(daemon_pid, SIGTERM);
+        fixture_wait_exit(daemon_pid, NULL);
+    }
+    return test_finish();
+}
