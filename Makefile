@@ -74,9 +74,9 @@ WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototy
 CFLAGS   ?= -O2 -g
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -I. -MMD -MP $(WARN) $(CFLAGS)
 LDFLAGS  ?=
-# Third-party C libraries are linked statically, so the binaries run on the
+# Third-party C libraries (jansson, libyaml, liburing, SQLite) are linked statically, so the binaries run on the
 # GPU machine's image, which lacks them (shared/device.md).
-STATIC_LIBS := -Wl,-Bstatic -ljansson -lyaml -luring -Wl,-Bdynamic
+STATIC_LIBS := -Wl,-Bstatic -ljansson -lyaml -luring -lsqlite3 -Wl,-Bdynamic
 SYS_LIBS    := -lm -lpthread -ldl
 
 ifneq ($(SANITIZE),)

@@ -17,6 +17,14 @@ static int own_fd;            /* 1 when log_fd is a file we opened */
 static char log_path[4096];
 static enum dg_log_level max_level = DG_LOG_INFO;
 static __thread char thread_tag = '-';
+static void (*error_hook)(void *, const char *);
+static void *error_hook_ctx;
+
+void dlog_set_error_hook(void (*fn)(void *ctx, const char *msg), void *ctx)
+{
+    error_hook = fn;
+    error_hook_ctx = ctx;
+}
 
 int dlog_open(const char *path, enum dg_log_level level, struct dg_error *err)
 {
@@ -110,6 +118,8 @@ void dlog(enum dg_log_level level, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     emit(level, msg);
+    if (level == DG_LOG_ERROR && error_hook && thread_tag != 'W')
+        error_hook(error_hook_ctx, msg);
 }
 
 void dlog_lib_sink(void *userdata, enum dg_log_level level, const char *line)
@@ -117,6 +127,8 @@ void dlog_lib_sink(void *userdata, enum dg_log_level level, const char *line)
     (void)userdata;
     if (level <= max_level)
         emit(level, line);
+    if (level == DG_LOG_ERROR && error_hook && thread_tag != 'W')
+        error_hook(error_hook_ctx, line);
 }
 
 void dlog_signal_safe(const char *msg)

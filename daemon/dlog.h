@@ -32,6 +32,11 @@ void dlog(enum dg_log_level level, const char *fmt, ...) __attribute__((format(p
 /* A dg_log sink (lib/log.h) that writes through dlog. */
 void dlog_lib_sink(void *userdata, enum dg_log_level level, const char *line);
 
+/* Call fn(ctx, message) for every error line, after it is written, except
+ * from the thread tagged 'W' (the metrics writer, which must not feed
+ * itself).  Set before threads start and cleared (NULL) after they stop. */
+void dlog_set_error_hook(void (*fn)(void *ctx, const char *msg), void *ctx);
+
 /* Async-signal-safe: write msg and a newline to the log, unformatted. */
 void dlog_signal_safe(const char *msg);
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "daemon/dlog.h"
+#include "daemon/metrics.h"
 #include "daemon/protocol.h"
 #include "daemon/sched.h"
 #include "daemon/sdnotify.h"
@@ -76,6 +77,23 @@ static int default_model(char *out, size_t size)
     }
     snprintf(out, size, "%s/model/default", DG_DATADIR);
     return 0;
+}
+
+/* FNV-1a, 64 bits, as 16 hex digits: tells configurations apart in the
+ * metrics (not a security digest). */
+static void digest_hex(const char *s, char out[17])
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ULL;
+    }
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+static void error_to_metrics(void *ctx, const char *msg)
+{
+    dmetrics_event(ctx, "error", msg);
 }
 
 struct loaded {
@@ -152,6 +170,7 @@ int main(int argc, char **argv)
     struct dg_backend *backend = NULL;
     struct dsched *sched = NULL;
     struct dserver *srv = NULL;
+    struct dmetrics *metrics = NULL;
     struct dserver_options so;
     json_t *info = NULL;
     sigset_t mask;
@@ -271,12 +290,43 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if (cfg.metrics[0]) {
+        struct dmetrics_options mo;
+        char digest[17];
+        char *yaml = dg_config_to_yaml(&cfg);
+        memset(&mo, 0, sizeof mo);
+        mo.path = cfg.metrics;
+        mo.queue_max = (size_t)cfg.metrics_queue;
+        mo.flush_s = cfg.metrics_flush;
+        mo.retention_days = cfg.metrics_retention_days;
+        mo.max_bytes = (int64_t)cfg.metrics_max_mb << 20;
+        mo.busy_ms = 200;
+        mo.stop_wait_s = 5;
+        mo.version = DGEMMA_VERSION;
+        mo.model = model_dir;
+        mo.backend = "cpu";
+        mo.tp = cfg.tp;
+        digest_hex(yaml ? yaml : "", digest);
+        mo.config_digest = digest;
+        mo.config_text = yaml;
+        if (dmetrics_create(&mo, &metrics, &err) < 0) {
+            free(yaml);
+            dlog(DG_LOG_ERROR, "%s", err.msg);
+            goto out;
+        }
+        free(yaml);
+        dlog_set_error_hook(error_to_metrics, metrics);
+        dlog(DG_LOG_INFO, "metrics: %s (queue %d, flush %.2f s, keep %g days, %lld MiB)",
+             cfg.metrics, cfg.metrics_queue, cfg.metrics_flush, cfg.metrics_retention_days,
+             cfg.metrics_max_mb);
+    }
     event_fd = eventfd(0, EFD_CLOEXEC);
     if (event_fd < 0) {
         dlog(DG_LOG_ERROR, "eventfd: %s", strerror(errno));
         goto out;
     }
-    if (dsched_create(backend, &ec, L.tok, (size_t)cfg.queue_max, event_fd, &sched, &err) < 0) {
+    if (dsched_create(backend, &ec, L.tok, (size_t)cfg.queue_max, event_fd, metrics, &sched,
+                      &err) < 0) {
         dlog(DG_LOG_ERROR, "scheduler: %s", err.msg);
         goto out;
     }
@@ -302,6 +352,7 @@ int main(int argc, char **argv)
     so.tick = cfg.tick;
     so.shutdown_grace = cfg.shutdown_grace;
     so.info = info;
+    so.metrics = metrics;
     if (!info || dserver_create(&so, sched, &pctx, event_fd, &srv, &err) < 0) {
         dlog(DG_LOG_ERROR, "%s", info ? err.msg : "out of memory");
         goto out;
@@ -319,6 +370,8 @@ int main(int argc, char **argv)
 out:
     dserver_destroy(srv);
     dsched_destroy(sched);
+    dlog_set_error_hook(NULL, NULL);
+    dmetrics_destroy(metrics); /* writes what is queued and the stop event */
     if (backend)
         backend->ops->destroy(backend);
     if (event_fd >= 0)

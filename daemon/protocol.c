@@ -28,7 +28,7 @@ static int fail(struct dproto_error *perr, const char *code, const char *fmt, ..
 
 /* keys a generate request may carry besides the settings */
 static const char *const GENERATE_KEYS[] = {"v", "op", "tag", "prompt", "messages", "prompt_ids",
-                                            "stream", "enable_thinking"};
+                                            "stream", "enable_thinking", "batch"};
 
 static int is_generate_key(const char *k)
 {
@@ -128,6 +128,7 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
     json_t *prompt = json_object_get(root, "prompt"), *messages = json_object_get(root, "messages");
     json_t *ids = json_object_get(root, "prompt_ids"), *stream = json_object_get(root, "stream");
     json_t *thinking = json_object_get(root, "enable_thinking"), *settings, *v;
+    json_t *batch = json_object_get(root, "batch");
     struct dg_error err = {0};
     const char *key;
     int rc;
@@ -143,7 +144,11 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
                     dg_json_type_name(stream));
     if (thinking && (!json_is_boolean(thinking) || !messages))
         return fail(perr, "bad_request", "enable_thinking: a boolean, with messages only");
+    if (batch && !json_is_boolean(batch))
+        return fail(perr, "bad_request", "batch: expected true or false, got %s",
+                    dg_json_type_name(batch));
     req->stream = stream ? json_is_true(stream) : 1;
+    req->batch = json_is_true(batch);
     /* the settings: every other key */
     settings = json_object();
     if (!settings)
@@ -221,7 +226,7 @@ int dproto_parse(const char *line, size_t len, const struct dproto_ctx *ctx,
     }
     ops = json_string_value(op);
     if (!strcmp(ops, "generate")) {
-        req->op = DPROTO_GENERATE;
+        req->op = perr->op = DPROTO_GENERATE;
         rc = parse_generate(root, ctx, req, perr);
     } else if (!strcmp(ops, "cancel")) {
         static const char *const keys[] = {"v", "op", "tag", "id"};

@@ -9,7 +9,8 @@
  *                          | "messages":[{"role","content"}...]  (chat format,
  *                                           generation prompt; "enable_thinking")
  *                          | "prompt_ids":[ids...],
- *    "stream":true|false, "tag":"...", and any generation setting at the top
+ *    "stream":true|false, "tag":"...", "batch":true|false (a batch job's
+ *    request, recorded as such in the metrics), and any generation setting at the top
  *    level: canvas_length, max_denoising_steps, entropy_bound,
  *    confidence_threshold, stability_threshold, t_min, t_max, top_k, top_p,
  *    seed, max_tokens, stop_token_ids, stop}
@@ -74,6 +75,7 @@ struct dproto_error {
     char message[512];
     char tag[DPROTO_TAG_MAX + 1];
     int has_tag;
+    enum dproto_op op;          /* 0: the line failed before its op was known */
 };
 
 struct dproto_request {
@@ -83,6 +85,7 @@ struct dproto_request {
     /* generate */
     enum dproto_prompt prompt_kind;
     int stream;
+    int batch;                  /* "batch": true, sent by batch jobs (metrics) */
     int32_t *ids;               /* the tokenized prompt (malloc'd) */
     size_t n_ids;
     struct dg_gen_settings settings;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "daemon/dlog.h"
+#include "daemon/metrics.h"
 
 enum sreq_state { SREQ_QUEUED = 1, SREQ_RUNNING };
 
@@ -31,6 +32,9 @@ struct sreq {
     int32_t *ids;
     size_t n_ids;
     struct dg_gen_settings settings;
+    enum dg_metrics_source source;
+    double t_submit, t_start, t_first;   /* wall clock (Unix s); 0: not yet */
+    double m_submit, m_first;            /* monotonic, for durations */
     struct dg_buf text;         /* the whole output, for non-streaming requests */
     struct dg_ids out_ids;
 };
@@ -55,7 +59,71 @@ struct dsched {
     struct dsched_out *out;
     size_t n_out, cap_out;
     struct dsched_status totals;
+    struct dmetrics *metrics;   /* NULL: none */
 };
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Hand r's row to the metrics writer (never waits on the database).
+ * st NULL: the request never ran. */
+static void record(struct dsched *s, const struct sreq *r, const char *finish,
+                   const char *error_code, const char *error, const struct dg_request_stats *st)
+{
+    struct dg_metrics_request row;
+    struct dg_metrics_canvas canvas[64], *cv = canvas;
+    json_t *sj;
+    char *settings = NULL;
+    const double m_end = mono_s();
+
+    if (!s->metrics)
+        return;
+    memset(&row, 0, sizeof row);
+    row.request_id = r->id;
+    row.tag = r->has_tag ? r->tag : NULL;
+    row.uid = (int64_t)r->uid;
+    row.pid = (int64_t)r->pid;
+    row.source = r->source;
+    row.submitted = r->t_submit;
+    row.started = r->t_start;
+    row.first_canvas = r->t_first;
+    row.finished = r->t_submit + (m_end - r->m_submit);
+    row.prompt_tokens = (int64_t)r->n_ids;
+    row.ttfc_ms = r->t_first > 0 ? (r->m_first - r->m_submit) * 1e3 : -1;
+    row.total_ms = (m_end - r->m_submit) * 1e3;
+    row.finish = finish;
+    row.error_code = error_code;
+    row.error = error;
+    if (st) {
+        row.completion_tokens = st->completion_tokens;
+        row.canvases = st->canvases;
+        row.steps = st->decoder_steps;
+        row.tokens_per_s = st->tokens_per_s;
+        if (st->canvases > (int)(sizeof canvas / sizeof canvas[0]) &&
+            !(cv = malloc((size_t)st->canvases * sizeof *cv)))
+            cv = NULL;
+        for (int i = 0; cv && i < st->canvases; i++) {
+            const struct dg_canvas_stats *c = &st->canvas[i];
+            cv[i] = (struct dg_metrics_canvas){c->index, c->steps, c->converged, c->tokens,
+                                               c->ms, c->mean_entropy};
+        }
+        row.canvas = cv;
+        row.n_canvas = cv ? st->canvases : 0;
+    }
+    if ((sj = dg_gen_settings_to_json(&r->settings)) != NULL) {
+        settings = json_dumps(sj, JSON_COMPACT | JSON_SORT_KEYS);
+        json_decref(sj);
+    }
+    row.settings_json = settings;
+    dmetrics_request(s->metrics, &row);
+    free(settings);
+    if (cv != canvas)
+        free(cv);
+}
 
 static void sreq_free(struct sreq *r)
 {
@@ -126,6 +194,7 @@ static void done_unstarted(struct dsched *s, struct sreq *r, const char *why)
                        r->stream ? NULL : NO_IDS, 0, &len);
     dlog(DG_LOG_INFO, "req=%llu cancelled before it started (%s)", (unsigned long long)r->id,
          why);
+    record(s, r, "cancelled", NULL, why, NULL);
     push(s, r, line, len, 1);
     s->totals.cancelled++;
 }
@@ -141,6 +210,10 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
     char *line;
 
     if (ev->kind == DG_EVENT_CANVAS) {
+        if (r->t_first == 0) {
+            r->m_first = mono_s();
+            r->t_first = r->t_submit + (r->m_first - r->m_submit);
+        }
         if (r->stream) {
             line = dproto_canvas(r->id, tag, ev, &len);
             pthread_mutex_lock(&s->mu);
@@ -176,6 +249,10 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
          (long long)ev->stats->prompt_tokens, (long long)ev->stats->completion_tokens,
          ev->stats->canvases, (long long)ev->stats->decoder_steps, ev->stats->tokens_per_step,
          ev->stats->tokens_per_s, ev->stats->ms_total);
+    record(s, r, dg_finish_name(ev->finish),
+           ev->finish == DG_FINISH_ERROR ? dg_status_name(ev->error_code)
+           : r->conn_gone ? "client_gone" : NULL,
+           ev->finish == DG_FINISH_ERROR ? ev->error : NULL, ev->stats);
     pthread_mutex_lock(&s->mu);
     push(s, r, line, len, 1);
     s->totals.finished++;
@@ -220,6 +297,7 @@ static void admit(struct dsched *s)
                                            rc == -DG_E_RANGE ? "too_large" : "internal", err.msg,
                                            &len);
             dlog(DG_LOG_WARN, "req=%llu not started: %s", (unsigned long long)r->id, err.msg);
+            record(s, r, "error", rc == -DG_E_RANGE ? "too_large" : "internal", err.msg, NULL);
             push(s, r, line, len, 1);
             s->totals.failed++;
             sreq_free(r);
@@ -227,6 +305,7 @@ static void admit(struct dsched *s)
         }
         r->engine_id = eid;
         r->state = SREQ_RUNNING;
+        r->t_start = r->t_submit + (mono_s() - r->m_submit);
         r->next = s->running;
         s->running = r;
         s->n_running++;
@@ -264,7 +343,7 @@ static void *sched_thread(void *arg)
 
 int dsched_create(struct dg_backend *b, const struct dg_engine_config *ec,
                   const struct dg_tokenizer *tok, size_t queue_max, int notify_fd,
-                  struct dsched **out, struct dg_error *err)
+                  struct dmetrics *metrics, struct dsched **out, struct dg_error *err)
 {
     struct dsched *s = calloc(1, sizeof *s);
     int rc;
@@ -275,6 +354,7 @@ int dsched_create(struct dg_backend *b, const struct dg_engine_config *ec,
     s->queue_max = queue_max;
     s->max_batch = (size_t)ec->max_batch;
     s->notify_fd = notify_fd;
+    s->metrics = metrics;
     s->have_tok = tok != NULL;
     s->next_id = 1;
     pthread_mutex_init(&s->mu, NULL);
@@ -323,7 +403,7 @@ void dsched_destroy(struct dsched *s)
 }
 
 int dsched_submit(struct dsched *s, uint64_t conn, struct dproto_request *req, uid_t uid,
-                  pid_t pid, uint64_t *id, struct dg_error *err)
+                  pid_t pid, enum dg_metrics_source source, uint64_t *id, struct dg_error *err)
 {
     struct sreq *r;
 
@@ -361,6 +441,9 @@ int dsched_submit(struct dsched *s, uint64_t conn, struct dproto_request *req, u
     req->ids = NULL;
     req->n_ids = 0;
     r->settings = req->settings;
+    r->source = source;
+    r->m_submit = mono_s();
+    r->t_submit = dmetrics_now();
     if (s->queue_tail)
         s->queue_tail->next = r;
     else
@@ -429,6 +512,8 @@ void dsched_conn_gone(struct dsched *s, uint64_t conn)
         if (r->conn == conn) {
             unqueue(s, r);
             dlog(DG_LOG_INFO, "req=%llu dropped: its client went away", (unsigned long long)r->id);
+            record(s, r, "cancelled", "client_gone", "the client went away before it started",
+                   NULL);
             s->totals.cancelled++;
             sreq_free(r);
         }

@@ -28,6 +28,9 @@
 #include "lib/backend.h"
 #include "lib/engine.h"
 #include "lib/error.h"
+#include "lib/metrics-db.h"
+
+struct dmetrics;
 
 struct dsched;
 
@@ -46,7 +49,8 @@ struct dsched_status {
     int shutting_down;
 };
 
-/* A scheduler over b with ec; tok (may be NULL) for text; at most
+/* A scheduler over b with ec; tok (may be NULL) for text; metrics (may
+ * be NULL) gets one row per request that ends, however it ends; at most
  * queue_max requests wait for one of ec->max_batch slots (a submission
  * finding max_batch + queue_max requests in the scheduler is refused with
  * DG_E_BUSY); notify_fd is written (8 bytes) when
@@ -54,17 +58,19 @@ struct dsched_status {
  * DG_E_INTERNAL (thread), the engine's. */
 int dsched_create(struct dg_backend *b, const struct dg_engine_config *ec,
                   const struct dg_tokenizer *tok, size_t queue_max, int notify_fd,
-                  struct dsched **out, struct dg_error *err);
+                  struct dmetrics *metrics, struct dsched **out, struct dg_error *err);
 
 /* Stop the thread (requests in flight are dropped without events) and free. */
 void dsched_destroy(struct dsched *s);
 
-/* Queue a parsed generate request for connection conn.  Takes req->ids.
+/* Queue a parsed generate request for connection conn, from a client with
+ * uid and pid, through source (metrics).  Takes req->ids.
  * *id: the request's id.  Errors: DG_E_BUSY (max_batch running and
  * queue_max waiting),
  * DG_E_INVAL (shutting down: the message says so), DG_E_NOMEM. */
 int dsched_submit(struct dsched *s, uint64_t conn, struct dproto_request *req, uid_t uid,
-                  pid_t pid, uint64_t *id, struct dg_error *err);
+                  pid_t pid, enum dg_metrics_source source, uint64_t *id,
+                  struct dg_error *err);
 
 /* Cancel request id for a client on connection conn with user id uid: its
  * own requests, any request of the same user, or any request for root.

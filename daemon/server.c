@@ -319,6 +319,27 @@ static void send_error(struct dserver *srv, struct conn *c, uint64_t id, const c
 
 /* ---- requests ----------------------------------------------------------------------- */
 
+/* A generate request refused before it had an id, for the metrics. */
+static void record_refusal(struct dserver *srv, const struct conn *c, const char *tag,
+                           int batch, size_t prompt_tokens, const char *code, const char *msg)
+{
+    struct dg_metrics_request row;
+    if (!srv->o.metrics)
+        return;
+    memset(&row, 0, sizeof row);
+    row.tag = tag;
+    row.uid = (int64_t)c->uid;
+    row.pid = (int64_t)c->pid;
+    row.source = batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET;
+    row.submitted = row.finished = dmetrics_now();
+    row.prompt_tokens = (int64_t)prompt_tokens;
+    row.ttfc_ms = -1;
+    row.finish = "rejected";
+    row.error_code = code;
+    row.error = msg;
+    dmetrics_request(srv->o.metrics, &row);
+}
+
 static void send_status(struct dserver *srv, struct conn *c, const char *tag)
 {
     struct dsched_status st;
@@ -344,6 +365,20 @@ static void send_status(struct dserver *srv, struct conn *c, const char *tag)
         send_error(srv, c, 0, tag, "internal", "out of memory");
         return;
     }
+    if (srv->o.metrics) {
+        struct dmetrics_counters mc;
+        json_t *m;
+        dmetrics_counters(srv->o.metrics, &mc);
+        m = json_pack("{s:I,s:I,s:I,s:I,s:I,s:s}", "queued", (json_int_t)mc.held,
+                      "requests_written", (json_int_t)mc.requests, "events_written",
+                      (json_int_t)mc.events, "lost", (json_int_t)mc.lost, "retries",
+                      (json_int_t)mc.retries, "last_error", mc.last_error);
+        if (!m || json_object_set_new(o, "metrics", m)) {
+            json_decref(o);
+            send_error(srv, c, 0, tag, "internal", "out of memory");
+            return;
+        }
+    }
     {
         char *line = dproto_event_obj("status", o, &len);
         write_line(srv, c, line, len);
@@ -362,6 +397,9 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
     if (len == 0)
         return;
     if (dproto_parse(line, len, srv->pctx, &req, &perr) < 0) {
+        if (perr.op == DPROTO_GENERATE)
+            record_refusal(srv, c, perr.has_tag ? perr.tag : NULL, 0, 0, perr.code,
+                           perr.message);
         send_error(srv, c, 0, perr.has_tag ? perr.tag : NULL, perr.code, perr.message);
         return;
     }
@@ -373,15 +411,21 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
         uint64_t id = 0;
         size_t alen = 0;
         int rc;
+        const int batch = req.batch;
         if (srv->phase != RUNNING) {
+            record_refusal(srv, c, tag, batch, n_prompt, "shutting_down",
+                           "the daemon is shutting down");
             send_error(srv, c, 0, tag, "shutting_down", "the daemon is shutting down");
             break;
         }
-        rc = dsched_submit(srv->sched, conn_key(srv, c), &req, c->uid, c->pid, &id, &err);
+        rc = dsched_submit(srv->sched, conn_key(srv, c), &req, c->uid, c->pid,
+                           batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET, &id, &err);
         if (rc < 0) {
-            send_error(srv, c, 0, tag,
-                       rc == -DG_E_BUSY ? "busy" : rc == -DG_E_INVAL ? "shutting_down" : "internal",
-                       err.msg);
+            const char *code = rc == -DG_E_BUSY    ? "busy"
+                               : rc == -DG_E_INVAL ? "shutting_down"
+                                                   : "internal";
+            record_refusal(srv, c, tag, batch, n_prompt, code, err.msg);
+            send_error(srv, c, 0, tag, code, err.msg);
             break;
         }
         c->active++;
@@ -638,10 +682,12 @@ static void on_signal(struct dserver *srv, int res)
         const int sig = (int)srv->sig_buf.ssi_signo;
         if (sig == SIGHUP) {
             struct dg_error err = {0};
-            if (dlog_reopen(&err) < 0)
+            if (dlog_reopen(&err) < 0) {
                 dlog(DG_LOG_ERROR, "SIGHUP: %s", err.msg);
-            else
+            } else {
                 dlog(DG_LOG_INFO, "SIGHUP: log reopened");
+                dmetrics_event(srv->o.metrics, "reload", "SIGHUP: log reopened");
+            }
         } else {
             begin_shutdown(srv, sig == SIGTERM ? "SIGTERM" : "SIGINT");
         }

@@ -29,6 +29,7 @@
 #include <jansson.h>
 
 #include "daemon/protocol.h"
+#include "daemon/metrics.h"
 #include "daemon/sched.h"
 #include "lib/error.h"
 
@@ -42,6 +43,7 @@ struct dserver_options {
     double tick;                  /* housekeeping period, seconds */
     double shutdown_grace;        /* seconds running requests get at shutdown */
     json_t *info;                 /* what status reports about the model and backend (borrowed) */
+    struct dmetrics *metrics;     /* refused requests are recorded here; NULL: none */
 };
 
 struct dserver;

@@ -48,6 +48,10 @@ struct dg_config {
     int socket_mode;                     /* octal, 0..0777, default 0660 */
     char socket_group[256];              /* "" = leave the group as is */
     char metrics[DG_CONFIG_PATH_MAX];    /* SQLite file, "" = no metrics */
+    int metrics_queue;                   /* records waiting for the writer, 1..1000000, default 4096 */
+    double metrics_flush;                /* seconds a record may wait, 0.01..60, default 1 */
+    double metrics_retention_days;       /* 0 = no age limit; else up to 36500, default 90 */
+    long long metrics_max_mb;            /* 0 = no size limit; else up to 1048576, default 1024 */
     int log_level;                       /* enum dg_log_level (lib/log.h), default info */
     char log_file[DG_CONFIG_PATH_MAX];   /* "" = standard error */
     double shutdown_grace;               /* seconds, 0..3600, default 30 */

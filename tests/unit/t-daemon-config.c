@@ -39,7 +39,9 @@ static int defaults(void)
     CHECK(c.log_level == DG_LOG_INFO && c.shutdown_grace == 30 && c.tick == 1);
     CHECK_OK(dg_config_validate(&c, &err), &err);
     /* every default, given back through -o, parses and changes nothing */
-    CHECK(dg_config_n_options() == 25);
+    CHECK(c.metrics_queue == 4096 && c.metrics_flush == 1 && c.metrics_retention_days == 90);
+    CHECK(c.metrics_max_mb == 1024);
+    CHECK(dg_config_n_options() == 29);
     for (int i = 0; i < dg_config_n_options(); i++) {
         const char *name, *type, *def, *help;
         char assign[256];
@@ -89,6 +91,10 @@ static int every_key(void)
                   "socket_mode: 0o600\n"
                   "socket_group: dgemma\n"
                   "metrics: /var/lib/dgemma/m.sqlite\n"
+                  "metrics_queue: 1\n"
+                  "metrics_flush: 0.25\n"
+                  "metrics_retention_days: 0\n"
+                  "metrics_max_mb: 1048576\n"
                   "log_level: debug\n"
                   "log_file: \"/var/log/dgemma\\u00e9.log\"\n"
                   "shutdown_grace: 2.5\n"
@@ -106,6 +112,8 @@ static int every_key(void)
     CHECK(!strcmp(c.socket_group, "dgemma") && !strcmp(c.metrics, "/var/lib/dgemma/m.sqlite"));
     CHECK(c.log_level == DG_LOG_DEBUG && !strcmp(c.log_file, "/var/log/dgemma\xc3\xa9.log"));
     CHECK(c.shutdown_grace == 2.5 && c.tick == 0.01);
+    CHECK(c.metrics_queue == 1 && c.metrics_flush == 0.25 && c.metrics_retention_days == 0);
+    CHECK(c.metrics_max_mb == 1048576);
     CHECK_OK(dg_config_validate(&c, &err), &err);
     return 0;
 }
