@@ -1,0 +1,408 @@
+/*
+ * t-metrics-db - the metrics database: a new file gets WAL, the schema
+ * version and every table; rows round-trip; a file from a newer schema, a
+ * file that is not SQLite and a missing directory are refused with clear
+ * errors and left untouched; a v0 file (an empty SQLite database) is
+ * migrated; a second connection's lock is DG_E_BUSY, not a hang; retention
+ * by age and by size deletes exactly the rows it should.
+ */
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lib/metrics-db.h"
+#include "tests/harness.h"
+
+static unsigned rng_state;
+
+static unsigned rnd(void)
+{
+    rng_state = rng_state * 1103515245u + 12345u;
+    return (rng_state >> 8) & 0xffffff;
+}
+
+/* One integer from sql on a fresh connection to path (the writer's view
+ * is not trusted); -1 on error. */
+static int64_t peek(const char *path, const char *sql)
+{
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st = NULL;
+    int64_t v = -1;
+    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return v;
+}
+
+static char *peek_text(const char *path, const char *sql)
+{
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st = NULL;
+    char *v = NULL;
+    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+        v = strdup((const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return v;
+}
+
+static int raw_exec(const char *path, const char *sql)
+{
+    sqlite3 *h = NULL;
+    int rc = sqlite3_open(path, &h);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(h, sql, NULL, NULL, NULL);
+    sqlite3_close(h);
+    return rc;
+}
+
+/* A request row with n canvases of random content, finished at t. */
+static void make_request(struct dg_metrics_request *r, struct dg_metrics_canvas *cv, int n,
+                         uint64_t id, double t)
+{
+    memset(r, 0, sizeof *r);
+    r->request_id = id;
+    r->tag = (id % 3) ? "tag" : NULL;
+    r->uid = 1000 + (int64_t)(id % 4);
+    r->pid = 4242;
+    r->source = (enum dg_metrics_source)(id % 3);
+    r->submitted = t - 2.0;
+    r->started = t - 1.5;
+    r->first_canvas = n ? t - 1.0 : 0;
+    r->finished = t;
+    r->prompt_tokens = 1 + rnd() % 100;
+    r->completion_tokens = 0;
+    r->steps = 0;
+    for (int i = 0; i < n; i++) {
+        cv[i] = (struct dg_metrics_canvas){i, 1 + (int)(rnd() % 64), (int)(rnd() & 1),
+                                           (int)(rnd() % 33), (rnd() % 1000) / 7.0,
+                                           (rnd() % 1000) / 100.0};
+        r->completion_tokens += cv[i].tokens;
+        r->steps += cv[i].steps;
+    }
+    r->canvases = n;
+    r->tokens_per_s = r->completion_tokens / 1.5;
+    r->ttfc_ms = n ? 1000.0 : -1;
+    r->total_ms = 2000.0;
+    r->settings_json = "{\"seed\":1}";
+    r->finish = n ? "stop" : "cancelled";
+    r->error_code = n ? NULL : "client_gone";
+    r->canvas = cv;
+    r->n_canvas = n;
+}
+
+static int new_file(void)
+{
+    const char *path = test_path("new.sqlite");
+    struct dg_metrics_db *db;
+    struct dg_error err = {0};
+    struct dg_metrics_run run = {.started = 1000, .pid = 7, .version = "v", .host = "h",
+                                 .model = "m", .backend = "cpu", .config_digest = "d", .tp = 2};
+    struct dg_metrics_request r;
+    struct dg_metrics_canvas cv[5];
+    struct stat sb;
+    int64_t id = 0;
+    char *s;
+
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK(dg_metrics_db_version(db) == DG_METRICS_SCHEMA_VERSION);
+    CHECK(stat(path, &sb) == 0 && (sb.st_mode & 0007) == 0);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_put_run(db, &run, &id, &err), &err);
+    CHECK(id == 1);
+    make_request(&r, cv, 5, 17, 2000.0);
+    CHECK_OK(dg_metrics_db_put_request(db, id, "cpu", 2, &r, &err), &err);
+    make_request(&r, cv, 0, 0, 2001.0); /* a refusal: no id, no canvas */
+    r.finish = "rejected";
+    r.error_code = "busy";
+    r.started = 0;
+    CHECK_OK(dg_metrics_db_put_request(db, id, "cpu", 2, &r, &err), &err);
+    CHECK_OK(dg_metrics_db_put_event(db, id, 2002.0, "start", "detail", &err), &err);
+    CHECK_OK(dg_metrics_db_stop_run(db, id, 2003.0, &err), &err);
+    /* nothing visible before the commit */
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 0);
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    /* what another connection sees */
+    CHECK(peek(path, "PRAGMA user_version") == DG_METRICS_SCHEMA_VERSION);
+    s = peek_text(path, "PRAGMA journal_mode");
+    CHECKF(s && !strcmp(s, "wal"), "journal_mode %s", s ? s : "(null)");
+    free(s);
+    CHECK(peek(path, "PRAGMA auto_vacuum") == 2);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 2);
+    CHECK(peek(path, "SELECT count(*) FROM canvases") == 5);
+    CHECK(peek(path, "SELECT sum(tokens) FROM canvases") ==
+          peek(path, "SELECT completion_tokens FROM requests WHERE request_id = 17"));
+    CHECK(peek(path, "SELECT sum(steps) FROM canvases") ==
+          peek(path, "SELECT steps FROM requests WHERE request_id = 17"));
+    CHECK(peek(path, "SELECT count(*) FROM requests WHERE request_id IS NULL AND "
+                     "started IS NULL AND first_canvas IS NULL AND ttfc_ms IS NULL AND "
+                     "tokens_per_s IS NULL AND finish = 'rejected' AND error_code = 'busy'") == 1);
+    CHECK(peek(path, "SELECT count(*) FROM requests WHERE request_id = 17 AND run = 1 AND "
+                     "uid = 1001 AND pid = 4242 AND source = 'batch' AND backend = 'cpu' AND "
+                     "tp = 2 AND settings = '{\"seed\":1}' AND finish = 'stop' AND "
+                     "submitted = 1998 AND started = 1998.5 AND first_canvas = 1999 AND "
+                     "finished = 2000 AND ttfc_ms = 1000 AND total_ms = 2000") == 1);
+    CHECK(peek(path, "SELECT count(*) FROM runs WHERE stopped = 2003 AND tp = 2 AND "
+                     "backend = 'cpu' AND config_digest = 'd'") == 1);
+    CHECK(peek(path, "SELECT count(*) FROM events WHERE kind = 'start' AND run = 1") == 1);
+    /* a duplicate request id in one run is refused (UNIQUE) and rolled back */
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    make_request(&r, cv, 1, 17, 2004.0);
+    CHECK_FAILS(dg_metrics_db_put_request(db, 1, "cpu", 2, &r, &err), &err, DG_E_INTERNAL,
+                "UNIQUE");
+    dg_metrics_db_rollback(db);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 2);
+    /* writes outside a transaction are bugs, reported as such */
+    CHECK_FAILS(dg_metrics_db_put_event(db, 1, 1.0, "x", NULL, &err), &err, DG_E_INTERNAL,
+                "outside a transaction");
+    dg_metrics_db_close(db);
+    /* reopened: the same version, nothing migrated twice */
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK(dg_metrics_db_version(db) == DG_METRICS_SCHEMA_VERSION);
+    dg_metrics_db_close(db);
+    /* and read-only: writes fail */
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_READ, 100, &db, &err), &err);
+    CHECK(sqlite3_exec(dg_metrics_db_handle(db), "DELETE FROM requests", NULL, NULL, NULL) !=
+          SQLITE_OK);
+    CHECK_FAILS(dg_metrics_db_begin(db, &err), &err, DG_E_INVAL, "read-only");
+    dg_metrics_db_close(db);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 2);
+    return 0;
+}
+
+static int bad_files(void)
+{
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    const char *junk = test_path("junk.sqlite"), *newer = test_path("newer.sqlite");
+    const char *v0 = test_path("v0.sqlite");
+    char buf[4096];
+    struct stat a, b;
+    FILE *f;
+
+    /* not SQLite: refused, not overwritten */
+    memset(buf, 'x', sizeof buf);
+    f = fopen(junk, "wb");
+    CHECK(f && fwrite(buf, 1, sizeof buf, f) == sizeof buf && fclose(f) == 0);
+    CHECK_FAILS(dg_metrics_db_open(junk, DG_METRICS_WRITE, 100, &db, &err), &err, DG_E_FORMAT,
+                "not an SQLite database");
+    CHECK(db == NULL);
+    CHECK_FAILS(dg_metrics_db_open(junk, DG_METRICS_READ, 100, &db, &err), &err, DG_E_FORMAT,
+                "not an SQLite database");
+    f = fopen(junk, "rb");
+    CHECK(f && fread(buf, 1, sizeof buf, f) == sizeof buf && fclose(f) == 0);
+    for (size_t i = 0; i < sizeof buf; i++)
+        CHECK(buf[i] == 'x');
+    /* a newer schema: refused and untouched */
+    CHECK(raw_exec(newer, "CREATE TABLE future (x); PRAGMA user_version = 99") == SQLITE_OK);
+    CHECK(stat(newer, &a) == 0);
+    CHECK_FAILS(dg_metrics_db_open(newer, DG_METRICS_WRITE, 100, &db, &err), &err, DG_E_FORMAT,
+                "version 99 is newer");
+    CHECK_FAILS(dg_metrics_db_open(newer, DG_METRICS_READ, 100, &db, &err), &err, DG_E_FORMAT,
+                "version 99 is newer");
+    CHECK(stat(newer, &b) == 0 && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
+    CHECK(peek(newer, "PRAGMA user_version") == 99);
+    CHECK(peek(newer, "SELECT count(*) FROM sqlite_master WHERE name = 'requests'") == 0);
+    /* version 0 with a table of its own: migrated, the table kept */
+    CHECK(raw_exec(v0, "CREATE TABLE mine (x); INSERT INTO mine VALUES (5)") == SQLITE_OK);
+    CHECK_FAILS(dg_metrics_db_open(v0, DG_METRICS_READ, 100, &db, &err), &err, DG_E_FORMAT,
+                "schema version 0");
+    CHECK_OK(dg_metrics_db_open(v0, DG_METRICS_WRITE, 100, &db, &err), &err);
+    dg_metrics_db_close(db);
+    CHECK(peek(v0, "PRAGMA user_version") == DG_METRICS_SCHEMA_VERSION);
+    CHECK(peek(v0, "SELECT x FROM mine") == 5);
+    CHECK(peek(v0, "SELECT count(*) FROM requests") == 0);
+    /* missing: a directory that is not there, a file read-only mode needs */
+    CHECK_FAILS(dg_metrics_db_open("/nonexistent/dir/m.sqlite", DG_METRICS_WRITE, 100, &db,
+                                   &err), &err, DG_E_IO, "/nonexistent/dir/m.sqlite");
+    CHECK_FAILS(dg_metrics_db_open(test_path("absent.sqlite"), DG_METRICS_READ, 100, &db, &err),
+                &err, DG_E_IO, "absent.sqlite");
+    CHECK(access(test_path("absent.sqlite"), F_OK) != 0);
+    CHECK_FAILS(dg_metrics_db_open("", DG_METRICS_WRITE, 100, &db, &err), &err, DG_E_INVAL,
+                "no database file");
+    return 0;
+}
+
+/* Another connection holds the write lock: begin fails with BUSY after
+ * busy_ms, and works once the lock is gone; a file locked at open is set
+ * up by the first begin. */
+static int locked(void)
+{
+    const char *path = test_path("locked.sqlite");
+    struct dg_metrics_db *db;
+    struct dg_error err = {0};
+    sqlite3 *other = NULL;
+    struct timespec t0, t1;
+    double ms;
+
+    /* locked before the writer ever opened it (rollback journal, exclusive) */
+    CHECK(sqlite3_open(path, &other) == SQLITE_OK);
+    CHECK(sqlite3_exec(other, "CREATE TABLE mine (x); BEGIN EXCLUSIVE; INSERT INTO mine "
+                              "VALUES (1)", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 50, &db, &err), &err);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_FAILS(dg_metrics_db_begin(db, &err), &err, DG_E_BUSY, "locked");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    CHECKF(ms >= 40 && ms < 5000, "waited %.0f ms for a 50 ms busy timeout", ms);
+    CHECK(sqlite3_exec(other, "COMMIT", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_put_event(db, 0, 1.0, "e", NULL, &err), &err);
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECK(peek(path, "SELECT count(*) FROM events") == 1);
+    CHECK(peek(path, "SELECT x FROM mine") == 1);
+    /* in WAL now: a reader's long transaction does not block the writer,
+     * a second writer's does */
+    CHECK(sqlite3_exec(other, "BEGIN; SELECT count(*) FROM events", NULL, NULL, NULL) ==
+          SQLITE_OK);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_put_event(db, 0, 2.0, "e", NULL, &err), &err);
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECK(sqlite3_exec(other, "COMMIT; BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK_FAILS(dg_metrics_db_begin(db, &err), &err, DG_E_BUSY, "locked");
+    CHECK(sqlite3_exec(other, "ROLLBACK", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    dg_metrics_db_rollback(db);
+    sqlite3_close(other);
+    dg_metrics_db_close(db);
+    CHECK(peek(path, "SELECT count(*) FROM events") == 2);
+    return 0;
+}
+
+static int retention_by_age(void)
+{
+    const char *path = test_path("age.sqlite");
+    struct dg_metrics_db *db;
+    struct dg_error err = {0};
+    struct dg_metrics_run run = {.started = 0, .pid = 1, .tp = 1};
+    struct dg_metrics_request r;
+    struct dg_metrics_canvas cv[8];
+    struct dg_metrics_retained gone;
+    int64_t id1 = 0, id2 = 0;
+    int64_t want_req = 0, want_cv = 0, want_ev = 0;
+    const double now = 1e6, age = 1000;
+
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    /* an old stopped run with nothing left after retention, and the current one */
+    CHECK_OK(dg_metrics_db_put_run(db, &run, &id1, &err), &err);
+    CHECK_OK(dg_metrics_db_stop_run(db, id1, now - 2 * age, &err), &err);
+    run.started = now - 10;
+    CHECK_OK(dg_metrics_db_put_run(db, &run, &id2, &err), &err);
+    for (int i = 0; i < 200; i++) {
+        const double t = now - 2 * age + (double)(rnd() % (unsigned)(2 * age));
+        const int n = (int)(rnd() % 8);
+        make_request(&r, cv, n, (uint64_t)i + 1, t);
+        CHECK_OK(dg_metrics_db_put_request(db, t < now - 1500 ? id1 : id2, "cpu", 1, &r, &err),
+                 &err);
+        if (t < now - age) {
+            want_req++;
+            want_cv += n;
+        }
+        CHECK_OK(dg_metrics_db_put_event(db, t < now - 1500 ? id1 : id2, t, "x", NULL, &err),
+                 &err);
+        want_ev += t < now - age;
+    }
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_retain(db, now, age, 0, &gone, &err), &err);
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECKF(gone.requests == want_req && gone.canvases == want_cv && gone.events == want_ev,
+           "deleted %lld/%lld/%lld, want %lld/%lld/%lld", (long long)gone.requests,
+           (long long)gone.canvases, (long long)gone.events, (long long)want_req,
+           (long long)want_cv, (long long)want_ev);
+    CHECK(gone.runs == 1);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 200 - want_req);
+    CHECK(peek(path, "SELECT count(*) FROM requests WHERE finished < 999000") == 0);
+    CHECK(peek(path, "SELECT count(*) FROM canvases WHERE request NOT IN "
+                     "(SELECT id FROM requests)") == 0);
+    CHECK(peek(path, "SELECT count(*) FROM canvases") ==
+          peek(path, "SELECT sum(canvases) FROM requests"));
+    CHECK(peek(path, "SELECT count(*) FROM runs") == 1);
+    dg_metrics_db_close(db);
+    return 0;
+}
+
+static int retention_by_size(void)
+{
+    const char *path = test_path("size.sqlite");
+    struct dg_metrics_db *db;
+    struct dg_error err = {0};
+    struct dg_metrics_run run = {.started = 1, .pid = 1, .tp = 1};
+    struct dg_metrics_request r;
+    struct dg_metrics_canvas cv[8];
+    struct dg_metrics_retained gone;
+    int64_t run_id = 0, live = 0, live_after = 0, max_bytes, oldest;
+    char settings[600];
+    struct stat sb;
+
+    memset(settings, 's', sizeof settings - 1);
+    settings[sizeof settings - 1] = '\0';
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_put_run(db, &run, &run_id, &err), &err);
+    for (int i = 0; i < 3000; i++) {
+        make_request(&r, cv, 8, (uint64_t)i + 1, 100.0 + i);
+        r.settings_json = settings;
+        CHECK_OK(dg_metrics_db_put_request(db, run_id, "cpu", 1, &r, &err), &err);
+    }
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECK_OK(dg_metrics_db_live_bytes(db, &live, &err), &err);
+    CHECKF(live > 2000000, "3000 requests take only %lld bytes", (long long)live);
+    /* under the limit: nothing goes */
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_retain(db, 1e9, 0, live + 4096, &gone, &err), &err);
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECK(gone.requests == 0 && gone.events == 0);
+    /* half the size: the oldest go until the live pages fit 90% of it */
+    max_bytes = live / 2;
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_retain(db, 1e9, 0, max_bytes, &gone, &err), &err);
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECK_OK(dg_metrics_db_live_bytes(db, &live_after, &err), &err);
+    CHECKF(live_after <= max_bytes - max_bytes / 10, "live %lld after trimming to %lld",
+           (long long)live_after, (long long)max_bytes);
+    CHECKF(gone.requests > 1500 && gone.requests < 3000, "deleted %lld requests",
+           (long long)gone.requests);
+    CHECK(gone.canvases == 8 * gone.requests);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 3000 - gone.requests);
+    /* the oldest went: what is left is the newest, contiguous */
+    oldest = peek(path, "SELECT min(request_id) FROM requests");
+    CHECK(oldest == gone.requests + 1);
+    CHECK(peek(path, "SELECT max(request_id) FROM requests") == 3000);
+    CHECK(peek(path, "SELECT count(*) FROM canvases WHERE request NOT IN "
+                     "(SELECT id FROM requests)") == 0);
+    dg_metrics_db_close(db);
+    /* the file itself shrank (incremental vacuum, then a checkpoint at close) */
+    CHECK(stat(path, &sb) == 0);
+    CHECKF(sb.st_size <= live_after + 65536, "file %lld bytes, live %lld", (long long)sb.st_size,
+           (long long)live_after);
+    {
+        char *ic = peek_text(path, "PRAGMA integrity_check");
+        CHECKF(ic && !strcmp(ic, "ok"), "integrity_check: %s", ic ? ic : "(null)");
+        free(ic);
+    }
+    return 0;
+}
+
+int main(void)
+{
+    rng_state = (unsigned)time(NULL);
+    printf("# seed %u\n", rng_state);
+    TEST_CASE(new_file);
+    TEST_CASE(bad_files);
+    TEST_CASE(locked);
+    TEST_CASE(retention_by_age);
+    TEST_CASE(retention_by_size);
+    return test_finish();
+}
