@@ -270,9 +270,9 @@ test-asan:
 	    tests/fuzz/t-fuzz-smoke.sh
 
 # The threaded tests under ThreadSanitizer (the rank threads, the
-# collectives, the backend's job dispatch), in their quick form.
+# collectives, the backend's job dispatch, the metrics writer), in their quick form.
 TSAN_BUILD := build-tsan
-TSAN_TESTS := t-coll t-tp
+TSAN_TESTS := t-coll t-tp t-metrics-writer
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SANITIZE=thread CFLAGS="-O1 -g" \
 	    CUDA=0 $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%)

@@ -265,6 +265,56 @@ rollback:
     return rc;
 }
 
+static int retryable(int rc)
+{
+    return rc == -DG_E_BUSY || rc == -DG_E_IO || rc == -DG_E_NOMEM;
+}
+
+/* After *batch failed for good as a whole: write its records one per
+ * transaction, dropping (and counting as lost) only those that fail on
+ * their own, so one bad record does not take the good ones with it.
+ * Called and returns with m->mu held; unlocks it around each write.
+ * Returns 0 when the batch is used up, or the retryable error that
+ * stopped it (the records not yet written stay in *batch). */
+static int salvage(struct dmetrics *m, struct mrec **batch, struct mrec **tail,
+                   int *retention_due, struct dg_error *err)
+{
+    size_t dropped = 0;
+    int rc = 0;
+    while (*batch) {
+        struct mrec *r = *batch;
+        size_t n_req = 0, n_ev = 0;
+        *batch = r->next;
+        r->next = NULL;
+        pthread_mutex_unlock(&m->mu);
+        /* (lost_now == lost_recorded: the loss event waits for the next batch) */
+        rc = write_batch(m, r, retention_due, m->lost_recorded, &n_req, &n_ev, err);
+        pthread_mutex_lock(&m->mu);
+        if (rc < 0 && retryable(rc)) {
+            r->next = *batch;
+            *batch = r;
+            break;
+        }
+        if (rc < 0) {
+            m->c.lost++;
+            dropped++;
+            dlog(DG_LOG_ERROR, "metrics: a record dropped: %s", err->msg);
+        } else {
+            m->c.requests += n_req;
+            m->c.events += n_ev;
+        }
+        m->held--;
+        mrec_free(r);
+        rc = 0;
+    }
+    if (!*batch)
+        *tail = NULL;
+    if (dropped)
+        snprintf(m->c.last_error, sizeof m->c.last_error, "%zu records dropped: %s", dropped,
+                 err->msg);
+    return rc;
+}
+
 static void timed_wait(struct dmetrics *m, double seconds)
 {
     struct timespec ts;
@@ -296,7 +346,8 @@ static void *writer_thread(void *arg)
 
         if (m->quit && stop_deadline == 0)
             stop_deadline = mono_now() + m->o.stop_wait_s;
-        if (!m->quit)
+        /* (a batch already half the bound: its signal may have come before this wait) */
+        if (!m->quit && (pause > 0 || !m->head || m->held * 2 < m->o.queue_max))
             timed_wait(m, pause > 0 ? pause : m->o.flush_s);
         /* take what is queued */
         if (m->head) {
@@ -347,7 +398,7 @@ static void *writer_thread(void *arg)
             continue;
         }
         snprintf(m->c.last_error, sizeof m->c.last_error, "%s", err.msg);
-        if (rc == -DG_E_BUSY || rc == -DG_E_IO || rc == -DG_E_NOMEM) {
+        if (retryable(rc)) {
             /* keep the batch; try again after a pause */
             m->c.retries++;
             if (pause == 0)
@@ -362,21 +413,24 @@ static void *writer_thread(void *arg)
             }
             continue;
         }
-        /* a failure a retry will not fix: drop the batch */
-        {
-            size_t n = 0;
-            for (struct mrec *r = batch, *next; r; r = next) {
-                next = r->next;
-                mrec_free(r);
-                n++;
-            }
-            batch = batch_tail = NULL;
-            m->held -= n;
-            m->c.lost += n;
-            dlog(DG_LOG_ERROR, "metrics: %zu records dropped: %s", n, err.msg);
+        /* a failure a retry will not fix: find the records that cause it */
+        rc = salvage(m, &batch, &batch_tail, &retention_due, &err);
+        if (rc < 0) {
+            snprintf(m->c.last_error, sizeof m->c.last_error, "%s", err.msg);
+            m->c.retries++;
+            pause = 0.1;
+            if (m->quit && mono_now() >= stop_deadline)
+                break;
+            continue;
         }
-        if (m->quit)
+        /* (at stop: go on for what is queued, the stop event among them) */
+        if (m->quit && mono_now() >= stop_deadline)
             break;
+        if (m->quit) {
+            pthread_mutex_unlock(&m->mu);
+            usleep(10000);
+            pthread_mutex_lock(&m->mu);
+        }
     }
     /* what could not be written in time */
     {

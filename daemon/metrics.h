@@ -16,9 +16,11 @@
  *   and the rest are counted.  The loss is logged (at most every 10 s) and,
  *   once the database takes writes again, recorded as a metrics_lost event.
  *   Failures.  Busy, locked, full or I/O errors keep the batch and retry
- *   with a growing pause (up to 5 s); any other failure (a broken file)
- *   drops the batch, counted as lost, so one bad record cannot wedge the
- *   writer.
+ *   with a growing pause (up to 5 s).  Any other failure (a record the
+ *   schema refuses, a broken file) writes the batch again one record per
+ *   transaction and drops only the records that fail on their own,
+ *   counted as lost, so one bad record can neither wedge the writer nor
+ *   take good ones with it.
  *   Retention.  At the first write and then every 10 minutes, rows older
  *   than retention_days go, then the oldest until the file's live pages fit
  *   max_bytes.
