@@ -301,6 +301,12 @@ static dgemma_request_t *build(const struct client_opts *o, const struct item *i
     json_object_del(rest, "id");
     json_object_del(rest, "prompt");
     json_object_del(rest, "prompt_ids");
+    /* (so the daemon's metrics count it as a batch job's) */
+    if (json_object_set_new(rest, "batch", json_true()) != 0) {
+        dgemma_request_free(r);
+        json_decref(rest);
+        return NULL;
+    }
     snprintf(tag, sizeof tag, "b%zu", index);
     if (r)
         text = json_dumps(rest, JSON_COMPACT);

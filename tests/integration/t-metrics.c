@@ -9,7 +9,8 @@
  * queue bound, while above it the loss counter (status op) is exactly the
  * excess; after kill -9 mid-run the file opens, passes PRAGMA
  * integrity_check, holds whole requests only, and the next daemon run
- * writes to it.
+ * writes to it; dgemma-client batch's requests are recorded as source
+ * 'batch'.
  */
 #include <jansson.h>
 #include <math.h>
@@ -564,6 +565,31 @@ static int kill9_mid_run(void)
     return 0;
 }
 
+/* dgemma-client batch marks its requests: their rows say source 'batch'. */
+static int batch_source(void)
+{
+    const char *db = test_path("batch.sqlite");
+    const char *in = test_path("batch.in"), *out = test_path("batch.out");
+    char cmd[4096];
+    FILE *f;
+
+    CHECK(start_daemon(db, NULL) == 0);
+    CHECK((f = fopen(in, "w")) != NULL);
+    fputs("{\"id\":\"a\",\"prompt\":\"one\",\"max_tokens\":8}\n"
+          "{\"id\":\"b\",\"prompt\":\"two\",\"max_tokens\":8}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s batch -s %s --input %s --output %s", fixture_bin("dgemma-client"),
+             sock_path, in, out);
+    CHECK(system(cmd) == 0);
+    CHECK(run_requests(1, 8) == 0); /* and one that is not */
+    CHECK(stop_daemon() == 0);
+    CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'batch'") == 2);
+    CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'socket'") == 1);
+    CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'batch' AND "
+                    "tag IN ('b0', 'b1') AND finish IN ('stop', 'length')") == 2);
+    return 0;
+}
+
 /* Kill a daemon a failed case left behind. */
 static void reap(void)
 {
@@ -586,6 +612,8 @@ int main(void)
     TEST_CASE(locked_above_bound);
     reap();
     TEST_CASE(kill9_mid_run);
+    reap();
+    TEST_CASE(batch_source);
     reap();
     return test_finish();
 }
