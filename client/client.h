@@ -51,5 +51,7 @@ int cmd_chat(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_cancel(int argc, char **argv);
+/* Summarize the metrics database (reads the file, not the daemon). */
+int cmd_stats(int argc, char **argv);
 
 #endif

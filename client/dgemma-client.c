@@ -1,6 +1,7 @@
 /*
  * dgemma-client - the command line of dgemmad: generate, chat, batch,
- * status, cancel.  See dgemma-client(1).
+ * status, cancel, and stats (from the metrics database).  See
+ * dgemma-client(1).
  */
 #include <stdio.h>
 #include <string.h>
@@ -14,7 +15,9 @@ static const char usage[] =
     "                                                         JSON lines, for cron\n"
     "       dgemma-client status [--json]                     the daemon's state\n"
     "       dgemma-client cancel ID...                        stop requests\n"
-    "Every command takes -s SOCKET (else $DGEMMA_SOCKET, else "
+    "       dgemma-client stats [--db FILE | -c CONFIG] [--hours N] [--json]\n"
+    "                                                         metrics summary\n"
+    "Every command but stats takes -s SOCKET (else $DGEMMA_SOCKET, else "
     DGEMMA_DEFAULT_SOCKET ")\n"
     "and --wait SECONDS (retry while the daemon starts).  COMMAND --help shows\n"
     "a command's options.  Exit status: 0 done, 1 a request failed, 2 usage,\n"
@@ -41,6 +44,8 @@ int main(int argc, char **argv)
             return cmd_status(argc - 1, argv + 1);
         if (!strcmp(argv[1], "cancel"))
             return cmd_cancel(argc - 1, argv + 1);
+        if (!strcmp(argv[1], "stats"))
+            return cmd_stats(argc - 1, argv + 1);
     }
     /* no command: generate, with argv[0] standing in for the command name */
     return cmd_generate(argc, argv);

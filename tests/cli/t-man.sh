@@ -41,7 +41,7 @@ check_flags() {
     if [ -z "$missing" ]; then ok "$name"; else bad "$name" "not in $page:$missing"; fi
 }
 check_flags flags_dgemmad dgemmad.8 "$BIN/dgemmad"
-for c in generate chat batch status cancel; do
+for c in generate chat batch status cancel stats; do
     check_flags "flags_client_$c" dgemma-client.1 "$BIN/dgemma-client" "$c"
 done
 for c in inspect mkmodel forward compare tokenize generate plan; do
