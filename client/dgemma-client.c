@@ -23,8 +23,42 @@ static const char usage[] =
     "a command's options.  Exit status: 0 done, 1 a request failed, 2 usage,\n"
     "3 the daemon is unreachable or the connection was lost.\n";
 
+static int is_command(const char *a)
+{
+    static const char *const commands[] = {"generate", "chat", "batch", "status", "cancel",
+                                           "stats"};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(a, commands[i]))
+            return 1;
+    return 0;
+}
+
+/* Options given before the command word (dgemma-client -s SOCK status):
+ * move the command word to argv[1], so that the command parses them as its
+ * own.  Only -s/--socket VALUE, --wait VALUE and --json are looked past;
+ * anything else ends the scan (a prompt may be any word). */
+static void command_first(int argc, char **argv)
+{
+    int i = 1;
+    while (i < argc) {
+        const char *a = argv[i];
+        if ((!strcmp(a, "-s") || !strcmp(a, "--socket") || !strcmp(a, "--wait")) && i + 1 < argc)
+            i += 2;
+        else if (!strcmp(a, "--json"))
+            i++;
+        else
+            break;
+    }
+    if (i > 1 && i < argc && is_command(argv[i])) {
+        char *cmd = argv[i];
+        memmove(&argv[2], &argv[1], (size_t)(i - 1) * sizeof *argv);
+        argv[1] = cmd;
+    }
+}
+
 int main(int argc, char **argv)
 {
+    command_first(argc, argv);
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         fputs(usage, stdout);
         return EXIT_DONE;

@@ -4,7 +4,8 @@
  * with 50 lines including bad ones (every line gets exactly one result);
  * batch killed halfway and run again (no id twice, none missing); chat
  * driven through a pseudo-terminal and through a pipe; status and cancel;
- * and every exit code (0 done, 1 failed, 2 usage, 3 unreachable).
+ * every exit code (0 done, 1 failed, 2 usage, 3 unreachable); the socket
+ * options before the command word.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -173,6 +174,22 @@ static int exit_codes(void)
     CHECKF(rc == 0 && strstr(OUT, "model") && strstr(OUT, "running"), "%d: %s", rc, ERR);
     rc = run_client(cancel_none, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
     CHECKF(rc == 1 && strstr(ERR, "not in flight"), "%d: %s", rc, ERR);
+    /* the socket options may come before the command word */
+    {
+        const char *status_after[] = {"-s", sock, "--wait", "1", "status", NULL};
+        const char *gen_after[] = {"--socket", sock, "generate", "--max-tokens", "4", "x", NULL};
+        const char *cancel_after[] = {"-s", sock, "cancel", "987654", NULL};
+        const char *prompt_word[] = {"-s", sock, "--max-tokens", "4", "status", NULL};
+        rc = run_client(status_after, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0 && strstr(OUT, "model") && strstr(OUT, "running"), "%d: %s", rc, ERR);
+        rc = run_client(gen_after, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0 && strstr(ERR, " prompt + 4 tokens in "), "%d: %s", rc, ERR);
+        rc = run_client(cancel_after, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "not in flight"), "%d: %s", rc, ERR);
+        /* after a generation setting, "status" is prompt text */
+        rc = run_client(prompt_word, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0 && strstr(ERR, " prompt + 4 tokens in "), "%d: %s", rc, ERR);
+    }
     return 0;
 }
 
