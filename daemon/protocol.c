@@ -182,19 +182,48 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
     return rc;
 }
 
+/* An optional non-negative integer key of shm_attach, at most max. */
+static int attach_size(const json_t *root, const char *key, uint64_t max, uint64_t *out,
+                       struct dproto_error *perr)
+{
+    const json_t *v = json_object_get(root, key);
+    *out = 0;
+    if (!v)
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        (uint64_t)json_integer_value(v) > max)
+        return fail(perr, "bad_request", "%s: expected an integer in [0, %llu]", key,
+                    (unsigned long long)max);
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
 int dproto_parse(const char *line, size_t len, const struct dproto_ctx *ctx,
                  struct dproto_request *req, struct dproto_error *perr)
 {
     struct dg_error err = {0};
-    json_t *root, *v, *op, *tag;
-    const char *ops;
-    int rc = -1;
+    json_t *root;
+    int rc;
 
     memset(req, 0, sizeof *req);
     memset(perr, 0, sizeof *perr);
     root = dg_json_parse(line, len, "request", &err);
     if (!root)
         return fail(perr, "bad_json", "%s", err.msg);
+    rc = dproto_parse_json(root, ctx, req, perr);
+    json_decref(root);
+    return rc;
+}
+
+int dproto_parse_json(json_t *root, const struct dproto_ctx *ctx, struct dproto_request *req,
+                      struct dproto_error *perr)
+{
+    json_t *v, *op, *tag;
+    const char *ops;
+    int rc = -1;
+
+    memset(req, 0, sizeof *req);
+    memset(perr, 0, sizeof *perr);
     if (!json_is_object(root)) {
         fail(perr, "bad_request", "a request is a JSON object, not %s", dg_json_type_name(root));
         goto out;
@@ -243,11 +272,27 @@ int dproto_parse(const char *line, size_t len, const struct dproto_ctx *ctx,
         static const char *const keys[] = {"v", "op", "tag"};
         req->op = DPROTO_STATUS;
         rc = only_keys(root, keys, 3, perr);
+    } else if (!strcmp(ops, "shm_attach")) {
+        static const char *const keys[] = {"v",          "op",       "tag",      "sq_entries",
+                                           "cq_entries", "in_bytes", "out_bytes"};
+        uint64_t x;
+        req->op = DPROTO_SHM_ATTACH;
+        if ((rc = only_keys(root, keys, 7, perr)) == 0 &&
+            (rc = attach_size(root, "sq_entries", 1u << 30, &x, perr)) == 0) {
+            req->shm.sq_entries = (uint32_t)x;
+            if ((rc = attach_size(root, "cq_entries", 1u << 30, &x, perr)) == 0) {
+                req->shm.cq_entries = (uint32_t)x;
+                if ((rc = attach_size(root, "in_bytes", (uint64_t)1 << 40,
+                                      &req->shm.in_bytes, perr)) == 0)
+                    rc = attach_size(root, "out_bytes", (uint64_t)1 << 40, &req->shm.out_bytes,
+                                     perr);
+            }
+        }
     } else {
-        fail(perr, "unknown_op", "op: '%.64s' is not one of generate, cancel, status", ops);
+        fail(perr, "unknown_op", "op: '%.64s' is not one of generate, cancel, status, "
+             "shm_attach", ops);
     }
 out:
-    json_decref(root);
     if (rc < 0)
         dproto_request_free(req);
     return rc;

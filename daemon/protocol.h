@@ -16,6 +16,9 @@
  *    seed, max_tokens, stop_token_ids, stop}
  *   {"v":1, "op":"cancel", "id":N}
  *   {"v":1, "op":"status"}
+ *   {"v":1, "op":"shm_attach", "sq_entries":n, "cq_entries":n, "in_bytes":n,
+ *    "out_bytes":n}  (sizes optional; the answer carries descriptors:
+ *                     lib/shm-layout.h)
  *
  * Events (one line each; "id" is the daemon's request id):
  *
@@ -36,6 +39,9 @@
  *              "message":"..."}   (a request that was not accepted, or a
  *              protocol problem; the connection stays usable)
  *   status    {"v":1,"event":"status",...}
+ *   shm_attached {"v":1,"event":"shm_attached","version":1,"size":..,
+ *              "sq_entries":..,"cq_entries":..,"in_bytes":..,"out_bytes":..}
+ *              (with the memfd and two eventfds as SCM_RIGHTS)
  *
  * Error codes are stable: bad_json, bad_request, unknown_op, bad_version,
  * too_large, busy, not_found, shutting_down, internal.
@@ -55,7 +61,7 @@
 #define DPROTO_VERSION 1
 #define DPROTO_TAG_MAX 128
 
-enum dproto_op { DPROTO_GENERATE = 1, DPROTO_CANCEL, DPROTO_STATUS };
+enum dproto_op { DPROTO_GENERATE = 1, DPROTO_CANCEL, DPROTO_STATUS, DPROTO_SHM_ATTACH };
 
 enum dproto_prompt { DPROTO_PROMPT_TEXT = 1, DPROTO_PROMPT_MESSAGES, DPROTO_PROMPT_IDS };
 
@@ -91,6 +97,11 @@ struct dproto_request {
     struct dg_gen_settings settings;
     /* cancel */
     uint64_t target;
+    /* shm_attach: the sizes asked for (0: the daemon's default) */
+    struct {
+        uint32_t sq_entries, cq_entries;
+        uint64_t in_bytes, out_bytes;
+    } shm;
 };
 
 /* Parse and check one request line (without its newline) and, for
@@ -98,6 +109,11 @@ struct dproto_request {
  * On success the caller frees req with dproto_request_free. */
 int dproto_parse(const char *line, size_t len, const struct dproto_ctx *ctx,
                  struct dproto_request *req, struct dproto_error *perr);
+
+/* The same for a request already parsed into a JSON object (root is only
+ * read; the caller keeps it). */
+int dproto_parse_json(json_t *root, const struct dproto_ctx *ctx, struct dproto_request *req,
+                      struct dproto_error *perr);
 
 void dproto_request_free(struct dproto_request *req);
 

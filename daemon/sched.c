@@ -542,6 +542,17 @@ size_t dsched_take(struct dsched *s, struct dsched_out *out, size_t max)
     return n;
 }
 
+size_t dsched_room(struct dsched *s)
+{
+    size_t held, cap, room;
+    pthread_mutex_lock(&s->mu);
+    held = s->queued + s->n_running;
+    cap = s->max_batch + s->queue_max;
+    room = s->shutting_down || held >= cap ? 0 : cap - held;
+    pthread_mutex_unlock(&s->mu);
+    return room;
+}
+
 void dsched_status(struct dsched *s, struct dsched_status *st)
 {
     pthread_mutex_lock(&s->mu);

@@ -86,6 +86,11 @@ size_t dsched_take(struct dsched *s, struct dsched_out *out, size_t max);
 
 void dsched_status(struct dsched *s, struct dsched_status *st);
 
+/* How many more requests dsched_submit would take now (0 while shutting
+ * down): the front end takes ring jobs only while there is room, so they
+ * wait in their ring rather than being refused as busy. */
+size_t dsched_room(struct dsched *s);
+
 /* Stop admitting (queued requests end, cancelled); with cancel_running,
  * cancel what is in flight too.  Either way every request gets its done. */
 void dsched_shutdown(struct dsched *s, int cancel_running);

@@ -17,14 +17,20 @@
 #include <unistd.h>
 
 #include "daemon/dlog.h"
+#include "daemon/shm-ring.h"
 
 #define RECV_CHUNK 65536
 #define OUT_BLOCK 65536
 #define OUT_TAKE 256            /* outbox lines moved per eventfd wake-up */
+#define RING_TAKE 64            /* ring submissions taken per turn of the loop */
+#define RING_KEY_BIT 0x80000000u /* in a request's connection key: a ring job */
 
 /* ---- completion identity ------------------------------------------------------ */
 
-enum op_kind { OP_ACCEPT = 1, OP_RECV, OP_SEND, OP_POLL, OP_EVENT, OP_SIGNAL, OP_TICK, OP_CANCEL };
+enum op_kind {
+    OP_ACCEPT = 1, OP_RECV, OP_SEND, OP_POLL, OP_EVENT, OP_SIGNAL, OP_TICK, OP_CANCEL,
+    OP_BELL,                   /* a ring's submission doorbell is readable */
+};
 
 static uint64_t ud_make(enum op_kind k, uint32_t slot, uint32_t gen)
 {
@@ -51,6 +57,7 @@ static uint32_t ud_gen(uint64_t ud)
 struct out_block {
     struct out_block *next;
     size_t len, off;           /* bytes held, bytes already sent */
+    int fds[3], nfds;          /* descriptors that go with the first byte (owned) */
     char data[OUT_BLOCK];
 };
 
@@ -67,9 +74,20 @@ struct conn {
     char chunk[RECV_CHUNK];
     struct out_block *head, *tail;
     size_t out_bytes;          /* unsent */
-    int active;                /* requests accepted and not yet done */
+    int active;                /* requests accepted and not yet done (ring jobs too) */
     uid_t uid;
     pid_t pid;
+    /* the shared-memory ring, if attached */
+    struct dshm_ring *ring;
+    int bell_armed;
+    int ring_again;            /* more submissions may wait: look again this turn */
+    int ring_stalled;          /* the scheduler was full: look again when it has room */
+    struct msghdr msg;         /* a send with descriptors (stable while in flight) */
+    struct iovec iov;
+    union {
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } cmsg;
 };
 
 enum phase { RUNNING = 0, DRAINING, CANCELLING, FLUSHING };
@@ -93,6 +111,7 @@ struct dserver {
     double started;
     int failed;
     struct dsched_out *outbox;
+    int rings;                 /* connections with a ring */
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
 
@@ -185,10 +204,29 @@ static void arm_recv(struct dserver *srv, struct conn *c)
 static void arm_send(struct dserver *srv, struct conn *c)
 {
     struct io_uring_sqe *sqe;
-    if (c->send_armed || c->gone || !c->head || !(sqe = get_sqe(srv)))
+    struct out_block *b = c->head;
+    if (c->send_armed || c->gone || !b || !(sqe = get_sqe(srv)))
         return;
-    io_uring_prep_send(sqe, c->fd, c->head->data + c->head->off, c->head->len - c->head->off,
-                       MSG_NOSIGNAL);
+    if (b->nfds > 0) {
+        /* the block's descriptors ride with its first bytes (SCM_RIGHTS) */
+        struct cmsghdr *cm;
+        memset(&c->msg, 0, sizeof c->msg);
+        memset(&c->cmsg, 0, sizeof c->cmsg);
+        c->iov.iov_base = b->data + b->off;
+        c->iov.iov_len = b->len - b->off;
+        c->msg.msg_iov = &c->iov;
+        c->msg.msg_iovlen = 1;
+        c->msg.msg_control = c->cmsg.buf;
+        c->msg.msg_controllen = CMSG_SPACE((size_t)b->nfds * sizeof(int));
+        cm = CMSG_FIRSTHDR(&c->msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN((size_t)b->nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), b->fds, (size_t)b->nfds * sizeof(int));
+        io_uring_prep_sendmsg(sqe, c->fd, &c->msg, MSG_NOSIGNAL);
+    } else {
+        io_uring_prep_send(sqe, c->fd, b->data + b->off, b->len - b->off, MSG_NOSIGNAL);
+    }
     io_uring_sqe_set_data64(sqe, ud_make(OP_SEND, slot_of(srv, c), c->gen));
     c->send_armed = 1;
     c->pending++;
@@ -205,14 +243,35 @@ static void arm_poll(struct dserver *srv, struct conn *c)
     c->pending++;
 }
 
+/* Wait for the client to ring its submission doorbell: a poll, since the
+ * eventfd is non-blocking (the read happens in on_bell). */
+static void arm_bell(struct dserver *srv, struct conn *c)
+{
+    struct io_uring_sqe *sqe;
+    if (c->bell_armed || c->gone || !c->ring || dshm_ring_broken(c->ring) ||
+        !(sqe = get_sqe(srv)))
+        return;
+    io_uring_prep_poll_add(sqe, dshm_ring_sq_fd(c->ring), POLLIN);
+    io_uring_sqe_set_data64(sqe, ud_make(OP_BELL, slot_of(srv, c), c->gen));
+    c->bell_armed = 1;
+    c->pending++;
+}
+
 /* ---- connection lifetime ----------------------------------------------------------- */
+
+static void block_free(struct out_block *b)
+{
+    for (int i = 0; i < b->nfds; i++)
+        close(b->fds[i]);
+    free(b);
+}
 
 static void free_output(struct conn *c)
 {
     while (c->head) {
         struct out_block *b = c->head;
         c->head = b->next;
-        free(b);
+        block_free(b);
     }
     c->tail = NULL;
     c->out_bytes = 0;
@@ -225,6 +284,12 @@ static void maybe_release(struct dserver *srv, struct conn *c)
         return;
     close(c->fd);
     free_output(c);
+    if (c->ring) {
+        dshm_ring_destroy(c->ring);
+        c->ring = NULL;
+        srv->rings--;
+    }
+    c->ring_again = c->ring_stalled = 0;
     free(c->rbuf);
     c->rbuf = NULL;
     c->rlen = c->rcap = 0;
@@ -244,8 +309,19 @@ static void conn_gone(struct dserver *srv, struct conn *c, const char *why)
          slot_of(srv, c), (int)c->uid, why,
          c->active ? "; cancelling its requests" : "");
     c->gone = 1;
-    if (c->active)
+    if (c->active) {
         dsched_conn_gone(srv->sched, conn_key(srv, c));
+        if (c->ring)
+            dsched_conn_gone(srv->sched, conn_key(srv, c) | RING_KEY_BIT);
+    }
+    if (c->bell_armed) {
+        /* the poll on the doorbell would never end by itself */
+        struct io_uring_sqe *sqe = get_sqe(srv);
+        if (sqe) {
+            io_uring_prep_cancel64(sqe, ud_make(OP_BELL, slot_of(srv, c), c->gen), 0);
+            io_uring_sqe_set_data64(sqe, ud_make(OP_CANCEL, 0, 0));
+        }
+    }
     shutdown(c->fd, SHUT_RDWR);
     free_output(c);
     maybe_release(srv, c);
@@ -298,6 +374,35 @@ static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_
     arm_send(srv, c);
 }
 
+/* Queue a line with descriptors (taken: closed once sent or dropped). */
+static void conn_write_fds(struct dserver *srv, struct conn *c, const char *p, size_t n,
+                           const int *fds, int nfds)
+{
+    struct out_block *b = NULL;
+    if (!c->gone && n <= OUT_BLOCK)
+        b = malloc(sizeof *b);
+    if (!b) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        if (!c->gone)
+            conn_gone(srv, c, "out of memory for its output");
+        return;
+    }
+    b->next = NULL;
+    b->len = n;
+    b->off = 0;
+    b->nfds = nfds;
+    memcpy(b->fds, fds, (size_t)nfds * sizeof *fds);
+    memcpy(b->data, p, n);
+    if (c->tail)
+        c->tail->next = b;
+    else
+        c->head = b;
+    c->tail = b;
+    c->out_bytes += n;
+    arm_send(srv, c);
+}
+
 static void write_line(struct dserver *srv, struct conn *c, char *line, size_t len)
 {
     if (!line) {
@@ -321,7 +426,8 @@ static void send_error(struct dserver *srv, struct conn *c, uint64_t id, const c
 
 /* A generate request refused before it had an id, for the metrics. */
 static void record_refusal(struct dserver *srv, const struct conn *c, const char *tag,
-                           int batch, size_t prompt_tokens, const char *code, const char *msg)
+                           enum dg_metrics_source source, size_t prompt_tokens, const char *code,
+                           const char *msg)
 {
     struct dg_metrics_request row;
     if (!srv->o.metrics)
@@ -330,7 +436,7 @@ static void record_refusal(struct dserver *srv, const struct conn *c, const char
     row.tag = tag;
     row.uid = (int64_t)c->uid;
     row.pid = (int64_t)c->pid;
-    row.source = batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET;
+    row.source = source;
     row.submitted = row.finished = dmetrics_now();
     row.prompt_tokens = (int64_t)prompt_tokens;
     row.ttfc_ms = -1;
@@ -360,6 +466,7 @@ static void send_status(struct dserver *srv, struct conn *c, const char *tag)
         json_object_set_new(o, "decoder_steps", json_integer((json_int_t)st.decoder_steps)) ||
         json_object_set_new(o, "engine_steps", json_integer((json_int_t)st.engine_steps)) ||
         json_object_set_new(o, "uptime_s", json_real(now_s() - srv->started)) ||
+        json_object_set_new(o, "rings", json_integer(srv->rings)) ||
         json_object_set_new(o, "shutting_down", json_boolean(srv->phase != RUNNING))) {
         json_decref(o);
         send_error(srv, c, 0, tag, "internal", "out of memory");
@@ -385,6 +492,308 @@ static void send_status(struct dserver *srv, struct conn *c, const char *tag)
     }
 }
 
+/* ---- shared-memory rings ------------------------------------------------------------ */
+
+static uint32_t shm_status_of(const char *code)
+{
+    return !strcmp(code, "too_large")       ? DG_SHM_ERR_TOO_LARGE
+           : !strcmp(code, "busy")          ? DG_SHM_ERR_BUSY
+           : !strcmp(code, "shutting_down") ? DG_SHM_ERR_SHUTTING_DOWN
+           : !strcmp(code, "internal")      ? DG_SHM_ERR_INTERNAL
+                                            : DG_SHM_ERR_BAD_REQUEST;
+}
+
+static const char *shm_code_name(uint32_t st)
+{
+    static const char *const names[] = {"ok", "bad_request", "too_large", "busy",
+                                        "shutting_down", "internal"};
+    return st < sizeof names / sizeof names[0] ? names[st] : "internal";
+}
+
+/* A ring job that will not run: its completion says why (and the metrics
+ * record the refusal). */
+static void ring_refuse(struct dserver *srv, struct conn *c, const struct dshm_job *job,
+                        uint32_t status, const char *msg, size_t prompt_tokens)
+{
+    struct dshm_result res;
+    memset(&res, 0, sizeof res);
+    res.status = status;
+    res.finish = DG_SHM_FINISH_ERROR;
+    res.text = msg;
+    res.text_len = strlen(msg);
+    res.stop_id = -1;
+    record_refusal(srv, c, NULL, job->batch ? DG_SOURCE_BATCH : DG_SOURCE_SHM, prompt_tokens,
+                   shm_code_name(status), msg);
+    dlog(DG_LOG_DEBUG, "conn %u: ring job %llu refused: %s: %s", slot_of(srv, c),
+         (unsigned long long)job->user_data, shm_code_name(status), msg);
+    if (dshm_ring_complete(c->ring, job->slot, &res) < 0)
+        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job", slot_of(srv, c));
+}
+
+/* A broken ring: the client loses it (and its jobs); the connection stays. */
+static void ring_fault(struct dserver *srv, struct conn *c, const char *why)
+{
+    dlog(DG_LOG_WARN, "conn %u (uid %d): %s", slot_of(srv, c), (int)c->uid, why);
+    if (c->active)
+        dsched_conn_gone(srv->sched, conn_key(srv, c) | RING_KEY_BIT);
+    c->ring_again = c->ring_stalled = 0;
+}
+
+/* Hand one taken submission to the scheduler (or refuse it). */
+static void ring_job(struct dserver *srv, struct conn *c, struct dshm_job *job)
+{
+    const uint64_t key = conn_key(srv, c) | RING_KEY_BIT;
+    struct dproto_request req;
+    struct dproto_error perr;
+    struct dg_error err = {0};
+    uint64_t id = 0;
+    int rc;
+
+    if (job->op == DG_SHM_OP_CANCEL) {
+        const int slot = dshm_ring_find_user(c->ring, job->user_data);
+        /* (a job not in flight, or already done: nothing to do) */
+        if (slot >= 0) {
+            const uint64_t target = dshm_ring_id_of(c->ring, (uint32_t)slot);
+            if (target)
+                dsched_cancel(srv->sched, key, c->uid, target);
+        }
+        return;
+    }
+    if (job->error) {
+        ring_refuse(srv, c, job, job->error, job->message, 0);
+        return;
+    }
+    rc = dproto_parse_json(job->request, srv->pctx, &req, &perr);
+    json_decref(job->request);
+    job->request = NULL;
+    if (rc < 0) {
+        ring_refuse(srv, c, job, shm_status_of(perr.code), perr.message, 0);
+        return;
+    }
+    if (srv->phase != RUNNING) {
+        ring_refuse(srv, c, job, DG_SHM_ERR_SHUTTING_DOWN, "the daemon is shutting down",
+                    req.n_ids);
+    } else {
+        const size_t n_prompt = req.n_ids;
+        const uint64_t seed = req.settings.seed;
+        rc = dsched_submit(srv->sched, key, &req, c->uid, c->pid,
+                           job->batch ? DG_SOURCE_BATCH : DG_SOURCE_SHM, &id, &err);
+        if (rc < 0) {
+            ring_refuse(srv, c, job,
+                        rc == -DG_E_BUSY    ? DG_SHM_ERR_BUSY
+                        : rc == -DG_E_INVAL ? DG_SHM_ERR_SHUTTING_DOWN
+                                            : DG_SHM_ERR_INTERNAL,
+                        err.msg, n_prompt);
+        } else {
+            dshm_ring_bind(c->ring, job->slot, id, seed);
+            c->active++;
+            dlog(DG_LOG_DEBUG, "req=%llu conn %u uid=%d: ring job %llu, %zu prompt tokens",
+                 (unsigned long long)id, slot_of(srv, c), (int)c->uid,
+                 (unsigned long long)job->user_data, n_prompt);
+        }
+    }
+    dproto_request_free(&req);
+}
+
+/* Take what the client submitted: posts waiting completions first, then at
+ * most RING_TAKE submissions, and only while the scheduler has room (the
+ * rest wait in the ring: ring_again / ring_stalled say when to look
+ * again). */
+static void ring_service(struct dserver *srv, struct conn *c)
+{
+    struct dg_error err = {0};
+    c->ring_again = c->ring_stalled = 0;
+    if (!c->ring || c->gone || dshm_ring_broken(c->ring))
+        return;
+    if (dshm_ring_flush(c->ring, &err) < 0) {
+        ring_fault(srv, c, err.msg);
+        return;
+    }
+    for (int n = 0;; n++) {
+        struct dshm_job job;
+        int rc;
+        if (n == RING_TAKE) {
+            c->ring_again = 1;
+            return;
+        }
+        if (srv->phase == RUNNING && dsched_room(srv->sched) == 0) {
+            c->ring_stalled = 1;
+            return;
+        }
+        rc = dshm_ring_next(c->ring, &job, &err);
+        if (rc < 0) {
+            ring_fault(srv, c, err.msg);
+            return;
+        }
+        if (rc == 0)
+            return;
+        ring_job(srv, c, &job);
+        json_decref(job.request);
+    }
+}
+
+/* A done line for a ring job: its completion. */
+static void ring_done(struct dserver *srv, struct conn *c, const char *line, size_t len)
+{
+    json_t *d = json_loadb(line, len, 0, NULL), *ids, *err, *usage, *v;
+    struct dshm_result res;
+    int32_t *idv = NULL;
+    const char *finish, *msg = NULL;
+    int slot;
+
+    if (!d || !c->ring || strcmp(json_string_value(json_object_get(d, "event")) ?
+                                     json_string_value(json_object_get(d, "event")) : "",
+                                 "done")) {
+        json_decref(d);
+        return;
+    }
+    slot = dshm_ring_find_id(c->ring, (uint64_t)json_integer_value(json_object_get(d, "id")));
+    if (slot < 0) {
+        json_decref(d);
+        return;
+    }
+    memset(&res, 0, sizeof res);
+    finish = json_string_value(json_object_get(d, "finish_reason"));
+    finish = finish ? finish : "error";
+    res.finish = !strcmp(finish, "stop")        ? DG_SHM_FINISH_STOP
+                 : !strcmp(finish, "length")    ? DG_SHM_FINISH_LENGTH
+                 : !strcmp(finish, "cancelled") ? DG_SHM_FINISH_CANCELLED
+                                                : DG_SHM_FINISH_ERROR;
+    usage = json_object_get(d, "usage");
+    res.prompt_tokens = (uint32_t)json_integer_value(json_object_get(usage, "prompt_tokens"));
+    res.completion_tokens =
+        (uint32_t)json_integer_value(json_object_get(usage, "completion_tokens"));
+    res.canvases = (uint32_t)json_integer_value(json_object_get(d, "canvases"));
+    res.decoder_steps = (uint64_t)json_integer_value(json_object_get(d, "decoder_steps"));
+    res.tokens_per_s = json_number_value(json_object_get(d, "tokens_per_s"));
+    res.ms_total = json_number_value(json_object_get(d, "ms_total"));
+    res.ms_first_canvas = json_number_value(json_object_get(d, "ms_first_canvas"));
+    v = json_object_get(d, "stop_id");
+    res.stop_id = json_is_integer(v) ? (int32_t)json_integer_value(v) : -1;
+    ids = json_object_get(d, "ids");
+    if (json_array_size(ids) > 0 && (idv = malloc(json_array_size(ids) * sizeof *idv))) {
+        size_t i;
+        json_array_foreach(ids, i, v)
+            idv[i] = (int32_t)json_integer_value(v);
+        res.ids = idv;
+        res.n_ids = json_array_size(ids);
+    }
+    res.text = json_string_value(json_object_get(d, "text"));
+    res.text_len = res.text ? json_string_length(json_object_get(d, "text")) : 0;
+    if (res.finish == DG_SHM_FINISH_ERROR && (err = json_object_get(d, "error")) != NULL) {
+        const char *code = json_string_value(json_object_get(err, "code"));
+        msg = json_string_value(json_object_get(err, "message"));
+        res.status = shm_status_of(code ? code : "internal");
+        res.ids = NULL;
+        res.n_ids = 0;
+        res.text = msg ? msg : "failed";
+        res.text_len = strlen(res.text);
+    }
+    if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
+        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job", slot_of(srv, c));
+    free(idv);
+    json_decref(d);
+}
+
+static void shm_attach(struct dserver *srv, struct conn *c, const struct dproto_request *req,
+                       const char *tag)
+{
+    const struct dshm_sizes ask = {req->shm.sq_entries, req->shm.cq_entries, req->shm.in_bytes,
+                                   req->shm.out_bytes};
+    struct dshm_sizes got;
+    struct dg_error err = {0};
+    uint64_t total = 0;
+    int fds[3] = {-1, -1, -1};
+    json_t *o;
+    char *line;
+    size_t len = 0;
+
+    if (srv->o.shm.max_entries == 0) {
+        send_error(srv, c, 0, tag, "bad_request",
+                   "shm_attach: shared-memory rings are off (shm_max_entries: 0)");
+        return;
+    }
+    if (c->ring) {
+        send_error(srv, c, 0, tag, "bad_request", "shm_attach: this connection has a ring");
+        return;
+    }
+    if (srv->phase != RUNNING) {
+        send_error(srv, c, 0, tag, "shutting_down", "the daemon is shutting down");
+        return;
+    }
+    if (dshm_ring_create(&ask, &srv->o.shm, &c->ring, &fds[0], &err) < 0) {
+        dlog(DG_LOG_ERROR, "conn %u: %s", slot_of(srv, c), err.msg);
+        send_error(srv, c, 0, tag, "internal", err.msg);
+        return;
+    }
+    srv->rings++;
+    dshm_ring_sizes(c->ring, &got, &total);
+    fds[1] = fcntl(dshm_ring_sq_fd(c->ring), F_DUPFD_CLOEXEC, 0);
+    fds[2] = fcntl(dshm_ring_cq_fd(c->ring), F_DUPFD_CLOEXEC, 0);
+    o = json_pack("{s:i,s:I,s:I,s:I,s:I,s:I}", "version", (int)DG_SHM_VERSION, "size",
+                  (json_int_t)total, "sq_entries", (json_int_t)got.sq_entries, "cq_entries",
+                  (json_int_t)got.cq_entries, "in_bytes", (json_int_t)got.in_bytes,
+                  "out_bytes", (json_int_t)got.out_bytes);
+    if (o && tag)
+        json_object_set_new(o, "tag", json_string(tag));
+    line = o ? dproto_event_obj("shm_attached", o, &len) : NULL;
+    if (!line || fds[1] < 0 || fds[2] < 0) {
+        for (int i = 0; i < 3; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        free(line);
+        dshm_ring_destroy(c->ring);
+        c->ring = NULL;
+        srv->rings--;
+        send_error(srv, c, 0, tag, "internal", "shm_attach: out of memory or descriptors");
+        return;
+    }
+    dlog(DG_LOG_INFO, "conn %u uid=%d pid=%d: shared-memory ring of %llu bytes (%u/%u "
+         "entries, arenas %llu/%llu bytes)", slot_of(srv, c), (int)c->uid, (int)c->pid,
+         (unsigned long long)total, got.sq_entries, got.cq_entries,
+         (unsigned long long)got.in_bytes, (unsigned long long)got.out_bytes);
+    conn_write_fds(srv, c, line, len, fds, 3);
+    free(line);
+    arm_bell(srv, c);
+}
+
+/* The doorbell poll completed: empty the counter, serve the ring, re-arm. */
+static void on_bell(struct dserver *srv, struct conn *c, int res)
+{
+    uint64_t v;
+    ssize_t n;
+    c->bell_armed = 0;
+    if (c->gone || !c->ring)
+        return;
+    if (res < 0 && res != -EINTR && res != -EAGAIN) {
+        ring_fault(srv, c, "the ring's doorbell failed");
+        return;
+    }
+    do
+        n = read(dshm_ring_sq_fd(c->ring), &v, sizeof v);
+    while (n < 0 && errno == EINTR);
+    ring_service(srv, c);
+    arm_bell(srv, c);
+}
+
+/* Look again at the rings that asked for it (stalled ones only when the
+ * scheduler has room).  Returns whether one still has more to take. */
+static int rings_turn(struct dserver *srv, int stalled_too)
+{
+    int more = 0;
+    if (srv->rings == 0)
+        return 0;
+    for (int i = 0; i < srv->o.max_connections; i++) {
+        struct conn *c = &srv->conns[i];
+        if (!c->in_use || c->gone || !c->ring)
+            continue;
+        if (c->ring_again || (stalled_too && c->ring_stalled))
+            ring_service(srv, c);
+        more |= c->ring_again;
+    }
+    return more;
+}
+
 static void handle_line(struct dserver *srv, struct conn *c, const char *line, size_t len)
 {
     struct dproto_request req;
@@ -398,8 +807,8 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
         return;
     if (dproto_parse(line, len, srv->pctx, &req, &perr) < 0) {
         if (perr.op == DPROTO_GENERATE)
-            record_refusal(srv, c, perr.has_tag ? perr.tag : NULL, 0, 0, perr.code,
-                           perr.message);
+            record_refusal(srv, c, perr.has_tag ? perr.tag : NULL, DG_SOURCE_SOCKET, 0,
+                           perr.code, perr.message);
         send_error(srv, c, 0, perr.has_tag ? perr.tag : NULL, perr.code, perr.message);
         return;
     }
@@ -411,20 +820,20 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
         uint64_t id = 0;
         size_t alen = 0;
         int rc;
-        const int batch = req.batch;
+        const enum dg_metrics_source source = req.batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET;
         if (srv->phase != RUNNING) {
-            record_refusal(srv, c, tag, batch, n_prompt, "shutting_down",
+            record_refusal(srv, c, tag, source, n_prompt, "shutting_down",
                            "the daemon is shutting down");
             send_error(srv, c, 0, tag, "shutting_down", "the daemon is shutting down");
             break;
         }
-        rc = dsched_submit(srv->sched, conn_key(srv, c), &req, c->uid, c->pid,
-                           batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET, &id, &err);
+        rc = dsched_submit(srv->sched, conn_key(srv, c), &req, c->uid, c->pid, source, &id,
+                           &err);
         if (rc < 0) {
             const char *code = rc == -DG_E_BUSY    ? "busy"
                                : rc == -DG_E_INVAL ? "shutting_down"
                                                    : "internal";
-            record_refusal(srv, c, tag, batch, n_prompt, code, err.msg);
+            record_refusal(srv, c, tag, source, n_prompt, code, err.msg);
             send_error(srv, c, 0, tag, code, err.msg);
             break;
         }
@@ -460,6 +869,9 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
         break;
     case DPROTO_STATUS:
         send_status(srv, c, tag);
+        break;
+    case DPROTO_SHM_ATTACH:
+        shm_attach(srv, c, &req, tag);
         break;
     }
     dproto_request_free(&req);
@@ -568,6 +980,8 @@ static void on_accept(struct dserver *srv, int res)
     c->active = 0;
     c->uid = cred.uid;
     c->pid = cred.pid;
+    c->ring = NULL;
+    c->bell_armed = c->ring_again = c->ring_stalled = 0;
     srv->n_conns++;
     dlog(DG_LOG_DEBUG, "conn %u: uid %d pid %d", slot_of(srv, c), (int)c->uid, (int)c->pid);
     arm_recv(srv, c);
@@ -610,12 +1024,18 @@ static void on_send(struct dserver *srv, struct conn *c, int res)
     }
     c->head->off += (size_t)res;
     c->out_bytes -= (size_t)res;
+    if (res > 0 && c->head->nfds > 0) {
+        /* delivered with the first byte: the daemon's copies go */
+        for (int i = 0; i < c->head->nfds; i++)
+            close(c->head->fds[i]);
+        c->head->nfds = 0;
+    }
     if (c->head->off == c->head->len) {
         struct out_block *b = c->head;
         c->head = b->next;
         if (!c->head)
             c->tail = NULL;
-        free(b);
+        block_free(b);
     }
     arm_send(srv, c);
     arm_recv(srv, c); /* backpressure may have lifted */
@@ -629,10 +1049,13 @@ static void drain_outbox(struct dserver *srv)
     while ((n = dsched_take(srv->sched, srv->outbox, OUT_TAKE)) > 0)
         for (size_t i = 0; i < n; i++) {
             struct dsched_out *o = &srv->outbox[i];
-            const uint32_t slot = (uint32_t)o->conn;
+            const uint32_t slot = (uint32_t)o->conn & ~RING_KEY_BIT;
+            const int ring_job = ((uint32_t)o->conn & RING_KEY_BIT) != 0;
             struct conn *c = (int)slot < srv->o.max_connections ? &srv->conns[slot] : NULL;
             if (c && c->in_use && c->gen == (uint32_t)(o->conn >> 32) && !c->gone) {
-                if (o->line)
+                if (o->line && ring_job)
+                    ring_done(srv, c, o->line, o->len);
+                else if (o->line)
                     conn_write(srv, c, o->line, o->len);
                 if (o->ends_request && c->active > 0)
                     c->active--;
@@ -706,6 +1129,11 @@ static int all_flushed(const struct dserver *srv)
 static void on_tick(struct dserver *srv)
 {
     const double t = now_s();
+    /* every ring, now and then: a client that reaped without ringing (it
+     * is allowed to when DG_SHM_NEED_WAKE was not set) is served anyway */
+    for (int i = 0; srv->rings > 0 && i < srv->o.max_connections; i++)
+        if (srv->conns[i].in_use && srv->conns[i].ring && !srv->conns[i].gone)
+            ring_service(srv, &srv->conns[i]);
     if (srv->listen_fd >= 0 && !srv->accept_armed)
         arm_accept(srv);
     if (srv->phase == DRAINING && t >= srv->deadline) {
@@ -735,7 +1163,8 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
         }
         if (srv->phase == FLUSHING && (all_flushed(srv) || now_s() >= srv->deadline))
             break;
-        rc = io_uring_submit_and_wait(&srv->ring, 1);
+        /* rings with submissions left over from the last turn: do not sleep */
+        rc = io_uring_submit_and_wait(&srv->ring, rings_turn(srv, 0) ? 0 : 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
             return dg_error_set(err, DG_E_IO, "io_uring: %s", strerror(-rc));
         io_uring_for_each_cqe(&srv->ring, head, cqe) {
@@ -750,6 +1179,7 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
             case OP_EVENT:
                 drain_outbox(srv);
                 arm_event(srv);
+                rings_turn(srv, 1); /* requests ended: room for waiting ring jobs */
                 break;
             case OP_SIGNAL:
                 on_signal(srv, res);
@@ -762,11 +1192,14 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
             case OP_RECV:
             case OP_SEND:
             case OP_POLL:
+            case OP_BELL:
                 c = conn_of(srv, ud);
                 if (!c)
                     break;
                 c->pending--;
-                if (ud_kind(ud) == OP_RECV)
+                if (ud_kind(ud) == OP_BELL)
+                    on_bell(srv, c, res);
+                else if (ud_kind(ud) == OP_RECV)
                     on_recv(srv, c, res);
                 else if (ud_kind(ud) == OP_SEND)
                     on_send(srv, c, res);

@@ -31,6 +31,7 @@
 #include "daemon/protocol.h"
 #include "daemon/metrics.h"
 #include "daemon/sched.h"
+#include "daemon/shm-ring.h"
 #include "lib/error.h"
 
 struct dserver_options {
@@ -44,6 +45,7 @@ struct dserver_options {
     double shutdown_grace;        /* seconds running requests get at shutdown */
     json_t *info;                 /* what status reports about the model and backend (borrowed) */
     struct dmetrics *metrics;     /* refused requests are recorded here; NULL: none */
+    struct dshm_limits shm;       /* shared-memory rings: caps (max_entries 0: none) */
 };
 
 struct dserver;

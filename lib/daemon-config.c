@@ -121,6 +121,14 @@ static const struct opt opts[] = {
     {.name = "socket_group", .type = T_STRING, .off = OFF(socket_group),
      .size = SIZE(socket_group), .def = "",
      .help = "Group (name or number) the socket is given. Empty: the group it was created with."},
+    {.name = "shm_max_entries", .type = T_INT, .off = OFF(shm_max_entries), .min = 0,
+     .max = 65536, .def = "1024",
+     .help = "Most submission (and completion) entries of a client's shared-memory ring "
+             "(rounded down to a power of two). 0: no rings (shm_attach is refused)."},
+    {.name = "shm_max_arena_mb", .type = T_INT, .off = OFF(shm_max_arena_mb), .min = 1,
+     .max = 1024, .def = "16",
+     .help = "Largest prompt arena and largest result arena of a shared-memory ring, in MiB "
+             "each."},
     {.name = "metrics", .type = T_STRING, .off = OFF(metrics), .size = SIZE(metrics), .def = "",
      .help = "SQLite file the per-request metrics are written to. Empty: no metrics."},
     {.name = "metrics_queue", .type = T_INT, .off = OFF(metrics_queue), .min = 1,

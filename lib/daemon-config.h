@@ -47,6 +47,8 @@ struct dg_config {
     char socket[DG_CONFIG_PATH_MAX];     /* default "/run/dgemma/dgemmad.sock" */
     int socket_mode;                     /* octal, 0..0777, default 0660 */
     char socket_group[256];              /* "" = leave the group as is */
+    int shm_max_entries;                 /* ring entries cap, 0..65536 (0 = no rings), default 1024 */
+    int shm_max_arena_mb;                /* each ring arena's cap, 1..1024, default 16 */
     char metrics[DG_CONFIG_PATH_MAX];    /* SQLite file, "" = no metrics */
     int metrics_queue;                   /* records waiting for the writer, 1..1000000, default 4096 */
     double metrics_flush;                /* seconds a record may wait, 0.01..60, default 1 */

@@ -72,6 +72,12 @@ static int good_requests(void)
     CHECK(parse("{\"op\":\"cancel\",\"id\":17,\"v\":1}", &r, &e) == 0);
     CHECK(r.op == DPROTO_CANCEL && r.target == 17);
     CHECK(parse("{\"v\":1,\"op\":\"status\",\"tag\":\"s\"}", &r, &e) == 0 && r.op == DPROTO_STATUS);
+    CHECK(parse("{\"v\":1,\"op\":\"shm_attach\"}", &r, &e) == 0 && r.op == DPROTO_SHM_ATTACH);
+    CHECK(r.shm.sq_entries == 0 && r.shm.cq_entries == 0 && r.shm.in_bytes == 0);
+    CHECK(parse("{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":64,\"cq_entries\":32,"
+                "\"in_bytes\":65536,\"out_bytes\":1048576}", &r, &e) == 0);
+    CHECK(r.op == DPROTO_SHM_ATTACH && r.shm.sq_entries == 64 && r.shm.cq_entries == 32 &&
+          r.shm.in_bytes == 65536 && r.shm.out_bytes == 1048576);
     /* two requests without a seed get different ones */
     {
         struct dproto_request a, b;
@@ -99,6 +105,10 @@ static int bad_requests(void)
         {"{\"v\":1}", "bad_request", "op"},
         {"{\"v\":1,\"op\":7}", "bad_request", "op"},
         {"{\"v\":1,\"op\":\"jump\"}", "unknown_op", "jump"},
+        {"{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":-1}", "bad_request", "sq_entries"},
+        {"{\"v\":1,\"op\":\"shm_attach\",\"in_bytes\":\"4\"}", "bad_request", "in_bytes"},
+        {"{\"v\":1,\"op\":\"shm_attach\",\"out_bytes\":2e12}", "bad_request", "out_bytes"},
+        {"{\"v\":1,\"op\":\"shm_attach\",\"size\":1}", "bad_request", "size: unknown"},
         {"{\"v\":1,\"op\":\"status\",\"q\":1}", "bad_request", "q: unknown field"},
         {"{\"v\":1,\"op\":\"cancel\"}", "bad_request", "id"},
         {"{\"v\":1,\"op\":\"cancel\",\"id\":0}", "bad_request", "id"},
