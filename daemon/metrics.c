@@ -42,6 +42,8 @@ struct dmetrics {
     size_t held;                           /* queued + being written */
     struct dmetrics_counters c;
     uint64_t lost_recorded;                /* lost already written as an event */
+    int64_t run_id;                        /* the writer's copy of the run row id (0: none
+                                            * committed yet); c.run follows it under mu */
     double started_at;
 };
 
@@ -194,11 +196,11 @@ void dmetrics_counters(struct dmetrics *m, struct dmetrics_counters *c)
 static int write_batch(struct dmetrics *m, struct mrec *batch, int *retention_due,
                        uint64_t lost_now, size_t *n_req, size_t *n_ev, struct dg_error *err)
 {
-    int rc;
+    int rc, new_run = 0;
     *n_req = *n_ev = 0;
     if ((rc = dg_metrics_db_begin(m->db, err)) < 0)
         return rc;
-    if (m->c.run == 0) {
+    if (m->run_id == 0) {
         struct dg_metrics_run run = {
             .started = m->started_at, .pid = getpid(), .version = m->version,
             .host = m->host, .model = m->model, .backend = m->backend,
@@ -207,22 +209,23 @@ static int write_batch(struct dmetrics *m, struct mrec *batch, int *retention_du
         int64_t id = 0;
         if ((rc = dg_metrics_db_put_run(m->db, &run, &id, err)) < 0)
             goto rollback;
-        m->c.run = id;
+        m->run_id = id;
+        new_run = 1;
     }
     for (struct mrec *r = batch; r; r = r->next) {
         switch (r->kind) {
         case MREC_REQUEST:
-            rc = dg_metrics_db_put_request(m->db, m->c.run, m->backend, m->o.tp, &r->req, err);
+            rc = dg_metrics_db_put_request(m->db, m->run_id, m->backend, m->o.tp, &r->req, err);
             ++*n_req;
             break;
         case MREC_EVENT:
-            rc = dg_metrics_db_put_event(m->db, m->c.run, r->time, r->kind_name, r->detail, err);
+            rc = dg_metrics_db_put_event(m->db, m->run_id, r->time, r->kind_name, r->detail, err);
             ++*n_ev;
             break;
         case MREC_STOP:
-            if ((rc = dg_metrics_db_put_event(m->db, m->c.run, r->time, "stop", r->detail,
+            if ((rc = dg_metrics_db_put_event(m->db, m->run_id, r->time, "stop", r->detail,
                                               err)) == 0)
-                rc = dg_metrics_db_stop_run(m->db, m->c.run, r->time, err);
+                rc = dg_metrics_db_stop_run(m->db, m->run_id, r->time, err);
             ++*n_ev;
             break;
         }
@@ -234,7 +237,7 @@ static int write_batch(struct dmetrics *m, struct mrec *batch, int *retention_du
         snprintf(d, sizeof d, "%llu records lost since the last report (%llu in all)",
                  (unsigned long long)(lost_now - m->lost_recorded),
                  (unsigned long long)lost_now);
-        if ((rc = dg_metrics_db_put_event(m->db, m->c.run, dmetrics_now(), "metrics_lost", d,
+        if ((rc = dg_metrics_db_put_event(m->db, m->run_id, dmetrics_now(), "metrics_lost", d,
                                           err)) < 0)
             goto rollback;
         ++*n_ev;
@@ -249,19 +252,22 @@ static int write_batch(struct dmetrics *m, struct mrec *batch, int *retention_du
             snprintf(d, sizeof d, "deleted %lld requests, %lld canvases, %lld events, %lld runs",
                      (long long)gone.requests, (long long)gone.canvases, (long long)gone.events,
                      (long long)gone.runs);
-            if ((rc = dg_metrics_db_put_event(m->db, m->c.run, dmetrics_now(), "retention", d,
+            if ((rc = dg_metrics_db_put_event(m->db, m->run_id, dmetrics_now(), "retention", d,
                                               err)) < 0)
                 goto rollback;
             dlog(DG_LOG_INFO, "metrics retention: %s", d);
         }
     }
     if ((rc = dg_metrics_db_commit(m->db, err)) < 0)
-        return rc;
+        goto rolled_back;
     m->lost_recorded = lost_now > m->lost_recorded ? lost_now : m->lost_recorded;
     *retention_due = 0;
     return 0;
 rollback:
     dg_metrics_db_rollback(m->db);
+rolled_back:
+    if (new_run) /* the run row went with the transaction */
+        m->run_id = 0;
     return rc;
 }
 
@@ -302,6 +308,7 @@ static int salvage(struct dmetrics *m, struct mrec **batch, struct mrec **tail,
         } else {
             m->c.requests += n_req;
             m->c.events += n_ev;
+            m->c.run = m->run_id;
         }
         m->held--;
         mrec_free(r);
@@ -392,6 +399,7 @@ static void *writer_thread(void *arg)
             m->held -= n;
             m->c.requests += n_req;
             m->c.events += n_ev;
+            m->c.run = m->run_id;
             if (pause > 0)
                 dlog(DG_LOG_INFO, "metrics: writing again");
             pause = 0;
