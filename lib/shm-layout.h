@@ -55,8 +55,12 @@
  *   after publishing, and check the ring again after every wake-up.  The
  *   client writes the submission doorbell after moving sq_tail, and after
  *   moving cq_head when flags has DG_SHM_NEED_WAKE (the daemon stopped
- *   taking submissions because every completion slot was taken).  The
- *   daemon writes the completion doorbell after moving cq_tail.
+ *   taking submissions because every completion slot was taken).  The flag
+ *   is a store-then-load handshake on both sides: the daemon sets flags,
+ *   then loads cq_head; the client stores cq_head, then loads flags; both
+ *   sequentially consistent, so one of them sees the other.  (The daemon
+ *   also looks at every ring at each housekeeping tick.)  The daemon
+ *   writes the completion doorbell after moving cq_tail.
  *
  * SUBMISSIONS
  *   op DG_SHM_OP_TEXT: prompt_len bytes of UTF-8 at in_off + prompt_off (a

@@ -55,7 +55,8 @@ done
 if [ -z "$missing" ]; then ok config_keys; else bad config_keys "not in dgemmad.yaml(5):$missing"; fi
 
 missing=""
-for w in generate cancel status accepted canvas done error cancelling bad_json bad_request \
+for w in generate cancel status shm_attach shm_attached accepted canvas done error cancelling \
+         bad_json bad_request \
          unknown_op bad_version too_large busy not_found shutting_down internal; do
     grep -q "\b$w\b" "$tmp/dgemmad.8.txt" || missing="$missing $w"
 done
