@@ -167,6 +167,103 @@ typedef struct dgemma_event {
  * DGEMMA_E_IO, DGEMMA_E_PROTOCOL (the line is kept in dgemma_errmsg). */
 int dgemma_next_event(dgemma_t *c, dgemma_event_t *ev, int timeout_ms);
 
+/* ---- the shared-memory ring -------------------------------------------------------
+ *
+ * For many jobs at a high rate: the daemon lends the connection a ring in
+ * shared memory (see "SHARED-MEMORY RING" in dgemmad(8)); jobs go in and
+ * results come out without a system call each.  A ring job is a text or
+ * token-id request (not a chat) with any settings, and it is never
+ * streamed: one completion per job, with the whole output.  The request
+ * builders above make ring jobs too.  The ring belongs to the connection:
+ * it ends when the connection closes (jobs in flight are cancelled).
+ * Detach it before closing (or reconnecting) the connection.  The ring
+ * functions put their messages in dgemma_errmsg of the ring's connection,
+ * and a ring and its connection are used by one thread at a time together.
+ * Every ring function may also return DGEMMA_E_PROTOCOL once the daemon
+ * broke the ring's rules (its indexes out of range); the ring is then
+ * useless.
+ */
+
+typedef struct dgemma_ring dgemma_ring_t;
+
+/* Sizes asked for (0: the daemon's default); the daemon caps each. */
+typedef struct dgemma_ring_opts {
+    unsigned sq_entries, cq_entries;  /* rounded up to a power of two */
+    size_t in_bytes, out_bytes;       /* the prompt arena, the result arena */
+} dgemma_ring_opts_t;
+
+/* Ask the daemon for a ring on c (opts may be NULL) and map it.  Waits for
+ * the answer (events of requests already in flight on c that arrive
+ * meanwhile are kept for dgemma_next_event).  Errors: DGEMMA_E_DAEMON (the
+ * daemon refused: dgemma_errmsg says why), DGEMMA_E_PROTOCOL (a ring this
+ * library cannot use), DGEMMA_E_IO, DGEMMA_E_CLOSED, DGEMMA_E_NOMEM. */
+int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_t **out);
+
+/* Unmap the ring and close its descriptors (the daemon lets go of its side
+ * when the connection closes).  r may be NULL. */
+void dgemma_ring_detach(dgemma_ring_t *r);
+
+/* Queue r as a job with user_data (echoed in its completion; the caller
+ * keeps it unique among its jobs in flight).  Copies what it needs; r may
+ * be freed at once.  The daemon hears of queued jobs at the next
+ * dgemma_ring_kick, dgemma_ring_wait or dgemma_ring_reap.  Errors:
+ * DGEMMA_E_AGAIN (the submission ring or the prompt arena is full: reap,
+ * then try again), DGEMMA_E_INVAL (a chat request, a setting the ring
+ * cannot carry, a value of the wrong JSON type or one the entry's field
+ * cannot hold (an integer setting outside 32 bits, a negative seed), more
+ * than 8 stop ids, a prompt larger than the arena: nothing is queued; the
+ * daemon checks the values' ranges, refusing the job in its completion),
+ * DGEMMA_E_CLOSED (the daemon left the ring). */
+int dgemma_ring_submit(dgemma_ring_t *ring, const dgemma_request_t *r, uint64_t user_data);
+
+/* Queue a cancel of the job submitted with user_data (its completion says
+ * cancelled, or it finished first).  Errors as dgemma_ring_submit. */
+int dgemma_ring_cancel(dgemma_ring_t *ring, uint64_t user_data);
+
+/* Tell the daemon about the jobs queued since the last kick (one write to
+ * the doorbell; nothing when there are none).  Errors: DGEMMA_E_IO,
+ * DGEMMA_E_CLOSED (the daemon left the ring). */
+int dgemma_ring_kick(dgemma_ring_t *ring);
+
+/* One job's result.  Pointers stay valid until the next dgemma_ring_reap
+ * on the same ring (or its detach). */
+typedef struct dgemma_completion {
+    uint64_t user_data, id, seed;       /* id 0: the daemon refused the job */
+    const char *code, *message;         /* refused, or failed once started (finish_reason
+                                           "error"): the error code and message; else NULL */
+    const char *finish_reason;          /* "stop", "length", "cancelled", "error"; NULL if refused */
+    const char *text;                   /* the output (text_len bytes, NUL-terminated too) */
+    size_t text_len;
+    const int32_t *ids;
+    size_t n_ids;
+    long long prompt_tokens, completion_tokens, decoder_steps, stop_id; /* stop_id -1: none */
+    int canvases;
+    double tokens_per_s, ms_total, ms_first_canvas;
+} dgemma_completion_t;
+
+/* Take the next completion, if one is there (kicks first when jobs are
+ * queued).  Returns 0 with *out filled, or DGEMMA_E_AGAIN when none is
+ * ready (the completion doorbell is then cleared); DGEMMA_E_CLOSED when
+ * the daemon left the ring and nothing more will come (the completions
+ * posted before come first); DGEMMA_E_PROTOCOL for a completion that does
+ * not fit the ring (it is dropped, dgemma_errmsg names its user_data, and
+ * the next call goes on with the next one). */
+int dgemma_ring_reap(dgemma_ring_t *ring, dgemma_completion_t *out);
+
+/* Wait until a completion is ready or timeout_ms passes (-1: no limit;
+ * kicks first when jobs are queued).  Returns 0 (one is ready),
+ * DGEMMA_E_AGAIN (the timeout), DGEMMA_E_CLOSED (the daemon left the ring
+ * or hung up, and no completion is left), DGEMMA_E_IO. */
+int dgemma_ring_wait(dgemma_ring_t *ring, int timeout_ms);
+
+/* The completion doorbell (an eventfd) for the caller's poll loop: readable
+ * when completions may be ready (then dgemma_ring_reap until
+ * DGEMMA_E_AGAIN).  Call dgemma_ring_kick after queueing jobs, before
+ * polling: dgemma_ring_submit does not tell the daemon.  Poll dgemma_fd
+ * too (POLLIN): a daemon that hangs up shows there, not here (then
+ * dgemma_ring_reap returns DGEMMA_E_CLOSED).  -1 for NULL. */
+int dgemma_ring_fd(const dgemma_ring_t *ring);
+
 #ifdef __cplusplus
 }
 #endif
