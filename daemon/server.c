@@ -82,6 +82,7 @@ struct conn {
     int bell_armed;
     int ring_again;            /* more submissions may wait: look again this turn */
     int ring_stalled;          /* the scheduler was full: look again when it has room */
+    int ring_active;           /* ring jobs accepted and not yet done (part of active) */
     struct msghdr msg;         /* a send with descriptors (stable while in flight) */
     struct iovec iov;
     union {
@@ -351,6 +352,7 @@ static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_
             }
             b->next = NULL;
             b->len = b->off = 0;
+            b->nfds = 0;
             if (c->tail)
                 c->tail->next = b;
             else
@@ -534,9 +536,14 @@ static void ring_refuse(struct dserver *srv, struct conn *c, const struct dshm_j
 static void ring_fault(struct dserver *srv, struct conn *c, const char *why)
 {
     dlog(DG_LOG_WARN, "conn %u (uid %d): %s", slot_of(srv, c), (int)c->uid, why);
-    if (c->active)
+    if (c->ring_active) {
+        /* cancelled without a done line: they stop counting now */
         dsched_conn_gone(srv->sched, conn_key(srv, c) | RING_KEY_BIT);
+        c->active -= c->ring_active;
+        c->ring_active = 0;
+    }
     c->ring_again = c->ring_stalled = 0;
+    maybe_finish(srv, c);
 }
 
 /* Hand one taken submission to the scheduler (or refuse it). */
@@ -587,6 +594,7 @@ static void ring_job(struct dserver *srv, struct conn *c, struct dshm_job *job)
         } else {
             dshm_ring_bind(c->ring, job->slot, id, seed);
             c->active++;
+            c->ring_active++;
             dlog(DG_LOG_DEBUG, "req=%llu conn %u uid=%d: ring job %llu, %zu prompt tokens",
                  (unsigned long long)id, slot_of(srv, c), (int)c->uid,
                  (unsigned long long)job->user_data, n_prompt);
@@ -635,15 +643,22 @@ static void ring_service(struct dserver *srv, struct conn *c)
 /* A done line for a ring job: its completion. */
 static void ring_done(struct dserver *srv, struct conn *c, const char *line, size_t len)
 {
-    json_t *d = json_loadb(line, len, 0, NULL), *ids, *err, *usage, *v;
+    /* (the text may hold U+0000: a byte-fallback token can decode to it) */
+    json_t *d = json_loadb(line, len, JSON_ALLOW_NUL, NULL), *ids, *err, *usage, *v;
     struct dshm_result res;
     int32_t *idv = NULL;
     const char *finish, *msg = NULL;
     int slot;
 
-    if (!d || !c->ring || strcmp(json_string_value(json_object_get(d, "event")) ?
-                                     json_string_value(json_object_get(d, "event")) : "",
-                                 "done")) {
+    if (!d) {
+        /* (cannot happen with the scheduler's lines; if it did, the job's
+         * slot would stay taken until the ring goes) */
+        dlog(DG_LOG_ERROR, "conn %u: a ring job's done line does not parse", slot_of(srv, c));
+        return;
+    }
+    if (!c->ring || strcmp(json_string_value(json_object_get(d, "event")) ?
+                               json_string_value(json_object_get(d, "event")) : "",
+                           "done")) {
         json_decref(d);
         return;
     }
@@ -981,7 +996,7 @@ static void on_accept(struct dserver *srv, int res)
     c->uid = cred.uid;
     c->pid = cred.pid;
     c->ring = NULL;
-    c->bell_armed = c->ring_again = c->ring_stalled = 0;
+    c->bell_armed = c->ring_again = c->ring_stalled = c->ring_active = 0;
     srv->n_conns++;
     dlog(DG_LOG_DEBUG, "conn %u: uid %d pid %d", slot_of(srv, c), (int)c->uid, (int)c->pid);
     arm_recv(srv, c);
@@ -1059,6 +1074,8 @@ static void drain_outbox(struct dserver *srv)
                     conn_write(srv, c, o->line, o->len);
                 if (o->ends_request && c->active > 0)
                     c->active--;
+                if (o->ends_request && ring_job && c->ring_active > 0)
+                    c->ring_active--;
                 maybe_finish(srv, c);
             }
             free(o->line);

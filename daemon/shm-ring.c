@@ -222,10 +222,13 @@ int dshm_ring_broken(const struct dshm_ring *r)
 
 /* ---- the client's indexes ----------------------------------------------------------- */
 
+static void ring_bell(struct dshm_ring *r);
+
 static int fault(struct dshm_ring *r, struct dg_error *err, const char *what, uint32_t v)
 {
     r->broken = 1;
     __atomic_fetch_or(&r->hdr->flags, DG_SHM_FAULT, __ATOMIC_SEQ_CST);
+    ring_bell(r); /* a client waiting for completions wakes and sees the flag */
     return dg_error_set(err, DG_E_FORMAT, "shm ring: %s %u is out of range: the ring is "
                         "abandoned", what, v);
 }
@@ -434,6 +437,7 @@ int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *e
          * it reaped between the check and the flag (seq_cst on both sides:
          * the client stores cq_head, then loads flags) */
         __atomic_fetch_or(&r->hdr->flags, DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
         if (load_cq_head(r, err) < 0)
             return -1;
         if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n)
@@ -444,7 +448,8 @@ int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *e
     /* copy the entry and its bytes out, then hand the entry back */
     memcpy(&e, r->map + r->sq_off + (uint64_t)(r->sq_head & (r->sq_n - 1)) * DG_SHM_SQE_SIZE,
            sizeof e);
-    job->user_data = e.user_data;
+    /* (a cancel's user_data is the job it names) */
+    job->user_data = e.op == DG_SHM_OP_CANCEL ? e.cancel_user_data : e.user_data;
     job->op = e.op;
     job->batch = (e.flags & DG_SHM_F_BATCH) != 0;
     if (e.op == DG_SHM_OP_TEXT || e.op == DG_SHM_OP_IDS) {

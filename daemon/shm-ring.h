@@ -71,7 +71,7 @@ int dshm_ring_cq_fd(const struct dshm_ring *r);
 /* One submission, copied out of shared memory. */
 struct dshm_job {
     uint32_t slot;                 /* the ring's record of it (for bind/complete) */
-    uint64_t user_data;
+    uint64_t user_data;            /* CANCEL: the job to cancel (cancel_user_data) */
     uint32_t op;                   /* DG_SHM_OP_TEXT / _IDS / _CANCEL */
     int batch;
     json_t *request;               /* TEXT, IDS: the generate request, as the socket

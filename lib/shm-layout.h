@@ -45,14 +45,17 @@
  *     cq_head  client: it is done with completions [old head, new head) and
  *              their arena bytes (copied out) before the release store;
  *              the daemon's acquire load lets it reuse them.
- *   The daemon checks every value it loads: sq_tail - sq_head must not
- *   exceed sq_entries, cq_head must lie in [the last cq_head it saw,
- *   cq_tail]; a client that breaks that loses its ring (flags gets
- *   DG_SHM_FAULT, its jobs are cancelled), not the daemon.
+ *   All four start at 0.  The daemon checks every value it loads:
+ *   sq_tail - sq_head must not exceed sq_entries, cq_head must lie in [the
+ *   last cq_head it saw, cq_tail]; a client that breaks that loses its ring
+ *   (flags gets DG_SHM_FAULT, the completion doorbell is written, its jobs
+ *   are cancelled), not the daemon.
  *
  * DOORBELLS
- *   Eventfds; a write adds to a counter, so a ring is never missed: write
- *   after publishing, and check the ring again after every wake-up.  The
+ *   Eventfds, non-blocking (the flag belongs to the open file, so the
+ *   client's copies are non-blocking too); a write adds to a counter, so a
+ *   ring is never missed: write after publishing, read (to empty the
+ *   counter) before looking, and look again after every wake-up.  The
  *   client writes the submission doorbell after moving sq_tail, and after
  *   moving cq_head when flags has DG_SHM_NEED_WAKE (the daemon stopped
  *   taking submissions because every completion slot was taken).  The flag
@@ -67,7 +70,8 @@
  *   <bos> is prepended, as for "prompt" on the socket); DG_SHM_OP_IDS:
  *   prompt_len / 4 token ids (int32); DG_SHM_OP_CANCEL: cancel the job
  *   submitted with user_data == cancel_user_data (no completion of its
- *   own; the job's completion says cancelled).  A setting is used when its
+ *   own, even when malformed or naming no job in flight; the job's
+ *   completion says cancelled, unless it ended first).  A setting is used when its
  *   DG_SHM_SET_* bit is in `set`, else the default; values are checked as
  *   on the socket.  Stop strings: stop_len bytes at in_off + stop_off,
  *   each string ended by a NUL.  The daemon copies an entry and its bytes
@@ -77,10 +81,13 @@
  *
  * COMPLETIONS
  *   One per generate job, when it ends: status 0 (done; finish says how)
- *   or a DG_SHM_ERR_* code (the job was refused; error message in the
- *   arena).  Output: n_ids int32 ids at out_off, then text_len bytes of
- *   text (not NUL-terminated).  At most cq_entries jobs are taken before
- *   their completions are reaped.
+ *   or a DG_SHM_ERR_* code with the error message as the text: refused
+ *   (request_id 0) or failed after it started (request_id set).  Output:
+ *   n_ids int32 ids at out_off (8-byte aligned), then text_len bytes of
+ *   text (not NUL-terminated; it may hold U+0000).  Which stop string
+ *   ended a job is not reported (the socket's done event has it).  At most
+ *   cq_entries jobs are taken before their completions are reaped.
+ *   The prompt arena needs no alignment: the daemon copies bytes.
  */
 #ifndef DG_SHM_LAYOUT_H
 #define DG_SHM_LAYOUT_H

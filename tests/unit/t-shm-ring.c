@@ -254,13 +254,15 @@ static int requests_carry_everything(void)
     CHECK(json_object_size(job.request) == 5); /* v, op, stream, batch, prompt_ids */
     json_decref(job.request);
 
-    /* a cancel takes no slot */
+    /* a cancel takes no slot; its user_data is the job it names */
     memset(&e, 0, sizeof e);
     e.op = DG_SHM_OP_CANCEL;
+    e.user_data = 1234;
     e.cancel_user_data = 78;
     publish(&c, &e);
     CHECK(dshm_ring_in_flight(c.r) == 2);
     CHECK(take(&c, &job) == 1 && job.op == DG_SHM_OP_CANCEL && !job.request);
+    CHECK(job.user_data == 78);
     CHECK(dshm_ring_in_flight(c.r) == 2);
     CHECK(dshm_ring_find_user(c.r, 78) >= 0 && dshm_ring_find_user(c.r, 79) < 0);
     dshm_ring_bind(c.r, (uint32_t)dshm_ring_find_user(c.r, 78), 5000, 9);
@@ -547,6 +549,11 @@ static int bad_indexes(void)
     __atomic_store_n(&c.h->sq_tail, 9u, __ATOMIC_RELEASE);
     CHECK(dshm_ring_next(c.r, &job, &err) == -1 && strstr(err.msg, "sq_tail 9"));
     CHECK(dshm_ring_broken(c.r) && (c.h->flags & DG_SHM_FAULT));
+    {
+        /* the client is woken to see it */
+        uint64_t v = 0;
+        CHECK(read(dshm_ring_cq_fd(c.r), &v, sizeof v) == (ssize_t)sizeof v && v >= 1);
+    }
     CHECK(dshm_ring_next(c.r, &job, &err) == -1);
     CHECK(dshm_ring_flush(c.r, &err) == -1);
     cli_close(&c);
