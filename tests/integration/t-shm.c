@@ -1,0 +1,496 @@
+/*
+ * Description: the shared-memory ring against the real dgemmad (from
+ * $BUILD/bin) on the embedded default model.  Thousands of small jobs
+ * through libdgemma's ring give the same outputs as the same requests over
+ * the socket; a hostile client that writes random bytes into every field
+ * of its ring (header, indexes, entries, arenas) and rings its doorbell
+ * while another client runs normally: the other client's outputs are
+ * unchanged, the daemon stays up and answers; a client killed with jobs in
+ * flight: the daemon cancels them, releases the ring (status "rings" back
+ * to 0) and holds no more descriptors than before; a job cancelled through
+ * the ring ends cancelled; a second shm_attach on
+ * one connection and an attach with rings turned off are refused.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/dgemma.h"
+#include "lib/shm-layout.h"
+#include "tests/harness.h"
+#include "tests/integration/fixture.h"
+
+#define WAIT_MS FIXTURE_WAIT_MS
+
+static char sock_path[512], log_path[512];
+static pid_t daemon_pid;
+
+static const char *const DAEMON_OPTS[] = {
+    "max_batch=16", "queue_max=64", "pin_workers=false", "tick=0.05", "shutdown_grace=1",
+    NULL,
+};
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static int start_daemon(const char *const *opts)
+{
+    daemon_pid = fixture_spawn(sock_path, log_path, opts);
+    return daemon_pid > 0 && fixture_wait_ready(daemon_pid, sock_path) == 0 ? 0 : -1;
+}
+
+static void stop_daemon(void)
+{
+    int st;
+    if (daemon_pid > 0) {
+        kill(daemon_pid, SIGTERM);
+        fixture_wait_exit(daemon_pid, &st);
+        daemon_pid = 0;
+    }
+}
+
+static dgemma_t *open_conn(void)
+{
+    dgemma_t *c = dgemma_new();
+    if (c && dgemma_connect(c, sock_path, 5) != 0) {
+        dgemma_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* The daemon's open descriptors. */
+static int daemon_fds(void)
+{
+    char path[64];
+    DIR *d;
+    struct dirent *e;
+    int n = 0;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)daemon_pid);
+    if (!(d = opendir(path)))
+        return -1;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* One integer of the status event; -1 on failure. */
+static long long status_int(const char *key)
+{
+    dgemma_t *c = open_conn();
+    dgemma_event_t ev;
+    long long v = -1;
+    json_t *s;
+    if (!c)
+        return -1;
+    if (dgemma_status(c) == 0 && dgemma_next_event(c, &ev, WAIT_MS) == 0 &&
+        ev.kind == DGEMMA_EV_STATUS && (s = json_loads(ev.json, 0, NULL))) {
+        v = json_integer_value(json_object_get(s, key));
+        json_decref(s);
+    }
+    dgemma_close(c);
+    return v;
+}
+
+/* ---- a request and its output over the socket ------------------------------------- */
+
+struct out {
+    char text[4096];
+    size_t text_len;
+    int32_t ids[512];
+    size_t n_ids;
+    char finish[16];
+};
+
+static dgemma_request_t *job_request(int i)
+{
+    char p[64];
+    dgemma_request_t *r;
+    snprintf(p, sizeof p, "job number %d says", i);
+    r = dgemma_request_text(p);
+    if (r && (dgemma_request_set_int(r, "seed", 1000 + i) != 0 ||
+              dgemma_request_set_int(r, "max_tokens", 1 + i % 5) != 0 ||
+              dgemma_request_set_int(r, "canvas_length", 8) != 0 ||
+              dgemma_request_set_int(r, "max_denoising_steps", 1 + i % 2) != 0)) {
+        dgemma_request_free(r);
+        r = NULL;
+    }
+    return r;
+}
+
+/* Run request r over connection c, not streamed; its output in *o. */
+static int socket_run(dgemma_t *c, dgemma_request_t *r, struct out *o)
+{
+    dgemma_event_t ev;
+    memset(o, 0, sizeof *o);
+    CHECK(dgemma_request_set_stream(r, 0) == 0);
+    CHECK(dgemma_submit(c, r) == 0);
+    for (;;) {
+        CHECKF(dgemma_next_event(c, &ev, WAIT_MS) == 0, "%s", dgemma_errmsg(c));
+        if (ev.kind == DGEMMA_EV_ACCEPTED)
+            continue;
+        CHECKF(ev.kind == DGEMMA_EV_DONE, "%s", ev.json);
+        CHECK(ev.text_len < sizeof o->text && ev.n_ids <= 512);
+        memcpy(o->text, ev.text, ev.text_len);
+        o->text_len = ev.text_len;
+        memcpy(o->ids, ev.ids, ev.n_ids * sizeof *ev.ids);
+        o->n_ids = ev.n_ids;
+        snprintf(o->finish, sizeof o->finish, "%s", ev.finish_reason);
+        return 0;
+    }
+}
+
+/* ---- a raw ring, without libdgemma (for the hostile client) ---------------------------- */
+
+struct raw {
+    int sock, memfd, sq_fd, cq_fd;
+    unsigned char *map;
+    size_t size;
+};
+
+/* Attach over a new connection: 0, or -1. */
+static int raw_attach(struct raw *w)
+{
+    const char req[] = "{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":64,\"cq_entries\":64}\n";
+    char buf[4096];
+    union {
+        char b[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr a;
+    } cm;
+    struct iovec iov = {buf, sizeof buf - 1};
+    struct msghdr msg = {0};
+    struct cmsghdr *h;
+    json_t *ev;
+    ssize_t n;
+    int fds[3] = {-1, -1, -1};
+
+    memset(w, 0, sizeof *w);
+    w->sock = fixture_connect(sock_path);
+    if (w->sock < 0 || send(w->sock, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req))
+        return -1;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cm.b;
+    msg.msg_controllen = sizeof cm.b;
+    n = recvmsg(w->sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    for (h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h))
+        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS &&
+            h->cmsg_len == CMSG_LEN(3 * sizeof(int)))
+            memcpy(fds, CMSG_DATA(h), sizeof fds);
+    ev = json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL);
+    if (!ev || fds[0] < 0)
+        return json_decref(ev), -1;
+    w->size = (size_t)json_integer_value(json_object_get(ev, "size"));
+    json_decref(ev);
+    w->memfd = fds[0];
+    w->sq_fd = fds[1];
+    w->cq_fd = fds[2];
+    w->map = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED, w->memfd, 0);
+    return w->map == MAP_FAILED ? -1 : 0;
+}
+
+static void raw_bell(struct raw *w)
+{
+    uint64_t one = 1;
+    if (write(w->sq_fd, &one, sizeof one) != (ssize_t)sizeof one) {
+        /* (the counter is full or the daemon left: nothing to do) */
+    }
+}
+
+/* ---- cases ------------------------------------------------------------------------------ */
+
+/* Thousands of jobs through the ring: the socket's outputs, exactly. */
+static int ring_equals_socket(void)
+{
+    enum { N = 2000, CHECKED = 200 };
+    static struct out ref[CHECKED];
+    dgemma_t *c = open_conn(), *s = open_conn();
+    dgemma_ring_t *ring = NULL;
+    dgemma_ring_opts_t opts = {64, 64, 0, 0};
+    int submitted = 0, reaped = 0, seen_again = 0;
+    static unsigned char got[N];
+
+    CHECK(c && s);
+    for (int i = 0; i < CHECKED; i++) {
+        dgemma_request_t *r = job_request(i);
+        CHECK(r && socket_run(s, r, &ref[i]) == 0);
+        dgemma_request_free(r);
+    }
+    CHECKF(dgemma_ring_attach(c, &opts, &ring) == 0, "%s", dgemma_errmsg(c));
+    while (reaped < N) {
+        dgemma_completion_t d;
+        int rc;
+        while (submitted < N) {
+            dgemma_request_t *r = job_request(submitted);
+            CHECK(r);
+            rc = dgemma_ring_submit(ring, r, (uint64_t)submitted);
+            dgemma_request_free(r);
+            if (rc == DGEMMA_E_AGAIN) {
+                seen_again = 1;
+                break;
+            }
+            CHECKF(rc == 0, "submit: %d", rc);
+            submitted++;
+        }
+        rc = dgemma_ring_wait(ring, WAIT_MS);
+        if (rc != 0) {
+            int missing = 0;
+            while (missing < N && got[missing])
+                missing++;
+            CHECKF(0, "wait: %d after %d of %d (submitted %d; job %d missing)", rc, reaped, N,
+                   submitted, missing);
+        }
+        while ((rc = dgemma_ring_reap(ring, &d)) == 0) {
+            const int i = (int)d.user_data;
+            CHECK(i >= 0 && i < N && !got[i]);
+            got[i] = 1;
+            CHECKF(d.code == NULL && d.id > 0, "job %d: %s %s", i, d.code ? d.code : "",
+                   d.message ? d.message : "");
+            CHECK(d.seed == (uint64_t)(1000 + i));
+            CHECK(d.completion_tokens == (long long)d.n_ids && d.n_ids <= (size_t)(1 + i % 5));
+            if (i < CHECKED) {
+                CHECKF(d.text_len == ref[i].text_len &&
+                           !memcmp(d.text, ref[i].text, d.text_len),
+                       "job %d: ring text differs from the socket's", i);
+                CHECK(d.n_ids == ref[i].n_ids &&
+                      !memcmp(d.ids, ref[i].ids, d.n_ids * sizeof *d.ids));
+                CHECK(!strcmp(d.finish_reason, ref[i].finish));
+            }
+            reaped++;
+        }
+        CHECK(rc == DGEMMA_E_AGAIN);
+    }
+    CHECK(seen_again); /* the rings were smaller than the work: backpressure was exercised */
+    dgemma_ring_detach(ring);
+    dgemma_close(c);
+    dgemma_close(s);
+    return 0;
+}
+
+/* A client scribbles over its whole ring; another client does not notice. */
+static int hostile_client(void)
+{
+    enum { M = 40 };
+    static struct out ref[M], again;
+    dgemma_t *s = open_conn();
+    pid_t child;
+    int go[2], st;
+
+    CHECK(s);
+    for (int i = 0; i < M; i++) {
+        dgemma_request_t *r = job_request(i);
+        CHECK(r && socket_run(s, r, &ref[i]) == 0);
+        dgemma_request_free(r);
+    }
+    CHECK(pipe(go) == 0);
+    child = fork();
+    if (child == 0) {
+        struct raw w;
+        char b = 0;
+        close(go[0]);
+        if (raw_attach(&w) != 0)
+            _exit(2);
+        if (write(go[1], "r", 1) != 1)
+            _exit(3);
+        /* random bytes everywhere, over and over, with the doorbell */
+        for (int round = 0; round < 3000; round++) {
+            for (int k = 0; k < 64; k++) {
+                uint64_t x = rnd();
+                size_t at = (size_t)(rnd() % (w.size - 8));
+                if (k < 8) /* the indexes and the header more often */
+                    at = (size_t)(rnd() % 512);
+                memcpy(w.map + at, &x, 8);
+            }
+            raw_bell(&w);
+            if (round % 100 == 0)
+                usleep(1000);
+        }
+        (void)b;
+        _exit(0);
+    }
+    close(go[1]);
+    {
+        char b;
+        CHECK(read(go[0], &b, 1) == 1 && b == 'r');
+    }
+    close(go[0]);
+    /* the normal client, meanwhile */
+    for (int i = 0; i < M; i++) {
+        dgemma_request_t *r = job_request(i);
+        CHECK(r && socket_run(s, r, &again) == 0);
+        dgemma_request_free(r);
+        CHECKF(again.text_len == ref[i].text_len &&
+                   !memcmp(again.text, ref[i].text, again.text_len) &&
+                   again.n_ids == ref[i].n_ids &&
+                   !memcmp(again.ids, ref[i].ids, again.n_ids * sizeof *again.ids),
+               "request %d changed while another client scribbled", i);
+    }
+    CHECK(waitpid(child, &st, 0) == child);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hostile child: status %d", st);
+    CHECK(kill(daemon_pid, 0) == 0);
+    {
+        /* gone with its connection */
+        int tries = 0;
+        while (status_int("rings") != 0 && tries++ < 100)
+            usleep(20000);
+        CHECK(status_int("rings") == 0);
+    }
+    dgemma_close(s);
+    return 0;
+}
+
+/* A client killed with jobs in flight. */
+static int killed_client(void)
+{
+    int fds_before, st, go[2];
+    long long cancelled_before = status_int("cancelled");
+    pid_t child;
+
+    CHECK(cancelled_before >= 0);
+    /* (connections of the status calls close asynchronously: the fewest seen) */
+    fds_before = daemon_fds();
+    for (int tries = 0; tries < 15; tries++) {
+        const int n = daemon_fds();
+        fds_before = n < fds_before ? n : fds_before;
+        usleep(20000);
+    }
+    CHECK(fds_before > 0);
+    CHECK(pipe(go) == 0);
+    child = fork();
+    if (child == 0) {
+        dgemma_t *c = open_conn();
+        dgemma_ring_t *ring = NULL;
+        close(go[0]);
+        if (!c || dgemma_ring_attach(c, NULL, &ring) != 0)
+            _exit(2);
+        for (int i = 0; i < 40; i++) {
+            dgemma_request_t *r = dgemma_request_text("a long job that will not finish");
+            if (!r || dgemma_request_set_int(r, "max_tokens", 4000) != 0 ||
+                dgemma_ring_submit(ring, r, (uint64_t)i) != 0)
+                _exit(3);
+            dgemma_request_free(r);
+        }
+        if (dgemma_ring_kick(ring) != 0 || write(go[1], "k", 1) != 1)
+            _exit(4);
+        pause();
+        _exit(0);
+    }
+    close(go[1]);
+    {
+        char b;
+        CHECK(read(go[0], &b, 1) == 1 && b == 'k');
+    }
+    close(go[0]);
+    /* wait until the daemon runs some of them */
+    {
+        long long running = 0, rings = 0;
+        for (int tries = 0; (running = status_int("running")) <= 0 && tries < 200; tries++)
+            usleep(10000);
+        rings = status_int("rings");
+        kill(child, SIGKILL);
+        CHECK(waitpid(child, &st, 0) == child);
+        CHECKF(running > 0 && rings == 1, "running %lld, rings %lld", running, rings);
+    }
+    for (int tries = 0; (status_int("rings") != 0 || status_int("running") != 0 ||
+                         status_int("queued") != 0) && tries < 300; tries++)
+        usleep(20000);
+    CHECK(status_int("rings") == 0 && status_int("running") == 0 && status_int("queued") == 0);
+    CHECK(status_int("cancelled") > cancelled_before);
+    for (int tries = 0; daemon_fds() > fds_before && tries < 100; tries++)
+        usleep(20000);
+    CHECKF(daemon_fds() <= fds_before, "daemon descriptors: %d before, %d after", fds_before,
+           daemon_fds());
+    return 0;
+}
+
+/* A ring job cancelled through the ring. */
+static int ring_cancel(void)
+{
+    dgemma_t *c = open_conn();
+    dgemma_ring_t *ring = NULL;
+    dgemma_request_t *r = dgemma_request_text("a long one");
+    dgemma_completion_t d;
+    int rc;
+
+    CHECK(c && r && dgemma_ring_attach(c, NULL, &ring) == 0);
+    CHECK(dgemma_request_set_int(r, "max_tokens", 4000) == 0);
+    CHECK(dgemma_ring_submit(ring, r, 7) == 0 && dgemma_ring_kick(ring) == 0);
+    dgemma_request_free(r);
+    for (int tries = 0; status_int("running") <= 0 && tries < 200; tries++)
+        usleep(10000);
+    CHECK(dgemma_ring_cancel(ring, 7) == 0 && dgemma_ring_kick(ring) == 0);
+    CHECK(dgemma_ring_wait(ring, WAIT_MS) == 0);
+    rc = dgemma_ring_reap(ring, &d);
+    CHECKF(rc == 0 && d.user_data == 7 && d.code == NULL, "reap %d: %s", rc,
+           d.code ? d.code : "");
+    CHECKF(!strcmp(d.finish_reason, "cancelled") && d.completion_tokens < 4000, "%s, %lld tokens",
+           d.finish_reason, d.completion_tokens);
+    dgemma_ring_detach(ring);
+    dgemma_close(c);
+    return 0;
+}
+
+static int refusals(void)
+{
+    dgemma_t *c = open_conn();
+    dgemma_ring_t *a = NULL, *b = NULL;
+    CHECK(c);
+    CHECK(dgemma_ring_attach(c, NULL, &a) == 0);
+    CHECK(dgemma_ring_attach(c, NULL, &b) == DGEMMA_E_DAEMON && b == NULL);
+    CHECKF(strstr(dgemma_errmsg(c), "has a ring"), "%s", dgemma_errmsg(c));
+    dgemma_ring_detach(a);
+    dgemma_close(c);
+    /* rings off */
+    stop_daemon();
+    {
+        const char *const off[] = {"pin_workers=false", "shm_max_entries=0", NULL};
+        CHECK(start_daemon(off) == 0);
+    }
+    c = open_conn();
+    CHECK(c && dgemma_ring_attach(c, NULL, &a) == DGEMMA_E_DAEMON && a == NULL);
+    CHECKF(strstr(dgemma_errmsg(c), "rings are off"), "%s", dgemma_errmsg(c));
+    dgemma_close(c);
+    stop_daemon();
+    return 0;
+}
+
+int main(void)
+{
+    snprintf(sock_path, sizeof sock_path, "%s", test_path("d.sock"));
+    snprintf(log_path, sizeof log_path, "%s", test_path("d.log"));
+    signal(SIGPIPE, SIG_IGN);
+    if (start_daemon(DAEMON_OPTS) != 0) {
+        printf("not ok t-shm/start: no daemon; log %s\n", log_path);
+        return 1;
+    }
+    TEST_CASE(ring_equals_socket);
+    TEST_CASE(hostile_client);
+    TEST_CASE(killed_client);
+    TEST_CASE(ring_cancel);
+    TEST_CASE(refusals);
+    if (daemon_pid > 0) {
+        kill(daemon_pid, SIGKILL);
+        waitpid(daemon_pid, NULL, 0);
+    }
+    return test_finish();
+}
