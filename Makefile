@@ -237,6 +237,11 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
+# (the ring benchmark talks to a daemon through libdgemma)
+$(BUILD)/bench/ring/%: $(BUILD)/bench/ring/%.o $(LIBDGEMMA_A) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
 bench-build: $(BENCH_BIN)
 
 $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(HARNESS_OBJ) $(LIBCUDA) $(LIBCORE)
