@@ -1728,12 +1728,12 @@ static int reap_one(dgemma_ring_t *ring, dgemma_completion_t *out)
         ring->obuf[need] = '\0';
     }
     ring->cq_head++;
-    __atomic_store_n(&ring->h->cq_head, ring->cq_head, __ATOMIC_RELEASE);
     /* Our store of cq_head, then our load of flags; the daemon sets
-     * NEED_WAKE, then loads cq_head: each side needs a full fence between
-     * its store and its load, or both may miss the other. */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if ((__atomic_load_n(&ring->h->flags, __ATOMIC_ACQUIRE) & DG_SHM_NEED_WAKE) &&
+     * NEED_WAKE, then loads cq_head: all four sequentially consistent, so
+     * one side sees the other's store (release/acquire alone would let
+     * both miss). */
+    __atomic_store_n(&ring->h->cq_head, ring->cq_head, __ATOMIC_SEQ_CST);
+    if ((__atomic_load_n(&ring->h->flags, __ATOMIC_SEQ_CST) & DG_SHM_NEED_WAKE) &&
         ring_doorbell(ring) < 0)
         ring->unkicked++; /* try again at the next kick, which reports it */
     if (bad)

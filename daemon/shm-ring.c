@@ -236,9 +236,9 @@ static int fault(struct dshm_ring *r, struct dg_error *err, const char *what, ui
 /* Load cq_head (acquire: the client is done with those completions and
  * their bytes) and free the result arena up to it.  It must lie between
  * the last value seen and what the daemon published. */
-static int load_cq_head(struct dshm_ring *r, struct dg_error *err)
+static int load_cq_head(struct dshm_ring *r, int order, struct dg_error *err)
 {
-    const uint32_t h = __atomic_load_n(&r->hdr->cq_head, __ATOMIC_ACQUIRE);
+    const uint32_t h = __atomic_load_n(&r->hdr->cq_head, order);
     if ((uint32_t)(h - r->cq_head) > (uint32_t)(r->cq_tail - r->cq_head))
         return fault(r, err, "cq_head", h);
     if (h != r->cq_head) {
@@ -424,7 +424,7 @@ int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *e
     memset(job, 0, sizeof *job);
     if (r->broken)
         return dg_error_set(err, DG_E_FORMAT, "shm ring: abandoned"), -1;
-    if (load_cq_head(r, err) < 0)
+    if (load_cq_head(r, __ATOMIC_ACQUIRE, err) < 0)
         return -1;
     tail = __atomic_load_n(&r->hdr->sq_tail, __ATOMIC_ACQUIRE);
     if ((uint32_t)(tail - r->sq_head) > r->sq_n)
@@ -437,8 +437,7 @@ int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *e
          * it reaped between the check and the flag (seq_cst on both sides:
          * the client stores cq_head, then loads flags) */
         __atomic_fetch_or(&r->hdr->flags, DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        if (load_cq_head(r, err) < 0)
+        if (load_cq_head(r, __ATOMIC_SEQ_CST, err) < 0)
             return -1;
         if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n)
             return 0;
@@ -654,7 +653,7 @@ int dshm_ring_flush(struct dshm_ring *r, struct dg_error *err)
 {
     if (r->broken)
         return -1;
-    if (load_cq_head(r, err) < 0)
+    if (load_cq_head(r, __ATOMIC_ACQUIRE, err) < 0)
         return -1;
     if (post_waiting(r))
         ring_bell(r);
