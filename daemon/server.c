@@ -1384,6 +1384,7 @@ void dserver_destroy(struct dserver *srv)
             close(c->fd);
             free_output(c);
             free(c->rbuf);
+            dshm_ring_destroy(c->ring);
         }
     }
     if (srv->listen_fd >= 0) {
