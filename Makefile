@@ -252,7 +252,7 @@ $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(HARNESS_OBJ) $(LIBCUDA) $(LIBCORE
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=fuzzer,address,undefined \
               -fno-sanitize-recover=all
 # (the daemon's request parser is fuzzed too: its source goes in as well)
-FUZZ_DAEMON_SRC := daemon/protocol.c
+FUZZ_DAEMON_SRC := daemon/protocol.c daemon/shm-ring.c
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h daemon/*.h)
 	$(call say,FUZZ,$@)
 	@mkdir -p $(@D)
