@@ -429,19 +429,7 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
  * (summed over ranks: the embedding). */
 static void embed(const struct dg_cpu_model *cm, const int32_t *ids, int64_t T, float *x)
 {
-    const struct dg_weight *E = &cm->embed;
-    const int64_t H = E->cols;
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t r = (int64_t)ids[t] - cm->v0;
-        const unsigned char *row;
-        if (r < 0 || r >= cm->nv) {
-            memset(x + t * H, 0, sizeof(float) * (size_t)H);
-            continue;
-        }
-        row = (const unsigned char *)E->data + (size_t)(r * E->stride) * dg_dtype_size(E->dtype);
-        for (int64_t i = 0; i < H; i++)
-            x[t * H + i] = dg_load_f32(row, E->dtype, (size_t)i) * cm->embed_scale;
-    }
+    dg_ref_embed(x, ids, T, &cm->embed, cm->v0, cm->embed_scale);
 }
 
 static int check_ids(const struct dg_model_config *c, const int32_t *ids, int64_t T,

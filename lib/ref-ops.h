@@ -32,6 +32,14 @@ static inline float dg_gelu_tanh(float x)
 /* Logit soft-cap in place: z = cap * tanh(z / cap).  cap <= 0: no-op. */
 void dg_ref_softcap(float *z, int64_t n, float cap);
 
+/* Embedding gather and scale over the vocabulary rows [v0, v0 + E->rows)
+ * one rank holds (E: those rows, E->cols = hidden):
+ *     x[t, :] = E[ids[t] - v0, :] * scale    if the id is one of them
+ *     x[t, :] = 0                            otherwise
+ * so the sum over ranks is the embedding. */
+void dg_ref_embed(float *x, const int32_t *ids, int64_t T, const struct dg_weight *E, int64_t v0,
+                  float scale);
+
 /* RoPE inverse frequencies for one layer kind, hd/2 entries (model.md §3.1.3):
  *   default:      f_i = theta^(-2i/hd)                              i < hd/2
  *   proportional: f_i = theta^(-2i/hd) / factor  for i < r, 0 for i >= r,
