@@ -1,0 +1,39 @@
+/*
+ * devmem.h - device memory and streams for C callers (the backend, the GPU
+ * tests): allocate, copy, fill, wait.  Each returns 0 or a negative
+ * dg_status with err naming the GPU and the CUDA error.
+ */
+#ifndef DG_KERNELS_DEVMEM_H
+#define DG_KERNELS_DEVMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Make dev the calling thread's current GPU. */
+int dg_cuda_use(int dev, struct dg_error *err);
+
+/* *p = bytes of device memory on the current GPU (dev names it in errors). */
+int dg_cuda_alloc(void **p, size_t bytes, int dev, struct dg_error *err);
+void dg_cuda_free(void *p);
+
+/* Copies (synchronous): host -> device, device -> host. */
+int dg_cuda_upload(void *dst, const void *src, size_t bytes, int dev, struct dg_error *err);
+int dg_cuda_download(void *dst, const void *src, size_t bytes, int dev, struct dg_error *err);
+
+/* Every byte of [p, p + bytes) set to value. */
+int dg_cuda_memset(void *p, int value, size_t bytes, int dev, struct dg_error *err);
+
+/* Wait for the current GPU's work; reports a kernel's asynchronous fault. */
+int dg_cuda_sync(int dev, struct dg_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
