@@ -360,8 +360,7 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
     dg_ref_rmsnorm(s->a, s->h, L->pre_ffn_norm, T, H, eps);
     dg_ref_matmul(s->gate, s->a, T, &L->mlp_gate, s->row);
     dg_ref_matmul(s->up, s->a, T, &L->mlp_up, s->row);
-    for (int64_t i = 0; i < T * I; i++)
-        s->gate[i] = dg_gelu_tanh(s->gate[i]) * s->up[i];
+    dg_ref_gelu_mul(s->gate, s->gate, s->up, T * I);
     dg_ref_matmul_f64(dense64, s->gate, T, &L->mlp_down, s->row);
 
     /* router on the un-normed h (every rank: the same experts):
@@ -396,8 +395,7 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
                    sizeof(float) * (size_t)H);
         dg_ref_matmul(s->egate, s->ein, n, &L->exp_gate[e], s->row);
         dg_ref_matmul(s->eup, s->ein, n, &L->exp_up[e], s->row);
-        for (int64_t i = 0; i < (int64_t)n * Im; i++)
-            s->egate[i] = dg_gelu_tanh(s->egate[i]) * s->eup[i];
+        dg_ref_gelu_mul(s->egate, s->egate, s->eup, (int64_t)n * Im);
         dg_ref_matmul_f64(s->eout64, s->egate, n, &L->exp_down[e], s->row);
         for (int r = 0; r < n; r++) {
             const int64_t t = s->members[r] / K;
@@ -527,8 +525,7 @@ static void self_conditioning(const struct dg_cpu_model *cm, const float *soft, 
     dg_ref_rmsnorm(s->a, soft, cm->sc_pre_norm, CL, c->hidden_size, (float)c->rms_norm_eps);
     dg_ref_matmul(s->gate, s->a, CL, &m->sc_gate, s->row);
     dg_ref_matmul(s->up, s->a, CL, &m->sc_up, s->row);
-    for (int64_t i = 0; i < CL * S; i++)
-        s->gate[i] = dg_gelu_tanh(s->gate[i]) * s->up[i];
+    dg_ref_gelu_mul(s->gate, s->gate, s->up, CL * S);
     dg_ref_matmul(out, s->gate, CL, &m->sc_down, s->row);
 }
 

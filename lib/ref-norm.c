@@ -44,3 +44,9 @@ void dg_ref_softmax(float *x, int64_t n)
     for (int64_t i = 0; i < n; i++)
         x[i] = (float)(x[i] / sum);
 }
+
+void dg_ref_gelu_mul(float *out, const float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = dg_gelu_tanh(gate[i]) * up[i];
+}

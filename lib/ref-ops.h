@@ -29,6 +29,10 @@ static inline float dg_gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+/* The gated MLP's middle over n values: out[i] = gelu_tanh(gate[i]) * up[i].
+ * out may be gate. */
+void dg_ref_gelu_mul(float *out, const float *gate, const float *up, int64_t n);
+
 /* Logit soft-cap in place: z = cap * tanh(z / cap).  cap <= 0: no-op. */
 void dg_ref_softcap(float *z, int64_t n, float cap);
 
