@@ -54,6 +54,34 @@ int dg_cuda_embed(uint16_t *y, const int32_t *ids, int64_t T, const uint16_t *em
 int dg_cuda_rope(uint16_t *x, const int64_t *pos, int64_t T, int n_heads, int hd,
                  const float *inv_freq, dg_stream_t stream, int dev, struct dg_error *err);
 
+/* MoE router (reference: dg_ref_router_topk), one token per warp: from its
+ * E fp32 logits, p = softmax(logits); the K largest p (ties: lower index
+ * first), w_j = p_j / sum_topK p * per_expert_scale[e_j].  idx, w: [T, K]
+ * in decreasing p.  1 <= K <= 32, K <= E. */
+int dg_cuda_router_topk(int32_t *idx, float *w, const float *logits, int64_t T, int E, int K,
+                        const float *per_expert_scale, dg_stream_t stream, int dev,
+                        struct dg_error *err);
+
+/* The gated MLP's middle (reference: dg_ref_gelu_mul), over rows of n:
+ *     out[r, i] = gelu_tanh(gate[r, i]) * up[r, i]
+ * each matrix with its own row stride (in elements), so gate and up may be
+ * the two halves of one fused projection.  out may be gate. */
+int dg_cuda_gelu_mul(uint16_t *out, int64_t ld_out, const uint16_t *gate, int64_t ld_gate,
+                     const uint16_t *up, int64_t ld_up, int64_t rows, int n, dg_stream_t stream,
+                     int dev, struct dg_error *err);
+
+/* cuBLAS on one GPU: a handle bound to a stream. */
+struct dg_blas;
+int dg_blas_create(int dev, dg_stream_t stream, struct dg_blas **out, struct dg_error *err);
+void dg_blas_destroy(struct dg_blas *b);
+
+/* y = x W^T (nn.Linear; reference: dg_ref_matmul): x [T, K] bf16 with row
+ * stride K, W [N, K] bf16 with row stride ldw >= K (a slice of a larger
+ * matrix), y [T, N] with row stride N, bf16 (y_f32 0) or fp32 (y_f32 1);
+ * products accumulated in fp32.  T, N, K >= 1. */
+int dg_blas_linear(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
+                   const uint16_t *W, int64_t N, int64_t K, int64_t ldw, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,82 @@
+/* router.cu - MoE router softmax and top-k (see ops.h). */
+#include "kernels/ops.h"
+
+#include <math.h>
+
+#include "kernels/cuda-check.h"
+
+#define ROUTER_WARPS 4
+
+/* One warp per token.  Each lane holds logits e = lane, lane + 32, ...;
+ *   m = max_e l_e (warp max), s = sum_e exp(l_e - m) (warp sum, fp32),
+ *   K rounds: the largest l not yet taken (lower index on ties: the same
+ *   order as p, since exp is monotonic), p_j = exp(l_j - m) / s;
+ *   w_j = p_j / sum_j p_j * scale[e_j]. */
+__global__ static void router_kernel(int32_t *idx, float *w, const float *logits, int64_t T,
+                                     int E, int K, const float *scale)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t t = (int64_t)blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
+    const float *l = logits + t * E;
+    float m = -INFINITY, s = 0.0f, sel = 0.0f;
+    float pk[32];
+    int ek[32];
+
+    if (t >= T)
+        return;
+    for (int e = lane; e < E; e += 32)
+        m = fmaxf(m, l[e]);
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int e = lane; e < E; e += 32)
+        s += expf(l[e] - m);
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int k = 0; k < K; k++) {
+        /* this lane's best untaken logit, then the warp's */
+        float best = -INFINITY;
+        int be = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            int taken = 0;
+            for (int j = 0; j < k; j++)
+                taken |= ek[j] == e;
+            if (!taken && (l[e] > best || (l[e] == best && e < be))) {
+                best = l[e];
+                be = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ob > best || (ob == best && oe < be)) {
+                best = ob;
+                be = oe;
+            }
+        }
+        ek[k] = be;
+        pk[k] = expf(best - m) / s;
+        sel += pk[k];
+    }
+    if (lane < K) {
+        /* (K <= 32: lane k writes entry k; registers indexed by a lane
+         * value go through local memory, fine for 8 entries) */
+        idx[t * K + lane] = ek[lane];
+        w[t * K + lane] = pk[lane] / sel * scale[ek[lane]];
+    }
+}
+
+extern "C" int dg_cuda_router_topk(int32_t *idx, float *w, const float *logits, int64_t T, int E,
+                                   int K, const float *per_expert_scale, dg_stream_t stream,
+                                   int dev, struct dg_error *err)
+{
+    int rc = 0;
+    if (T <= 0)
+        return 0;
+    if (E < 1 || K < 1 || K > 32 || K > E)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: router: top-%d of %d experts", dev, K, E);
+    router_kernel<<<(unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS), 32 * ROUTER_WARPS, 0,
+                    (cudaStream_t)stream>>>(idx, w, logits, T, E, K, per_expert_scale);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
