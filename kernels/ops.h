@@ -82,6 +82,28 @@ void dg_blas_destroy(struct dg_blas *b);
 int dg_blas_linear(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
                    const uint16_t *W, int64_t N, int64_t K, int64_t ldw, struct dg_error *err);
 
+struct dg_row_stats;
+struct dg_rand_site;
+
+/* The sampler's statistics of rows of logits over this rank's vocabulary
+ * slice (reference: dg_ref_softcap, then dg_row_stats_slice over the row):
+ * z [rows, n] fp32 holds vocab ids v0 .. v0+n-1; first the soft-cap in
+ * place (z = cap tanh(z / cap); cap <= 0: none), then per row r, with
+ * temperature T[r] and threshold tau[r] (ids with z >= tau kept):
+ *   l = z / T;  M = max l;  S = sum exp(l - M);  D = sum exp(l - M)(l - M);
+ *   argmax and, when sites is not NULL, the Gumbel-max sample with noise
+ *   g_v from Philox at sites[r] (the CPU's bits); non-finite raw logits
+ *   counted and skipped.
+ * One pass over the logits: chunks of the row reduce online (M, S, D
+ * rescaled when M grows), then the chunks fold in order as
+ * dg_row_stats_combine does.  out: rows records on the device; scratch:
+ * dg_cuda_row_stats_scratch(rows, n) bytes. */
+size_t dg_cuda_row_stats_scratch(int64_t rows, int64_t n);
+int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t rows, int64_t n, int64_t v0,
+                      float cap, const float *T, const float *tau,
+                      const struct dg_rand_site *sites, void *scratch, dg_stream_t stream,
+                      int dev, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif
