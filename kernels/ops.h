@@ -104,6 +104,22 @@ int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t rows, int64_t 
                       const struct dg_rand_site *sites, void *scratch, dg_stream_t stream,
                       int dev, struct dg_error *err);
 
+/* The probabilities of rows of (soft-capped) logits over this rank's slice
+ * (reference: dg_row_probs), from the rows' combined statistics all[r]:
+ *   p[r, i] = exp(z[r, i] / T[r] - M) / S   for kept ids (finite, z >= tau[r])
+ *   p[r, i] = 0                             otherwise
+ * written as bf16 (the operand of the self-conditioning product P . E). */
+int dg_cuda_row_probs(uint16_t *p, const float *z, int64_t rows, int64_t n, const float *T,
+                      const float *tau, const struct dg_row_stats *all, dg_stream_t stream,
+                      int dev, struct dg_error *err);
+
+/* y = x W: x [T, K] bf16 (row stride K), W [K, N] bf16 with row stride
+ * ldw >= N, y [T, N] (row stride N) bf16 or fp32; fp32 accumulation.  The
+ * self-conditioning product P . E over a vocabulary slice is this with
+ * K = the slice's ids and W = its embedding rows. */
+int dg_blas_matmul(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
+                   const uint16_t *W, int64_t K, int64_t N, int64_t ldw, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,6 +2,7 @@
  * slice, soft-cap included (see ops.h; reference: lib/sampler.c). */
 #include "kernels/ops.h"
 
+#include <cuda_bf16.h>
 #include <math.h>
 
 #include "kernels/cuda-check.h"
@@ -173,6 +174,39 @@ extern "C" int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t row
     DG_LAUNCH_CHECK();
     fold_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
         out, (const struct part *)scratch, rows, (int)chunks);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+/* grid (rows, ceil(n / 256)): p = exp(double(z / T) - M) / S as bf16 for
+ * kept ids, 0 for the others (the reference's arithmetic, rounded once). */
+__global__ static void probs_kernel(__nv_bfloat16 *p, const float *z, int64_t n, const float *T,
+                                    const float *tau, const struct dg_row_stats *all)
+{
+    const int64_t r = blockIdx.x, i = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    float x;
+    if (i >= n)
+        return;
+    x = z[r * n + i];
+    p[r * n + i] = __float2bfloat16(
+        isfinite(x) && x >= tau[r]
+            ? (float)(exp((double)(x / T[r]) - (double)all[r].max) / all[r].sum)
+            : 0.0f);
+}
+
+extern "C" int dg_cuda_row_probs(uint16_t *p, const float *z, int64_t rows, int64_t n,
+                                 const float *T, const float *tau, const struct dg_row_stats *all,
+                                 dg_stream_t stream, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    if (rows <= 0)
+        return 0;
+    if (n < 1 || rows > 0x7fffffff || (n + 255) / 256 > 65535)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: row_probs: %lld rows of %lld", dev,
+                            (long long)rows, (long long)n);
+    probs_kernel<<<dim3((unsigned)rows, (unsigned)((n + 255) / 256)), 256, 0,
+                   (cudaStream_t)stream>>>((__nv_bfloat16 *)p, z, n, T, tau, all);
     DG_LAUNCH_CHECK();
 out:
     return rc;

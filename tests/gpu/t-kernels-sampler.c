@@ -7,9 +7,11 @@
  * vocabulary slices that start past 0, thresholds that keep all or part,
  * NaN logits.  Argmax and sample ids must be equal; max within fp32
  * rounding, S and D within 1e-5 relative (fp32 vs double exponentials),
- * the soft-capped logits written back within fp32 rounding.  Output
- * records poisoned before, guard bytes after.  Exit 77 where there is no
- * GPU.
+ * the soft-capped logits written back within fp32 rounding; the
+ * probabilities (bf16) and the self-conditioning product P . E through
+ * cuBLAS within the bf16 bound 1e-2 of dg_row_probs and a double product.
+ * Output records poisoned before, guard bytes after.  Exit 77 where there
+ * is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,6 +22,7 @@
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
 #include "kernels/ops.h"
+#include "lib/dtype.h"
 #include "lib/ref-ops.h"
 #include "lib/sampler.h"
 #include "tests/harness.h"
@@ -180,6 +183,106 @@ static int row_stats(void)
     return 0;
 }
 
+/* The self-conditioning product over a slice: statistics, probabilities
+ * (bf16), then P . E through cuBLAS, against dg_row_probs and a
+ * double-precision product. */
+static int soft_embedding(void)
+{
+    static const struct {
+        int64_t rows, n, H;
+    } shapes[] = {{16, 5000, 256}, {1, 70000, 64}, {40, 3001, 2816}};
+    struct dg_blas *blas = NULL;
+    struct dg_error err = {0};
+    CHECK_OK(dg_blas_create(0, NULL, &blas, &err), &err);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int64_t R = shapes[k].rows, n = shapes[k].n, H = shapes[k].H;
+        const float cap = 30.0f;
+        float *z = malloc((size_t)(R * n) * 4), *T = malloc((size_t)R * 4);
+        float *tau = malloc((size_t)R * 4), *p = malloc((size_t)(R * n) * 4);
+        float *ef = malloc((size_t)(n * H) * 4), *soft = malloc((size_t)(R * H) * 4);
+        uint16_t *eh = malloc((size_t)(n * H) * 2), *pg = malloc((size_t)(R * n) * 2);
+        struct dg_row_stats *st = malloc((size_t)R * sizeof *st);
+        double *ref = calloc((size_t)(R * H), sizeof *ref), num = 0, den = 0, pn = 0, pd = 0;
+        void *dz, *dT, *dtau, *de, *dst = NULL, *scratch = NULL, *dp = NULL, *dsoft = NULL;
+        CHECK(z && T && tau && p && ef && soft && eh && pg && st && ref);
+        for (int64_t i = 0; i < R * n; i++)
+            z[i] = uniform() * 12.0f;
+        for (int64_t i = 0; i < n * H; i++) {
+            eh[i] = dg_f32_to_bf16(uniform() * 0.05f);
+            ef[i] = dg_bf16_to_f32(eh[i]);
+        }
+        for (int64_t r = 0; r < R; r++) {
+            T[r] = 0.7f + 0.1f * (float)(r % 4);
+            tau[r] = r % 3 == 2 ? 6.0f : -INFINITY;
+        }
+        dz = upload(z, (size_t)(R * n) * 4, &err);
+        dT = upload(T, (size_t)R * 4, &err);
+        dtau = upload(tau, (size_t)R * 4, &err);
+        de = upload(eh, (size_t)(n * H) * 2, &err);
+        CHECKF(dz && dT && dtau && de, "%s", err.msg);
+        /* CPU: soft-cap, statistics, probabilities, product */
+        dg_ref_softcap(z, R * n, cap);
+        for (int64_t r = 0; r < R; r++) {
+            dg_row_stats_slice(z + r * n, 0, n, T[r], tau[r], NULL, &st[r]);
+            dg_row_probs(z + r * n, n, T[r], tau[r], &st[r], p + r * n);
+            for (int64_t v = 0; v < n; v++)
+                if (p[r * n + v] != 0.0f)
+                    for (int64_t h = 0; h < H; h++)
+                        ref[r * H + h] += (double)p[r * n + v] * ef[v * H + h];
+        }
+        /* GPU */
+        CHECK_OK(dg_cuda_alloc(&scratch, dg_cuda_row_stats_scratch(R, n), 0, &err), &err);
+        CHECK_OK(dg_cuda_alloc(&dst, (size_t)R * sizeof *st, 0, &err), &err);
+        CHECK_OK(dg_cuda_alloc(&dp, (size_t)(R * n) * 2, 0, &err), &err);
+        CHECK_OK(dg_cuda_alloc(&dsoft, (size_t)(R * H) * 4, 0, &err), &err);
+        CHECK_OK(dg_cuda_memset(dsoft, 0xff, (size_t)(R * H) * 4, 0, &err), &err);
+        CHECK_OK(dg_cuda_row_stats(dst, dz, R, n, 0, cap, dT, dtau, NULL, scratch, NULL, 0, &err),
+                 &err);
+        CHECK_OK(dg_cuda_row_probs(dp, dz, R, n, dT, dtau, dst, NULL, 0, &err), &err);
+        CHECK_OK(dg_blas_matmul(blas, dsoft, 1, dp, R, de, n, H, H, &err), &err);
+        CHECK_OK(dg_cuda_sync(0, &err), &err);
+        CHECK_OK(dg_cuda_download(pg, dp, (size_t)(R * n) * 2, 0, &err), &err);
+        CHECK_OK(dg_cuda_download(soft, dsoft, (size_t)(R * H) * 4, 0, &err), &err);
+        for (int64_t i = 0; i < R * n; i++) {
+            const double d = (double)dg_bf16_to_f32(pg[i]) - p[i];
+            CHECK(!isnan(dg_bf16_to_f32(pg[i])));
+            CHECK((pg[i] == 0) == (p[i] == 0.0f) || p[i] < 1e-30f);
+            pn += d * d;
+            pd += (double)p[i] * p[i];
+        }
+        for (int64_t i = 0; i < R * H; i++) {
+            CHECK(!isnan(soft[i]));
+            num += (soft[i] - ref[i]) * (soft[i] - ref[i]);
+            den += ref[i] * ref[i];
+        }
+        printf("# soft embedding %lld rows x %lld ids x %lld: probabilities within %.2e, P.E "
+               "within %.2e\n", (long long)R, (long long)n, (long long)H, sqrt(pn / pd),
+               sqrt(num / den));
+        CHECKF(sqrt(pn / pd) <= 1e-2 && sqrt(num / den) <= 1e-2, "probs %.3e, product %.3e",
+               sqrt(pn / pd), sqrt(num / den));
+        dg_cuda_free(dz);
+        dg_cuda_free(dT);
+        dg_cuda_free(dtau);
+        dg_cuda_free(de);
+        dg_cuda_free(dst);
+        dg_cuda_free(scratch);
+        dg_cuda_free(dp);
+        dg_cuda_free(dsoft);
+        free(z);
+        free(T);
+        free(tau);
+        free(p);
+        free(ef);
+        free(soft);
+        free(eh);
+        free(pg);
+        free(st);
+        free(ref);
+    }
+    dg_blas_destroy(blas);
+    return 0;
+}
+
 static int refusals(void)
 {
     struct dg_error err = {0};
@@ -202,6 +305,7 @@ int main(void)
         return 1;
     }
     TEST_CASE(row_stats);
+    TEST_CASE(soft_embedding);
     TEST_CASE(refusals);
     return test_finish();
 }
