@@ -120,6 +120,23 @@ int dg_cuda_row_probs(uint16_t *p, const float *z, int64_t rows, int64_t n, cons
 int dg_blas_matmul(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
                    const uint16_t *W, int64_t K, int64_t N, int64_t ldw, struct dg_error *err);
 
+/* Grouped-query attention with scale 1 (reference: dg_ref_attention): for
+ * query t, head h, KV head c = h / (nh / nkv),
+ *   s_j = q[t,h] . k[j,c] over the keys j visible to q_pos[t] (mask
+ *   0 none, 1 causal, 2 causal within window: lib/ref-ops.h's
+ *   dg_mask_visible on the absolute positions q_pos, k_pos),
+ *   out[t,h] = sum_j softmax(s)_j v[j,c]        (no visible key: zeros)
+ * q, out: [Tq, nh * hd] bf16; k, v: [Tk, nkv * hd] bf16; positions int64
+ * on the device; hd even, at most 512.  Flash-decoding style: each warp
+ * keeps an online softmax (running max, sum, output accumulator in fp32
+ * registers) over its share of the keys, the warps combine at the end;
+ * no score matrix is written to memory.  A first, unoptimised version:
+ * one block of 4 warps per (query, head). */
+int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, int64_t Tq,
+                      const uint16_t *k, const uint16_t *v, const int64_t *k_pos, int64_t Tk,
+                      int nh, int nkv, int hd, int mask, int window, dg_stream_t stream, int dev,
+                      struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

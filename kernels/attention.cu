@@ -1,0 +1,116 @@
+/* attention.cu - grouped-query attention, online softmax, no score matrix
+ * in memory (see ops.h; reference: dg_ref_attention). */
+#include "kernels/ops.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include "kernels/cuda-check.h"
+
+#define ATT_WARPS 4
+#define ATT_MAX_PER_LANE 16 /* hd <= 512 */
+
+__device__ static int visible(int mask, int64_t q, int64_t k, int window)
+{
+    return mask == 0 ? 1 : mask == 1 ? k <= q : (k <= q && k > q - window);
+}
+
+/* grid (Tq, nh), ATT_WARPS warps.  Lane l of a warp holds dims
+ * i = l + 32 u (u < hd / 32, rounded up) of q and of its accumulator.
+ * Warp w takes keys j = w, w + ATT_WARPS, ...:
+ *   s = warp sum of q_i k_ji;  m' = max(m, s);  a = exp(m - m'), b = exp(s - m')
+ *   l = a l + b;  acc_i = a acc_i + b v_ji;  m = m'
+ * then warp 0 folds the warps' (m, l, acc) through shared memory:
+ *   M = max m_w;  L = sum l_w e^{m_w - M};  out_i = sum acc_wi e^{m_w - M} / L. */
+__global__ static void attention_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
+                                        const int64_t *q_pos, const __nv_bfloat16 *k,
+                                        const __nv_bfloat16 *v, const int64_t *k_pos, int64_t Tk,
+                                        int nh, int nkv, int hd, int mask, int window)
+{
+    __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
+    __shared__ float sh_acc[ATT_WARPS][32 * ATT_MAX_PER_LANE];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y, c = h / (nh / nkv);
+    const int per = (hd + 31) / 32;
+    const int64_t qp = q_pos[t];
+    const __nv_bfloat16 *qr = q + (t * nh + h) * hd;
+    float qv[ATT_MAX_PER_LANE], acc[ATT_MAX_PER_LANE];
+    float m = -INFINITY, l = 0.0f;
+
+    for (int u = 0; u < per; u++) {
+        const int i = lane + 32 * u;
+        qv[u] = i < hd ? __bfloat162float(qr[i]) : 0.0f;
+        acc[u] = 0.0f;
+    }
+    for (int64_t j = warp; j < Tk; j += ATT_WARPS) {
+        const __nv_bfloat16 *kr = k + (j * nkv + c) * hd, *vr = v + (j * nkv + c) * hd;
+        float s = 0.0f, mn, a, b;
+        if (!visible(mask, qp, k_pos[j], window))
+            continue;
+        for (int u = 0; u < per; u++) {
+            const int i = lane + 32 * u;
+            if (i < hd)
+                s += qv[u] * __bfloat162float(kr[i]);
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        mn = fmaxf(m, s);
+        a = m == -INFINITY ? 0.0f : expf(m - mn);
+        b = expf(s - mn);
+        l = a * l + b;
+        for (int u = 0; u < per; u++) {
+            const int i = lane + 32 * u;
+            acc[u] = a * acc[u] + (i < hd ? b * __bfloat162float(vr[i]) : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sh_m[warp] = m;
+        sh_l[warp] = l;
+    }
+    for (int u = 0; u < per; u++)
+        sh_acc[warp][lane + 32 * u] = acc[u];
+    __syncthreads();
+    if (warp == 0) {
+        float M = -INFINITY, L = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            M = fmaxf(M, sh_m[w]);
+        for (int w = 0; w < ATT_WARPS; w++)
+            L += sh_m[w] == -INFINITY ? 0.0f : sh_l[w] * expf(sh_m[w] - M);
+        for (int u = 0; u < per; u++) {
+            const int i = lane + 32 * u;
+            float o = 0.0f;
+            if (i >= hd)
+                continue;
+            for (int w = 0; w < ATT_WARPS; w++)
+                if (sh_m[w] != -INFINITY)
+                    o += sh_acc[w][i] * expf(sh_m[w] - M);
+            out[(t * nh + h) * hd + i] = __float2bfloat16(L > 0.0f ? o / L : 0.0f);
+        }
+    }
+}
+
+extern "C" int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos,
+                                 int64_t Tq, const uint16_t *k, const uint16_t *v,
+                                 const int64_t *k_pos, int64_t Tk, int nh, int nkv, int hd,
+                                 int mask, int window, dg_stream_t stream, int dev,
+                                 struct dg_error *err)
+{
+    int rc = 0;
+    if (Tq <= 0)
+        return 0;
+    if (hd < 2 || hd % 2 || hd > 32 * ATT_MAX_PER_LANE || nh < 1 || nkv < 1 || nh % nkv ||
+        nh > 65535 || Tq > 0x7fffffff || Tk < 0 || mask < 0 || mask > 2 ||
+        (mask == 2 && window < 1))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: attention: %d heads over %d KV heads of "
+                            "%d, mask %d window %d", dev, nh, nkv, hd, mask, window);
+    attention_kernel<<<dim3((unsigned)Tq, (unsigned)nh), 32 * ATT_WARPS, 0,
+                       (cudaStream_t)stream>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)q,
+                                               q_pos, (const __nv_bfloat16 *)k,
+                                               (const __nv_bfloat16 *)v, k_pos, Tk, nh, nkv, hd,
+                                               mask, window);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
