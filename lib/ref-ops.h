@@ -115,6 +115,17 @@ void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, in
 void dg_ref_router_topk(int *idx, float *w, const float *logits, int E, int K,
                         const float *per_expert_scale);
 
+/* The experts e0 .. e0+n_exp-1 (one rank's) over T tokens routed by idx,
+ * w ([T, K], dg_ref_router_topk's output):
+ *   out[t] = sum_k w[t,k] down_e(gelu_tanh(gate_e x_t) * up_e x_t),  e = idx[t,k]
+ * over the k whose expert is in the range (the others are another rank's;
+ * out sums to the layer's MoE output across ranks).  gate_up[j]: expert
+ * e0 + j's [2I, H] (gate rows, then up rows), down[j]: its [H, I].
+ * Returns 0, or -1 when out of memory. */
+int dg_ref_moe(float *out, const float *x, int64_t T, int H, const int32_t *idx, const float *w,
+               int K, int e0, int n_exp, int I, const struct dg_weight *gate_up,
+               const struct dg_weight *down);
+
 /* Softmax of n values in place (max-subtracted, fp32 exp, double sum). */
 void dg_ref_softmax(float *x, int64_t n);
 
