@@ -29,6 +29,11 @@ out:
     return rc;
 }
 
+extern "C" int dg_blas_device(const struct dg_blas *b)
+{
+    return b->dev;
+}
+
 extern "C" void dg_blas_destroy(struct dg_blas *b)
 {
     if (!b)

@@ -74,6 +74,8 @@ int dg_cuda_gelu_mul(uint16_t *out, int64_t ld_out, const uint16_t *gate, int64_
 struct dg_blas;
 int dg_blas_create(int dev, dg_stream_t stream, struct dg_blas **out, struct dg_error *err);
 void dg_blas_destroy(struct dg_blas *b);
+/* The GPU b was created on. */
+int dg_blas_device(const struct dg_blas *b);
 
 /* y = x W^T (nn.Linear; reference: dg_ref_matmul): x [T, K] bf16 with row
  * stride K, W [N, K] bf16 with row stride ldw >= K (a slice of a larger
@@ -136,6 +138,23 @@ int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, in
                       const uint16_t *k, const uint16_t *v, const int64_t *k_pos, int64_t Tk,
                       int nh, int nkv, int hd, int mask, int window, dg_stream_t stream, int dev,
                       struct dg_error *err);
+
+/* The experts e0 .. e0+n_exp-1 over T tokens (reference: dg_ref_moe):
+ *   out[t] = sum_k w[t,k] down_e(gelu_tanh(gate_e x_t) * up_e x_t),  e = idx[t,k] - e0
+ * for the picks in this rank's range.  x [T, H] bf16; idx, w [T, K] on the
+ * device; W_gu [n_exp, 2I, H] bf16 (gate rows, then up rows), W_down
+ * [n_exp, H, I] bf16; out [T, H] fp32.  The routed rows are sorted by
+ * expert and gathered, each expert's rows go through two GEMMs with the
+ * gated gelu between them (intermediates bf16, fp32 accumulation), and
+ * each token sums its picks in k order (deterministic).  A first version:
+ * it reads the per-expert counts back to the host (one stream sync) and
+ * launches one cuBLAS GEMM pair per expert that has rows.  b must be
+ * bound to stream.  scratch: dg_cuda_moe_scratch bytes. */
+size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp);
+int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
+                const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+                const uint16_t *W_gu, const uint16_t *W_down, void *scratch, dg_stream_t stream,
+                struct dg_error *err);
 
 #ifdef __cplusplus
 }
