@@ -7,75 +7,30 @@
 
 #include "kernels/cuda-check.h"
 #include "lib/philox.h"
+#include "lib/row-stats-fold.h"
 #include "lib/sampler.h"
 
 #define STATS_THREADS 256
 #define STATS_CHUNK 8192 /* vocabulary ids per block */
 
-struct part {
-    float max;
-    double sum, dev;
-    int32_t argmax;
-    float argmax_val;
-    int32_t sample;
-    float sample_val;
-    int64_t nonfinite;
-};
-
-/* b's id wins when its value is larger, or equal with a lower id */
-__device__ static void pick(int32_t *id, float *val, int32_t bid, float bval)
-{
-    if (bid < 0)
-        return;
-    if (*id < 0 || bval > *val || (bval == *val && bid < *id)) {
-        *id = bid;
-        *val = bval;
-    }
-}
-
-/* a := the statistics of a's and b's ids together (dg_row_stats_combine):
- *   M = max(Ma, Mb), s_x = exp(Mx - M),
- *   S = Sa sa + Sb sb,  D = sa (Da + (Ma - M) Sa) + sb (Db + (Mb - M) Sb) */
-__device__ static void fold(struct part *a, const struct part *b)
-{
-    a->nonfinite += b->nonfinite;
-    if (b->argmax < 0)
-        return;
-    if (a->argmax < 0) {
-        const int64_t bad = a->nonfinite;
-        *a = *b;
-        a->nonfinite = bad;
-        return;
-    }
-    {
-        const float M = a->max > b->max ? a->max : b->max;
-        const double da = (double)a->max - M, db = (double)b->max - M;
-        const double sa = exp(da), sb = exp(db);
-        const double S = a->sum * sa + b->sum * sb;
-        const double D = sa * (a->dev + da * a->sum) + sb * (b->dev + db * b->sum);
-        a->max = M;
-        a->sum = S;
-        a->dev = D;
-    }
-    pick(&a->argmax, &a->argmax_val, b->argmax, b->argmax_val);
-    pick(&a->sample, &a->sample_val, b->sample, b->sample_val);
-}
+/* (the per-chunk records are struct dg_row_stats, folded with the CPU's own
+ * arithmetic: lib/row-stats-fold.h) */
 
 /* grid (chunks, rows).  Each thread walks its ids of the chunk keeping an
  * online (M, S, D): a new maximum l rescales by e = exp(M - l):
  *   D = e (D + S (M - l)),  S = e S;  then S += exp(l - M), D += exp(l - M)(l - M).
  * Then a tree fold over the block; one record per (row, chunk). */
-__global__ static void stats_kernel(struct part *parts, float *z, int64_t n, int64_t v0,
-                                    float cap, const float *T, const float *tau,
+__global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_t n,
+                                    int64_t v0, float cap, const float *T, const float *tau,
                                     const struct dg_rand_site *sites, int chunks)
 {
-    __shared__ struct part sh[STATS_THREADS];
+    __shared__ struct dg_row_stats sh[STATS_THREADS];
     const int64_t r = blockIdx.y;
     const int64_t lo = (int64_t)blockIdx.x * STATS_CHUNK;
     const int64_t hi = lo + STATS_CHUNK < n ? lo + STATS_CHUNK : n;
     const float t = T[r], th = tau[r];
     float *row = z + r * n;
-    struct part p = {-INFINITY, 0.0, 0.0, -1, -INFINITY, -1, -INFINITY, 0};
+    struct dg_row_stats p = {-INFINITY, 0.0, 0.0, -1, -INFINITY, -1, -INFINITY, 0};
     struct dg_rand_site site;
 
     if (sites)
@@ -115,14 +70,14 @@ __global__ static void stats_kernel(struct part *parts, float *z, int64_t n, int
             dg_rand_block(site.seed, v >> 2, site.position, site.step, DG_RAND_GUMBEL,
                           site.canvas, b);
             val = l + dg_gumbel(dg_rand_unit(b[v & 3]));
-            pick(&p.sample, &p.sample_val, (int32_t)v, val);
+            dg_row_stats_pick(&p.sample, &p.sample_val, (int32_t)v, val);
         }
     }
     sh[threadIdx.x] = p;
     __syncthreads();
     for (int s = STATS_THREADS / 2; s > 0; s >>= 1) {
         if ((int)threadIdx.x < s)
-            fold(&sh[threadIdx.x], &sh[threadIdx.x + s]);
+            dg_row_stats_fold(&sh[threadIdx.x], &sh[threadIdx.x + s]);
         __syncthreads();
     }
     if (threadIdx.x == 0)
@@ -130,30 +85,23 @@ __global__ static void stats_kernel(struct part *parts, float *z, int64_t n, int
 }
 
 /* one thread per row: fold its chunks in order */
-__global__ static void fold_kernel(struct dg_row_stats *out, const struct part *parts,
+__global__ static void fold_kernel(struct dg_row_stats *out, const struct dg_row_stats *parts,
                                    int64_t rows, int chunks)
 {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    struct part a;
+    struct dg_row_stats a;
     if (r >= rows)
         return;
     a = parts[r * chunks];
     for (int c = 1; c < chunks; c++)
-        fold(&a, &parts[r * chunks + c]);
-    out[r].max = a.max;
-    out[r].sum = a.sum;
-    out[r].dev = a.dev;
-    out[r].argmax = a.argmax;
-    out[r].argmax_val = a.argmax_val;
-    out[r].sample = a.sample;
-    out[r].sample_val = a.sample_val;
-    out[r].nonfinite = a.nonfinite;
+        dg_row_stats_fold(&a, &parts[r * chunks + c]);
+    out[r] = a;
 }
 
 extern "C" size_t dg_cuda_row_stats_scratch(int64_t rows, int64_t n)
 {
     const int64_t chunks = n > 0 ? (n + STATS_CHUNK - 1) / STATS_CHUNK : 1;
-    return (size_t)(rows > 0 ? rows : 1) * (size_t)chunks * sizeof(struct part);
+    return (size_t)(rows > 0 ? rows : 1) * (size_t)chunks * sizeof(struct dg_row_stats);
 }
 
 extern "C" int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t rows, int64_t n,
@@ -169,11 +117,11 @@ extern "C" int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t row
         return dg_error_set(err, DG_E_INVAL, "GPU %d: row_stats: %lld rows of %lld ids from %lld",
                             dev, (long long)rows, (long long)n, (long long)v0);
     stats_kernel<<<dim3((unsigned)chunks, (unsigned)rows), STATS_THREADS, 0,
-                   (cudaStream_t)stream>>>((struct part *)scratch, z, n, v0, cap, T, tau, sites,
+                   (cudaStream_t)stream>>>((struct dg_row_stats *)scratch, z, n, v0, cap, T, tau, sites,
                                            (int)chunks);
     DG_LAUNCH_CHECK();
     fold_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
-        out, (const struct part *)scratch, rows, (int)chunks);
+        out, (const struct dg_row_stats *)scratch, rows, (int)chunks);
     DG_LAUNCH_CHECK();
 out:
     return rc;

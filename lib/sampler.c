@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "lib/philox.h"
+#include "lib/row-stats-fold.h"
 
 float dg_temperature(double t_min, double t_max, int n_steps, int k)
 {
@@ -238,40 +239,9 @@ void dg_row_stats_slice(const float *z, int64_t v0, int64_t n, float T, float ta
     st->nonfinite = bad;
 }
 
-/* a wins ties when its id is lower */
-static void pick(int32_t *id, float *val, int32_t bid, float bval)
-{
-    if (bid < 0)
-        return;
-    if (*id < 0 || bval > *val || (bval == *val && bid < *id)) {
-        *id = bid;
-        *val = bval;
-    }
-}
-
 void dg_row_stats_combine(struct dg_row_stats *a, const struct dg_row_stats *b)
 {
-    a->nonfinite += b->nonfinite;
-    if (b->argmax < 0)
-        return;
-    if (a->argmax < 0) {
-        const int64_t bad = a->nonfinite;
-        *a = *b;
-        a->nonfinite = bad;
-        return;
-    }
-    {
-        const float M = a->max > b->max ? a->max : b->max;
-        const double da = (double)a->max - M, db = (double)b->max - M;
-        const double sa = exp(da), sb = exp(db);
-        const double S = a->sum * sa + b->sum * sb;
-        const double D = sa * (a->dev + da * a->sum) + sb * (b->dev + db * b->sum);
-        a->max = M;
-        a->sum = S;
-        a->dev = D;
-    }
-    pick(&a->argmax, &a->argmax_val, b->argmax, b->argmax_val);
-    pick(&a->sample, &a->sample_val, b->sample, b->sample_val);
+    dg_row_stats_fold(a, b);
 }
 
 int dg_row_stats_allgather(struct dg_coll *coll, const struct dg_row_stats *local, int64_t n_rows,
