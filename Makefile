@@ -244,7 +244,9 @@ $(BUILD)/bench/ring/%: $(BUILD)/bench/ring/%.o $(LIBDGEMMA_A) $(LIBCORE)
 
 bench-build: $(BENCH_BIN)
 
-$(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(HARNESS_OBJ) $(LIBCUDA) $(LIBCORE)
+.SECONDARY: $(BUILD)/tests/gpu/gpu-util.o
+$(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(BUILD)/tests/gpu/gpu-util.o $(HARNESS_OBJ) \
+                      $(LIBCUDA) $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(CUDA_LIBS) $(SYS_LIBS) -o $@
 

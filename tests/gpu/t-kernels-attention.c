@@ -20,36 +20,17 @@
 #include "kernels/ops.h"
 #include "lib/dtype.h"
 #include "lib/ref-ops.h"
+#include "tests/gpu/gpu-util.h"
 #include "tests/harness.h"
 
 #define GUARD 256
 #define GUARD_WORD 0x5a5au
 
-static uint64_t rng = 0x6a09e667f3bcc909ull;
-
-static float uniform(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-}
-
-static void *upload(const void *h, size_t bytes, struct dg_error *err)
-{
-    void *d = NULL;
-    if (dg_cuda_alloc(&d, bytes ? bytes : 1, 0, err) < 0)
-        return NULL;
-    if (bytes && dg_cuda_upload(d, h, bytes, 0, err) < 0) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
-
 /* n random bf16 values (bits in h, floats in f) */
 static void fill(uint16_t *h, float *f, size_t n, float amp)
 {
     for (size_t i = 0; i < n; i++) {
-        h[i] = dg_f32_to_bf16(uniform() * amp);
+        h[i] = dg_f32_to_bf16(gt_uniform() * amp);
         f[i] = dg_bf16_to_f32(h[i]);
     }
 }
@@ -83,11 +64,11 @@ static int one(const struct shape *s)
         kp[j] = s->k0 + j;
     dg_ref_attention(ref, fq, qp, s->Tq, fk, fv, kp, s->Tk, s->nh, s->nkv, s->hd,
                      (enum dg_attn_mask)s->mask, s->window, scores);
-    dq = upload(hq, nq * 2, &err);
-    dk = upload(hk, nk * 2, &err);
-    dv = upload(hv, nk * 2, &err);
-    dqp = upload(qp, (size_t)s->Tq * 8, &err);
-    dkp = upload(kp, (size_t)s->Tk * 8, &err);
+    dq = gt_upload(hq, nq * 2, &err);
+    dk = gt_upload(hk, nk * 2, &err);
+    dv = gt_upload(hv, nk * 2, &err);
+    dqp = gt_upload(qp, (size_t)s->Tq * 8, &err);
+    dkp = gt_upload(kp, (size_t)s->Tk * 8, &err);
     for (int i = 0; i < GUARD; i++)
         ho[nq + (size_t)i] = GUARD_WORD;
     CHECKF(dq && dk && dv && dqp && dkp && dg_cuda_alloc(&dout, (nq + GUARD) * 2, 0, &err) == 0 &&
@@ -169,16 +150,10 @@ static int refusals(void)
 
 int main(void)
 {
-    struct dg_error err = {0};
-    int n = 0;
-    if (dg_gpu_count(&n, &err) < 0 || n < 1) {
-        printf("skip t-kernels-attention: no GPU here%s%s\n", err.msg[0] ? ": " : "", err.msg);
-        return 77;
-    }
-    if (dg_cuda_use(0, &err) < 0) {
-        printf("not ok t-kernels-attention/setup: %s\n", err.msg);
-        return 1;
-    }
+    const int rc = gt_setup("t-kernels-attention");
+    if (rc)
+        return rc;
+    gt_seed(0x6a09e667f3bcc909ull);
     TEST_CASE(attention);
     TEST_CASE(refusals);
     return test_finish();

@@ -21,50 +21,13 @@
 #include "kernels/ops.h"
 #include "lib/dtype.h"
 #include "lib/ref-ops.h"
+#include "tests/gpu/gpu-util.h"
 #include "tests/harness.h"
 
 #define GUARD_BYTES 1024
 #define GUARD_BYTE 0xa5
 #define POISON_BYTE 0xff /* bf16 and fp32 NaN */
 #define BOUND 1e-2
-
-static uint64_t rng = 0x9b05688c2b3e6c1full;
-
-static uint64_t next(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return rng >> 16;
-}
-
-static float uniform(void)
-{
-    return (float)(next() & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-}
-
-static int rand_bf16(size_t n, float amp, uint16_t **h, float **f)
-{
-    *h = malloc(n * sizeof **h + 1);
-    *f = malloc(n * sizeof **f + 1);
-    if (!*h || !*f)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        (*h)[i] = dg_f32_to_bf16(uniform() * amp);
-        (*f)[i] = dg_bf16_to_f32((*h)[i]);
-    }
-    return 0;
-}
-
-static void *upload(const void *h, size_t bytes, struct dg_error *err)
-{
-    void *d = NULL;
-    if (dg_cuda_alloc(&d, bytes, 0, err) < 0)
-        return NULL;
-    if (dg_cuda_upload(d, h, bytes, 0, err) < 0) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
 
 /* bytes of poisoned device memory and the guard after them */
 static void *out_buf(size_t bytes, struct dg_error *err)
@@ -145,8 +108,8 @@ static int linear(void)
         float *fx, *fw, *ref = malloc((size_t)(T * N) * sizeof *ref), *row = malloc((size_t)K * 4);
         struct dg_weight W;
         void *dx, *dw;
-        CHECK(ref && row && rand_bf16((size_t)(T * K), 1.0f, &hx, &fx) == 0 &&
-              rand_bf16((size_t)(N * ld), 0.05f, &hw, &fw) == 0);
+        CHECK(ref && row && gt_rand_bf16((size_t)(T * K), 1.0f, &hx, &fx) == 0 &&
+              gt_rand_bf16((size_t)(N * ld), 0.05f, &hw, &fw) == 0);
         memset(&W, 0, sizeof W);
         W.data = hw;
         W.dtype = DG_DTYPE_BF16;
@@ -154,8 +117,8 @@ static int linear(void)
         W.cols = K;
         W.stride = ld;
         dg_ref_matmul(ref, fx, T, &W, row);
-        dx = upload(hx, (size_t)(T * K) * 2, &err);
-        dw = upload(hw, (size_t)(N * ld) * 2, &err);
+        dx = gt_upload(hx, (size_t)(T * K) * 2, &err);
+        dw = gt_upload(hw, (size_t)(N * ld) * 2, &err);
         CHECKF(dx && dw, "%s", err.msg);
         for (int f32 = 0; f32 < 2; f32++) {
             void *dy = out_buf((size_t)(T * N) * (f32 ? 4 : 2), &err);
@@ -208,10 +171,10 @@ static int gelu_mul(void)
         float *o;
         double e;
         /* one fused projection per row: gate in [0, n), up in [n, 2n) */
-        CHECK(ref && rand_bf16(cells * 2, 3.0f, &hgu, &fgu) == 0);
+        CHECK(ref && gt_rand_bf16(cells * 2, 3.0f, &hgu, &fgu) == 0);
         for (int64_t r = 0; r < R; r++)
             dg_ref_gelu_mul(ref + r * n, fgu + r * 2 * n, fgu + r * 2 * n + n, n);
-        dgu = upload(hgu, cells * 4, &err);
+        dgu = gt_upload(hgu, cells * 4, &err);
         dout = out_buf(cells * 2, &err);
         CHECKF(dgu && dout, "%s", err.msg);
         CHECK_OK(dg_cuda_gelu_mul(dout, n, dgu, 2 * n, (const uint16_t *)dgu + n, 2 * n, R, n,
@@ -251,13 +214,13 @@ static int router(void)
         double worst = 0;
         CHECK(logits && scale && ridx && rw && gidx);
         for (int64_t i = 0; i < T * E; i++)
-            logits[i] = uniform() * 4.0f;
+            logits[i] = gt_uniform() * 4.0f;
         for (int e = 0; e < E; e++)
-            scale[e] = 0.5f + (uniform() + 1.0f);
+            scale[e] = 0.5f + (gt_uniform() + 1.0f);
         for (int64_t t = 0; t < T; t++)
             dg_ref_router_topk(ridx + t * K, rw + t * K, logits + t * E, E, K, scale);
-        dl = upload(logits, (size_t)(T * E) * 4, &err);
-        ds = upload(scale, (size_t)E * 4, &err);
+        dl = gt_upload(logits, (size_t)(T * E) * 4, &err);
+        ds = gt_upload(scale, (size_t)E * 4, &err);
         didx = out_buf((size_t)(T * K) * 4, &err);
         dw = out_buf((size_t)(T * K) * 4, &err);
         CHECKF(dl && ds && didx && dw, "%s", err.msg);
@@ -302,16 +265,10 @@ static int router(void)
 
 int main(void)
 {
-    struct dg_error err = {0};
-    int n = 0;
-    if (dg_gpu_count(&n, &err) < 0 || n < 1) {
-        printf("skip t-kernels-mlp: no GPU here%s%s\n", err.msg[0] ? ": " : "", err.msg);
-        return 77;
-    }
-    if (dg_cuda_use(0, &err) < 0) {
-        printf("not ok t-kernels-mlp/setup: %s\n", err.msg);
-        return 1;
-    }
+    const int rc = gt_setup("t-kernels-mlp");
+    if (rc)
+        return rc;
+    gt_seed(0x9b05688c2b3e6c1full);
     TEST_CASE(linear);
     TEST_CASE(gelu_mul);
     TEST_CASE(router);

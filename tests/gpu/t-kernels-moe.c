@@ -19,35 +19,11 @@
 #include "kernels/ops.h"
 #include "lib/dtype.h"
 #include "lib/ref-ops.h"
+#include "tests/gpu/gpu-util.h"
 #include "tests/harness.h"
 
 #define GUARD 64
 #define GUARD_F 12345.5f
-
-static uint64_t rng = 0x3c6ef372fe94f82bull;
-
-static uint64_t next(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return rng >> 16;
-}
-
-static float uniform(void)
-{
-    return (float)(next() & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-}
-
-static void *upload(const void *h, size_t bytes, struct dg_error *err)
-{
-    void *d = NULL;
-    if (dg_cuda_alloc(&d, bytes, 0, err) < 0)
-        return NULL;
-    if (dg_cuda_upload(d, h, bytes, 0, err) < 0) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
 
 struct shape {
     const char *what;
@@ -73,28 +49,28 @@ static int one(struct dg_blas *blas, const struct shape *s)
 
     CHECK(hx && hgu && hdn && fx && fgu && fdn && w && ref && got && idx && wgu && wdn);
     for (size_t i = 0; i < (size_t)(T * H); i++) {
-        hx[i] = dg_f32_to_bf16(uniform());
+        hx[i] = dg_f32_to_bf16(gt_uniform());
         fx[i] = dg_bf16_to_f32(hx[i]);
     }
     for (size_t i = 0; i < ngu; i++) {
-        hgu[i] = dg_f32_to_bf16(uniform() * 0.06f);
+        hgu[i] = dg_f32_to_bf16(gt_uniform() * 0.06f);
         fgu[i] = dg_bf16_to_f32(hgu[i]);
     }
     for (size_t i = 0; i < ndn; i++) {
-        hdn[i] = dg_f32_to_bf16(uniform() * 0.06f);
+        hdn[i] = dg_f32_to_bf16(gt_uniform() * 0.06f);
         fdn[i] = dg_bf16_to_f32(hdn[i]);
     }
     for (int64_t t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
             int e, dup;
             do { /* K distinct experts per token */
-                e = s->one_expert ? s->e0 : (int)(next() % (uint64_t)s->E);
+                e = s->one_expert ? s->e0 : (int)(gt_next() % (uint64_t)s->E);
                 dup = 0;
                 for (int j = 0; j < k; j++)
                     dup |= idx[t * K + j] == e;
             } while (dup && !s->one_expert);
             idx[t * K + k] = e;
-            w[t * K + k] = 0.1f + (uniform() + 1.0f) * 0.4f;
+            w[t * K + k] = 0.1f + (gt_uniform() + 1.0f) * 0.4f;
         }
     for (int e = 0; e < n_exp; e++) {
         wgu[e] = (struct dg_weight){hgu + (size_t)e * 2 * I * H, DG_DTYPE_BF16, 2 * (int64_t)I, H,
@@ -103,11 +79,11 @@ static int one(struct dg_blas *blas, const struct shape *s)
     }
     CHECK(dg_ref_moe(ref, fx, T, H, idx, w, K, s->e0, n_exp, I, wgu, wdn) == 0);
 
-    dx = upload(hx, (size_t)(T * H) * 2, &err);
-    dgu = upload(hgu, ngu * 2, &err);
-    ddn = upload(hdn, ndn * 2, &err);
-    didx = upload(idx, (size_t)(T * K) * 4, &err);
-    dw = upload(w, (size_t)(T * K) * 4, &err);
+    dx = gt_upload(hx, (size_t)(T * H) * 2, &err);
+    dgu = gt_upload(hgu, ngu * 2, &err);
+    ddn = gt_upload(hdn, ndn * 2, &err);
+    didx = gt_upload(idx, (size_t)(T * K) * 4, &err);
+    dw = gt_upload(w, (size_t)(T * K) * 4, &err);
     for (int i = 0; i < GUARD; i++)
         got[(size_t)(T * H) + (size_t)i] = GUARD_F;
     CHECKF(dx && dgu && ddn && didx && dw &&
@@ -183,16 +159,10 @@ static int moe(void)
 
 int main(void)
 {
-    struct dg_error err = {0};
-    int n = 0;
-    if (dg_gpu_count(&n, &err) < 0 || n < 1) {
-        printf("skip t-kernels-moe: no GPU here%s%s\n", err.msg[0] ? ": " : "", err.msg);
-        return 77;
-    }
-    if (dg_cuda_use(0, &err) < 0) {
-        printf("not ok t-kernels-moe/setup: %s\n", err.msg);
-        return 1;
-    }
+    const int rc = gt_setup("t-kernels-moe");
+    if (rc)
+        return rc;
+    gt_seed(0x3c6ef372fe94f82bull);
     TEST_CASE(moe);
     return test_finish();
 }

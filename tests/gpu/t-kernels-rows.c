@@ -19,39 +19,13 @@
 #include "kernels/ops.h"
 #include "lib/dtype.h"
 #include "lib/ref-ops.h"
+#include "tests/gpu/gpu-util.h"
 #include "tests/harness.h"
 
 #define GUARD 256                   /* bf16 words after every output */
 #define GUARD_WORD 0xa5a5u
 #define POISON_BYTE 0xff            /* 0xffff: a bf16 NaN */
 #define BOUND 1e-2
-
-static uint64_t rng = 0x853c49e6748fea9bull;
-
-static uint64_t next(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return rng >> 16;
-}
-
-static float uniform(void)
-{
-    return (float)(next() & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-}
-
-/* n random bf16 values in [-amp, amp): the bits in *h, their floats in *f. */
-static int rand_bf16(size_t n, float amp, uint16_t **h, float **f)
-{
-    *h = malloc(n * sizeof **h + 1);
-    *f = malloc(n * sizeof **f + 1);
-    if (!*h || !*f)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        (*h)[i] = dg_f32_to_bf16(uniform() * amp);
-        (*f)[i] = dg_bf16_to_f32((*h)[i]);
-    }
-    return 0;
-}
 
 /* A device buffer of n bf16 words plus the guard, poisoned, guard set. */
 static uint16_t *out_buf(size_t n, struct dg_error *err)
@@ -102,18 +76,6 @@ static double compare(const uint16_t *d, size_t n, const float *ref, const char 
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static uint16_t *upload_bf16(const uint16_t *h, size_t n, struct dg_error *err)
-{
-    void *d = NULL;
-    if (dg_cuda_alloc(&d, n * 2, 0, err) < 0)
-        return NULL;
-    if (dg_cuda_upload(d, h, n * 2, 0, err) < 0) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
-
 /* ---- cases -------------------------------------------------------------------- */
 
 static const struct {
@@ -132,9 +94,9 @@ static int rmsnorm(void)
         float *fx, *fw, *ref = malloc(n * sizeof *ref);
         char what[96];
         double e;
-        CHECK(ref && rand_bf16(n, 3.0f, &hx, &fx) == 0 && rand_bf16((size_t)D, 1.5f, &hw, &fw) == 0);
-        dx = upload_bf16(hx, n, &err);
-        dw = upload_bf16(hw, (size_t)D, &err);
+        CHECK(ref && gt_rand_bf16(n, 3.0f, &hx, &fx) == 0 && gt_rand_bf16((size_t)D, 1.5f, &hw, &fw) == 0);
+        dx = gt_upload(hx, (n) * 2, &err);
+        dw = gt_upload(hw, ((size_t)D) * 2, &err);
         dy = out_buf(n, &err);
         CHECKF(dx && dw && dy, "%s", err.msg);
         for (int scaled = 0; scaled < 2; scaled++) {
@@ -186,10 +148,10 @@ static int rmsnorm_add(void)
         float *fx, *fw, *fr, *ref = malloc(n * sizeof *ref);
         char what[96];
         double e;
-        CHECK(ref && rand_bf16(n, 3.0f, &hx, &fx) == 0 && rand_bf16((size_t)D, 1.5f, &hw, &fw) == 0 &&
-              rand_bf16(n, 2.0f, &hr, &fr) == 0);
-        dx = upload_bf16(hx, n, &err);
-        dw = upload_bf16(hw, (size_t)D, &err);
+        CHECK(ref && gt_rand_bf16(n, 3.0f, &hx, &fx) == 0 && gt_rand_bf16((size_t)D, 1.5f, &hw, &fw) == 0 &&
+              gt_rand_bf16(n, 2.0f, &hr, &fr) == 0);
+        dx = gt_upload(hx, (n) * 2, &err);
+        dw = gt_upload(hw, ((size_t)D) * 2, &err);
         dr = out_buf(n, &err);
         CHECKF(dx && dw && dr && dg_cuda_upload(dr, hr, n * 2, 0, &err) == 0, "%s", err.msg);
         dg_ref_rmsnorm(ref, fx, fw, R, D, 1e-6f);
@@ -234,9 +196,9 @@ static int embed(void)
         void *dids = NULL;
         char what[96];
         double e;
-        CHECK(ref && ids && rand_bf16((size_t)nr * D, 0.05f, &he, &fe) == 0);
+        CHECK(ref && ids && gt_rand_bf16((size_t)nr * D, 0.05f, &he, &fe) == 0);
         for (int64_t t = 0; t < T; t++)
-            ids[t] = (int32_t)(next() % (uint64_t)V);
+            ids[t] = (int32_t)(gt_next() % (uint64_t)V);
         ids[0] = (int32_t)v0; /* the first row of the slice, */
         if (T > 1)
             ids[T - 1] = (int32_t)(v0 + nr - 1); /* its last, */
@@ -248,7 +210,7 @@ static int embed(void)
         E.rows = nr;
         E.cols = D;
         dg_ref_embed(ref, ids, T, &E, v0, scale);
-        de = upload_bf16(he, (size_t)nr * D, &err);
+        de = gt_upload(he, ((size_t)nr * D) * 2, &err);
         dy = out_buf(n, &err);
         CHECKF(de && dy && dg_cuda_alloc(&dids, (size_t)T * 4, 0, &err) == 0 &&
                    dg_cuda_upload(dids, ids, (size_t)T * 4, 0, &err) == 0,
@@ -288,11 +250,11 @@ static int rope(void)
         void *dpos = NULL, *dinv = NULL;
         char what[96];
         double e;
-        CHECK(inv && pos && rand_bf16(n, 2.0f, &hx, &fx) == 0);
+        CHECK(inv && pos && gt_rand_bf16(n, 2.0f, &hx, &fx) == 0);
         for (int i = 0; i < hd / 2; i++)
             inv[i] = i < shapes[k].zero_from ? powf(10000.0f, -2.0f * (float)i / (float)hd) : 0.0f;
         for (int64_t t = 0; t < T; t++)
-            pos[t] = t == 0 ? 0 : (int64_t)((uniform() + 1.0f) * 60000.0f) + t;
+            pos[t] = t == 0 ? 0 : (int64_t)((gt_uniform() + 1.0f) * 60000.0f) + t;
         for (int64_t t = 0; t < T; t++)
             dg_ref_rope(fx + (size_t)t * nh * hd, nh, hd, inv, pos[t]);
         dx = out_buf(n, &err);
@@ -333,16 +295,10 @@ static int refusals(void)
 
 int main(void)
 {
-    struct dg_error err = {0};
-    int n = 0;
-    if (dg_gpu_count(&n, &err) < 0 || n < 1) {
-        printf("skip t-kernels-rows: no GPU here%s%s\n", err.msg[0] ? ": " : "", err.msg);
-        return 77;
-    }
-    if (dg_cuda_use(0, &err) < 0) {
-        printf("not ok t-kernels-rows/setup: %s\n", err.msg);
-        return 1;
-    }
+    const int rc = gt_setup("t-kernels-rows");
+    if (rc)
+        return rc;
+    gt_seed(0x853c49e6748fea9bull);
     TEST_CASE(rmsnorm);
     TEST_CASE(rmsnorm_add);
     TEST_CASE(embed);

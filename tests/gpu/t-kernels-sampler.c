@@ -25,35 +25,11 @@
 #include "lib/dtype.h"
 #include "lib/ref-ops.h"
 #include "lib/sampler.h"
+#include "tests/gpu/gpu-util.h"
 #include "tests/harness.h"
 
 #define GUARD_BYTES 512
 #define GUARD_BYTE 0x3c
-
-static uint64_t rng = 0xda3e39cb94b95bdbull;
-
-static uint64_t next(void)
-{
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return rng >> 16;
-}
-
-static float uniform(void)
-{
-    return (float)(next() & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
-}
-
-static void *upload(const void *h, size_t bytes, struct dg_error *err)
-{
-    void *d = NULL;
-    if (dg_cuda_alloc(&d, bytes, 0, err) < 0)
-        return NULL;
-    if (dg_cuda_upload(d, h, bytes, 0, err) < 0) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
 
 static double rel(double a, double b)
 {
@@ -75,13 +51,13 @@ static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter
 
     CHECK(z && zc && zg && T && tau && sites && ref && got);
     for (size_t i = 0; i < cells; i++)
-        z[i] = uniform() * 40.0f; /* past the soft-cap's knee */
+        z[i] = gt_uniform() * 40.0f; /* past the soft-cap's knee */
     if (with_nan)
         for (int64_t r = 0; r < rows; r++)
-            z[(size_t)r * n + (size_t)(next() % (uint64_t)n)] = NAN;
+            z[(size_t)r * n + (size_t)(gt_next() % (uint64_t)n)] = NAN;
     for (int64_t r = 0; r < rows; r++) {
-        T[r] = 0.5f + (uniform() + 1.0f) * 0.5f;
-        sites[r] = (struct dg_rand_site){next(), (uint32_t)r, (uint32_t)(r % 7),
+        T[r] = 0.5f + (gt_uniform() + 1.0f) * 0.5f;
+        sites[r] = (struct dg_rand_site){gt_next(), (uint32_t)r, (uint32_t)(r % 7),
                                          (uint32_t)(r * 3)};
     }
     memcpy(zc, z, cells * 4);
@@ -97,10 +73,10 @@ static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter
         dg_row_stats_slice(zc + (size_t)r * n, v0, n, T[r], tau[r], &sites[r], &ref[r]);
     }
 
-    dz = upload(z, cells * 4, &err);
-    dT = upload(T, (size_t)rows * 4, &err);
-    dtau = upload(tau, (size_t)rows * 4, &err);
-    dsites = upload(sites, (size_t)rows * sizeof *sites, &err);
+    dz = gt_upload(z, cells * 4, &err);
+    dT = gt_upload(T, (size_t)rows * 4, &err);
+    dtau = gt_upload(tau, (size_t)rows * 4, &err);
+    dsites = gt_upload(sites, (size_t)rows * sizeof *sites, &err);
     CHECKF(dz && dT && dtau && dsites, "%s", err.msg);
     CHECK_OK(dg_cuda_alloc(&scratch, dg_cuda_row_stats_scratch(rows, n), 0, &err), &err);
     CHECK_OK(dg_cuda_alloc(&dout, (size_t)rows * sizeof(struct dg_row_stats) + GUARD_BYTES, 0,
@@ -206,19 +182,19 @@ static int soft_embedding(void)
         void *dz, *dT, *dtau, *de, *dst = NULL, *scratch = NULL, *dp = NULL, *dsoft = NULL;
         CHECK(z && T && tau && p && ef && soft && eh && pg && st && ref);
         for (int64_t i = 0; i < R * n; i++)
-            z[i] = uniform() * 12.0f;
+            z[i] = gt_uniform() * 12.0f;
         for (int64_t i = 0; i < n * H; i++) {
-            eh[i] = dg_f32_to_bf16(uniform() * 0.05f);
+            eh[i] = dg_f32_to_bf16(gt_uniform() * 0.05f);
             ef[i] = dg_bf16_to_f32(eh[i]);
         }
         for (int64_t r = 0; r < R; r++) {
             T[r] = 0.7f + 0.1f * (float)(r % 4);
             tau[r] = r % 3 == 2 ? 6.0f : -INFINITY;
         }
-        dz = upload(z, (size_t)(R * n) * 4, &err);
-        dT = upload(T, (size_t)R * 4, &err);
-        dtau = upload(tau, (size_t)R * 4, &err);
-        de = upload(eh, (size_t)(n * H) * 2, &err);
+        dz = gt_upload(z, (size_t)(R * n) * 4, &err);
+        dT = gt_upload(T, (size_t)R * 4, &err);
+        dtau = gt_upload(tau, (size_t)R * 4, &err);
+        de = gt_upload(eh, (size_t)(n * H) * 2, &err);
         CHECKF(dz && dT && dtau && de, "%s", err.msg);
         /* CPU: soft-cap, statistics, probabilities, product */
         dg_ref_softcap(z, R * n, cap);
@@ -294,16 +270,10 @@ static int refusals(void)
 
 int main(void)
 {
-    struct dg_error err = {0};
-    int n = 0;
-    if (dg_gpu_count(&n, &err) < 0 || n < 1) {
-        printf("skip t-kernels-sampler: no GPU here%s%s\n", err.msg[0] ? ": " : "", err.msg);
-        return 77;
-    }
-    if (dg_cuda_use(0, &err) < 0) {
-        printf("not ok t-kernels-sampler/setup: %s\n", err.msg);
-        return 1;
-    }
+    const int rc = gt_setup("t-kernels-sampler");
+    if (rc)
+        return rc;
+    gt_seed(0xda3e39cb94b95bdbull);
     TEST_CASE(row_stats);
     TEST_CASE(soft_embedding);
     TEST_CASE(refusals);
