@@ -206,8 +206,11 @@ static int generate_interrupted(void)
         dup2(out_p[1], 1);
         dup2(err_p[1], 2);
         setenv("DGEMMA_SOCKET", sock, 1);
+        /* (seed 1: its first 256 tokens hold no stop token, so the request
+         * is still running when the interrupt comes; without a seed the
+         * random model sometimes stopped in its first canvas) */
         execl(fixture_bin("dgemma-client"), "dgemma-client", "--max-tokens", "4000",
-              "--max-denoising-steps", "30", "a long one", (char *)NULL);
+              "--max-denoising-steps", "30", "--seed", "1", "a long one", (char *)NULL);
         _exit(127);
     }
     close(out_p[1]);
