@@ -59,3 +59,59 @@ extern "C" int dg_cuda_sync(int dev, struct dg_error *err)
 out:
     return rc;
 }
+
+extern "C" int dg_cuda_stream_create(dg_stream_t *s, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    cudaStream_t st = NULL;
+    *s = NULL;
+    DG_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    *s = (dg_stream_t)st;
+out:
+    return rc;
+}
+
+extern "C" void dg_cuda_stream_destroy(dg_stream_t s)
+{
+    if (s)
+        cudaStreamDestroy((cudaStream_t)s);
+}
+
+extern "C" int dg_cuda_stream_sync(dg_stream_t s, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    DG_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)s));
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_copy_async(void *dst, const void *src, size_t bytes, dg_stream_t s,
+                                  int dev, struct dg_error *err)
+{
+    int rc = 0;
+    if (!bytes)
+        return 0;
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)s));
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_memset_async(void *p, int value, size_t bytes, dg_stream_t s, int dev,
+                                    struct dg_error *err)
+{
+    int rc = 0;
+    if (!bytes)
+        return 0;
+    DG_CUDA_CHECK(cudaMemsetAsync(p, value, bytes, (cudaStream_t)s));
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, int dev,
+                                struct dg_error *err)
+{
+    int rc = 0;
+    DG_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+out:
+    return rc;
+}

@@ -32,6 +32,22 @@ int dg_cuda_memset(void *p, int value, size_t bytes, int dev, struct dg_error *e
 /* Wait for the current GPU's work; reports a kernel's asynchronous fault. */
 int dg_cuda_sync(int dev, struct dg_error *err);
 
+/* Streams: a non-blocking stream on the current GPU; wait for one. */
+typedef struct CUstream_st *dg_stream_t;
+int dg_cuda_stream_create(dg_stream_t *s, int dev, struct dg_error *err);
+void dg_cuda_stream_destroy(dg_stream_t s);
+int dg_cuda_stream_sync(dg_stream_t s, int dev, struct dg_error *err);
+
+/* Copies and fills queued on stream s (either direction; host memory that
+ * is not page-locked makes the copy synchronous with the host). */
+int dg_cuda_copy_async(void *dst, const void *src, size_t bytes, dg_stream_t s, int dev,
+                       struct dg_error *err);
+int dg_cuda_memset_async(void *p, int value, size_t bytes, dg_stream_t s, int dev,
+                         struct dg_error *err);
+
+/* The current GPU's free and total memory in bytes. */
+int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, int dev, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

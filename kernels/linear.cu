@@ -43,48 +43,41 @@ extern "C" void dg_blas_destroy(struct dg_blas *b)
     free(b);
 }
 
-/* Row-major y[T, N] = x[T, K] W[N, K]^T is column-major
- *   Y (N x T, ld N) = op_T(W: K x N, ld ldw) . X (K x T, ld K)
- * so one GemmEx with A = W transposed, B = x as is. */
-extern "C" int dg_blas_linear(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
-                              const uint16_t *W, int64_t N, int64_t K, int64_t ldw,
-                              struct dg_error *err)
+/* Row-major y[T, N] = alpha x[T, K] op(W) + beta y is, column-major,
+ *   Y (N x T, ld N) = alpha op'(W) . X (K x T, ld K) + beta Y
+ * with op'(W) = W^T read as K x N (ld ldw) when W is [N, K] (nn.Linear),
+ * and W itself, N x K (ld ldw), when W is [K, N]: one GemmEx, B = x as is. */
+extern "C" int dg_blas_gemm(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
+                            const uint16_t *W, int w_kn, int64_t N, int64_t K, int64_t ldw,
+                            float alpha, float beta, struct dg_error *err)
 {
-    const float one = 1.0f, zero = 0.0f;
     const int dev = b->dev;
+    const int64_t row = w_kn ? N : K; /* W's row length */
     int rc = 0;
-    if (T < 1 || N < 1 || K < 1 || ldw < K || T > 0x7fffffff || N > 0x7fffffff ||
+    if (T < 1 || N < 1 || K < 1 || ldw < row || T > 0x7fffffff || N > 0x7fffffff ||
         K > 0x7fffffff || ldw > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: linear: [%lld x %lld] . [%lld x %lld]^T "
-                            "(ld %lld)", dev, (long long)T, (long long)K, (long long)N,
-                            (long long)K, (long long)ldw);
-    DG_CUBLAS_CHECK(cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one,
-                                 W, CUDA_R_16BF, (int)ldw, x, CUDA_R_16BF, (int)K, &zero, y,
-                                 y_f32 ? CUDA_R_32F : CUDA_R_16BF, (int)N, CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: gemm: [%lld x %lld] . %s[%lld x %lld] "
+                            "(ld %lld)", dev, (long long)T, (long long)K, w_kn ? "" : "T",
+                            (long long)(w_kn ? K : N), (long long)(w_kn ? N : K),
+                            (long long)ldw);
+    DG_CUBLAS_CHECK(cublasGemmEx(b->h, w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, (int)N,
+                                 (int)T, (int)K, &alpha, W, CUDA_R_16BF, (int)ldw, x, CUDA_R_16BF,
+                                 (int)K, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (int)N,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 out:
     return rc;
 }
 
-/* Row-major y[T, N] = x[T, K] W[K, N] is column-major
- *   Y (N x T, ld N) = W (N x K, ld ldw) . X (K x T, ld K)
- * with neither operand transposed. */
+extern "C" int dg_blas_linear(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
+                              const uint16_t *W, int64_t N, int64_t K, int64_t ldw,
+                              struct dg_error *err)
+{
+    return dg_blas_gemm(b, y, y_f32, x, T, W, 0, N, K, ldw, 1.0f, 0.0f, err);
+}
+
 extern "C" int dg_blas_matmul(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
                               const uint16_t *W, int64_t K, int64_t N, int64_t ldw,
                               struct dg_error *err)
 {
-    const float one = 1.0f, zero = 0.0f;
-    const int dev = b->dev;
-    int rc = 0;
-    if (T < 1 || N < 1 || K < 1 || ldw < N || T > 0x7fffffff || N > 0x7fffffff ||
-        K > 0x7fffffff || ldw > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: matmul: [%lld x %lld] . [%lld x %lld] "
-                            "(ld %lld)", dev, (long long)T, (long long)K, (long long)K,
-                            (long long)N, (long long)ldw);
-    DG_CUBLAS_CHECK(cublasGemmEx(b->h, CUBLAS_OP_N, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one,
-                                 W, CUDA_R_16BF, (int)ldw, x, CUDA_R_16BF, (int)K, &zero, y,
-                                 y_f32 ? CUDA_R_32F : CUDA_R_16BF, (int)N, CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
-out:
-    return rc;
+    return dg_blas_gemm(b, y, y_f32, x, T, W, 1, N, K, ldw, 1.0f, 0.0f, err);
 }

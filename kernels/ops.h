@@ -122,6 +122,14 @@ int dg_cuda_row_probs(uint16_t *p, const float *z, int64_t rows, int64_t n, cons
 int dg_blas_matmul(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
                    const uint16_t *W, int64_t K, int64_t N, int64_t ldw, struct dg_error *err);
 
+/* The general form behind both: y = alpha x op(W) + beta y, with W [N, K]
+ * (w_kn 0: op(W) = W^T, as dg_blas_linear) or [K, N] (w_kn 1: as
+ * dg_blas_matmul), row stride ldw; alpha and beta applied in fp32 (beta
+ * reads y in its own type: beta 1 adds the product to y). */
+int dg_blas_gemm(struct dg_blas *b, void *y, int y_f32, const uint16_t *x, int64_t T,
+                 const uint16_t *W, int w_kn, int64_t N, int64_t K, int64_t ldw, float alpha,
+                 float beta, struct dg_error *err);
+
 /* Grouped-query attention with scale 1 (reference: dg_ref_attention): for
  * query t, head h, KV head c = h / (nh / nkv),
  *   s_j = q[t,h] . k[j,c] over the keys j visible to q_pos[t] (mask
@@ -155,6 +163,31 @@ int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int
                 const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
                 const uint16_t *W_gu, const uint16_t *W_down, void *scratch, dg_stream_t stream,
                 struct dg_error *err);
+
+/* The end of a layer's feed-forward block, per row of dim values
+ * (reference: dg_ref_ffn_combine):
+ *     s = rmsnorm(dense) * w1 + rmsnorm(moe) * w2
+ *     x = (x + rmsnorm(s) * w) * scale
+ * dense, moe: [rows, dim] fp32 (the dense MLP's and the experts' outputs);
+ * x: [rows, dim] bf16, the residual stream, updated in place; w1, w2, w:
+ * dim bf16 weights (post-feedforward norms 1, 2 and the outer one); scale:
+ * the layer scalar.  Everything between the loads and the store of x is
+ * fp32. */
+int dg_cuda_ffn_combine(uint16_t *x, const float *dense, const float *moe, const uint16_t *w1,
+                        const uint16_t *w2, const uint16_t *w, int64_t rows, int dim, float eps,
+                        float scale, dg_stream_t stream, int dev, struct dg_error *err);
+
+/* Random weights on the GPU (reference: dg_ref_fill_normal, bit for bit
+ * up to the last ulp of logf/cosf): for i < n,
+ *     y[i] = bf16(mean + std * N_i),   N_i standard normal by Box-Muller
+ * from Philox4x32-10 with key (seed lo, seed hi) and counter (j lo, j hi,
+ * tensor, 0), j = i / 2: u1, u2 from the block's first two words (dg_rand_unit), then
+ *     N_{2j}   = sqrt(-2 log u1) cos(2 pi u2)
+ *     N_{2j+1} = sqrt(-2 log u1) sin(2 pi u2)
+ * so element i depends only on (seed, tensor, i).  std = 0: every element
+ * is bf16(mean). */
+int dg_cuda_fill_normal(uint16_t *y, int64_t n, uint64_t seed, uint32_t tensor, float mean,
+                        float std, dg_stream_t stream, int dev, struct dg_error *err);
 
 #ifdef __cplusplus
 }

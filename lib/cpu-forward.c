@@ -410,16 +410,13 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
         return rc;
     for (int64_t i = 0; i < 2 * T * H; i++)
         s->pair[i] = (float)s->pair64[i];
-    dg_ref_rmsnorm(dense, dense, L->post_ffn_norm_1, T, H, eps);
-    dg_ref_rmsnorm(moe, moe, L->post_ffn_norm_2, T, H, eps);
 
-    /* x' = (h + rms(d' + m')) * layer_scalar (encoder or decoder copy) */
-    for (int64_t i = 0; i < T * H; i++)
-        s->tmp[i] = dense[i] + moe[i];
-    dg_ref_rmsnorm(s->tmp, s->tmp, L->post_ffn_norm, T, H, eps);
+    /* d' = rms(d), m' = rms(m), x' = (h + rms(d' + m')) * layer_scalar
+     * (encoder or decoder copy) */
     scalar = mode == PASS_ENCODER ? w->scalar_encoder : w->scalar_decoder;
-    for (int64_t i = 0; i < T * H; i++)
-        s->x[i] = (s->h[i] + s->tmp[i]) * scalar;
+    memcpy(s->x, s->h, sizeof(float) * (size_t)(T * H));
+    dg_ref_ffn_combine(s->x, dense, moe, L->post_ffn_norm_1, L->post_ffn_norm_2,
+                       L->post_ffn_norm, T, H, eps, scalar);
     return 0;
 }
 

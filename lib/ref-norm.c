@@ -50,3 +50,34 @@ void dg_ref_gelu_mul(float *out, const float *gate, const float *up, int64_t n)
     for (int64_t i = 0; i < n; i++)
         out[i] = dg_gelu_tanh(gate[i]) * up[i];
 }
+
+/* The same steps as the CPU forward's (and bit for bit the same results):
+ * the two norms in place, then per row s = dense + moe, its norm computed
+ * as dg_ref_rmsnorm would on a copy of s (double sum of squares, then
+ * float s_i * inv * w_i), and x = (x + that) * scale.  s is recomputed
+ * rather than stored, so no scratch is needed. */
+void dg_ref_ffn_combine(float *x, float *dense, float *moe, const float *w1, const float *w2,
+                        const float *w, int64_t rows, int dim, float eps, float scale)
+{
+    dg_ref_rmsnorm(dense, dense, w1, rows, dim, eps);
+    dg_ref_rmsnorm(moe, moe, w2, rows, dim, eps);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *dr = dense + r * dim, *mr = moe + r * dim;
+        float *xr = x + r * dim;
+        double ss = 0;
+        float inv;
+
+        for (int i = 0; i < dim; i++) {
+            const float s = dr[i] + mr[i];
+            ss += (double)s * s;
+        }
+        inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+        for (int i = 0; i < dim; i++) {
+            const float s = dr[i] + mr[i];
+            float v = s * inv;
+            if (w)
+                v *= w[i];
+            xr[i] = (xr[i] + v) * scale;
+        }
+    }
+}

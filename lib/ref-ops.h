@@ -129,4 +129,17 @@ int dg_ref_moe(float *out, const float *x, int64_t T, int H, const int32_t *idx,
 /* Softmax of n values in place (max-subtracted, fp32 exp, double sum). */
 void dg_ref_softmax(float *x, int64_t n);
 
+/* The end of a layer's feed-forward block over rows of dim values (the
+ * CPU forward's steps, in one call; the oracle of dg_cuda_ffn_combine):
+ *     s = rmsnorm(dense; w1) + rmsnorm(moe; w2)
+ *     x = (x + rmsnorm(s; w)) * scale
+ * dense and moe are overwritten with their norms. */
+void dg_ref_ffn_combine(float *x, float *dense, float *moe, const float *w1, const float *w2,
+                        const float *w, int64_t rows, int dim, float eps, float scale);
+
+/* Random weights (the oracle of dg_cuda_fill_normal; see kernels/ops.h for
+ * the stream): y[i] = bf16 bits of mean + std * N(seed, tensor, i). */
+void dg_ref_fill_normal(uint16_t *y, int64_t n, uint64_t seed, uint32_t tensor, float mean,
+                        float std);
+
 #endif

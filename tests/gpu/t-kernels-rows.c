@@ -1,10 +1,11 @@
 /*
  * Description: the row-wise kernels (RMSNorm, RMSNorm + residual add,
- * embedding gather over a vocabulary slice, RoPE) against their plain-C
- * references on fresh random inputs at several shapes (sizes that are not
- * multiples of the block sizes among them).  Every output buffer is
- * poisoned (NaN) before the launch and followed by guard words that must
- * come back untouched; the bound is METHOD.md's for bf16:
+ * embedding gather over a vocabulary slice, RoPE, the feed-forward block's
+ * combine) against their plain-C references on fresh random inputs at
+ * several shapes (sizes that are not multiples of the block sizes among
+ * them).  Every output buffer is poisoned (NaN) before the launch (in-place
+ * ones hold their input) and followed by guard words that must come back
+ * untouched; the bound is METHOD.md's for bf16:
  * ||out - ref|| / ||ref|| <= 1e-2, never a NaN.  Each shape's error is
  * printed ("# ...").  Exit 77 where there is no GPU.
  */
@@ -280,6 +281,90 @@ static int rope(void)
     return 0;
 }
 
+/* The end of the feed-forward block: fp32 dense and MoE rows, bf16 weights,
+ * the bf16 residual x updated in place (uploaded into a guarded buffer);
+ * dense and moe must come back unchanged. */
+static int ffn_combine(void)
+{
+    static const struct {
+        int64_t rows;
+        int dim;
+    } shapes[] = {{1, 48}, {7, 333}, {33, 2816}, {1, 1}, {3, 8192}, {130, 1000}, {5, 5376}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int64_t R = shapes[k].rows;
+        const int D = shapes[k].dim;
+        const size_t n = (size_t)R * D;
+        const float scale = 0.8125f, eps = 1e-6f;
+        struct dg_error err = {0};
+        uint16_t *hx, *hw1, *hw2, *hw, *dx, *dw1, *dw2, *dw;
+        float *fx, *fw1, *fw2, *fw, *dd, *dm;
+        float *fd = malloc(n * sizeof *fd), *fm = malloc(n * sizeof *fm);
+        float *rd = malloc(n * sizeof *rd), *rm = malloc(n * sizeof *rm);
+        float *back = malloc(n * sizeof *back);
+        char what[96];
+        double e;
+        CHECK(fd && fm && rd && rm && back && gt_rand_bf16(n, 2.0f, &hx, &fx) == 0 &&
+              gt_rand_bf16((size_t)D, 1.5f, &hw1, &fw1) == 0 &&
+              gt_rand_bf16((size_t)D, 1.5f, &hw2, &fw2) == 0 &&
+              gt_rand_bf16((size_t)D, 1.5f, &hw, &fw) == 0);
+        /* full fp32 values, the two of different magnitudes */
+        for (size_t i = 0; i < n; i++) {
+            fd[i] = gt_uniform() * 40.0f;
+            fm[i] = gt_uniform() * 0.03f;
+        }
+        memcpy(rd, fd, n * sizeof *fd);
+        memcpy(rm, fm, n * sizeof *fm);
+        dd = gt_upload(fd, n * sizeof *fd, &err);
+        dm = gt_upload(fm, n * sizeof *fm, &err);
+        dw1 = gt_upload(hw1, (size_t)D * 2, &err);
+        dw2 = gt_upload(hw2, (size_t)D * 2, &err);
+        dw = gt_upload(hw, (size_t)D * 2, &err);
+        dx = out_buf(n, &err);
+        CHECKF(dd && dm && dw1 && dw2 && dw && dx && dg_cuda_upload(dx, hx, n * 2, 0, &err) == 0,
+               "%s", err.msg);
+        dg_ref_ffn_combine(fx, rd, rm, fw1, fw2, fw, R, D, eps, scale);
+        CHECK_OK(dg_cuda_ffn_combine(dx, dd, dm, dw1, dw2, dw, R, D, eps, scale, NULL, 0, &err),
+                 &err);
+        snprintf(what, sizeof what, "ffn_combine %lld x %d", (long long)R, D);
+        e = compare(dx, n, fx, what);
+        printf("# %s: relative error %.2e\n", what, e);
+        CHECKF(e >= 0 && e <= BOUND, "%s: %.3e", what, e);
+        CHECKF(dg_cuda_download(back, dd, n * sizeof *back, 0, &err) == 0 &&
+                   memcmp(back, fd, n * sizeof *back) == 0 &&
+                   dg_cuda_download(back, dm, n * sizeof *back, 0, &err) == 0 &&
+                   memcmp(back, fm, n * sizeof *back) == 0,
+               "%s: dense or moe changed %s", what, err.msg);
+        dg_cuda_free(dd);
+        dg_cuda_free(dm);
+        dg_cuda_free(dw1);
+        dg_cuda_free(dw2);
+        dg_cuda_free(dw);
+        dg_cuda_free(dx);
+        free(hx);
+        free(fx);
+        free(hw1);
+        free(fw1);
+        free(hw2);
+        free(fw2);
+        free(hw);
+        free(fw);
+        free(fd);
+        free(fm);
+        free(rd);
+        free(rm);
+        free(back);
+    }
+    {
+        struct dg_error err = {0};
+        CHECK(dg_cuda_ffn_combine(NULL, NULL, NULL, NULL, NULL, NULL, 4, 0, 1e-6f, 1.0f, NULL, 0,
+                                  &err) == -DG_E_INVAL);
+        CHECK(strstr(err.msg, "GPU 0") != NULL);
+        CHECK(dg_cuda_ffn_combine(NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-6f, 1.0f, NULL, 0,
+                                  &err) == 0);
+    }
+    return 0;
+}
+
 /* Bad shapes are refused before a launch, with the GPU named. */
 static int refusals(void)
 {
@@ -303,6 +388,7 @@ int main(void)
     TEST_CASE(rmsnorm_add);
     TEST_CASE(embed);
     TEST_CASE(rope);
+    TEST_CASE(ffn_combine);
     TEST_CASE(refusals);
     return test_finish();
 }

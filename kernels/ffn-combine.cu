@@ -1,0 +1,99 @@
+/* ffn-combine.cu - the end of a layer's feed-forward block (see ops.h). */
+#include "kernels/ops.h"
+
+#include <cuda_bf16.h>
+
+#include "kernels/cuda-check.h"
+
+#define COMBINE_THREADS 256
+
+/* Sums of a and b over the block (every thread gets both).  shared: 64
+ * floats. */
+__device__ static float2 block_sum2(float a, float b, float *shared)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if (lane == 0) {
+        shared[warp] = a;
+        shared[32 + warp] = b;
+    }
+    __syncthreads();
+    a = lane < (int)(blockDim.x >> 5) ? shared[lane] : 0.0f;
+    b = lane < (int)(blockDim.x >> 5) ? shared[32 + lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    __syncthreads(); /* (shared may be reused by the caller) */
+    return make_float2(a, b);
+}
+
+/* One block per row of dim values, all in fp32 (only x_i is bf16 on load
+ * and store; a NULL weight is 1):
+ *   rd  = (sum_i d_i^2 / dim + eps)^(-1/2),  rm likewise of m
+ *   s_i = d_i * rd * w1_i + m_i * rm * w2_i
+ *   rs  = (sum_i s_i^2 / dim + eps)^(-1/2)
+ *   x_i = bf16((x_i + s_i * rs * w_i) * scale)
+ * s is not stored: the third pass recomputes it from d and m (the rows are
+ * read three times; after the first they come from L1/L2).  dense and moe
+ * are only read. */
+__global__ static void ffn_combine_kernel(__nv_bfloat16 *x, const float *dense, const float *moe,
+                                          const __nv_bfloat16 *w1, const __nv_bfloat16 *w2,
+                                          const __nv_bfloat16 *w, int dim, float eps,
+                                          float scale)
+{
+    __shared__ float shared[64];
+    const int64_t off = (int64_t)blockIdx.x * dim;
+    const float *dr = dense + off, *mr = moe + off;
+    __nv_bfloat16 *xr = x + off;
+    float sd = 0.0f, sm = 0.0f, ss = 0.0f, rd, rm, rs;
+    float2 t;
+
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float d = dr[i], m = mr[i];
+        sd += d * d;
+        sm += m * m;
+    }
+    t = block_sum2(sd, sm, shared);
+    rd = rsqrtf(t.x / (float)dim + eps);
+    rm = rsqrtf(t.y / (float)dim + eps);
+
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float a = dr[i] * rd * (w1 ? __bfloat162float(w1[i]) : 1.0f);
+        const float b = mr[i] * rm * (w2 ? __bfloat162float(w2[i]) : 1.0f);
+        const float s = a + b;
+        ss += s * s;
+    }
+    rs = rsqrtf(block_sum2(ss, 0.0f, shared).x / (float)dim + eps);
+
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float a = dr[i] * rd * (w1 ? __bfloat162float(w1[i]) : 1.0f);
+        const float b = mr[i] * rm * (w2 ? __bfloat162float(w2[i]) : 1.0f);
+        float v = (a + b) * rs;
+        if (w)
+            v *= __bfloat162float(w[i]);
+        xr[i] = __float2bfloat16((__bfloat162float(xr[i]) + v) * scale);
+    }
+}
+
+extern "C" int dg_cuda_ffn_combine(uint16_t *x, const float *dense, const float *moe,
+                                   const uint16_t *w1, const uint16_t *w2, const uint16_t *w,
+                                   int64_t rows, int dim, float eps, float scale,
+                                   dg_stream_t stream, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    if (rows == 0)
+        return 0;
+    if (rows < 0 || dim < 1 || rows > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: %lld rows of %d", dev,
+                            (long long)rows, dim);
+    ffn_combine_kernel<<<(unsigned)rows, COMBINE_THREADS, 0, (cudaStream_t)stream>>>(
+        (__nv_bfloat16 *)x, dense, moe, (const __nv_bfloat16 *)w1, (const __nv_bfloat16 *)w2,
+        (const __nv_bfloat16 *)w, dim, eps, scale);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
