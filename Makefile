@@ -98,7 +98,9 @@ LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIBCORE    := $(BUILD)/libdgemma-core.a
 
 KERNEL_SRC := $(wildcard kernels/*.cu)
-KERNEL_OBJ := $(KERNEL_SRC:%.cu=$(BUILD)/%.o)
+# (the host side of the CUDA backend is C, built with the C compiler)
+KERNEL_CSRC := $(wildcard kernels/*.c)
+KERNEL_OBJ := $(KERNEL_SRC:%.cu=$(BUILD)/%.o) $(KERNEL_CSRC:%.c=$(BUILD)/%.o)
 LIBCUDA    := $(BUILD)/libdgemma-cuda.a
 
 DAEMON_SRC  := $(wildcard daemon/*.c)
@@ -129,6 +131,9 @@ GPU_TEST_SRC := $(wildcard tests/gpu/t-*.c)
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
 BENCH_SRC  := $(wildcard bench/*/bench-*.c)
+ifneq ($(HAVE_CUDA),1)
+BENCH_SRC  := $(filter-out bench/gpu/%,$(BENCH_SRC))
+endif
 BENCH_BIN  := $(patsubst %.c,$(BUILD)/%,$(BENCH_SRC))
 
 FUZZ_SRC   := $(wildcard tests/fuzz/fuzz-*.c)
@@ -241,6 +246,11 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBCORE)
 $(BUILD)/bench/ring/%: $(BUILD)/bench/ring/%.o $(LIBDGEMMA_A) $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+
+# (the GPU benchmarks link the CUDA side)
+$(BUILD)/bench/gpu/%: $(BUILD)/bench/gpu/%.o $(LIBCUDA) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(CUDA_LIBS) $(SYS_LIBS) -o $@
 
 bench-build: $(BENCH_BIN)
 

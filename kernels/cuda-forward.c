@@ -1,0 +1,405 @@
+/* cuda-forward.c - the forward pass on one GPU (see cuda-forward.h; the
+ * maths is lib/cpu-forward.h's). */
+#include "kernels/cuda-forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/devmem.h"
+
+#define TRY(call)                                                                       \
+    do {                                                                                \
+        if ((rc = (call)) < 0)                                                          \
+            return rc;                                                                  \
+    } while (0)
+
+/* ---- the KV cache --------------------------------------------------------- */
+
+static uint64_t layer_row_bytes(const struct dg_model_config *c, int l)
+{
+    return (uint64_t)dg_layer_kv_heads(c, l) * (uint64_t)dg_layer_head_dim(c, l) * 2;
+}
+
+uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, int64_t max_length, int max_cl)
+{
+    uint64_t bytes = 0;
+    for (int l = 0; l < cfg->num_layers; l++)
+        bytes += 2 * (((uint64_t)(max_length + max_cl) * layer_row_bytes(cfg, l) + 255) &
+                      ~(uint64_t)255);
+    return bytes;
+}
+
+int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64_t max_length,
+                    int max_cl, struct dg_error *err)
+{
+    const struct dg_model_config *c = &cm->cfg;
+    unsigned char *p;
+    int rc;
+
+    memset(kv, 0, sizeof *kv);
+    if (max_length < 1 || max_cl < 1 || max_length > c->max_position_embeddings)
+        return dg_error_set(err, DG_E_INVAL, "cuda kv cache: %lld positions, canvas %d "
+                            "(the model has %lld positions)", (long long)max_length, max_cl,
+                            (long long)c->max_position_embeddings);
+    kv->k = calloc((size_t)c->num_layers, sizeof *kv->k);
+    kv->v = calloc((size_t)c->num_layers, sizeof *kv->v);
+    if (!kv->k || !kv->v) {
+        dg_cuda_kv_free(kv);
+        return dg_error_set(err, DG_E_NOMEM, "cuda kv cache: out of memory");
+    }
+    kv->bytes = dg_cuda_kv_bytes(c, max_length, max_cl);
+    if ((rc = dg_cuda_alloc(&kv->block, (size_t)kv->bytes, cm->dev, err)) < 0) {
+        dg_error_prefix(err, "cuda kv cache: %.1f MiB", (double)kv->bytes / (1 << 20));
+        dg_cuda_kv_free(kv);
+        return rc;
+    }
+    p = kv->block;
+    for (int l = 0; l < c->num_layers; l++) {
+        const uint64_t b = ((uint64_t)(max_length + max_cl) * layer_row_bytes(c, l) + 255) &
+                           ~(uint64_t)255;
+        kv->k[l] = (uint16_t *)(void *)p;
+        kv->v[l] = (uint16_t *)(void *)(p + b);
+        p += 2 * b;
+    }
+    kv->n_layers = c->num_layers;
+    kv->max_length = max_length;
+    kv->max_cl = max_cl;
+    return 0;
+}
+
+void dg_cuda_kv_free(struct dg_cuda_kv *kv)
+{
+    dg_cuda_free(kv->block);
+    free(kv->k);
+    free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+/* ---- the context ----------------------------------------------------------- */
+
+int dg_cuda_ctx_init(struct dg_cuda_ctx *cx, const struct dg_cuda_model *cm, struct dg_error *err)
+{
+    int rc;
+    memset(cx, 0, sizeof *cx);
+    cx->cm = cm;
+    cx->dev = cm->dev;
+    if ((rc = dg_cuda_stream_create(&cx->stream, cm->dev, err)) < 0 ||
+        (rc = dg_blas_create(cm->dev, cx->stream, &cx->blas, err)) < 0) {
+        dg_cuda_ctx_free(cx);
+        return rc;
+    }
+    return 0;
+}
+
+void dg_cuda_ctx_free(struct dg_cuda_ctx *cx)
+{
+    if (cx->stream) {
+        struct dg_error ignored;
+        dg_cuda_stream_sync(cx->stream, cx->dev, &ignored);
+    }
+    dg_blas_destroy(cx->blas);
+    dg_cuda_stream_destroy(cx->stream);
+    dg_cuda_free(cx->scratch);
+    dg_cuda_free(cx->iota);
+    free(cx->h_ids);
+    free(cx->h_pos);
+    memset(cx, 0, sizeof *cx);
+}
+
+/* Scratch for T tokens (kept when large enough). */
+static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *err)
+{
+    const struct dg_model_config *c = &cx->cm->cfg;
+    const int64_t H = c->hidden_size, E = c->num_experts, K = c->top_k_experts;
+    const int64_t wide = c->intermediate_size > c->self_conditioning_size
+                             ? c->intermediate_size : c->self_conditioning_size;
+    int64_t qmax = 0, kvmax = 0;
+    size_t total = 0, off = 0;
+    unsigned char *b;
+    int rc;
+
+    if (T <= cx->tokens_cap)
+        return 0;
+    T = (T + 63) & ~(int64_t)63;
+    for (int l = 0; l < c->num_layers; l++) {
+        const int64_t hd = dg_layer_head_dim(c, l);
+        if ((int64_t)c->num_heads * hd > qmax)
+            qmax = (int64_t)c->num_heads * hd;
+        if (dg_layer_kv_heads(c, l) * hd > kvmax)
+            kvmax = dg_layer_kv_heads(c, l) * hd;
+    }
+    {
+        const struct { void **ptr; size_t bytes; } plan[] = {
+            {(void **)&cx->x, (size_t)(T * H) * 2},      {(void **)&cx->a, (size_t)(T * H) * 2},
+            {(void **)&cx->attn, (size_t)(T * H) * 2},   {(void **)&cx->soft, (size_t)(T * H) * 2},
+            {(void **)&cx->q, (size_t)(T * qmax) * 2},   {(void **)&cx->o, (size_t)(T * qmax) * 2},
+            {(void **)&cx->kraw, (size_t)(T * kvmax) * 2}, {(void **)&cx->vraw, (size_t)(T * kvmax) * 2},
+            {(void **)&cx->k, (size_t)(T * kvmax) * 2},  {(void **)&cx->v, (size_t)(T * kvmax) * 2},
+            {(void **)&cx->gu, (size_t)(T * 2 * wide) * 2}, {(void **)&cx->act, (size_t)(T * wide) * 2},
+            {(void **)&cx->dense, (size_t)(T * H) * 4},  {(void **)&cx->moe, (size_t)(T * H) * 4},
+            {(void **)&cx->rlogits, (size_t)(T * E) * 4}, {(void **)&cx->rw, (size_t)(T * K) * 4},
+            {(void **)&cx->ridx, (size_t)(T * K) * 4},   {(void **)&cx->ids, (size_t)T * 4},
+            {(void **)&cx->pos, (size_t)T * 8},
+            {(void **)&cx->moe_scratch,
+             dg_cuda_moe_scratch(T, (int)K, (int)H, c->moe_intermediate_size, (int)E)},
+        };
+        const size_t n_plan = sizeof plan / sizeof plan[0];
+        for (size_t i = 0; i < n_plan; i++)
+            total += (plan[i].bytes + 255) & ~(size_t)255;
+        dg_cuda_free(cx->scratch);
+        free(cx->h_ids);
+        free(cx->h_pos);
+        cx->scratch = NULL;
+        cx->tokens_cap = 0;
+        cx->h_ids = malloc(sizeof *cx->h_ids * (size_t)T);
+        cx->h_pos = malloc(sizeof *cx->h_pos * (size_t)T);
+        if (!cx->h_ids || !cx->h_pos)
+            return dg_error_set(err, DG_E_NOMEM, "cuda forward: out of memory for %lld tokens",
+                                (long long)T);
+        if ((rc = dg_cuda_alloc(&cx->scratch, total, cx->dev, err)) < 0) {
+            dg_error_prefix(err, "cuda forward: scratch for %lld tokens (%.1f MiB)",
+                            (long long)T, (double)total / (1 << 20));
+            return rc;
+        }
+        b = cx->scratch;
+        for (size_t i = 0; i < n_plan; i++) {
+            *plan[i].ptr = b + off;
+            off += (plan[i].bytes + 255) & ~(size_t)255;
+        }
+    }
+    cx->scratch_bytes = total;
+    cx->tokens_cap = T;
+    return 0;
+}
+
+/* Positions 0 .. n-1 on the device (keys' positions are their rows). */
+static int reserve_positions(struct dg_cuda_ctx *cx, int64_t n, struct dg_error *err)
+{
+    int64_t *h;
+    int rc;
+    if (n <= cx->pos_cap)
+        return 0;
+    n = (n + 4095) & ~(int64_t)4095;
+    dg_cuda_free(cx->iota);
+    cx->iota = NULL;
+    cx->pos_cap = 0;
+    h = malloc(sizeof *h * (size_t)n);
+    if (!h)
+        return dg_error_set(err, DG_E_NOMEM, "cuda forward: out of memory");
+    for (int64_t i = 0; i < n; i++)
+        h[i] = i;
+    rc = dg_cuda_alloc((void **)&cx->iota, sizeof *h * (size_t)n, cx->dev, err);
+    if (rc == 0)
+        rc = dg_cuda_upload(cx->iota, h, sizeof *h * (size_t)n, cx->dev, err);
+    free(h);
+    if (rc == 0)
+        cx->pos_cap = n;
+    return rc;
+}
+
+/* ---- checks and staging ------------------------------------------------------ */
+
+static int check_batch(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                       int decoder, int64_t *T_out, struct dg_error *err)
+{
+    const struct dg_model_config *c = &cx->cm->cfg;
+    const char *what = decoder ? "decoder" : "encoder";
+    int64_t T = 0;
+    if (n_seqs < 1)
+        return dg_error_set(err, DG_E_INVAL, "cuda %s: an empty batch", what);
+    for (int i = 0; i < n_seqs; i++) {
+        const struct dg_cuda_seq *s = &seqs[i];
+        if (!s->kv || !s->kv->block || s->n < 1 || (decoder && s->n > s->kv->max_cl))
+            return dg_error_set(err, DG_E_INVAL, "cuda %s: sequence %d: %lld tokens%s", what, i,
+                                (long long)s->n, s->kv && s->kv->block ? "" : ", no cache");
+        if (s->kv->length + s->n > s->kv->max_length)
+            return dg_error_set(err, DG_E_RANGE, "cuda %s: sequence %d: positions %lld..%lld run "
+                                "past the cache's %lld positions", what, i,
+                                (long long)s->kv->length, (long long)(s->kv->length + s->n - 1),
+                                (long long)s->kv->max_length);
+        for (int64_t t = 0; t < s->n; t++)
+            if (s->ids[t] < 0 || s->ids[t] >= c->vocab_size)
+                return dg_error_set(err, DG_E_INVAL, "cuda %s: sequence %d: token %lld is id %d, "
+                                    "outside [0, %lld)", what, i, (long long)t, s->ids[t],
+                                    (long long)c->vocab_size);
+        for (int j = 0; j < i; j++)
+            if (seqs[j].kv == s->kv)
+                return dg_error_set(err, DG_E_INVAL, "cuda %s: one cache twice in a batch", what);
+        T += s->n;
+    }
+    *T_out = T;
+    return 0;
+}
+
+/* Scratch, positions, and the batch's ids and positions on the device. */
+static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                       int64_t T, struct dg_error *err)
+{
+    int64_t t = 0, far = 0;
+    int rc;
+    TRY(reserve_tokens(cx, T, err));
+    for (int i = 0; i < n_seqs; i++) {
+        const int64_t end = seqs[i].kv->max_length + seqs[i].kv->max_cl;
+        if (end > far)
+            far = end;
+    }
+    TRY(reserve_positions(cx, far, err));
+    for (int i = 0; i < n_seqs; i++)
+        for (int64_t j = 0; j < seqs[i].n; j++, t++) {
+            cx->h_ids[t] = seqs[i].ids[j];
+            cx->h_pos[t] = seqs[i].kv->length + j;
+        }
+    /* (pageable host memory: the copies complete before these return) */
+    TRY(dg_cuda_copy_async(cx->ids, cx->h_ids, sizeof *cx->h_ids * (size_t)T, cx->stream,
+                           cx->dev, err));
+    TRY(dg_cuda_copy_async(cx->pos, cx->h_pos, sizeof *cx->h_pos * (size_t)T, cx->stream,
+                           cx->dev, err));
+    return 0;
+}
+
+/* ---- the layer --------------------------------------------------------------- */
+
+/* x [T, H] -> x' for layer l.  Each sequence's K/V rows go into its cache
+ * at rows length..; encoder: causal, decoder: bidirectional. */
+static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
+                         const struct dg_cuda_seq *seqs, int n_seqs, int64_t T,
+                         struct dg_error *err)
+{
+    const struct dg_cuda_model *cm = cx->cm;
+    const struct dg_model_config *c = &cm->cfg;
+    const struct dg_cuda_layer *L = &cm->layers[l];
+    const int H = c->hidden_size, nh = c->num_heads, hd = L->hd, nkv = L->nkv;
+    const int64_t qdim = (int64_t)nh * hd, kvdim = (int64_t)nkv * hd;
+    const int I = c->intermediate_size, E = c->num_experts, K = c->top_k_experts;
+    const int Im = c->moe_intermediate_size, W = c->sliding_window;
+    const float eps = (float)c->rms_norm_eps;
+    const dg_stream_t st = cx->stream;
+    const int dev = cx->dev;
+    int64_t t0 = 0;
+    int rc;
+
+    /* attention: q, k, v projections, their norms and RoPE for every token */
+    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
+    TRY(dg_blas_linear(cx->blas, cx->q, 0, cx->a, T, L->q_proj, qdim, H, H, err));
+    TRY(dg_blas_linear(cx->blas, cx->kraw, 0, cx->a, T, L->k_proj, kvdim, H, H, err));
+    if (L->sliding)
+        TRY(dg_blas_linear(cx->blas, cx->vraw, 0, cx->a, T, L->v_proj, kvdim, H, H, err));
+    TRY(dg_cuda_rmsnorm(cx->q, cx->q, L->q_norm, T * nh, hd, eps, st, dev, err));
+    TRY(dg_cuda_rmsnorm(cx->k, cx->kraw, L->k_norm, T * nkv, hd, eps, st, dev, err));
+    /* full layers: V is the raw K projection, normed without a weight */
+    TRY(dg_cuda_rmsnorm(cx->v, L->sliding ? cx->vraw : cx->kraw, NULL, T * nkv, hd, eps, st, dev,
+                        err));
+    TRY(dg_cuda_rope(cx->q, cx->pos, T, nh, hd, L->inv_freq, st, dev, err));
+    TRY(dg_cuda_rope(cx->k, cx->pos, T, nkv, hd, L->inv_freq, st, dev, err));
+
+    /* per sequence: its rows into its cache, then attention over them */
+    for (int i = 0; i < n_seqs; i++) {
+        const struct dg_cuda_seq *s = &seqs[i];
+        const int64_t len = s->kv->length;
+        const int64_t start = L->sliding && len > W - 1 ? len - (W - 1) : 0;
+        const int mask = decoder ? 0 : L->sliding ? 2 : 1;
+        uint16_t *kc = s->kv->k[l], *vc = s->kv->v[l];
+        TRY(dg_cuda_copy_async(kc + len * kvdim, cx->k + t0 * kvdim,
+                               (size_t)(s->n * kvdim) * 2, st, dev, err));
+        TRY(dg_cuda_copy_async(vc + len * kvdim, cx->v + t0 * kvdim,
+                               (size_t)(s->n * kvdim) * 2, st, dev, err));
+        TRY(dg_cuda_attention(cx->o + t0 * qdim, cx->q + t0 * qdim, cx->pos + t0, s->n,
+                              kc + start * kvdim, vc + start * kvdim, cx->iota + start,
+                              len + s->n - start, nh, nkv, hd, mask, W, st, dev, err));
+        t0 += s->n;
+    }
+    /* h = x + rms(o_proj(o)) (x becomes h) */
+    TRY(dg_blas_linear(cx->blas, cx->attn, 0, cx->o, T, L->o_proj, H, qdim, qdim, err));
+    TRY(dg_cuda_rmsnorm_add(cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f, st, dev, err));
+
+    /* dense MLP: down(gelu(gate u) * up u), u = rms(h) */
+    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->pre_ffn_norm, T, H, eps, st, dev, err));
+    TRY(dg_blas_linear(cx->blas, cx->gu, 0, cx->a, T, L->mlp_gu, 2 * (int64_t)I, H, H, err));
+    TRY(dg_cuda_gelu_mul(cx->act, I, cx->gu, 2 * (int64_t)I, cx->gu + I, 2 * (int64_t)I, T, I, st,
+                         dev, err));
+    TRY(dg_blas_linear(cx->blas, cx->dense, 1, cx->act, T, L->mlp_down, H, I, I, err));
+
+    /* router: softmax(rms(h) * scale * H^-1/2 . W_r^T), top-K */
+    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->router_scale, T, H, eps, st, dev, err));
+    TRY(dg_blas_gemm(cx->blas, cx->rlogits, 1, cx->a, T, L->router_proj, 0, E, H, H,
+                     1.0f / sqrtf((float)H), 0.0f, err));
+    TRY(dg_cuda_router_topk(cx->ridx, cx->rw, cx->rlogits, T, E, K, L->router_expert_scale, st,
+                            dev, err));
+
+    /* experts on v = rms(h), then x' = (h + rms(rms(d) + rms(m))) * s */
+    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->pre_ffn_norm_2, T, H, eps, st, dev, err));
+    TRY(dg_cuda_moe(cx->blas, cx->moe, cx->a, T, H, cx->ridx, cx->rw, K, 0, E, Im, L->exp_gu,
+                    L->exp_down, cx->moe_scratch, st, err));
+    TRY(dg_cuda_ffn_combine(cx->x, cx->dense, cx->moe, L->post_ffn_norm_1, L->post_ffn_norm_2,
+                            L->post_ffn_norm, T, H, eps,
+                            decoder ? L->scalar_decoder : L->scalar_encoder, st, dev, err));
+    return 0;
+}
+
+/* ---- the passes ---------------------------------------------------------------- */
+
+int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                   struct dg_error *err)
+{
+    const struct dg_cuda_model *cm = cx->cm;
+    const struct dg_model_config *c = &cm->cfg;
+    int64_t T;
+    int rc;
+
+    TRY(check_batch(cx, seqs, n_seqs, 0, &T, err));
+    TRY(stage_batch(cx, seqs, n_seqs, T, err));
+    TRY(dg_cuda_embed(cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, c->hidden_size,
+                      cm->embed_scale, cx->stream, cx->dev, err));
+    for (int l = 0; l < c->num_layers; l++)
+        TRY(layer_forward(cx, l, 0, seqs, n_seqs, T, err));
+    TRY(dg_cuda_stream_sync(cx->stream, cx->dev, err));
+    for (int i = 0; i < n_seqs; i++)
+        seqs[i].kv->length += seqs[i].n;
+    return 0;
+}
+
+int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                   float *logits, struct dg_error *err)
+{
+    const struct dg_cuda_model *cm = cx->cm;
+    const struct dg_model_config *c = &cm->cfg;
+    const int H = c->hidden_size, S = c->self_conditioning_size;
+    const float eps = (float)c->rms_norm_eps;
+    const dg_stream_t st = cx->stream;
+    const int dev = cx->dev;
+    int64_t T, t0 = 0;
+    int any_soft = 0, rc;
+
+    TRY(check_batch(cx, seqs, n_seqs, 1, &T, err));
+    TRY(stage_batch(cx, seqs, n_seqs, T, err));
+    TRY(dg_cuda_embed(cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, H, cm->embed_scale, st, dev,
+                      err));
+    /* self-conditioning: x += SC(soft); a sequence without one gets a
+     * zero row, whose SC output is exactly zero (rms(0) = 0, gelu(0) = 0) */
+    for (int i = 0; i < n_seqs; i++)
+        any_soft |= seqs[i].soft != NULL;
+    if (any_soft) {
+        for (int i = 0; i < n_seqs; i++) {
+            const size_t bytes = (size_t)(seqs[i].n * H) * 2;
+            if (seqs[i].soft)
+                TRY(dg_cuda_copy_async(cx->soft + t0 * H, seqs[i].soft, bytes, st, dev, err));
+            else
+                TRY(dg_cuda_memset_async(cx->soft + t0 * H, 0, bytes, st, dev, err));
+            t0 += seqs[i].n;
+        }
+        TRY(dg_cuda_rmsnorm(cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
+        TRY(dg_blas_linear(cx->blas, cx->gu, 0, cx->a, T, cm->sc_gu, 2 * (int64_t)S, H, H, err));
+        TRY(dg_cuda_gelu_mul(cx->act, S, cx->gu, 2 * (int64_t)S, cx->gu + S, 2 * (int64_t)S, T,
+                             S, st, dev, err));
+        TRY(dg_blas_gemm(cx->blas, cx->x, 0, cx->act, T, cm->sc_down, 0, H, S, S, 1.0f, 1.0f,
+                         err));
+    }
+    /* the weight-free post-norm applies on every step, SC or not */
+    TRY(dg_cuda_rmsnorm(cx->x, cx->x, NULL, T, H, eps, st, dev, err));
+    for (int l = 0; l < c->num_layers; l++)
+        TRY(layer_forward(cx, l, 1, seqs, n_seqs, T, err));
+    TRY(dg_cuda_rmsnorm(cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
+    TRY(dg_blas_linear(cx->blas, logits, 1, cx->a, T, cm->embed, c->vocab_size, H, H, err));
+    return 0;
+}

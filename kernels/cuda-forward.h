@@ -1,0 +1,107 @@
+/*
+ * cuda-forward.h - the DiffusionGemma forward pass on one GPU, over a batch
+ * of sequences at once (the same maths as lib/cpu-forward.h, bf16
+ * activations and weights, fp32 inside every reduction).
+ *
+ *   encoder  each sequence's new tokens at positions length .. +n-1,
+ *            causal (sliding layers: within the window) over its cache and
+ *            themselves; K/V appended to its cache; lengths advance.
+ *   decoder  each sequence's canvas at positions length .. +CL-1, with an
+ *            optional self-conditioning input (the soft embedding
+ *            (pi E) c, bf16 [CL, H]); bidirectional over its cached window
+ *            and the canvas; the cache's committed rows are read, never
+ *            written; returns the logits [sum CL, V] fp32 before the
+ *            soft-cap (dg_cuda_row_stats applies it in its one pass).
+ *
+ * Token-wise work (norms, projections, MLPs, router, experts, LM head) runs
+ * once over every token of the batch; attention runs per sequence against
+ * its own cache.
+ *
+ * KV cache: per layer, bf16 rows [max_length + max_cl, nkv * hd] of keys
+ * (after k_norm and RoPE) and values (after the weight-free v_norm); row =
+ * position.  A decoder pass writes its canvas's K/V into the rows past the
+ * committed length (scratch, never counted), so attention reads one
+ * contiguous range of rows: sliding layers from max(0, length - (W-1)),
+ * full layers from 0.
+ *
+ * The caller owns the GPU's thread (dg_cuda_use) and the stream; every
+ * function returns 0 or a negative dg_status with err set.  A failure
+ * while running leaves the batch's caches' uncommitted rows undefined
+ * (lengths do not advance).
+ */
+#ifndef DG_KERNELS_CUDA_FORWARD_H
+#define DG_KERNELS_CUDA_FORWARD_H
+
+#include <stdint.h>
+
+#include "kernels/cuda-model.h"
+#include "kernels/ops.h"
+#include "lib/error.h"
+
+struct dg_cuda_kv {
+    int64_t length, max_length;
+    int max_cl;
+    int n_layers;
+    uint16_t **k, **v;        /* [n_layers] device rows */
+    void *block;              /* behind every row */
+    uint64_t bytes;
+};
+
+/* An empty cache for max_length positions and canvases of up to max_cl.
+ * Errors: DG_E_INVAL, DG_E_NOMEM, DG_E_CUDA. */
+int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64_t max_length,
+                    int max_cl, struct dg_error *err);
+void dg_cuda_kv_free(struct dg_cuda_kv *kv);
+
+/* Bytes a cache of max_length positions and canvases of max_cl takes. */
+uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, int64_t max_length, int max_cl);
+
+/* One sequence of a batch. */
+struct dg_cuda_seq {
+    struct dg_cuda_kv *kv;
+    const int32_t *ids;       /* host, n ids in [0, V) */
+    int64_t n;
+    const uint16_t *soft;     /* decoder: device [n, H] bf16 (pi E) c, or NULL */
+};
+
+/* What a pass needs on the GPU: its stream, cuBLAS, scratch sized for the
+ * largest batch seen. */
+struct dg_cuda_ctx {
+    const struct dg_cuda_model *cm;
+    int dev;
+    dg_stream_t stream;
+    struct dg_blas *blas;
+    int64_t tokens_cap;       /* scratch holds this many tokens */
+    int64_t pos_cap;          /* positions in iota */
+    void *scratch;
+    uint64_t scratch_bytes;
+    /* views into scratch */
+    uint16_t *x, *a, *q, *kraw, *vraw, *k, *v, *o, *attn, *gu, *act, *soft;
+    float *dense, *moe, *rlogits, *rw;
+    int32_t *ridx, *ids;
+    int64_t *pos;
+    void *moe_scratch;
+    int64_t *iota;            /* 0, 1, 2, ... pos_cap-1 */
+    int32_t *h_ids;           /* host staging */
+    int64_t *h_pos;
+};
+
+/* Bind a context to cm on the calling thread's GPU (a stream and a cuBLAS
+ * handle of its own).  Errors: DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */
+int dg_cuda_ctx_init(struct dg_cuda_ctx *cx, const struct dg_cuda_model *cm,
+                     struct dg_error *err);
+void dg_cuda_ctx_free(struct dg_cuda_ctx *cx);
+
+/* Encoder pass over the sequences' new tokens (appended to their caches,
+ * lengths advanced on success).  Errors: DG_E_INVAL (ids, sizes), DG_E_RANGE
+ * (past a cache), device errors. */
+int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                   struct dg_error *err);
+
+/* Decoder pass over the sequences' canvases (n <= the cache's max_cl):
+ * logits [sum n, V] fp32 on the device, raw (before the soft-cap), the
+ * sequences' rows one after another.  Errors as dg_cuda_encode. */
+int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                   float *logits, struct dg_error *err);
+
+#endif

@@ -1,0 +1,68 @@
+/*
+ * cuda-model.h - a DiffusionGemma text stack's weights on one GPU, all bf16,
+ * in one device allocation: uploaded from a bound checkpoint (converting
+ * F16/F32 to bf16) or made up on the GPU from a config alone (random
+ * matrices N(0, 0.02), norm weights and layer scalars 1), so the full
+ * 26B-A4B shapes can run without a 50 GB file.
+ *
+ * Layout (row-major, the forward pass's operands as they are used):
+ *   embed [V, H]                (token embedding and LM head)
+ *   per layer: q_proj [nh*hd, H], k_proj [nkv*hd, H], v_proj (sliding
+ *   layers) [nkv*hd, H], o_proj [H, nh*hd], mlp_gu [2I, H] (gate rows then
+ *   up rows), mlp_down [H, I], router_proj [E, H], expert banks
+ *   exp_gu [E, 2Im, H] and exp_down [E, H, Im]; norm vectors bf16; the
+ *   router's per-expert scale fp32 [E]
+ *   self-conditioning: sc_gu [2S, H], sc_down [H, S]
+ *   RoPE inverse frequencies fp32 for both layer kinds
+ * Layer scalars stay on the host.
+ */
+#ifndef DG_KERNELS_CUDA_MODEL_H
+#define DG_KERNELS_CUDA_MODEL_H
+
+#include <stdint.h>
+
+#include "lib/error.h"
+#include "lib/model-config.h"
+#include "lib/model-weights.h"
+
+struct dg_cuda_layer {
+    int hd, nkv, sliding;
+    uint16_t *input_norm, *q_norm, *k_norm, *post_attn_norm;
+    uint16_t *pre_ffn_norm, *post_ffn_norm_1, *router_scale, *pre_ffn_norm_2;
+    uint16_t *post_ffn_norm_2, *post_ffn_norm;
+    float *router_expert_scale;
+    uint16_t *q_proj, *k_proj, *v_proj, *o_proj;  /* v_proj NULL on full layers */
+    uint16_t *mlp_gu, *mlp_down, *router_proj;
+    uint16_t *exp_gu, *exp_down;
+    const float *inv_freq;                         /* the layer kind's table */
+    float scalar_encoder, scalar_decoder;
+};
+
+struct dg_cuda_model {
+    struct dg_model_config cfg;
+    int dev;
+    float embed_scale;           /* sqrt(H) rounded to the checkpoint's dtype (bf16) */
+    uint16_t *embed, *final_norm, *sc_pre_norm, *sc_gu, *sc_down;
+    float *inv_freq_sliding, *inv_freq_full;
+    struct dg_cuda_layer *layers;
+    void *arena;                 /* behind every pointer above */
+    uint64_t bytes;              /* the arena's size */
+};
+
+/* The model m (bound from a checkpoint) on GPU dev, which must be the
+ * calling thread's current GPU.  Errors: DG_E_NOMEM (host or device),
+ * DG_E_CUDA. */
+int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, int dev,
+                         struct dg_error *err);
+
+/* Random weights for cfg on GPU dev, a function of seed alone (see the top
+ * of this file).  Errors as dg_cuda_model_upload. */
+int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
+                         uint64_t seed, int dev, struct dg_error *err);
+
+/* Bytes the weights of cfg take on the GPU. */
+uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg);
+
+void dg_cuda_model_free(struct dg_cuda_model *cm);
+
+#endif
