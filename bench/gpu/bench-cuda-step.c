@@ -1,0 +1,201 @@
+/*
+ * bench-cuda-step - one GPU running the model through the backend
+ * interface, at the full 26B-A4B shapes with random bf16 weights made on
+ * the GPU (no checkpoint file): per batch size, the prompt's encoder pass,
+ * a denoising step (decoder pass + the fused sampler statistics), the
+ * self-conditioning product, and a commit (the canvas's encoder pass), with
+ * the device memory they take.
+ *
+ * usage: bench-cuda-step [PRESET [PROMPT [REPS [BATCHES...]]]]
+ *        (defaults 26b 512 5 and batches 1 8)
+ * Each batch size: B slots, B prompts of PROMPT random ids prefilled in
+ * one encode call, then REPS rounds of denoise (self-conditioned after the
+ * first) + condition + commit of a full canvas; medians over the rounds.
+ * Times are host wall clock around each call (every call ends with its
+ * stream synchronised); positions/s = B x canvas / the denoise time.  Memory: weights, what the backend holds besides
+ * (caches, scratch, logits), and the device's used memory (cudaMemGetInfo).
+ * Not a test: it prints a table and asserts nothing about speed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cuda-backend.h"
+#include "kernels/devmem.h"
+#include "lib/model-config.h"
+
+#define MAX_B 64
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng = 88172645463325252ull;
+static int32_t rand_id(int64_t V)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (int32_t)(rng % (uint64_t)V);
+}
+
+static int run_batch(struct dg_backend *b, int B, int64_t P, int reps)
+{
+    const struct dg_model_config *c = b->cfg;
+    const int CL = c->canvas_length;
+    const int64_t V = c->vocab_size;
+    struct dg_error err = {0};
+    struct dg_encode_item enc[MAX_B];
+    struct dg_denoise_item den[MAX_B];
+    int which[MAX_B];
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(P * B));
+    int32_t *canvas = malloc(sizeof(int32_t) * (size_t)CL * (size_t)B);
+    int32_t *out = malloc(sizeof(int32_t) * 2 * (size_t)CL * (size_t)B);
+    float *ent = malloc(sizeof(float) * (size_t)CL * (size_t)B);
+    double *t_den = calloc((size_t)reps, sizeof(double)), *t_cond = calloc((size_t)reps, 8);
+    double *t_commit = calloc((size_t)reps, sizeof(double));
+    double t_prefill, t0;
+    uint64_t wbytes, obytes;
+    size_t dfree, dtotal;
+    int rc = -1;
+
+    if (!prompt || !canvas || !out || !ent || !t_den || !t_cond || !t_commit)
+        goto out;
+    for (int i = 0; i < B; i++)
+        if (b->ops->slot_open(b, i, P + (int64_t)(reps + 1) * CL, CL, &err) < 0)
+            goto fail;
+    for (int64_t i = 0; i < P * B; i++)
+        prompt[i] = rand_id(V);
+    for (int i = 0; i < B; i++)
+        enc[i] = (struct dg_encode_item){i, prompt + (int64_t)i * P, P};
+    t0 = now_ms();
+    if (b->ops->encode(b, enc, B, &err) < 0)
+        goto fail;
+    t_prefill = now_ms() - t0;
+    for (int r = 0; r < reps; r++) {
+        for (int i = 0; i < B * CL; i++)
+            canvas[i] = rand_id(V);
+        for (int i = 0; i < B; i++) {
+            den[i] = (struct dg_denoise_item){0};
+            den[i].slot = i;
+            den[i].canvas = canvas + i * CL;
+            den[i].cl = CL;
+            den[i].self_cond = r > 0;
+            den[i].temperature = 0.8f;
+            den[i].top_k = 0;
+            den[i].top_p = 1.0f;
+            den[i].seed = 1234 + (uint64_t)i;
+            den[i].canvas_index = 0;
+            den[i].step = (uint32_t)r;
+            den[i].sample = out + 2 * i * CL;
+            den[i].argmax = out + 2 * i * CL + CL;
+            den[i].entropy = ent + i * CL;
+            which[i] = i;
+        }
+        t0 = now_ms();
+        if (b->ops->denoise(b, den, B, &err) < 0)
+            goto fail;
+        t_den[r] = now_ms() - t0;
+        t0 = now_ms();
+        if (b->ops->condition(b, which, B, &err) < 0)
+            goto fail;
+        t_cond[r] = now_ms() - t0;
+        for (int i = 0; i < B; i++)
+            enc[i] = (struct dg_encode_item){i, out + 2 * i * CL, CL};
+        t0 = now_ms();
+        if (b->ops->encode(b, enc, B, &err) < 0)
+            goto fail;
+        t_commit[r] = now_ms() - t0;
+    }
+    dg_cuda_backend_bytes(b, &wbytes, &obytes);
+    if (dg_cuda_mem_info(&dfree, &dtotal, 0, &err) < 0)
+        goto fail;
+    printf("| %2d | %6d | %9.1f | %10.2f | %12.2f | %10.2f | %11.0f | %7.2f | %9.2f | %9.2f |\n",
+           B, B * CL, t_prefill, median(t_den, reps), median(t_cond, reps),
+           median(t_commit, reps), (double)(B * CL) / (median(t_den, reps) / 1e3),
+           (double)wbytes / GIB, (double)obytes / GIB, (double)(dtotal - dfree) / GIB);
+    fflush(stdout);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "bench-cuda-step: batch %d: %s\n", B, err.msg);
+out:
+    for (int i = 0; i < B; i++)
+        b->ops->slot_close(b, i);
+    free(prompt);
+    free(canvas);
+    free(out);
+    free(ent);
+    free(t_den);
+    free(t_cond);
+    free(t_commit);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *preset = argc > 1 ? argv[1] : "26b";
+    const int64_t P = argc > 2 ? atoll(argv[2]) : 512;
+    const int reps = argc > 3 ? atoi(argv[3]) : 5;
+    int batches[16] = {1, 8}, nb = 2, rc = 0;
+    struct dg_model_config cfg;
+    struct dg_cuda_backend_options o;
+    struct dg_backend *b;
+    struct dg_error err = {0};
+    double t0;
+
+    if (argc > 4) {
+        nb = 0;
+        for (int i = 4; i < argc && nb < 16; i++)
+            batches[nb++] = atoi(argv[i]);
+    }
+    if (dg_model_config_preset(preset, &cfg, &err) < 0 || P < 1 || reps < 1) {
+        fprintf(stderr, "usage: bench-cuda-step [PRESET [PROMPT [REPS [BATCHES...]]]]: %s\n",
+                err.msg[0] ? err.msg : "bad numbers");
+        return 2;
+    }
+    for (int i = 0; i < nb; i++)
+        if (batches[i] < 1 || batches[i] > MAX_B) {
+            fprintf(stderr, "bench-cuda-step: batch %d not in 1..%d\n", batches[i], MAX_B);
+            return 2;
+        }
+    memset(&o, 0, sizeof o);
+    o.device = 0;
+    o.max_slots = MAX_B;
+    o.cfg = &cfg;
+    o.seed = 1;
+    t0 = now_ms();
+    if (dg_cuda_backend_create(&o, &b, &err) < 0) {
+        fprintf(stderr, "bench-cuda-step: %s\n", err.msg);
+        return 1;
+    }
+    printf("preset %s: %d layers, hidden %d, vocabulary %lld, %d experts (top %d), canvas %d; "
+           "random bf16 weights made on the GPU in %.0f ms; prompt %lld, %d rounds\n\n",
+           preset, cfg.num_layers, cfg.hidden_size, (long long)cfg.vocab_size, cfg.num_experts,
+           cfg.top_k_experts, cfg.canvas_length, now_ms() - t0, (long long)P, reps);
+    printf("| B  | tokens | prefill ms | denoise ms | condition ms | commit ms | positions/s  |"
+           " weights GiB | other GiB | device GiB |\n");
+    printf("|----|--------|-----------:|-----------:|-------------:|----------:|-------------:|"
+           "------------:|----------:|-----------:|\n");
+    for (int i = 0; i < nb; i++)
+        rc |= run_batch(b, batches[i], P, reps);
+    b->ops->destroy(b);
+    return rc ? 1 : 0;
+}
