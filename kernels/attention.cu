@@ -1,11 +1,14 @@
 /* attention.cu - grouped-query attention, online softmax, no score matrix
- * in memory (see ops.h; reference: dg_ref_attention). */
+ * in memory (see ops.h; reference: dg_ref_attention).  One kernel for both
+ * element types of q, k, v and out: bf16 (dg_cuda_attention) and fp32
+ * (dg_cuda_attention_e with DG_ELT_F32), fp32 arithmetic for both. */
 #include "kernels/ops.h"
 
 #include <cuda_bf16.h>
 #include <math.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
 
 #define ATT_WARPS 4
 #define ATT_MAX_PER_LANE 16 /* hd <= 512 */
@@ -21,11 +24,13 @@ __device__ static int visible(int mask, int64_t q, int64_t k, int window)
  *   s = warp sum of q_i k_ji;  m' = max(m, s);  a = exp(m - m'), b = exp(s - m')
  *   l = a l + b;  acc_i = a acc_i + b v_ji;  m = m'
  * then warp 0 folds the warps' (m, l, acc) through shared memory:
- *   M = max m_w;  L = sum l_w e^{m_w - M};  out_i = sum acc_wi e^{m_w - M} / L. */
-__global__ static void attention_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q,
-                                        const int64_t *q_pos, const __nv_bfloat16 *k,
-                                        const __nv_bfloat16 *v, const int64_t *k_pos, int64_t Tk,
-                                        int nh, int nkv, int hd, int mask, int window)
+ *   M = max m_w;  L = sum l_w e^{m_w - M};  out_i = sum acc_wi e^{m_w - M} / L.
+ * Elt (__nv_bfloat16 or float) is the type of q, k, v and out; the
+ * arithmetic is fp32 for both. */
+template <typename Elt>
+__global__ static void attention_kernel(Elt *out, const Elt *q, const int64_t *q_pos,
+                                        const Elt *k, const Elt *v, const int64_t *k_pos,
+                                        int64_t Tk, int nh, int nkv, int hd, int mask, int window)
 {
     __shared__ float sh_m[ATT_WARPS], sh_l[ATT_WARPS];
     __shared__ float sh_acc[ATT_WARPS][32 * ATT_MAX_PER_LANE];
@@ -34,24 +39,24 @@ __global__ static void attention_kernel(__nv_bfloat16 *out, const __nv_bfloat16 
     const int h = blockIdx.y, c = h / (nh / nkv);
     const int per = (hd + 31) / 32;
     const int64_t qp = q_pos[t];
-    const __nv_bfloat16 *qr = q + (t * nh + h) * hd;
+    const Elt *qr = q + (t * nh + h) * hd;
     float qv[ATT_MAX_PER_LANE], acc[ATT_MAX_PER_LANE];
     float m = -INFINITY, l = 0.0f;
 
     for (int u = 0; u < per; u++) {
         const int i = lane + 32 * u;
-        qv[u] = i < hd ? __bfloat162float(qr[i]) : 0.0f;
+        qv[u] = i < hd ? dg_ld(&qr[i]) : 0.0f;
         acc[u] = 0.0f;
     }
     for (int64_t j = warp; j < Tk; j += ATT_WARPS) {
-        const __nv_bfloat16 *kr = k + (j * nkv + c) * hd, *vr = v + (j * nkv + c) * hd;
+        const Elt *kr = k + (j * nkv + c) * hd, *vr = v + (j * nkv + c) * hd;
         float s = 0.0f, mn, a, b;
         if (!visible(mask, qp, k_pos[j], window))
             continue;
         for (int u = 0; u < per; u++) {
             const int i = lane + 32 * u;
             if (i < hd)
-                s += qv[u] * __bfloat162float(kr[i]);
+                s += qv[u] * dg_ld(&kr[i]);
         }
         for (int o = 16; o > 0; o >>= 1)
             s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -61,7 +66,7 @@ __global__ static void attention_kernel(__nv_bfloat16 *out, const __nv_bfloat16 
         l = a * l + b;
         for (int u = 0; u < per; u++) {
             const int i = lane + 32 * u;
-            acc[u] = a * acc[u] + (i < hd ? b * __bfloat162float(vr[i]) : 0.0f);
+            acc[u] = a * acc[u] + (i < hd ? b * dg_ld(&vr[i]) : 0.0f);
         }
         m = mn;
     }
@@ -86,9 +91,39 @@ __global__ static void attention_kernel(__nv_bfloat16 *out, const __nv_bfloat16 
             for (int w = 0; w < ATT_WARPS; w++)
                 if (sh_m[w] != -INFINITY)
                     o += sh_acc[w][i] * expf(sh_m[w] - M);
-            out[(t * nh + h) * hd + i] = __float2bfloat16(L > 0.0f ? o / L : 0.0f);
+            dg_st(&out[(t * nh + h) * hd + i], L > 0.0f ? o / L : 0.0f);
         }
     }
+}
+
+extern "C" int dg_cuda_attention_e(enum dg_elt e, void *out, const void *q,
+                                   const int64_t *q_pos, int64_t Tq, const void *k,
+                                   const void *v, const int64_t *k_pos, int64_t Tk, int nh,
+                                   int nkv, int hd, int mask, int window, dg_stream_t stream,
+                                   int dev, struct dg_error *err)
+{
+    int rc = 0;
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: attention: element type %d", dev, (int)e);
+    if (Tq <= 0)
+        return 0;
+    if (hd < 2 || hd % 2 || hd > 32 * ATT_MAX_PER_LANE || nh < 1 || nkv < 1 || nh % nkv ||
+        nh > 65535 || Tq > 0x7fffffff || Tk < 0 || mask < 0 || mask > 2 ||
+        (mask == 2 && window < 1))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: attention: %d heads over %d KV heads of "
+                            "%d, mask %d window %d", dev, nh, nkv, hd, mask, window);
+    const dim3 grid((unsigned)Tq, (unsigned)nh);
+    if (e == DG_ELT_F32)
+        attention_kernel<float><<<grid, 32 * ATT_WARPS, 0, (cudaStream_t)stream>>>(
+            (float *)out, (const float *)q, q_pos, (const float *)k, (const float *)v, k_pos, Tk,
+            nh, nkv, hd, mask, window);
+    else
+        attention_kernel<__nv_bfloat16><<<grid, 32 * ATT_WARPS, 0, (cudaStream_t)stream>>>(
+            (__nv_bfloat16 *)out, (const __nv_bfloat16 *)q, q_pos, (const __nv_bfloat16 *)k,
+            (const __nv_bfloat16 *)v, k_pos, Tk, nh, nkv, hd, mask, window);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
 }
 
 extern "C" int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos,
@@ -97,20 +132,6 @@ extern "C" int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t
                                  int mask, int window, dg_stream_t stream, int dev,
                                  struct dg_error *err)
 {
-    int rc = 0;
-    if (Tq <= 0)
-        return 0;
-    if (hd < 2 || hd % 2 || hd > 32 * ATT_MAX_PER_LANE || nh < 1 || nkv < 1 || nh % nkv ||
-        nh > 65535 || Tq > 0x7fffffff || Tk < 0 || mask < 0 || mask > 2 ||
-        (mask == 2 && window < 1))
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: attention: %d heads over %d KV heads of "
-                            "%d, mask %d window %d", dev, nh, nkv, hd, mask, window);
-    attention_kernel<<<dim3((unsigned)Tq, (unsigned)nh), 32 * ATT_WARPS, 0,
-                       (cudaStream_t)stream>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)q,
-                                               q_pos, (const __nv_bfloat16 *)k,
-                                               (const __nv_bfloat16 *)v, k_pos, Tk, nh, nkv, hd,
-                                               mask, window);
-    DG_LAUNCH_CHECK();
-out:
-    return rc;
+    return dg_cuda_attention_e(DG_ELT_BF16, out, q, q_pos, Tq, k, v, k_pos, Tk, nh, nkv, hd,
+                               mask, window, stream, dev, err);
 }

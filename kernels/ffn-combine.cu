@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
 
 #define COMBINE_THREADS 256
 
@@ -37,18 +38,19 @@ __device__ static float2 block_sum2(float a, float b, float *shared)
  *   s_i = d_i * rd * w1_i + m_i * rm * w2_i
  *   rs  = (sum_i s_i^2 / dim + eps)^(-1/2)
  *   x_i = bf16((x_i + s_i * rs * w_i) * scale)
+ * With fp32 elements (T = float: x and the weights) the same, unrounded.
  * s is not stored: the third pass recomputes it from d and m (the rows are
  * read three times; after the first they come from L1/L2).  dense and moe
  * are only read. */
-__global__ static void ffn_combine_kernel(__nv_bfloat16 *x, const float *dense, const float *moe,
-                                          const __nv_bfloat16 *w1, const __nv_bfloat16 *w2,
-                                          const __nv_bfloat16 *w, int dim, float eps,
-                                          float scale)
+template <typename T>
+__global__ static void ffn_combine_kernel(T *x, const float *dense, const float *moe,
+                                          const T *w1, const T *w2, const T *w, int dim,
+                                          float eps, float scale)
 {
     __shared__ float shared[64];
     const int64_t off = (int64_t)blockIdx.x * dim;
     const float *dr = dense + off, *mr = moe + off;
-    __nv_bfloat16 *xr = x + off;
+    T *xr = x + off;
     float sd = 0.0f, sm = 0.0f, ss = 0.0f, rd, rm, rs;
     float2 t;
 
@@ -62,21 +64,49 @@ __global__ static void ffn_combine_kernel(__nv_bfloat16 *x, const float *dense, 
     rm = rsqrtf(t.y / (float)dim + eps);
 
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float a = dr[i] * rd * (w1 ? __bfloat162float(w1[i]) : 1.0f);
-        const float b = mr[i] * rm * (w2 ? __bfloat162float(w2[i]) : 1.0f);
+        const float a = dr[i] * rd * (w1 ? dg_ld(w1 + i) : 1.0f);
+        const float b = mr[i] * rm * (w2 ? dg_ld(w2 + i) : 1.0f);
         const float s = a + b;
         ss += s * s;
     }
     rs = rsqrtf(block_sum2(ss, 0.0f, shared).x / (float)dim + eps);
 
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float a = dr[i] * rd * (w1 ? __bfloat162float(w1[i]) : 1.0f);
-        const float b = mr[i] * rm * (w2 ? __bfloat162float(w2[i]) : 1.0f);
+        const float a = dr[i] * rd * (w1 ? dg_ld(w1 + i) : 1.0f);
+        const float b = mr[i] * rm * (w2 ? dg_ld(w2 + i) : 1.0f);
         float v = (a + b) * rs;
         if (w)
-            v *= __bfloat162float(w[i]);
-        xr[i] = __float2bfloat16((__bfloat162float(xr[i]) + v) * scale);
+            v *= dg_ld(w + i);
+        dg_st(xr + i, (dg_ld(xr + i) + v) * scale);
     }
+}
+
+extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
+                                     const float *moe, const void *w1, const void *w2,
+                                     const void *w, int64_t rows, int dim, float eps, float scale,
+                                     dg_stream_t stream, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: element type %d", dev,
+                            (int)e);
+    if (rows == 0)
+        return 0;
+    if (rows < 0 || dim < 1 || rows > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: %lld rows of %d", dev,
+                            (long long)rows, dim);
+    if (e == DG_ELT_F32)
+        ffn_combine_kernel<float><<<(unsigned)rows, COMBINE_THREADS, 0, (cudaStream_t)stream>>>(
+            (float *)x, dense, moe, (const float *)w1, (const float *)w2, (const float *)w, dim,
+            eps, scale);
+    else
+        ffn_combine_kernel<__nv_bfloat16>
+            <<<(unsigned)rows, COMBINE_THREADS, 0, (cudaStream_t)stream>>>(
+                (__nv_bfloat16 *)x, dense, moe, (const __nv_bfloat16 *)w1,
+                (const __nv_bfloat16 *)w2, (const __nv_bfloat16 *)w, dim, eps, scale);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
 }
 
 extern "C" int dg_cuda_ffn_combine(uint16_t *x, const float *dense, const float *moe,
@@ -84,16 +114,6 @@ extern "C" int dg_cuda_ffn_combine(uint16_t *x, const float *dense, const float 
                                    int64_t rows, int dim, float eps, float scale,
                                    dg_stream_t stream, int dev, struct dg_error *err)
 {
-    int rc = 0;
-    if (rows == 0)
-        return 0;
-    if (rows < 0 || dim < 1 || rows > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: %lld rows of %d", dev,
-                            (long long)rows, dim);
-    ffn_combine_kernel<<<(unsigned)rows, COMBINE_THREADS, 0, (cudaStream_t)stream>>>(
-        (__nv_bfloat16 *)x, dense, moe, (const __nv_bfloat16 *)w1, (const __nv_bfloat16 *)w2,
-        (const __nv_bfloat16 *)w, dim, eps, scale);
-    DG_LAUNCH_CHECK();
-out:
-    return rc;
+    return dg_cuda_ffn_combine_e(DG_ELT_BF16, x, dense, moe, w1, w2, w, rows, dim, eps, scale,
+                                 stream, dev, err);
 }

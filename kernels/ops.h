@@ -189,6 +189,59 @@ int dg_cuda_ffn_combine(uint16_t *x, const float *dense, const float *moe, const
 int dg_cuda_fill_normal(uint16_t *y, int64_t n, uint64_t seed, uint32_t tensor, float mean,
                         float std, dg_stream_t stream, int dev, struct dg_error *err);
 
+/* ---- element types ---------------------------------------------------------
+ *
+ * Every op above reads and writes bf16.  Each also exists for a chosen
+ * element type e (the _e forms below; the bf16 names are those with
+ * DG_ELT_BF16): buffers documented as bf16 then hold e's values (void *),
+ * everything else (fp32 outputs, ids, positions, statistics) is unchanged.
+ * fp32 elements serve fp32 checkpoints: the same plan computed at the CPU
+ * reference's precision.  The maths and the fp32 arithmetic inside are the
+ * same for both types; only loads and stores differ. */
+enum dg_elt { DG_ELT_BF16 = 0, DG_ELT_F32 = 1 };
+
+/* Bytes of one element. */
+static inline int dg_elt_size(enum dg_elt e)
+{
+    return e == DG_ELT_F32 ? 4 : 2;
+}
+
+int dg_cuda_rmsnorm_e(enum dg_elt e, void *y, const void *x, const void *w, int64_t rows,
+                      int dim, float eps, dg_stream_t stream, int dev, struct dg_error *err);
+int dg_cuda_rmsnorm_add_e(enum dg_elt e, void *resid, const void *x, const void *w,
+                          int64_t rows, int dim, float eps, float scale, dg_stream_t stream,
+                          int dev, struct dg_error *err);
+int dg_cuda_embed_e(enum dg_elt e, void *y, const int32_t *ids, int64_t T, const void *emb,
+                    int64_t v0, int64_t n_rows, int dim, float scale, dg_stream_t stream, int dev,
+                    struct dg_error *err);
+int dg_cuda_rope_e(enum dg_elt e, void *x, const int64_t *pos, int64_t T, int n_heads, int hd,
+                   const float *inv_freq, dg_stream_t stream, int dev, struct dg_error *err);
+int dg_cuda_gelu_mul_e(enum dg_elt e, void *out, int64_t ld_out, const void *gate,
+                       int64_t ld_gate, const void *up, int64_t ld_up, int64_t rows, int n,
+                       dg_stream_t stream, int dev, struct dg_error *err);
+int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense, const float *moe,
+                          const void *w1, const void *w2, const void *w, int64_t rows, int dim,
+                          float eps, float scale, dg_stream_t stream, int dev,
+                          struct dg_error *err);
+int dg_cuda_attention_e(enum dg_elt e, void *out, const void *q, const int64_t *q_pos,
+                        int64_t Tq, const void *k, const void *v, const int64_t *k_pos,
+                        int64_t Tk, int nh, int nkv, int hd, int mask, int window,
+                        dg_stream_t stream, int dev, struct dg_error *err);
+int dg_cuda_row_probs_e(enum dg_elt e, void *p, const float *z, int64_t rows, int64_t n,
+                        const float *T, const float *tau, const struct dg_row_stats *all,
+                        dg_stream_t stream, int dev, struct dg_error *err);
+/* x and W (and y when y_f32 is 0) of type e; fp32 elements go through
+ * plain fp32 GEMM (no TF32). */
+int dg_blas_gemm_e(struct dg_blas *b, enum dg_elt e, void *y, int y_f32, const void *x,
+                   int64_t T, const void *W, int w_kn, int64_t N, int64_t K, int64_t ldw,
+                   float alpha, float beta, struct dg_error *err);
+/* x, W_gu, W_down and the intermediates of type e. */
+size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I, int n_exp);
+int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
+                  const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+                  const void *W_gu, const void *W_down, void *scratch, dg_stream_t stream,
+                  struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

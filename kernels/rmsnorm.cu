@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
 
 #define NORM_THREADS 256
 
@@ -26,43 +27,85 @@ __device__ static float block_sum(float v, float *shared)
 /* One block per row.  r = (sum_i x_i^2 / dim + eps)^(-1/2) in fp32; then
  *   plain:  y_i = bf16(x_i * r * w_i)
  *   add:    resid_i = bf16(resid_i + x_i * r * w_i * scale)
+ * With fp32 elements (T = float) the same arithmetic, without the rounding.
  * The row is read twice (the second read hits L1/L2 for rows of a few KiB). */
-template <bool ADD>
-__global__ static void rmsnorm_kernel(__nv_bfloat16 *y, const __nv_bfloat16 *x,
-                                      const __nv_bfloat16 *w, int dim, float eps, float scale)
+template <bool ADD, typename T>
+__global__ static void rmsnorm_kernel(T *y, const T *x, const T *w, int dim, float eps,
+                                      float scale)
 {
     __shared__ float shared[32];
-    const __nv_bfloat16 *xr = x + (int64_t)blockIdx.x * dim;
-    __nv_bfloat16 *yr = y + (int64_t)blockIdx.x * dim;
+    const T *xr = x + (int64_t)blockIdx.x * dim;
+    T *yr = y + (int64_t)blockIdx.x * dim;
     float ss = 0.0f, r;
 
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = __bfloat162float(xr[i]);
+        const float v = dg_ld(xr + i);
         ss += v * v;
     }
     r = rsqrtf(block_sum(ss, shared) / (float)dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = __bfloat162float(xr[i]) * r;
+        float v = dg_ld(xr + i) * r;
         if (w)
-            v *= __bfloat162float(w[i]);
+            v *= dg_ld(w + i);
         if (ADD)
-            v = __bfloat162float(yr[i]) + v * scale;
-        yr[i] = __float2bfloat16(v);
+            v = dg_ld(yr + i) + v * scale;
+        dg_st(yr + i, v);
     }
+}
+
+template <bool ADD>
+static void rmsnorm_launch(enum dg_elt e, void *y, const void *x, const void *w, int64_t rows,
+                           int dim, float eps, float scale, dg_stream_t stream)
+{
+    if (e == DG_ELT_F32)
+        rmsnorm_kernel<ADD, float><<<(unsigned)rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(
+            (float *)y, (const float *)x, (const float *)w, dim, eps, scale);
+    else
+        rmsnorm_kernel<ADD, __nv_bfloat16>
+            <<<(unsigned)rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(
+                (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim,
+                eps, scale);
+}
+
+extern "C" int dg_cuda_rmsnorm_e(enum dg_elt e, void *y, const void *x, const void *w,
+                                 int64_t rows, int dim, float eps, dg_stream_t stream, int dev,
+                                 struct dg_error *err)
+{
+    int rc = 0;
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm: element type %d", dev, (int)e);
+    if (rows <= 0)
+        return 0;
+    if (dim < 1 || rows > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm: %lld rows of %d", dev,
+                            (long long)rows, dim);
+    rmsnorm_launch<false>(e, y, x, w, rows, dim, eps, 1.0f, stream);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
 }
 
 extern "C" int dg_cuda_rmsnorm(uint16_t *y, const uint16_t *x, const uint16_t *w, int64_t rows,
                                int dim, float eps, dg_stream_t stream, int dev,
                                struct dg_error *err)
 {
+    return dg_cuda_rmsnorm_e(DG_ELT_BF16, y, x, w, rows, dim, eps, stream, dev, err);
+}
+
+extern "C" int dg_cuda_rmsnorm_add_e(enum dg_elt e, void *resid, const void *x, const void *w,
+                                     int64_t rows, int dim, float eps, float scale,
+                                     dg_stream_t stream, int dev, struct dg_error *err)
+{
     int rc = 0;
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add: element type %d", dev,
+                            (int)e);
     if (rows <= 0)
         return 0;
     if (dim < 1 || rows > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm: %lld rows of %d", dev,
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add: %lld rows of %d", dev,
                             (long long)rows, dim);
-    rmsnorm_kernel<false><<<(unsigned)rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps, 1.0f);
+    rmsnorm_launch<true>(e, resid, x, w, rows, dim, eps, scale, stream);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -72,16 +115,6 @@ extern "C" int dg_cuda_rmsnorm_add(uint16_t *resid, const uint16_t *x, const uin
                                    int64_t rows, int dim, float eps, float scale,
                                    dg_stream_t stream, int dev, struct dg_error *err)
 {
-    int rc = 0;
-    if (rows <= 0)
-        return 0;
-    if (dim < 1 || rows > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add: %lld rows of %d", dev,
-                            (long long)rows, dim);
-    rmsnorm_kernel<true><<<(unsigned)rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        (__nv_bfloat16 *)resid, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, dim, eps,
-        scale);
-    DG_LAUNCH_CHECK();
-out:
-    return rc;
+    return dg_cuda_rmsnorm_add_e(DG_ELT_BF16, resid, x, w, rows, dim, eps, scale, stream, dev,
+                                 err);
 }

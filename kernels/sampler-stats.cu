@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
 #include "lib/philox.h"
 #include "lib/row-stats-fold.h"
 #include "lib/sampler.h"
@@ -127,9 +128,11 @@ out:
     return rc;
 }
 
-/* grid (rows, ceil(n / 256)): p = exp(double(z / T) - M) / S as bf16 for
- * kept ids, 0 for the others (the reference's arithmetic, rounded once). */
-__global__ static void probs_kernel(__nv_bfloat16 *p, const float *z, int64_t n, const float *T,
+/* grid (rows, ceil(n / 256)): p = exp(double(z / T) - M) / S as Elt (bf16
+ * or fp32) for kept ids, 0 for the others (the reference's arithmetic,
+ * rounded to fp32 once, then to bf16 for the bf16 form). */
+template <typename Elt>
+__global__ static void probs_kernel(Elt *p, const float *z, int64_t n, const float *T,
                                     const float *tau, const struct dg_row_stats *all)
 {
     const int64_t r = blockIdx.x, i = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
@@ -137,25 +140,42 @@ __global__ static void probs_kernel(__nv_bfloat16 *p, const float *z, int64_t n,
     if (i >= n)
         return;
     x = z[r * n + i];
-    p[r * n + i] = __float2bfloat16(
-        isfinite(x) && x >= tau[r]
-            ? (float)(exp((double)(x / T[r]) - (double)all[r].max) / all[r].sum)
-            : 0.0f);
+    dg_st(&p[r * n + i],
+                isfinite(x) && x >= tau[r]
+                    ? (float)(exp((double)(x / T[r]) - (double)all[r].max) / all[r].sum)
+                    : 0.0f);
+}
+
+/* The probabilities written as e: bf16 (dg_cuda_row_probs) or fp32, the
+ * operand of the self-conditioning product of an fp32 plan. */
+extern "C" int dg_cuda_row_probs_e(enum dg_elt e, void *p, const float *z, int64_t rows,
+                                   int64_t n, const float *T, const float *tau,
+                                   const struct dg_row_stats *all, dg_stream_t stream, int dev,
+                                   struct dg_error *err)
+{
+    int rc = 0;
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: row_probs: element type %d", dev, (int)e);
+    if (rows <= 0)
+        return 0;
+    if (n < 1 || rows > 0x7fffffff || (n + 255) / 256 > 65535)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: row_probs: %lld rows of %lld", dev,
+                            (long long)rows, (long long)n);
+    const dim3 grid((unsigned)rows, (unsigned)((n + 255) / 256));
+    if (e == DG_ELT_F32)
+        probs_kernel<float><<<grid, 256, 0, (cudaStream_t)stream>>>((float *)p, z, n, T, tau,
+                                                                   all);
+    else
+        probs_kernel<__nv_bfloat16><<<grid, 256, 0, (cudaStream_t)stream>>>(
+            (__nv_bfloat16 *)p, z, n, T, tau, all);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
 }
 
 extern "C" int dg_cuda_row_probs(uint16_t *p, const float *z, int64_t rows, int64_t n,
                                  const float *T, const float *tau, const struct dg_row_stats *all,
                                  dg_stream_t stream, int dev, struct dg_error *err)
 {
-    int rc = 0;
-    if (rows <= 0)
-        return 0;
-    if (n < 1 || rows > 0x7fffffff || (n + 255) / 256 > 65535)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: row_probs: %lld rows of %lld", dev,
-                            (long long)rows, (long long)n);
-    probs_kernel<<<dim3((unsigned)rows, (unsigned)((n + 255) / 256)), 256, 0,
-                   (cudaStream_t)stream>>>((__nv_bfloat16 *)p, z, n, T, tau, all);
-    DG_LAUNCH_CHECK();
-out:
-    return rc;
+    return dg_cuda_row_probs_e(DG_ELT_BF16, p, z, rows, n, T, tau, all, stream, dev, err);
 }

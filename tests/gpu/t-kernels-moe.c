@@ -4,9 +4,13 @@
  * token's picks in order) against dg_ref_moe on fresh random tokens,
  * router picks and weights: top-2 of 8 and top-8 of 128 experts, a rank's
  * slice of the experts (picks outside it contribute nothing), every pick on
- * one expert, no pick in the slice (zeros).  Output poisoned before, guard
- * words after; bound ||out - ref|| / ||ref|| <= 1e-2 (bf16 intermediates),
- * never a NaN.  Exit 77 where there is no GPU.
+ * one expert, no pick in the slice (zeros).  Every shape with bf16
+ * elements (dg_cuda_moe), then with fp32 ones (dg_cuda_moe_e: fp32 tokens,
+ * weights and intermediates; the reference reading fp32 weights).  Output
+ * poisoned before, guard words after; bound ||out - ref|| / ||ref|| <=
+ * 1e-2 with bf16 elements (bf16 intermediates), 1e-5 with fp32 ones, never
+ * a NaN.  An unknown element type refused before anything is written.
+ * Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,6 +28,8 @@
 
 #define GUARD 64
 #define GUARD_F 12345.5f
+#define BOUND 1e-2     /* bf16 elements */
+#define BOUND_F32 1e-5 /* fp32 elements */
 
 struct shape {
     const char *what;
@@ -32,14 +38,64 @@ struct shape {
     int one_expert;     /* every pick on expert e0 (K = 1) */
 };
 
-static int one(struct dg_blas *blas, const struct shape *s)
+/* n random values of element type e in [-amp, amp): the bytes to upload
+ * in *h, the floats they hold in *f (both malloc'd).  0, or -1 when out
+ * of memory. */
+static int rand_elts(enum dg_elt e, size_t n, float amp, void **h, float **f)
+{
+    float *v;
+    if (e == DG_ELT_BF16) {
+        uint16_t *b = NULL;
+        const int rc = gt_rand_bf16(n, amp, &b, f);
+        *h = b;
+        return rc;
+    }
+    v = malloc(n * sizeof *v + 1);
+    *h = malloc(n * sizeof *v + 1);
+    if (!v || !*h) {
+        free(v);
+        free(*h);
+        *h = NULL;
+        *f = NULL;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] = gt_uniform() * amp;
+    memcpy(*h, v, n * sizeof *v);
+    *f = v;
+    return 0;
+}
+
+/* n fp32 values of 0xff bytes (NaN) on the device and GUARD words of
+ * GUARD_F after them */
+static void *out_buf(size_t n, struct dg_error *err)
+{
+    float guard[GUARD];
+    void *d = NULL;
+    for (int i = 0; i < GUARD; i++)
+        guard[i] = GUARD_F;
+    if (dg_cuda_alloc(&d, (n + GUARD) * 4, 0, err) < 0)
+        return NULL;
+    if (dg_cuda_memset(d, 0xff, n * 4, 0, err) < 0 ||
+        dg_cuda_upload((float *)d + n, guard, sizeof guard, 0, err) < 0) {
+        dg_cuda_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* bf16 elements: dg_cuda_moe and its scratch; fp32: the _e forms */
+static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
 {
     const int64_t T = s->T;
     const int H = s->H, I = s->I, K = s->K, n_exp = s->n_exp;
     const size_t ngu = (size_t)n_exp * 2 * I * H, ndn = (size_t)n_exp * H * I;
+    const int f32 = elt == DG_ELT_F32;
+    const size_t esz = (size_t)dg_elt_size(elt);
+    const char *tn = f32 ? " f32" : "";
     struct dg_error err = {0};
-    uint16_t *hx = malloc((size_t)(T * H) * 2), *hgu = malloc(ngu * 2), *hdn = malloc(ndn * 2);
-    float *fx = malloc((size_t)(T * H) * 4), *fgu = malloc(ngu * 4), *fdn = malloc(ndn * 4);
+    void *hx = NULL, *hgu = NULL, *hdn = NULL;
+    float *fx = NULL, *fgu = NULL, *fdn = NULL;
     float *w = malloc((size_t)(T * K) * 4), *ref = malloc((size_t)(T * H) * 4);
     float *got = malloc(((size_t)(T * H) + GUARD) * 4);
     int32_t *idx = malloc((size_t)(T * K) * 4);
@@ -47,19 +103,10 @@ static int one(struct dg_blas *blas, const struct shape *s)
     void *dx, *dgu, *ddn, *didx, *dw, *dout = NULL, *scratch = NULL;
     double num = 0, den = 0;
 
-    CHECK(hx && hgu && hdn && fx && fgu && fdn && w && ref && got && idx && wgu && wdn);
-    for (size_t i = 0; i < (size_t)(T * H); i++) {
-        hx[i] = dg_f32_to_bf16(gt_uniform());
-        fx[i] = dg_bf16_to_f32(hx[i]);
-    }
-    for (size_t i = 0; i < ngu; i++) {
-        hgu[i] = dg_f32_to_bf16(gt_uniform() * 0.06f);
-        fgu[i] = dg_bf16_to_f32(hgu[i]);
-    }
-    for (size_t i = 0; i < ndn; i++) {
-        hdn[i] = dg_f32_to_bf16(gt_uniform() * 0.06f);
-        fdn[i] = dg_bf16_to_f32(hdn[i]);
-    }
+    CHECK(w && ref && got && idx && wgu && wdn &&
+          rand_elts(elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0 &&
+          rand_elts(elt, ngu, 0.06f, &hgu, &fgu) == 0 &&
+          rand_elts(elt, ndn, 0.06f, &hdn, &fdn) == 0);
     for (int64_t t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
             int e, dup;
@@ -72,44 +119,51 @@ static int one(struct dg_blas *blas, const struct shape *s)
             idx[t * K + k] = e;
             w[t * K + k] = 0.1f + (gt_uniform() + 1.0f) * 0.4f;
         }
-    for (int e = 0; e < n_exp; e++) {
-        wgu[e] = (struct dg_weight){hgu + (size_t)e * 2 * I * H, DG_DTYPE_BF16, 2 * (int64_t)I, H,
-                                    H, "gate_up"};
-        wdn[e] = (struct dg_weight){hdn + (size_t)e * H * I, DG_DTYPE_BF16, H, I, I, "down"};
+    for (int j = 0; j < n_exp; j++) {
+        const enum dg_dtype dt = f32 ? DG_DTYPE_F32 : DG_DTYPE_BF16;
+        wgu[j] = (struct dg_weight){(const unsigned char *)hgu + (size_t)j * 2 * I * H * esz, dt,
+                                    2 * (int64_t)I, H, H, "gate_up"};
+        wdn[j] = (struct dg_weight){(const unsigned char *)hdn + (size_t)j * H * I * esz, dt, H, I,
+                                    I, "down"};
     }
     CHECK(dg_ref_moe(ref, fx, T, H, idx, w, K, s->e0, n_exp, I, wgu, wdn) == 0);
 
-    dx = gt_upload(hx, (size_t)(T * H) * 2, &err);
-    dgu = gt_upload(hgu, ngu * 2, &err);
-    ddn = gt_upload(hdn, ndn * 2, &err);
+    dx = gt_upload(hx, (size_t)(T * H) * esz, &err);
+    dgu = gt_upload(hgu, ngu * esz, &err);
+    ddn = gt_upload(hdn, ndn * esz, &err);
     didx = gt_upload(idx, (size_t)(T * K) * 4, &err);
     dw = gt_upload(w, (size_t)(T * K) * 4, &err);
-    for (int i = 0; i < GUARD; i++)
-        got[(size_t)(T * H) + (size_t)i] = GUARD_F;
-    CHECKF(dx && dgu && ddn && didx && dw &&
-               dg_cuda_alloc(&dout, ((size_t)(T * H) + GUARD) * 4, 0, &err) == 0 &&
-               dg_cuda_memset(dout, 0xff, (size_t)(T * H) * 4, 0, &err) == 0 &&
-               dg_cuda_upload((float *)dout + T * H, got + T * H, GUARD * 4, 0, &err) == 0 &&
-               dg_cuda_alloc(&scratch, dg_cuda_moe_scratch(T, K, H, I, n_exp), 0, &err) == 0,
+    CHECKF(dx && dgu && ddn && didx && dw && (dout = out_buf((size_t)(T * H), &err)) &&
+               dg_cuda_alloc(&scratch,
+                             f32 ? dg_cuda_moe_scratch_e(elt, T, K, H, I, n_exp)
+                                 : dg_cuda_moe_scratch(T, K, H, I, n_exp),
+                             0, &err) == 0,
            "%s", err.msg);
-    CHECK_OK(dg_cuda_moe(blas, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn, scratch,
-                         NULL, &err),
-             &err);
+    if (f32)
+        CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
+                               scratch, NULL, &err),
+                 &err);
+    else
+        CHECK_OK(dg_cuda_moe(blas, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
+                             scratch, NULL, &err),
+                 &err);
     CHECK_OK(dg_cuda_sync(0, &err), &err);
     CHECK_OK(dg_cuda_download(got, dout, ((size_t)(T * H) + GUARD) * 4, 0, &err), &err);
     for (int i = 0; i < GUARD; i++)
-        CHECKF(got[(size_t)(T * H) + (size_t)i] == GUARD_F, "%s: guard %d changed", s->what, i);
+        CHECKF(got[(size_t)(T * H) + (size_t)i] == GUARD_F, "moe%s %s: guard %d changed", tn,
+               s->what, i);
     for (size_t i = 0; i < (size_t)(T * H); i++) {
-        CHECKF(!isnan(got[i]), "%s: NaN at %zu", s->what, i);
+        CHECKF(!isnan(got[i]), "moe%s %s: NaN at %zu", tn, s->what, i);
         num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
         den += (double)ref[i] * ref[i];
     }
     if (den == 0) {
-        printf("# moe %s: all zeros, as the reference\n", s->what);
+        printf("# moe%s %s: all zeros, as the reference\n", tn, s->what);
         CHECK(num == 0);
     } else {
-        printf("# moe %s: relative error %.2e\n", s->what, sqrt(num / den));
-        CHECKF(sqrt(num / den) <= 1e-2, "%s: %.3e", s->what, sqrt(num / den));
+        const double r = sqrt(num / den);
+        printf("# moe%s %s: relative error %.2e\n", tn, s->what, r);
+        CHECKF(r <= (f32 ? BOUND_F32 : BOUND), "moe%s %s: %.3e", tn, s->what, r);
     }
     dg_cuda_free(dx);
     dg_cuda_free(dgu);
@@ -146,13 +200,76 @@ static int moe(void)
     struct dg_blas *blas = NULL;
     struct dg_error err = {0};
     CHECK_OK(dg_blas_create(0, NULL, &blas, &err), &err);
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
-        if (one(blas, &shapes[k])) {
-            dg_blas_destroy(blas);
-            return 1;
-        }
+    for (int f = 0; f < 2; f++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+            if (one(blas, &shapes[k], f ? DG_ELT_F32 : DG_ELT_BF16)) {
+                dg_blas_destroy(blas);
+                return 1;
+            }
     CHECK(dg_cuda_moe(blas, NULL, NULL, 3, 0, NULL, NULL, 2, 0, 4, 8, NULL, NULL, NULL, NULL,
                       &err) == -DG_E_INVAL);
+    /* (the fp32 form keeps the checks; no tokens: nothing to do) */
+    CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 3, 0, NULL, NULL, 2, 0, 4, 8, NULL, NULL,
+                        NULL, NULL, &err) == -DG_E_INVAL);
+    CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 0, 8, NULL, NULL, 2, 0, 4, 8, NULL, NULL,
+                        NULL, NULL, &err) == 0);
+    /* the scratch: the bf16 name is the bf16 size; fp32 elements need more */
+    CHECK(dg_cuda_moe_scratch_e(DG_ELT_BF16, 37, 2, 256, 64, 8) ==
+          dg_cuda_moe_scratch(37, 2, 256, 64, 8));
+    CHECK(dg_cuda_moe_scratch_e(DG_ELT_F32, 37, 2, 256, 64, 8) >
+          dg_cuda_moe_scratch(37, 2, 256, 64, 8));
+    dg_blas_destroy(blas);
+    return 0;
+}
+
+/* An element type other than the two: refused (DG_E_INVAL, "element type")
+ * by a call otherwise valid, over real buffers (3 tokens, top-2 of 4
+ * experts, H 8, I 4, fp32-sized), the output left as it was. */
+static int elt_refused(void)
+{
+    enum { T = 3, K = 2, H = 8, I = 4, NE = 4 };
+    const enum dg_elt bad = (enum dg_elt)7;
+    static const int32_t idx[T * K] = {0, 1, 2, 3, 1, 2};
+    static const float w[T * K] = {0.5f, 0.5f, 0.25f, 0.75f, 1.0f, 0.0f};
+    float x[T * H], wgu[NE * 2 * I * H], wdn[NE * H * I], got[T * H + GUARD];
+    struct dg_blas *blas = NULL;
+    struct dg_error err = {0};
+    void *dx, *didx, *dw, *dgu, *ddn, *dout, *scratch = NULL;
+    for (int i = 0; i < T * H; i++)
+        x[i] = gt_uniform();
+    for (int i = 0; i < NE * 2 * I * H; i++)
+        wgu[i] = gt_uniform() * 0.06f;
+    for (int i = 0; i < NE * H * I; i++)
+        wdn[i] = gt_uniform() * 0.06f;
+    CHECK_OK(dg_blas_create(0, NULL, &blas, &err), &err);
+    dx = gt_upload(x, sizeof x, &err);
+    didx = gt_upload(idx, sizeof idx, &err);
+    dw = gt_upload(w, sizeof w, &err);
+    dgu = gt_upload(wgu, sizeof wgu, &err);
+    ddn = gt_upload(wdn, sizeof wdn, &err);
+    dout = out_buf(T * H, &err);
+    CHECKF(dx && didx && dw && dgu && ddn && dout &&
+               dg_cuda_alloc(&scratch, dg_cuda_moe_scratch_e(DG_ELT_F32, T, K, H, I, NE), 0,
+                             &err) == 0,
+           "%s", err.msg);
+    CHECK_FAILS(dg_cuda_moe_e(blas, bad, dout, dx, T, H, didx, dw, K, 0, NE, I, dgu, ddn,
+                              scratch, NULL, &err),
+                &err, DG_E_INVAL, "element type");
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(got, dout, sizeof got, 0, &err), &err);
+    for (int i = 0; i < T * H + GUARD; i++) {
+        uint32_t bits;
+        memcpy(&bits, &got[i], 4);
+        CHECKF(i < T * H ? bits == 0xffffffffu : got[i] == GUARD_F,
+               "refused call wrote word %d of its output", i);
+    }
+    dg_cuda_free(dx);
+    dg_cuda_free(didx);
+    dg_cuda_free(dw);
+    dg_cuda_free(dgu);
+    dg_cuda_free(ddn);
+    dg_cuda_free(dout);
+    dg_cuda_free(scratch);
     dg_blas_destroy(blas);
     return 0;
 }
@@ -164,5 +281,6 @@ int main(void)
         return rc;
     gt_seed(0x3c6ef372fe94f82bull);
     TEST_CASE(moe);
+    TEST_CASE(elt_refused);
     return test_finish();
 }

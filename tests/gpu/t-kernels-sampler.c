@@ -9,9 +9,13 @@
  * rounding, S and D within 1e-5 relative (fp32 vs double exponentials),
  * the soft-capped logits written back within fp32 rounding; the
  * probabilities (bf16) and the self-conditioning product P . E through
- * cuBLAS within the bf16 bound 1e-2 of dg_row_probs and a double product.
- * Output records poisoned before, guard bytes after.  Exit 77 where there
- * is no GPU.
+ * cuBLAS within the bf16 bound 1e-2 of dg_row_probs and a double product;
+ * then the same with fp32 probabilities and embedding rows
+ * (dg_cuda_row_probs_e, dg_blas_gemm_e): the probabilities within 1e-6 of
+ * dg_row_probs over the GPU's soft-capped logits and statistics (1e-5 of
+ * the CPU's whole chain), the product within 1e-5.  Outputs poisoned
+ * (0xff bytes) before, guard bytes after; element types other than bf16
+ * and fp32 refused.  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -159,104 +163,210 @@ static int row_stats(void)
     return 0;
 }
 
-/* The self-conditioning product over a slice: statistics, probabilities
- * (bf16), then P . E through cuBLAS, against dg_row_probs and a
- * double-precision product. */
-static int soft_embedding(void)
+/* A device output of bytes poisoned with 0xff (NaN in bf16 and fp32)
+ * followed by GUARD_BYTES guard bytes; NULL with err set on failure. */
+static void *out_alloc(size_t bytes, struct dg_error *err)
 {
-    static const struct {
-        int64_t rows, n, H;
-    } shapes[] = {{16, 5000, 256}, {1, 70000, 64}, {40, 3001, 2816}};
-    struct dg_blas *blas = NULL;
+    unsigned char guard[GUARD_BYTES];
+    void *d = NULL;
+    memset(guard, GUARD_BYTE, sizeof guard);
+    if (dg_cuda_alloc(&d, bytes + GUARD_BYTES, 0, err) < 0)
+        return NULL;
+    if ((bytes && dg_cuda_memset(d, 0xff, bytes, 0, err) < 0) ||
+        dg_cuda_upload((unsigned char *)d + bytes, guard, GUARD_BYTES, 0, err) < 0) {
+        dg_cuda_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* Download bytes of d into h and check the guard bytes after them: the
+ * first one changed, or -1 (-2 when the download failed, err set). */
+static long out_fetch(void *h, const void *d, size_t bytes, struct dg_error *err)
+{
+    unsigned char guard[GUARD_BYTES];
+    if (dg_cuda_download(h, d, bytes, 0, err) < 0 ||
+        dg_cuda_download(guard, (const unsigned char *)d + bytes, GUARD_BYTES, 0, err) < 0)
+        return -2;
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        if (guard[i] != GUARD_BYTE)
+            return (long)i;
+    return -1;
+}
+
+/* The self-conditioning product over a slice: statistics, probabilities
+ * (element type e), then P . E through cuBLAS (E of type e), against
+ * dg_row_probs and a double-precision product.  bf16: both within 1e-2 of
+ * the CPU's chain (soft-cap, statistics, probabilities).  fp32: the
+ * probabilities within 1e-6 of dg_row_probs over the GPU's own soft-capped
+ * logits and statistics (what the kernel is given; the CPU's chain differs
+ * from them by the soft-cap's tanhf rounding), within 1e-5 of the CPU's
+ * chain, and the product (plain fp32 GEMM) within 1e-5 of the CPU's. */
+static int soft_case(struct dg_blas *blas, enum dg_elt e, int64_t R, int64_t n, int64_t H)
+{
+    const float cap = 30.0f;
+    const int f32 = e == DG_ELT_F32;
+    const size_t es = (size_t)dg_elt_size(e);
+    const char *tn = f32 ? "f32" : "bf16";
     struct dg_error err = {0};
-    CHECK_OK(dg_blas_create(0, NULL, &blas, &err), &err);
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        const int64_t R = shapes[k].rows, n = shapes[k].n, H = shapes[k].H;
-        const float cap = 30.0f;
-        float *z = malloc((size_t)(R * n) * 4), *T = malloc((size_t)R * 4);
-        float *tau = malloc((size_t)R * 4), *p = malloc((size_t)(R * n) * 4);
-        float *ef = malloc((size_t)(n * H) * 4), *soft = malloc((size_t)(R * H) * 4);
-        uint16_t *eh = malloc((size_t)(n * H) * 2), *pg = malloc((size_t)(R * n) * 2);
-        struct dg_row_stats *st = malloc((size_t)R * sizeof *st);
-        double *ref = calloc((size_t)(R * H), sizeof *ref), num = 0, den = 0, pn = 0, pd = 0;
-        void *dz, *dT, *dtau, *de, *dst = NULL, *scratch = NULL, *dp = NULL, *dsoft = NULL;
-        CHECK(z && T && tau && p && ef && soft && eh && pg && st && ref);
-        for (int64_t i = 0; i < R * n; i++)
-            z[i] = gt_uniform() * 12.0f;
-        for (int64_t i = 0; i < n * H; i++) {
+    float *z = malloc((size_t)(R * n) * 4), *T = malloc((size_t)R * 4);
+    float *tau = malloc((size_t)R * 4), *p = malloc((size_t)(R * n) * 4);
+    float *ef = malloc((size_t)(n * H) * 4), *soft = malloc((size_t)(R * H) * 4);
+    float *zg = malloc((size_t)(R * n) * 4), *pr = malloc((size_t)(R * n) * 4);
+    uint16_t *eh = malloc((size_t)(n * H) * 2);
+    unsigned char *pg = malloc((size_t)(R * n) * es);
+    struct dg_row_stats *st = malloc((size_t)R * sizeof *st);
+    struct dg_row_stats *stg = malloc((size_t)R * sizeof *stg);
+    double *ref = calloc((size_t)(R * H), sizeof *ref), num = 0, den = 0, pn = 0, pd = 0;
+    double qn = 0, qd = 0;
+    void *dz, *dT, *dtau, *de, *dst = NULL, *scratch = NULL, *dp, *dsoft;
+    long g;
+    CHECK(z && T && tau && p && ef && soft && zg && pr && eh && pg && st && stg && ref);
+    for (int64_t i = 0; i < R * n; i++)
+        z[i] = gt_uniform() * 12.0f;
+    for (int64_t i = 0; i < n * H; i++) {
+        if (f32) {
+            ef[i] = gt_uniform() * 0.05f;
+        } else {
             eh[i] = dg_f32_to_bf16(gt_uniform() * 0.05f);
             ef[i] = dg_bf16_to_f32(eh[i]);
         }
-        for (int64_t r = 0; r < R; r++) {
-            T[r] = 0.7f + 0.1f * (float)(r % 4);
-            tau[r] = r % 3 == 2 ? 6.0f : -INFINITY;
-        }
-        dz = gt_upload(z, (size_t)(R * n) * 4, &err);
-        dT = gt_upload(T, (size_t)R * 4, &err);
-        dtau = gt_upload(tau, (size_t)R * 4, &err);
-        de = gt_upload(eh, (size_t)(n * H) * 2, &err);
-        CHECKF(dz && dT && dtau && de, "%s", err.msg);
-        /* CPU: soft-cap, statistics, probabilities, product */
-        dg_ref_softcap(z, R * n, cap);
-        for (int64_t r = 0; r < R; r++) {
-            dg_row_stats_slice(z + r * n, 0, n, T[r], tau[r], NULL, &st[r]);
-            dg_row_probs(z + r * n, n, T[r], tau[r], &st[r], p + r * n);
-            for (int64_t v = 0; v < n; v++)
-                if (p[r * n + v] != 0.0f)
-                    for (int64_t h = 0; h < H; h++)
-                        ref[r * H + h] += (double)p[r * n + v] * ef[v * H + h];
-        }
-        /* GPU */
-        CHECK_OK(dg_cuda_alloc(&scratch, dg_cuda_row_stats_scratch(R, n), 0, &err), &err);
-        CHECK_OK(dg_cuda_alloc(&dst, (size_t)R * sizeof *st, 0, &err), &err);
-        CHECK_OK(dg_cuda_alloc(&dp, (size_t)(R * n) * 2, 0, &err), &err);
-        CHECK_OK(dg_cuda_alloc(&dsoft, (size_t)(R * H) * 4, 0, &err), &err);
-        CHECK_OK(dg_cuda_memset(dsoft, 0xff, (size_t)(R * H) * 4, 0, &err), &err);
-        CHECK_OK(dg_cuda_row_stats(dst, dz, R, n, 0, cap, dT, dtau, NULL, scratch, NULL, 0, &err),
+    }
+    for (int64_t r = 0; r < R; r++) {
+        T[r] = 0.7f + 0.1f * (float)(r % 4);
+        tau[r] = r % 3 == 2 ? 6.0f : -INFINITY;
+    }
+    dz = gt_upload(z, (size_t)(R * n) * 4, &err);
+    dT = gt_upload(T, (size_t)R * 4, &err);
+    dtau = gt_upload(tau, (size_t)R * 4, &err);
+    de = f32 ? gt_upload(ef, (size_t)(n * H) * 4, &err) : gt_upload(eh, (size_t)(n * H) * 2, &err);
+    CHECKF(dz && dT && dtau && de, "%s", err.msg);
+    /* CPU: soft-cap, statistics, probabilities, product */
+    dg_ref_softcap(z, R * n, cap);
+    for (int64_t r = 0; r < R; r++) {
+        dg_row_stats_slice(z + r * n, 0, n, T[r], tau[r], NULL, &st[r]);
+        dg_row_probs(z + r * n, n, T[r], tau[r], &st[r], p + r * n);
+        for (int64_t v = 0; v < n; v++)
+            if (p[r * n + v] != 0.0f)
+                for (int64_t h = 0; h < H; h++)
+                    ref[r * H + h] += (double)p[r * n + v] * ef[v * H + h];
+    }
+    /* GPU */
+    CHECK_OK(dg_cuda_alloc(&scratch, dg_cuda_row_stats_scratch(R, n), 0, &err), &err);
+    CHECK_OK(dg_cuda_alloc(&dst, (size_t)R * sizeof *st, 0, &err), &err);
+    dp = out_alloc((size_t)(R * n) * es, &err);
+    dsoft = out_alloc((size_t)(R * H) * 4, &err);
+    CHECKF(dp && dsoft, "%s", err.msg);
+    CHECK_OK(dg_cuda_row_stats(dst, dz, R, n, 0, cap, dT, dtau, NULL, scratch, NULL, 0, &err),
+             &err);
+    if (f32) {
+        CHECK_OK(dg_cuda_row_probs_e(DG_ELT_F32, dp, dz, R, n, dT, dtau, dst, NULL, 0, &err),
                  &err);
+        CHECK_OK(dg_blas_gemm_e(blas, DG_ELT_F32, dsoft, 1, dp, R, de, 1, H, n, H, 1.0f, 0.0f,
+                                &err),
+                 &err);
+    } else {
         CHECK_OK(dg_cuda_row_probs(dp, dz, R, n, dT, dtau, dst, NULL, 0, &err), &err);
         CHECK_OK(dg_blas_matmul(blas, dsoft, 1, dp, R, de, n, H, H, &err), &err);
-        CHECK_OK(dg_cuda_sync(0, &err), &err);
-        CHECK_OK(dg_cuda_download(pg, dp, (size_t)(R * n) * 2, 0, &err), &err);
-        CHECK_OK(dg_cuda_download(soft, dsoft, (size_t)(R * H) * 4, 0, &err), &err);
-        for (int64_t i = 0; i < R * n; i++) {
-            const double d = (double)dg_bf16_to_f32(pg[i]) - p[i];
-            CHECK(!isnan(dg_bf16_to_f32(pg[i])));
-            CHECK((pg[i] == 0) == (p[i] == 0.0f) || p[i] < 1e-30f);
-            pn += d * d;
-            pd += (double)p[i] * p[i];
+    }
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    g = out_fetch(pg, dp, (size_t)(R * n) * es, &err);
+    CHECKF(g == -1, "%s probabilities: %s%ld", tn, g == -2 ? err.msg : "guard byte ", g);
+    g = out_fetch(soft, dsoft, (size_t)(R * H) * 4, &err);
+    CHECKF(g == -1, "%s product: %s%ld", tn, g == -2 ? err.msg : "guard byte ", g);
+    CHECK_OK(dg_cuda_download(zg, dz, (size_t)(R * n) * 4, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(stg, dst, (size_t)R * sizeof *stg, 0, &err), &err);
+    /* the reference over the GPU's own soft-capped logits and statistics */
+    for (int64_t r = 0; r < R; r++)
+        dg_row_probs(zg + r * n, n, T[r], tau[r], &stg[r], pr + r * n);
+    for (int64_t i = 0; i < R * n; i++) {
+        float x;
+        if (f32) {
+            memcpy(&x, pg + (size_t)i * 4, 4);
+        } else {
+            uint16_t b;
+            memcpy(&b, pg + (size_t)i * 2, 2);
+            x = dg_bf16_to_f32(b);
         }
-        for (int64_t i = 0; i < R * H; i++) {
-            CHECK(!isnan(soft[i]));
-            num += (soft[i] - ref[i]) * (soft[i] - ref[i]);
-            den += ref[i] * ref[i];
-        }
+        CHECKF(!isnan(x), "%s probabilities: NaN at %lld", tn, (long long)i);
+        if (f32) /* the ids kept: those of the GPU's own soft-capped logits */
+            CHECKF((x == 0.0f) == (pr[i] == 0.0f) || pr[i] < 1e-30f,
+                   "f32 probabilities: %g at %lld, reference %g", x, (long long)i, pr[i]);
+        else
+            CHECK((x == 0.0f) == (p[i] == 0.0f) || p[i] < 1e-30f);
+        pn += ((double)x - p[i]) * ((double)x - p[i]);
+        pd += (double)p[i] * p[i];
+        qn += ((double)x - pr[i]) * ((double)x - pr[i]);
+        qd += (double)pr[i] * pr[i];
+    }
+    for (int64_t i = 0; i < R * H; i++) {
+        CHECK(!isnan(soft[i]));
+        num += (soft[i] - ref[i]) * (soft[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    if (f32) {
+        printf("# soft embedding f32 %lld rows x %lld ids x %lld: probabilities within %.2e "
+               "(of the CPU's chain %.2e), P.E within %.2e\n", (long long)R, (long long)n,
+               (long long)H, sqrt(qn / qd), sqrt(pn / pd), sqrt(num / den));
+        CHECKF(sqrt(qn / qd) <= 1e-6 && sqrt(pn / pd) <= 1e-5 && sqrt(num / den) <= 1e-5,
+               "f32 probs %.3e (chain %.3e), product %.3e", sqrt(qn / qd), sqrt(pn / pd),
+               sqrt(num / den));
+    } else {
         printf("# soft embedding %lld rows x %lld ids x %lld: probabilities within %.2e, P.E "
                "within %.2e\n", (long long)R, (long long)n, (long long)H, sqrt(pn / pd),
                sqrt(num / den));
         CHECKF(sqrt(pn / pd) <= 1e-2 && sqrt(num / den) <= 1e-2, "probs %.3e, product %.3e",
                sqrt(pn / pd), sqrt(num / den));
-        dg_cuda_free(dz);
-        dg_cuda_free(dT);
-        dg_cuda_free(dtau);
-        dg_cuda_free(de);
-        dg_cuda_free(dst);
-        dg_cuda_free(scratch);
-        dg_cuda_free(dp);
-        dg_cuda_free(dsoft);
-        free(z);
-        free(T);
-        free(tau);
-        free(p);
-        free(ef);
-        free(soft);
-        free(eh);
-        free(pg);
-        free(st);
-        free(ref);
     }
-    dg_blas_destroy(blas);
+    dg_cuda_free(dz);
+    dg_cuda_free(dT);
+    dg_cuda_free(dtau);
+    dg_cuda_free(de);
+    dg_cuda_free(dst);
+    dg_cuda_free(scratch);
+    dg_cuda_free(dp);
+    dg_cuda_free(dsoft);
+    free(z);
+    free(T);
+    free(tau);
+    free(p);
+    free(ef);
+    free(soft);
+    free(zg);
+    free(pr);
+    free(eh);
+    free(pg);
+    free(st);
+    free(stg);
+    free(ref);
     return 0;
+}
+
+static const struct {
+    int64_t rows, n, H;
+} soft_shapes[] = {{16, 5000, 256}, {1, 70000, 64}, {40, 3001, 2816}};
+
+static int soft_embedding_e(enum dg_elt e)
+{
+    struct dg_blas *blas = NULL;
+    struct dg_error err = {0};
+    int rc = 0;
+    CHECK_OK(dg_blas_create(0, NULL, &blas, &err), &err);
+    for (size_t k = 0; k < sizeof soft_shapes / sizeof soft_shapes[0] && !rc; k++)
+        rc = soft_case(blas, e, soft_shapes[k].rows, soft_shapes[k].n, soft_shapes[k].H);
+    dg_blas_destroy(blas);
+    return rc;
+}
+
+static int soft_embedding(void)
+{
+    return soft_embedding_e(DG_ELT_BF16);
+}
+
+/* The same with fp32 probabilities and embedding rows (fresh inputs). */
+static int soft_embedding_f32(void)
+{
+    return soft_embedding_e(DG_ELT_F32);
 }
 
 static int refusals(void)
@@ -265,6 +375,17 @@ static int refusals(void)
     CHECK(dg_cuda_row_stats(NULL, NULL, 2, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, 0, &err) ==
           -DG_E_INVAL);
     CHECK(dg_cuda_row_stats(NULL, NULL, 0, 10, 0, 0, NULL, NULL, NULL, NULL, NULL, 0, &err) == 0);
+    CHECK(dg_cuda_row_probs(NULL, NULL, 2, 0, NULL, NULL, NULL, NULL, 0, &err) == -DG_E_INVAL);
+    CHECK(dg_cuda_row_probs_e(DG_ELT_F32, NULL, NULL, 2, 0, NULL, NULL, NULL, NULL, 0, &err) ==
+          -DG_E_INVAL);
+    CHECK(dg_cuda_row_probs_e(DG_ELT_F32, NULL, NULL, 0, 10, NULL, NULL, NULL, NULL, 0, &err) ==
+          0);
+    CHECK_FAILS(dg_cuda_row_probs_e((enum dg_elt)7, NULL, NULL, 2, 10, NULL, NULL, NULL, NULL, 0,
+                                    &err),
+                &err, DG_E_INVAL, "element type 7");
+    CHECK_FAILS(dg_cuda_row_probs_e((enum dg_elt)7, NULL, NULL, 0, 10, NULL, NULL, NULL, NULL, 0,
+                                    &err),
+                &err, DG_E_INVAL, "element type 7"); /* even with nothing to do */
     return 0;
 }
 
@@ -276,6 +397,7 @@ int main(void)
     gt_seed(0xda3e39cb94b95bdbull);
     TEST_CASE(row_stats);
     TEST_CASE(soft_embedding);
+    TEST_CASE(soft_embedding_f32);
     TEST_CASE(refusals);
     return test_finish();
 }
