@@ -15,7 +15,7 @@
 struct gslot {
     int open, has_soft, max_cl;
     struct dg_cuda_kv kv;
-    uint16_t *soft;                 /* [max_cl, H] bf16 (pi E) c */
+    void *soft;                     /* [max_cl, H] elements: (pi E) c */
 };
 
 /* the last denoise batch, per item */
@@ -39,7 +39,7 @@ struct cuda_backend {
     struct dg_rand_site *sites_d;
     struct dg_row_stats *stats_d;
     void *stats_scratch;
-    uint16_t *probs;                /* [probs_cap, V] */
+    void *probs;                    /* [probs_cap, V] elements */
     int64_t probs_cap;
     uint64_t rows_bytes, probs_bytes;
     /* their host twins */
@@ -123,9 +123,10 @@ static int reserve_probs(struct cuda_backend *cb, int64_t rows, struct dg_error 
     cb->probs = NULL;
     cb->probs_cap = 0;
     cb->probs_bytes = 0;
-    TRY(dg_cuda_alloc((void **)&cb->probs, 2 * (size_t)(rows * V), cb->dev, err));
+    TRY(dg_cuda_alloc(&cb->probs, (size_t)dg_elt_size(cb->model.elt) * (size_t)(rows * V),
+                      cb->dev, err));
     cb->probs_cap = rows;
-    cb->probs_bytes = 2 * (uint64_t)(rows * V);
+    cb->probs_bytes = (uint64_t)dg_elt_size(cb->model.elt) * (uint64_t)(rows * V);
     return 0;
 }
 
@@ -190,8 +191,8 @@ static int cuda_slot_open(struct dg_backend *b, int slot, int64_t max_positions,
     TRY(dg_cuda_use(cb->dev, err));
     s = &cb->slots[slot];
     if ((rc = dg_cuda_kv_init(&s->kv, &cb->model, max_positions, max_cl, err)) < 0 ||
-        (rc = dg_cuda_alloc((void **)&s->soft, 2 * (size_t)max_cl * (size_t)b->cfg->hidden_size,
-                            cb->dev, err)) < 0) {
+        (rc = dg_cuda_alloc(&s->soft, (size_t)dg_elt_size(cb->model.elt) * (size_t)max_cl *
+                                          (size_t)b->cfg->hidden_size, cb->dev, err)) < 0) {
         dg_cuda_kv_free(&s->kv);
         memset(s, 0, sizeof *s);
         dg_error_prefix(err, "cuda backend: slot %d", slot);
@@ -375,11 +376,12 @@ static int cuda_condition(struct dg_backend *b, const int *which, int n, struct 
         const struct last_item *li = &cb->last[which[i]];
         struct gslot *s = &cb->slots[li->slot];
         /* p = softmax over the kept ids (bf16), then (p E) c into the slot */
-        TRY(dg_cuda_row_probs(cb->probs, cb->logits + li->off * V, li->cl, V, cb->T_d + li->off,
-                              cb->tau_d + li->off, cb->stats_d + li->off, cb->cx.stream, cb->dev,
-                              err));
-        TRY(dg_blas_gemm(cb->cx.blas, s->soft, 0, cb->probs, li->cl, cb->model.embed, 1,
-                         c->hidden_size, V, c->hidden_size, cb->model.embed_scale, 0.0f, err));
+        TRY(dg_cuda_row_probs_e(cb->model.elt, cb->probs, cb->logits + li->off * V, li->cl, V,
+                                cb->T_d + li->off, cb->tau_d + li->off, cb->stats_d + li->off,
+                                cb->cx.stream, cb->dev, err));
+        TRY(dg_blas_gemm_e(cb->cx.blas, cb->model.elt, s->soft, 0, cb->probs, li->cl,
+                           cb->model.embed, 1, c->hidden_size, V, c->hidden_size,
+                           cb->model.embed_scale, 0.0f, err));
         s->has_soft = 1;
     }
     TRY(dg_cuda_stream_sync(cb->cx.stream, cb->dev, err));
@@ -419,8 +421,9 @@ void dg_cuda_backend_bytes(const struct dg_backend *b, uint64_t *weights, uint64
                  cb->probs_bytes;
     for (int i = 0; i < b->max_slots; i++)
         if (cb->slots[i].open)
-            o += cb->slots[i].kv.bytes +
-                 2 * (uint64_t)cb->slots[i].max_cl * (uint64_t)b->cfg->hidden_size;
+            o += cb->slots[i].kv.bytes + (uint64_t)dg_elt_size(cb->model.elt) *
+                                             (uint64_t)cb->slots[i].max_cl *
+                                             (uint64_t)b->cfg->hidden_size;
     *weights = cb->model.bytes;
     *other = o;
 }
@@ -432,9 +435,11 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
     int rc;
 
     *out = NULL;
-    if (o->max_slots < 1 || (!o->model && !o->cfg))
+    if (o->max_slots < 1 || (!o->model && !o->cfg) || (!o->model && o->fp32))
         return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %s", o->max_slots,
-                            o->model || o->cfg ? "a model" : "no model and no config");
+                            o->model ? "a model"
+                            : !o->cfg ? "no model and no config"
+                            : o->fp32 ? "random weights are bf16 only" : "a config");
     if ((rc = dg_cuda_use(o->device, err)) < 0)
         return rc;
     cb = calloc(1, sizeof *cb);
@@ -449,7 +454,8 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
     cb->base.ops = &cuda_ops;
     cb->base.name = "cuda";
     cb->base.max_slots = o->max_slots;
-    rc = o->model ? dg_cuda_model_upload(&cb->model, o->model, o->device, err)
+    rc = o->model ? dg_cuda_model_upload(&cb->model, o->model,
+                                         o->fp32 ? DG_ELT_F32 : DG_ELT_BF16, o->device, err)
                   : dg_cuda_model_random(&cb->model, o->cfg, o->seed, o->device, err);
     if (rc == 0)
         rc = dg_cuda_ctx_init(&cb->cx, &cb->model, err);

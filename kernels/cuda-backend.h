@@ -5,7 +5,8 @@
  * (dg_cuda_row_stats: soft-cap, temperature, max, sum, entropy term,
  * argmax, Gumbel-max sample), and self-conditioning as the probabilities
  * (dg_cuda_row_probs) times the embedding through cuBLAS, kept per slot as
- * the bf16 soft embedding (pi E) c.  Only CL ids, ids and floats per item
+ * the soft embedding (pi E) c.  Elements bf16, or fp32 for an fp32
+ * checkpoint run at the CPU reference's precision (fp32 option).  Only CL ids, ids and floats per item
  * come back to the host.
  *
  * Random draws are the CPU's (the same Philox sites), and the batch's
@@ -33,6 +34,7 @@ struct dg_cuda_backend_options {
     const struct dg_model *model;        /* weights to upload, or NULL for: */
     const struct dg_model_config *cfg;   /*   random weights of this shape */
     uint64_t seed;                       /*   made from this seed */
+    int fp32;                            /* with model: fp32 elements (else bf16) */
 };
 
 /* Errors: DG_E_INVAL (options), DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */

@@ -16,16 +16,24 @@
 
 /* ---- the KV cache --------------------------------------------------------- */
 
-static uint64_t layer_row_bytes(const struct dg_model_config *c, int l)
+/* Element i of an array of e's elements. */
+static void *at(const void *p, int64_t i, enum dg_elt e)
 {
-    return (uint64_t)dg_layer_kv_heads(c, l) * (uint64_t)dg_layer_head_dim(c, l) * 2;
+    return (unsigned char *)(uintptr_t)p + i * dg_elt_size(e);
 }
 
-uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, int64_t max_length, int max_cl)
+static uint64_t layer_row_bytes(const struct dg_model_config *c, enum dg_elt e, int l)
+{
+    return (uint64_t)dg_layer_kv_heads(c, l) * (uint64_t)dg_layer_head_dim(c, l) *
+           (uint64_t)dg_elt_size(e);
+}
+
+uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, enum dg_elt elt, int64_t max_length,
+                          int max_cl)
 {
     uint64_t bytes = 0;
     for (int l = 0; l < cfg->num_layers; l++)
-        bytes += 2 * (((uint64_t)(max_length + max_cl) * layer_row_bytes(cfg, l) + 255) &
+        bytes += 2 * (((uint64_t)(max_length + max_cl) * layer_row_bytes(cfg, elt, l) + 255) &
                       ~(uint64_t)255);
     return bytes;
 }
@@ -48,7 +56,7 @@ int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64
         dg_cuda_kv_free(kv);
         return dg_error_set(err, DG_E_NOMEM, "cuda kv cache: out of memory");
     }
-    kv->bytes = dg_cuda_kv_bytes(c, max_length, max_cl);
+    kv->bytes = dg_cuda_kv_bytes(c, cm->elt, max_length, max_cl);
     if ((rc = dg_cuda_alloc(&kv->block, (size_t)kv->bytes, cm->dev, err)) < 0) {
         dg_error_prefix(err, "cuda kv cache: %.1f MiB", (double)kv->bytes / (1 << 20));
         dg_cuda_kv_free(kv);
@@ -56,13 +64,14 @@ int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64
     }
     p = kv->block;
     for (int l = 0; l < c->num_layers; l++) {
-        const uint64_t b = ((uint64_t)(max_length + max_cl) * layer_row_bytes(c, l) + 255) &
-                           ~(uint64_t)255;
-        kv->k[l] = (uint16_t *)(void *)p;
-        kv->v[l] = (uint16_t *)(void *)(p + b);
+        const uint64_t b = ((uint64_t)(max_length + max_cl) * layer_row_bytes(c, cm->elt, l) +
+                            255) & ~(uint64_t)255;
+        kv->k[l] = p;
+        kv->v[l] = p + b;
         p += 2 * b;
     }
     kv->n_layers = c->num_layers;
+    kv->elt = cm->elt;
     kv->max_length = max_length;
     kv->max_cl = max_cl;
     return 0;
@@ -115,6 +124,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
     const int64_t wide = c->intermediate_size > c->self_conditioning_size
                              ? c->intermediate_size : c->self_conditioning_size;
     int64_t qmax = 0, kvmax = 0;
+    const size_t es = (size_t)dg_elt_size(cx->cm->elt);
     size_t total = 0, off = 0;
     unsigned char *b;
     int rc;
@@ -131,18 +141,19 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
     }
     {
         const struct { void **ptr; size_t bytes; } plan[] = {
-            {(void **)&cx->x, (size_t)(T * H) * 2},      {(void **)&cx->a, (size_t)(T * H) * 2},
-            {(void **)&cx->attn, (size_t)(T * H) * 2},   {(void **)&cx->soft, (size_t)(T * H) * 2},
-            {(void **)&cx->q, (size_t)(T * qmax) * 2},   {(void **)&cx->o, (size_t)(T * qmax) * 2},
-            {(void **)&cx->kraw, (size_t)(T * kvmax) * 2}, {(void **)&cx->vraw, (size_t)(T * kvmax) * 2},
-            {(void **)&cx->k, (size_t)(T * kvmax) * 2},  {(void **)&cx->v, (size_t)(T * kvmax) * 2},
-            {(void **)&cx->gu, (size_t)(T * 2 * wide) * 2}, {(void **)&cx->act, (size_t)(T * wide) * 2},
+            {&cx->x, (size_t)(T * H) * es},        {&cx->a, (size_t)(T * H) * es},
+            {&cx->attn, (size_t)(T * H) * es},     {&cx->soft, (size_t)(T * H) * es},
+            {&cx->q, (size_t)(T * qmax) * es},     {&cx->o, (size_t)(T * qmax) * es},
+            {&cx->kraw, (size_t)(T * kvmax) * es}, {&cx->vraw, (size_t)(T * kvmax) * es},
+            {&cx->k, (size_t)(T * kvmax) * es},    {&cx->v, (size_t)(T * kvmax) * es},
+            {&cx->gu, (size_t)(T * 2 * wide) * es}, {&cx->act, (size_t)(T * wide) * es},
             {(void **)&cx->dense, (size_t)(T * H) * 4},  {(void **)&cx->moe, (size_t)(T * H) * 4},
             {(void **)&cx->rlogits, (size_t)(T * E) * 4}, {(void **)&cx->rw, (size_t)(T * K) * 4},
             {(void **)&cx->ridx, (size_t)(T * K) * 4},   {(void **)&cx->ids, (size_t)T * 4},
             {(void **)&cx->pos, (size_t)T * 8},
             {(void **)&cx->moe_scratch,
-             dg_cuda_moe_scratch(T, (int)K, (int)H, c->moe_intermediate_size, (int)E)},
+             dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, c->moe_intermediate_size,
+                                   (int)E)},
         };
         const size_t n_plan = sizeof plan / sizeof plan[0];
         for (size_t i = 0; i < n_plan; i++)
@@ -269,6 +280,7 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
     const struct dg_cuda_model *cm = cx->cm;
     const struct dg_model_config *c = &cm->cfg;
     const struct dg_cuda_layer *L = &cm->layers[l];
+    const enum dg_elt e = cm->elt;
     const int H = c->hidden_size, nh = c->num_heads, hd = L->hd, nkv = L->nkv;
     const int64_t qdim = (int64_t)nh * hd, kvdim = (int64_t)nkv * hd;
     const int I = c->intermediate_size, E = c->num_experts, K = c->top_k_experts;
@@ -280,18 +292,20 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
     int rc;
 
     /* attention: q, k, v projections, their norms and RoPE for every token */
-    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
-    TRY(dg_blas_linear(cx->blas, cx->q, 0, cx->a, T, L->q_proj, qdim, H, H, err));
-    TRY(dg_blas_linear(cx->blas, cx->kraw, 0, cx->a, T, L->k_proj, kvdim, H, H, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
+    TRY(dg_blas_gemm_e(cx->blas, e, cx->q, 0, cx->a, T, L->q_proj, 0, qdim, H, H, 1, 0, err));
+    TRY(dg_blas_gemm_e(cx->blas, e, cx->kraw, 0, cx->a, T, L->k_proj, 0, kvdim, H, H, 1, 0,
+                       err));
     if (L->sliding)
-        TRY(dg_blas_linear(cx->blas, cx->vraw, 0, cx->a, T, L->v_proj, kvdim, H, H, err));
-    TRY(dg_cuda_rmsnorm(cx->q, cx->q, L->q_norm, T * nh, hd, eps, st, dev, err));
-    TRY(dg_cuda_rmsnorm(cx->k, cx->kraw, L->k_norm, T * nkv, hd, eps, st, dev, err));
+        TRY(dg_blas_gemm_e(cx->blas, e, cx->vraw, 0, cx->a, T, L->v_proj, 0, kvdim, H, H, 1, 0,
+                           err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->q, cx->q, L->q_norm, T * nh, hd, eps, st, dev, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->k, cx->kraw, L->k_norm, T * nkv, hd, eps, st, dev, err));
     /* full layers: V is the raw K projection, normed without a weight */
-    TRY(dg_cuda_rmsnorm(cx->v, L->sliding ? cx->vraw : cx->kraw, NULL, T * nkv, hd, eps, st, dev,
-                        err));
-    TRY(dg_cuda_rope(cx->q, cx->pos, T, nh, hd, L->inv_freq, st, dev, err));
-    TRY(dg_cuda_rope(cx->k, cx->pos, T, nkv, hd, L->inv_freq, st, dev, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->v, L->sliding ? cx->vraw : cx->kraw, NULL, T * nkv, hd, eps, st,
+                          dev, err));
+    TRY(dg_cuda_rope_e(e, cx->q, cx->pos, T, nh, hd, L->inv_freq, st, dev, err));
+    TRY(dg_cuda_rope_e(e, cx->k, cx->pos, T, nkv, hd, L->inv_freq, st, dev, err));
 
     /* per sequence: its rows into its cache, then attention over them */
     for (int i = 0; i < n_seqs; i++) {
@@ -299,41 +313,47 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
         const int64_t len = s->kv->length;
         const int64_t start = L->sliding && len > W - 1 ? len - (W - 1) : 0;
         const int mask = decoder ? 0 : L->sliding ? 2 : 1;
-        uint16_t *kc = s->kv->k[l], *vc = s->kv->v[l];
-        TRY(dg_cuda_copy_async(kc + len * kvdim, cx->k + t0 * kvdim,
-                               (size_t)(s->n * kvdim) * 2, st, dev, err));
-        TRY(dg_cuda_copy_async(vc + len * kvdim, cx->v + t0 * kvdim,
-                               (size_t)(s->n * kvdim) * 2, st, dev, err));
-        TRY(dg_cuda_attention(cx->o + t0 * qdim, cx->q + t0 * qdim, cx->pos + t0, s->n,
-                              kc + start * kvdim, vc + start * kvdim, cx->iota + start,
-                              len + s->n - start, nh, nkv, hd, mask, W, st, dev, err));
+        void *kc = s->kv->k[l], *vc = s->kv->v[l];
+        const size_t bytes = (size_t)(s->n * kvdim) * (size_t)dg_elt_size(e);
+        TRY(dg_cuda_copy_async(at(kc, len * kvdim, e), at(cx->k, t0 * kvdim, e), bytes, st, dev,
+                               err));
+        TRY(dg_cuda_copy_async(at(vc, len * kvdim, e), at(cx->v, t0 * kvdim, e), bytes, st, dev,
+                               err));
+        TRY(dg_cuda_attention_e(e, at(cx->o, t0 * qdim, e), at(cx->q, t0 * qdim, e),
+                                cx->pos + t0, s->n, at(kc, start * kvdim, e),
+                                at(vc, start * kvdim, e), cx->iota + start, len + s->n - start,
+                                nh, nkv, hd, mask, W, st, dev, err));
         t0 += s->n;
     }
     /* h = x + rms(o_proj(o)) (x becomes h) */
-    TRY(dg_blas_linear(cx->blas, cx->attn, 0, cx->o, T, L->o_proj, H, qdim, qdim, err));
-    TRY(dg_cuda_rmsnorm_add(cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f, st, dev, err));
+    TRY(dg_blas_gemm_e(cx->blas, e, cx->attn, 0, cx->o, T, L->o_proj, 0, H, qdim, qdim, 1, 0,
+                       err));
+    TRY(dg_cuda_rmsnorm_add_e(e, cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f, st, dev,
+                              err));
 
     /* dense MLP: down(gelu(gate u) * up u), u = rms(h) */
-    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->pre_ffn_norm, T, H, eps, st, dev, err));
-    TRY(dg_blas_linear(cx->blas, cx->gu, 0, cx->a, T, L->mlp_gu, 2 * (int64_t)I, H, H, err));
-    TRY(dg_cuda_gelu_mul(cx->act, I, cx->gu, 2 * (int64_t)I, cx->gu + I, 2 * (int64_t)I, T, I, st,
-                         dev, err));
-    TRY(dg_blas_linear(cx->blas, cx->dense, 1, cx->act, T, L->mlp_down, H, I, I, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm, T, H, eps, st, dev, err));
+    TRY(dg_blas_gemm_e(cx->blas, e, cx->gu, 0, cx->a, T, L->mlp_gu, 0, 2 * (int64_t)I, H, H, 1,
+                       0, err));
+    TRY(dg_cuda_gelu_mul_e(e, cx->act, I, cx->gu, 2 * (int64_t)I, at(cx->gu, I, e),
+                           2 * (int64_t)I, T, I, st, dev, err));
+    TRY(dg_blas_gemm_e(cx->blas, e, cx->dense, 1, cx->act, T, L->mlp_down, 0, H, I, I, 1, 0,
+                       err));
 
     /* router: softmax(rms(h) * scale * H^-1/2 . W_r^T), top-K */
-    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->router_scale, T, H, eps, st, dev, err));
-    TRY(dg_blas_gemm(cx->blas, cx->rlogits, 1, cx->a, T, L->router_proj, 0, E, H, H,
-                     1.0f / sqrtf((float)H), 0.0f, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->router_scale, T, H, eps, st, dev, err));
+    TRY(dg_blas_gemm_e(cx->blas, e, cx->rlogits, 1, cx->a, T, L->router_proj, 0, E, H, H,
+                       1.0f / sqrtf((float)H), 0.0f, err));
     TRY(dg_cuda_router_topk(cx->ridx, cx->rw, cx->rlogits, T, E, K, L->router_expert_scale, st,
                             dev, err));
 
     /* experts on v = rms(h), then x' = (h + rms(rms(d) + rms(m))) * s */
-    TRY(dg_cuda_rmsnorm(cx->a, cx->x, L->pre_ffn_norm_2, T, H, eps, st, dev, err));
-    TRY(dg_cuda_moe(cx->blas, cx->moe, cx->a, T, H, cx->ridx, cx->rw, K, 0, E, Im, L->exp_gu,
-                    L->exp_down, cx->moe_scratch, st, err));
-    TRY(dg_cuda_ffn_combine(cx->x, cx->dense, cx->moe, L->post_ffn_norm_1, L->post_ffn_norm_2,
-                            L->post_ffn_norm, T, H, eps,
-                            decoder ? L->scalar_decoder : L->scalar_encoder, st, dev, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm_2, T, H, eps, st, dev, err));
+    TRY(dg_cuda_moe_e(cx->blas, e, cx->moe, cx->a, T, H, cx->ridx, cx->rw, K, 0, E, Im,
+                      L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
+    TRY(dg_cuda_ffn_combine_e(e, cx->x, cx->dense, cx->moe, L->post_ffn_norm_1,
+                              L->post_ffn_norm_2, L->post_ffn_norm, T, H, eps,
+                              decoder ? L->scalar_decoder : L->scalar_encoder, st, dev, err));
     return 0;
 }
 
@@ -349,8 +369,8 @@ int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
 
     TRY(check_batch(cx, seqs, n_seqs, 0, &T, err));
     TRY(stage_batch(cx, seqs, n_seqs, T, err));
-    TRY(dg_cuda_embed(cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, c->hidden_size,
-                      cm->embed_scale, cx->stream, cx->dev, err));
+    TRY(dg_cuda_embed_e(cm->elt, cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, c->hidden_size,
+                        cm->embed_scale, cx->stream, cx->dev, err));
     for (int l = 0; l < c->num_layers; l++)
         TRY(layer_forward(cx, l, 0, seqs, n_seqs, T, err));
     TRY(dg_cuda_stream_sync(cx->stream, cx->dev, err));
@@ -364,6 +384,7 @@ int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
 {
     const struct dg_cuda_model *cm = cx->cm;
     const struct dg_model_config *c = &cm->cfg;
+    const enum dg_elt e = cm->elt;
     const int H = c->hidden_size, S = c->self_conditioning_size;
     const float eps = (float)c->rms_norm_eps;
     const dg_stream_t st = cx->stream;
@@ -373,33 +394,36 @@ int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
 
     TRY(check_batch(cx, seqs, n_seqs, 1, &T, err));
     TRY(stage_batch(cx, seqs, n_seqs, T, err));
-    TRY(dg_cuda_embed(cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, H, cm->embed_scale, st, dev,
-                      err));
+    TRY(dg_cuda_embed_e(e, cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, H, cm->embed_scale,
+                        st, dev, err));
     /* self-conditioning: x += SC(soft); a sequence without one gets a
      * zero row, whose SC output is exactly zero (rms(0) = 0, gelu(0) = 0) */
     for (int i = 0; i < n_seqs; i++)
         any_soft |= seqs[i].soft != NULL;
     if (any_soft) {
         for (int i = 0; i < n_seqs; i++) {
-            const size_t bytes = (size_t)(seqs[i].n * H) * 2;
+            const size_t bytes = (size_t)(seqs[i].n * H) * (size_t)dg_elt_size(e);
             if (seqs[i].soft)
-                TRY(dg_cuda_copy_async(cx->soft + t0 * H, seqs[i].soft, bytes, st, dev, err));
+                TRY(dg_cuda_copy_async(at(cx->soft, t0 * H, e), seqs[i].soft, bytes, st, dev,
+                                       err));
             else
-                TRY(dg_cuda_memset_async(cx->soft + t0 * H, 0, bytes, st, dev, err));
+                TRY(dg_cuda_memset_async(at(cx->soft, t0 * H, e), 0, bytes, st, dev, err));
             t0 += seqs[i].n;
         }
-        TRY(dg_cuda_rmsnorm(cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
-        TRY(dg_blas_linear(cx->blas, cx->gu, 0, cx->a, T, cm->sc_gu, 2 * (int64_t)S, H, H, err));
-        TRY(dg_cuda_gelu_mul(cx->act, S, cx->gu, 2 * (int64_t)S, cx->gu + S, 2 * (int64_t)S, T,
-                             S, st, dev, err));
-        TRY(dg_blas_gemm(cx->blas, cx->x, 0, cx->act, T, cm->sc_down, 0, H, S, S, 1.0f, 1.0f,
-                         err));
+        TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
+        TRY(dg_blas_gemm_e(cx->blas, e, cx->gu, 0, cx->a, T, cm->sc_gu, 0, 2 * (int64_t)S, H, H,
+                           1, 0, err));
+        TRY(dg_cuda_gelu_mul_e(e, cx->act, S, cx->gu, 2 * (int64_t)S, at(cx->gu, S, e),
+                               2 * (int64_t)S, T, S, st, dev, err));
+        TRY(dg_blas_gemm_e(cx->blas, e, cx->x, 0, cx->act, T, cm->sc_down, 0, H, S, S, 1.0f,
+                           1.0f, err));
     }
     /* the weight-free post-norm applies on every step, SC or not */
-    TRY(dg_cuda_rmsnorm(cx->x, cx->x, NULL, T, H, eps, st, dev, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
     for (int l = 0; l < c->num_layers; l++)
         TRY(layer_forward(cx, l, 1, seqs, n_seqs, T, err));
-    TRY(dg_cuda_rmsnorm(cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
-    TRY(dg_blas_linear(cx->blas, logits, 1, cx->a, T, cm->embed, c->vocab_size, H, H, err));
+    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
+    TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, c->vocab_size, H, H, 1, 0,
+                       err));
     return 0;
 }

@@ -8,7 +8,7 @@
  *            themselves; K/V appended to its cache; lengths advance.
  *   decoder  each sequence's canvas at positions length .. +CL-1, with an
  *            optional self-conditioning input (the soft embedding
- *            (pi E) c, bf16 [CL, H]); bidirectional over its cached window
+ *            (pi E) c, [CL, H] elements); bidirectional over its cached window
  *            and the canvas; the cache's committed rows are read, never
  *            written; returns the logits [sum CL, V] fp32 before the
  *            soft-cap (dg_cuda_row_stats applies it in its one pass).
@@ -17,7 +17,7 @@
  * once over every token of the batch; attention runs per sequence against
  * its own cache.
  *
- * KV cache: per layer, bf16 rows [max_length + max_cl, nkv * hd] of keys
+ * KV cache: per layer, rows [max_length + max_cl, nkv * hd] of keys
  * (after k_norm and RoPE) and values (after the weight-free v_norm); row =
  * position.  A decoder pass writes its canvas's K/V into the rows past the
  * committed length (scratch, never counted), so attention reads one
@@ -42,7 +42,8 @@ struct dg_cuda_kv {
     int64_t length, max_length;
     int max_cl;
     int n_layers;
-    uint16_t **k, **v;        /* [n_layers] device rows */
+    enum dg_elt elt;
+    void **k, **v;            /* [n_layers] device rows */
     void *block;              /* behind every row */
     uint64_t bytes;
 };
@@ -54,14 +55,15 @@ int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64
 void dg_cuda_kv_free(struct dg_cuda_kv *kv);
 
 /* Bytes a cache of max_length positions and canvases of max_cl takes. */
-uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, int64_t max_length, int max_cl);
+uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, enum dg_elt elt, int64_t max_length,
+                          int max_cl);
 
 /* One sequence of a batch. */
 struct dg_cuda_seq {
     struct dg_cuda_kv *kv;
     const int32_t *ids;       /* host, n ids in [0, V) */
     int64_t n;
-    const uint16_t *soft;     /* decoder: device [n, H] bf16 (pi E) c, or NULL */
+    const void *soft;         /* decoder: device [n, H] (pi E) c, or NULL */
 };
 
 /* What a pass needs on the GPU: its stream, cuBLAS, scratch sized for the
@@ -76,7 +78,7 @@ struct dg_cuda_ctx {
     void *scratch;
     uint64_t scratch_bytes;
     /* views into scratch */
-    uint16_t *x, *a, *q, *kraw, *vraw, *k, *v, *o, *attn, *gu, *act, *soft;
+    void *x, *a, *q, *kraw, *vraw, *k, *v, *o, *attn, *gu, *act, *soft; /* elements */
     float *dense, *moe, *rlogits, *rw;
     int32_t *ridx, *ids;
     int64_t *pos;

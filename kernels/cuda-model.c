@@ -35,6 +35,7 @@ struct plan {
     struct entry *e;
     int n, cap;
     uint64_t bytes;
+    int elt_size;                     /* bytes of one (non-fp32) element */
 };
 
 static int add(struct plan *p, void **slot, uint64_t n, int f32, int ones, struct dg_error *err)
@@ -55,7 +56,7 @@ static int add(struct plan *p, void **slot, uint64_t n, int f32, int ones, struc
     e->f32 = f32;
     e->ones = ones;
     e->off = p->bytes;
-    p->bytes += (n * (f32 ? 4 : 2) + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
+    p->bytes += (n * (uint64_t)(f32 ? 4 : p->elt_size) + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
     return 0;
 }
 
@@ -147,26 +148,28 @@ static int build_plan(struct dg_cuda_model *cm, const struct dg_model *m, struct
     return 0;
 }
 
-/* Rows of bf16 on their way to the device, in chunks. */
+/* Rows of elements on their way to the device, in chunks. */
 struct stager {
-    uint16_t *buf;
+    unsigned char *buf;
     size_t cap, used;         /* elements */
+    int f32;                  /* fp32 elements (else bf16) */
     unsigned char *dst;       /* device cursor */
     int dev;
 };
 
 static int stage_flush(struct stager *s, struct dg_error *err)
 {
+    const size_t es = s->f32 ? 4 : 2;
     int rc = 0;
     if (s->used) {
-        rc = dg_cuda_upload(s->dst, s->buf, s->used * 2, s->dev, err);
-        s->dst += s->used * 2;
+        rc = dg_cuda_upload(s->dst, s->buf, s->used * es, s->dev, err);
+        s->dst += s->used * es;
         s->used = 0;
     }
     return rc;
 }
 
-/* Append w's rows (any dtype, any stride) as bf16. */
+/* Append w's rows (any dtype, any stride) as the stager's elements. */
 static int stage_weight(struct stager *s, const struct dg_weight *w, struct dg_error *err)
 {
     const int64_t stride = w->stride ? w->stride : w->cols;
@@ -177,12 +180,28 @@ static int stage_weight(struct stager *s, const struct dg_weight *w, struct dg_e
                             w->name ? w->name : "?");
     for (int64_t r = 0; r < w->rows; r++) {
         const unsigned char *row = (const unsigned char *)w->data + (size_t)(r * stride) * es;
+        if (!s->f32 && w->dtype == DG_DTYPE_BF16) {
+            /* the serving case: bf16 rows copied as they are */
+            for (int64_t i = 0; i < w->cols;) {
+                size_t n = (size_t)(w->cols - i);
+                if (s->used == s->cap && (rc = stage_flush(s, err)) < 0)
+                    return rc;
+                if (n > s->cap - s->used)
+                    n = s->cap - s->used;
+                memcpy(s->buf + s->used * 2, row + (size_t)i * 2, n * 2);
+                s->used += n;
+                i += (int64_t)n;
+            }
+            continue;
+        }
         for (int64_t i = 0; i < w->cols; i++) {
             if (s->used == s->cap && (rc = stage_flush(s, err)) < 0)
                 return rc;
-            s->buf[s->used++] = w->dtype == DG_DTYPE_BF16
-                                    ? ((const uint16_t *)(const void *)row)[i]
-                                    : dg_f32_to_bf16(dg_load_f32(row, w->dtype, (size_t)i));
+            if (s->f32)
+                ((float *)(void *)s->buf)[s->used++] = dg_load_f32(row, w->dtype, (size_t)i);
+            else
+                ((uint16_t *)(void *)s->buf)[s->used++] =
+                    dg_f32_to_bf16(dg_load_f32(row, w->dtype, (size_t)i));
         }
     }
     return 0;
@@ -194,7 +213,8 @@ static int fill_upload(struct dg_cuda_model *cm, const struct plan *p, struct dg
     float *tmp = NULL;
     int rc = 0;
 
-    s.cap = STAGE_BYTES / 2;
+    s.f32 = cm->elt == DG_ELT_F32;
+    s.cap = STAGE_BYTES / (s.f32 ? 4 : 2);
     s.buf = malloc(STAGE_BYTES);
     s.dev = cm->dev;
     if (!s.buf)
@@ -235,12 +255,13 @@ static int fill_upload(struct dg_cuda_model *cm, const struct plan *p, struct dg
     return rc;
 }
 
-uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg)
+uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt)
 {
     struct dg_cuda_model cm;
     struct plan p = {0};
     uint64_t bytes = 0;
     memset(&cm, 0, sizeof cm);
+    p.elt_size = dg_elt_size(elt);
     cm.cfg = *cfg;
     cm.layers = calloc((size_t)cfg->num_layers, sizeof *cm.layers);
     if (!cm.layers)
@@ -259,12 +280,17 @@ uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg)
 
 /* Shapes, the arena, every pointer; then the RoPE tables and scalars. */
 static int prepare(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
-                   const struct dg_model *m, int dev, struct plan *p, struct dg_error *err)
+                   const struct dg_model *m, enum dg_elt elt, int dev, struct plan *p,
+                   struct dg_error *err)
 {
     int rc;
     memset(cm, 0, sizeof *cm);
+    if (elt != DG_ELT_BF16 && elt != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "cuda model: element type %d", (int)elt);
     cm->cfg = *cfg;
     cm->dev = dev;
+    cm->elt = elt;
+    p->elt_size = dg_elt_size(elt);
     /* the scale as transformers computes it in the checkpoint's dtype */
     cm->embed_scale = dg_embed_scale(cfg->hidden_size, m ? m->embed.dtype : DG_DTYPE_BF16);
     cm->layers = calloc((size_t)cfg->num_layers, sizeof *cm->layers);
@@ -317,11 +343,11 @@ static int upload_rope(struct dg_cuda_model *cm, struct dg_error *err)
     return rc;
 }
 
-int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, int dev,
-                         struct dg_error *err)
+int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, enum dg_elt elt,
+                         int dev, struct dg_error *err)
 {
     struct plan p = {0};
-    int rc = prepare(cm, &m->cfg, m, dev, &p, err);
+    int rc = prepare(cm, &m->cfg, m, elt, dev, &p, err);
     if (rc == 0)
         rc = fill_upload(cm, &p, err);
     if (rc == 0)
@@ -339,7 +365,7 @@ int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config 
 {
     struct plan p = {0};
     float *ones = NULL;
-    int rc = prepare(cm, cfg, NULL, dev, &p, err);
+    int rc = prepare(cm, cfg, NULL, DG_ELT_BF16, dev, &p, err);
 
     for (int i = 0; i < p.n && rc == 0; i++) {
         const struct entry *e = &p.e[i];

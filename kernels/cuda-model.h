@@ -1,9 +1,11 @@
 /*
- * cuda-model.h - a DiffusionGemma text stack's weights on one GPU, all bf16,
- * in one device allocation: uploaded from a bound checkpoint (converting
- * F16/F32 to bf16) or made up on the GPU from a config alone (random
- * matrices N(0, 0.02), norm weights and layer scalars 1), so the full
- * 26B-A4B shapes can run without a 50 GB file.
+ * cuda-model.h - a DiffusionGemma text stack's weights on one GPU, in one
+ * device allocation, all of one element type (kernels/ops.h): bf16 (the
+ * serving form) or fp32 (an fp32 checkpoint at the CPU reference's
+ * precision).  Uploaded from a bound checkpoint (converting as needed) or,
+ * bf16 only, made up on the GPU from a config alone (random matrices
+ * N(0, 0.02), norm weights and layer scalars 1), so the full 26B-A4B
+ * shapes can run without a 50 GB file.
  *
  * Layout (row-major, the forward pass's operands as they are used):
  *   embed [V, H]                (token embedding and LM head)
@@ -21,19 +23,21 @@
 
 #include <stdint.h>
 
+#include "kernels/ops.h"
 #include "lib/error.h"
 #include "lib/model-config.h"
 #include "lib/model-weights.h"
 
 struct dg_cuda_layer {
     int hd, nkv, sliding;
-    uint16_t *input_norm, *q_norm, *k_norm, *post_attn_norm;
-    uint16_t *pre_ffn_norm, *post_ffn_norm_1, *router_scale, *pre_ffn_norm_2;
-    uint16_t *post_ffn_norm_2, *post_ffn_norm;
+    /* elements of the model's type */
+    void *input_norm, *q_norm, *k_norm, *post_attn_norm;
+    void *pre_ffn_norm, *post_ffn_norm_1, *router_scale, *pre_ffn_norm_2;
+    void *post_ffn_norm_2, *post_ffn_norm;
     float *router_expert_scale;
-    uint16_t *q_proj, *k_proj, *v_proj, *o_proj;  /* v_proj NULL on full layers */
-    uint16_t *mlp_gu, *mlp_down, *router_proj;
-    uint16_t *exp_gu, *exp_down;
+    void *q_proj, *k_proj, *v_proj, *o_proj;      /* v_proj NULL on full layers */
+    void *mlp_gu, *mlp_down, *router_proj;
+    void *exp_gu, *exp_down;
     const float *inv_freq;                         /* the layer kind's table */
     float scalar_encoder, scalar_decoder;
 };
@@ -41,8 +45,9 @@ struct dg_cuda_layer {
 struct dg_cuda_model {
     struct dg_model_config cfg;
     int dev;
+    enum dg_elt elt;             /* every weight's element type */
     float embed_scale;           /* sqrt(H) rounded to the checkpoint's dtype (bf16) */
-    uint16_t *embed, *final_norm, *sc_pre_norm, *sc_gu, *sc_down;
+    void *embed, *final_norm, *sc_pre_norm, *sc_gu, *sc_down;
     float *inv_freq_sliding, *inv_freq_full;
     struct dg_cuda_layer *layers;
     void *arena;                 /* behind every pointer above */
@@ -50,18 +55,18 @@ struct dg_cuda_model {
 };
 
 /* The model m (bound from a checkpoint) on GPU dev, which must be the
- * calling thread's current GPU.  Errors: DG_E_NOMEM (host or device),
- * DG_E_CUDA. */
-int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, int dev,
-                         struct dg_error *err);
+ * calling thread's current GPU, as elements of type elt.  Errors:
+ * DG_E_INVAL, DG_E_NOMEM (host or device), DG_E_CUDA. */
+int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, enum dg_elt elt,
+                         int dev, struct dg_error *err);
 
 /* Random weights for cfg on GPU dev, a function of seed alone (see the top
  * of this file).  Errors as dg_cuda_model_upload. */
 int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
                          uint64_t seed, int dev, struct dg_error *err);
 
-/* Bytes the weights of cfg take on the GPU. */
-uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg);
+/* Bytes the weights of cfg take on the GPU as elements of type elt. */
+uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt);
 
 void dg_cuda_model_free(struct dg_cuda_model *cm);
 
