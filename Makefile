@@ -129,6 +129,7 @@ INTEG_BIN  := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/integration/%)
 
 GPU_TEST_SRC := $(wildcard tests/gpu/t-*.c)
 GPU_TEST_BIN := $(GPU_TEST_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
+GPU_TEST_SH  := $(wildcard tests/gpu/t-*.sh)
 
 BENCH_SRC  := $(wildcard bench/*/bench-*.c)
 ifneq ($(HAVE_CUDA),1)
@@ -179,15 +180,17 @@ $(LIBCUDA): $(KERNEL_OBJ)
 # the daemon's modules as a library (tests link them), its main() apart
 # the installed default model's place, for a dgemmad outside a build tree
 $(BUILD)/daemon/main.o: ALL_CFLAGS += -DDG_DATADIR='"$(DATADIR)"'
+# (with CUDA the daemon can run the GPU backend; without, only the CPU's)
+$(BUILD)/daemon/main.o: ALL_CFLAGS += -DDG_HAVE_CUDA=$(HAVE_CUDA)
 
 $(DAEMON_LIB): $(filter-out $(BUILD)/daemon/main.o,$(DAEMON_OBJ))
 	$(call say,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(LIBCORE)
+$(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(GPU_ALL) $(LIBCORE)
 	$(call say,LINK,$@)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(if $(GPU_ALL),$(CUDA_LIBS)) $(SYS_LIBS) -o $@
 
 # libdgemma: a static archive (the CLI links it) and a shared library that
 # exports only dgemma_* (client/libdgemma.map), with its pkg-config file.
@@ -302,9 +305,10 @@ asan-suite: all $(UNIT_BIN) $(INTEG_BIN) $(FUZZ_BIN)
 
 ifeq ($(HAVE_CUDA),1)
 test-gpu: all $(GPU_TEST_BIN)
-	$(Q)if nvidia-smi -L >/dev/null 2>&1; then BUILD=$(BUILD) tests/run.sh $(GPU_TEST_BIN); \
+	$(Q)if nvidia-smi -L >/dev/null 2>&1; then \
+	    BUILD=$(BUILD) tests/run.sh $(GPU_TEST_BIN) $(GPU_TEST_SH); \
 	else echo "no GPU here: built $(words $(GPU_TEST_BIN)) GPU test(s) in $(BUILD)/tests/gpu;" \
-	     "run them on the GPU machine with: tests/run.sh $(GPU_TEST_BIN)"; fi
+	     "run them on the GPU machine with: tests/run.sh $(GPU_TEST_BIN) $(GPU_TEST_SH)"; fi
 else
 test-gpu:
 	@echo "test-gpu needs nvcc (CUDA toolkit); this is a CPU-only build" >&2; exit 1

@@ -32,6 +32,11 @@
 #include "lib/tokenizer.h"
 #include "lib/version.h"
 
+#if DG_HAVE_CUDA
+#include "kernels/cuda-backend.h"
+#include "kernels/device-probe.h"
+#endif
+
 #ifndef DG_DATADIR
 #define DG_DATADIR "/usr/local/share/dgemma"
 #endif
@@ -128,6 +133,62 @@ static void unload(struct loaded *L)
 }
 
 /* Settings a request starts from, and the limits it is held to. */
+/* The GPU backend when the configuration asks for it, or for auto where a
+ * GPU is present; *b stays NULL for the CPU.  Errors: a GPU backend that
+ * cannot start (named), tensor parallelism over GPUs (not yet). */
+static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
+                          struct dg_backend **b, struct dg_error *err)
+{
+    *b = NULL;
+#if DG_HAVE_CUDA
+    {
+        struct dg_cuda_backend_options o;
+        int n = 0, rc;
+        if (cfg->backend == DG_BACKEND_CPU)
+            return 0;
+        if (cfg->backend == DG_BACKEND_AUTO) {
+            struct dg_error probe = {0};
+            if (dg_gpu_count(&n, &probe) < 0 || n == 0) {
+                dlog(DG_LOG_INFO, "backend auto: no GPU (%s): the CPU",
+                     probe.msg[0] ? probe.msg : "none visible");
+                return 0;
+            }
+            if (cfg->tp > 1) {
+                dlog(DG_LOG_INFO, "backend auto: tp %d: the CPU (tensor parallelism over GPUs "
+                     "is not built yet)", cfg->tp);
+                return 0;
+            }
+        }
+        if (cfg->tp > 1)
+            return dg_error_set(err, DG_E_UNSUPPORTED, "cuda: tp %d: tensor parallelism over "
+                                "GPUs is not built yet; use tp 1", cfg->tp);
+        memset(&o, 0, sizeof o);
+        o.device = cfg->n_devices ? cfg->devices[0] : 0;
+        o.max_slots = cfg->max_batch;
+        o.model = &L->m;
+        /* an fp32 checkpoint runs at its own precision; the others as bf16 */
+        o.fp32 = L->m.embed.dtype == DG_DTYPE_F32;
+        if ((rc = dg_cuda_backend_create(&o, b, err)) < 0) {
+            dg_error_prefix(err, "cuda (GPU %d)", o.device);
+            return rc;
+        }
+        {
+            uint64_t w, other;
+            dg_cuda_backend_bytes(*b, &w, &other);
+            dlog(DG_LOG_INFO, "backend cuda: GPU %d, weights %.2f GiB (%s)", o.device,
+                 (double)w / (1 << 30), o.fp32 ? "fp32" : "bf16");
+        }
+        return 0;
+    }
+#else
+    (void)L;
+    (void)err;
+    if (cfg->backend == DG_BACKEND_AUTO)
+        dlog(DG_LOG_INFO, "backend auto: the CPU (built without CUDA)");
+    return 0;
+#endif
+}
+
 static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
                             struct dg_engine_config *ec, struct dg_gen_settings *def,
                             struct dg_error *err)
@@ -257,10 +318,13 @@ int main(int argc, char **argv)
 
     dlog(DG_LOG_INFO, "dgemmad %s starting: config %s, model %s", DGEMMA_VERSION,
          config_path ? config_path : "(defaults)", model_dir);
+#if !DG_HAVE_CUDA
     if (cfg.backend == DG_BACKEND_CUDA) {
-        dlog(DG_LOG_ERROR, "backend cuda: this build has no CUDA backend yet; use cpu or auto");
+        dlog(DG_LOG_ERROR, "backend cuda: this build has no CUDA (built without nvcc); use cpu "
+             "or auto");
         goto out;
     }
+#endif
     if (load_model(model_dir, &L, &err) < 0) {
         dlog(DG_LOG_ERROR, "model %s: %s", model_dir, err.msg);
         goto out;
@@ -275,9 +339,11 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    if (cfg.backend == DG_BACKEND_AUTO)
-        dlog(DG_LOG_INFO, "backend auto: the CPU (this build has no GPU backend yet)");
-    {
+    if (choose_backend(&cfg, &L, &backend, &err) < 0) {
+        dlog(DG_LOG_ERROR, "backend: %s", err.msg);
+        goto out;
+    }
+    if (!backend) {
         struct dg_cpu_backend_options bo;
         memset(&bo, 0, sizeof bo);
         bo.n_ranks = cfg.tp;
@@ -304,7 +370,7 @@ int main(int argc, char **argv)
         mo.stop_wait_s = 5;
         mo.version = DGEMMA_VERSION;
         mo.model = model_dir;
-        mo.backend = "cpu";
+        mo.backend = backend->name;
         mo.tp = cfg.tp;
         digest_hex(yaml ? yaml : "", digest);
         mo.config_digest = digest;
@@ -337,7 +403,7 @@ int main(int argc, char **argv)
     pctx.tok = L.tok;
     pctx.max_prompt_tokens = (size_t)(ec.max_context - 1);
     info = json_pack("{s:s,s:s,s:s,s:i,s:s,s:I,s:i,s:i,s:i,s:I,s:I}", "version", DGEMMA_VERSION,
-                     "model", model_dir, "backend", "cpu", "tp", cfg.tp, "experts",
+                     "model", model_dir, "backend", backend->name, "tp", cfg.tp, "experts",
                      cfg.experts_width ? "width" : "across", "vocab_size",
                      (json_int_t)L.m.cfg.vocab_size, "canvas_length", L.m.cfg.canvas_length,
                      "max_batch", cfg.max_batch, "queue_max", cfg.queue_max, "max_context",
@@ -359,9 +425,10 @@ int main(int argc, char **argv)
         dlog(DG_LOG_ERROR, "%s", info ? err.msg : "out of memory");
         goto out;
     }
-    dlog(DG_LOG_INFO, "ready: socket %s, model %s (vocabulary %lld, canvas %d), backend cpu, "
+    dlog(DG_LOG_INFO, "ready: socket %s, model %s (vocabulary %lld, canvas %d), backend %s, "
          "tp %d, max_batch %d, %s", cfg.socket, model_dir, (long long)L.m.cfg.vocab_size,
-         L.m.cfg.canvas_length, cfg.tp, cfg.max_batch, L.tok ? "tokenizer" : "no tokenizer");
+         L.m.cfg.canvas_length, backend->name, cfg.tp, cfg.max_batch,
+         L.tok ? "tokenizer" : "no tokenizer");
     sd_notify_send("READY=1\nSTATUS=serving");
     if (dserver_run(srv, &err) < 0) {
         dlog(DG_LOG_ERROR, "%s", err.msg);

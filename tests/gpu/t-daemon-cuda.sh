@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Description: dgemmad on the GPU: with backend cuda (and with auto, which
+# must pick the GPU where one is present) the daemon starts on the embedded
+# default model, logs "backend cuda", answers status with backend "cuda",
+# and serves generate requests (chat and plain, several at once) that end
+# with "done"; with backend cpu the same build still serves on the CPU.
+# Exit 77 where there is no GPU or no daemon build.
+set -u
+BUILD=${BUILD:-build}
+BIN=$BUILD/bin
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "skip t-daemon-cuda: no GPU here"
+    exit 77
+fi
+if [ ! -x "$BIN/dgemmad" ] || [ ! -x "$BIN/dgemma-client" ] ||
+   [ ! -e "$BUILD/model/default/config.json" ]; then
+    echo "skip t-daemon-cuda: $BIN/dgemmad, $BIN/dgemma-client or $BUILD/model/default missing"
+    exit 77
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-daemon-cuda-XXXXXX")
+d=0
+trap '[ $d -gt 0 ] && kill $d 2>/dev/null; rm -rf "$tmp"' EXIT
+fails=0
+ok() { echo "ok t-daemon-cuda/$1"; }
+bad() { echo "not ok t-daemon-cuda/$1: $2"; fails=$((fails + 1)); }
+C=$BIN/dgemma-client
+
+# serve BACKEND NAME: start the daemon, run requests, stop it
+serve() {
+    local backend=$1 want=$2 sock=$tmp/$1.sock log=$tmp/$1.log out
+    "$BIN/dgemmad" -o socket="$sock" -o log_file="$log" -o backend="$backend" \
+        -o pin_workers=false &
+    d=$!
+    out=$("$C" status -s "$sock" --wait 60 --json 2>&1)
+    if printf '%s' "$out" | grep -q "\"backend\": *\"$want\""; then
+        ok "$backend/status"
+    else
+        bad "$backend/status" "status does not say backend $want: $out; log: $(tail -3 "$log")"
+    fi
+    if grep -q "backend $want" "$log"; then ok "$backend/log"; else
+        bad "$backend/log" "no 'backend $want' in the log: $(tail -3 "$log")"; fi
+    out=$("$C" generate -s "$sock" --wait 10 --json --max-tokens 48 --seed 7 "Once upon a time" 2>&1)
+    if printf '%s' "$out" | grep -q '"done"'; then ok "$backend/generate"; else
+        bad "$backend/generate" "no done event: $(printf '%s' "$out" | tail -c 300)"; fi
+    local pids="" i
+    for i in 1 2 3 4; do
+        "$C" generate -s "$sock" --wait 10 --json --max-tokens 40 --seed $i --chat "Hello $i" \
+            >"$tmp/$backend.par.$i" 2>&1 &
+        pids="$pids $!"
+    done
+    local pf=0
+    for p in $pids; do wait "$p" || pf=$((pf + 1)); done
+    for i in 1 2 3 4; do grep -q '"done"' "$tmp/$backend.par.$i" || pf=$((pf + 1)); done
+    if [ $pf -eq 0 ]; then ok "$backend/four-at-once"; else
+        bad "$backend/four-at-once" "$pf failures: $(tail -c 300 "$tmp/$backend.par.1")"; fi
+    kill "$d"
+    wait "$d"
+    local rc=$?
+    d=0
+    if [ $rc -eq 0 ]; then ok "$backend/stop"; else bad "$backend/stop" "exit $rc"; fi
+}
+
+serve cuda cuda
+serve auto cuda
+serve cpu cpu
+echo "# t-daemon-cuda: $fails failed"
+[ $fails -eq 0 ]
