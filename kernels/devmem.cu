@@ -14,8 +14,20 @@ out:
 extern "C" int dg_cuda_alloc(void **p, size_t bytes, int dev, struct dg_error *err)
 {
     int rc = 0;
+    cudaError_t e;
     *p = NULL;
-    DG_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 1));
+    e = cudaMalloc(p, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        /* not sticky: clear it, and say what did not fit */
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        *p = NULL;
+        return dg_error_set(err, DG_E_NOMEM, "GPU %d: out of device memory for %.1f MiB "
+                            "(%.1f of %.1f GiB free)", dev, (double)bytes / (1 << 20),
+                            (double)free_b / (1 << 30), (double)total_b / (1 << 30));
+    }
+    DG_CUDA_CHECK(e);
 out:
     return rc;
 }

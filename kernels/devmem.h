@@ -18,7 +18,9 @@ extern "C" {
 /* Make dev the calling thread's current GPU. */
 int dg_cuda_use(int dev, struct dg_error *err);
 
-/* *p = bytes of device memory on the current GPU (dev names it in errors). */
+/* *p = bytes of device memory on the current GPU (dev names it in errors).
+ * Errors: DG_E_NOMEM when the GPU has not that much free (with the free and
+ * total memory in the message), DG_E_CUDA otherwise. */
 int dg_cuda_alloc(void **p, size_t bytes, int dev, struct dg_error *err);
 void dg_cuda_free(void *p);
 

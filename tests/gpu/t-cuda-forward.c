@@ -23,6 +23,7 @@
  *     window) prefilled and decoded in one batch, each against the CPU on
  *     its own; the batch against a sequence run alone on the GPU (prefilled
  *     in two chunks) within 1e-3; refused batches change nothing.
+ *   out of memory: 4 TiB of device memory is DG_E_NOMEM, and not sticky.
  * Exit 77 where there is no GPU.
  */
 #include <math.h>
@@ -694,6 +695,22 @@ static int case_rounding(void)
            rounding_yardstick("tests/golden/golden-b/checkpoint", "golden-b", 0);
 }
 
+/* Asking for more device memory than the GPU has is DG_E_NOMEM with the
+ * sizes, and not sticky: the next allocation and pass work. */
+static int case_out_of_memory(void)
+{
+    struct dg_error err = {0};
+    void *p = NULL;
+    CHECK_FAILS(dg_cuda_alloc(&p, (size_t)1 << 42, 0, &err), &err, DG_E_NOMEM,
+                "out of device memory");
+    CHECK(p == NULL);
+    CHECK_OK(dg_cuda_alloc(&p, 1 << 20, 0, &err), &err);
+    CHECK_OK(dg_cuda_memset(p, 0, 1 << 20, 0, &err), &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    dg_cuda_free(p);
+    return 0;
+}
+
 int main(void)
 {
     static const char *const goldens[] = {"golden-a", "golden-b"};
@@ -707,5 +724,6 @@ int main(void)
         test_run(cur, case_golden);
     }
     TEST_CASE(case_batch);
+    TEST_CASE(case_out_of_memory);
     return test_finish();
 }
