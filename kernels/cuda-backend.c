@@ -9,7 +9,6 @@
 #include "kernels/cuda-model.h"
 #include "kernels/devmem.h"
 #include "kernels/ops.h"
-#include "lib/ref-ops.h"
 #include "lib/sampler.h"
 
 struct gslot {
@@ -236,8 +235,9 @@ static int cuda_encode(struct dg_backend *b, const struct dg_encode_item *items,
 
 /* ---- denoise --------------------------------------------------------------------- */
 
-/* Thresholds of a filtered item's rows: its soft-capped logits come to the
- * host and go through the CPU's bisection. */
+/* Thresholds of a filtered item's rows: its logits, already soft-capped on
+ * the GPU (so the threshold is one of the values the kernel compares), come
+ * to the host and go through the CPU's bisection. */
 static int host_thresholds(struct cuda_backend *cb, const struct dg_denoise_item *it,
                            int64_t off, struct dg_error *err)
 {
@@ -253,11 +253,9 @@ static int host_thresholds(struct cuda_backend *cb, const struct dg_denoise_item
                                 cb->dev, err);
     if (rc == 0)
         rc = dg_cuda_stream_sync(cb->cx.stream, cb->dev, err);
-    if (rc == 0) {
-        dg_ref_softcap(z, (int64_t)n, (float)cb->model.cfg.final_logit_softcapping);
+    if (rc == 0)
         rc = dg_filter_thresholds(z, it->cl, V, V, V, it->top_k, it->top_p, cb->tau_h + off,
                                   scratch, NULL, err);
-    }
     free(z);
     free(scratch);
     return rc;
@@ -269,8 +267,9 @@ static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int
     struct cuda_backend *cb = impl(b);
     const struct dg_model_config *c = b->cfg;
     const int64_t V = c->vocab_size;
+    float cap = (float)c->final_logit_softcapping;
     int64_t rows = 0, off = 0;
-    int rc;
+    int any_filtered = 0, rc;
 
     cb->n_last = 0;
     if (n < 1)
@@ -303,30 +302,41 @@ static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int
         dg_error_prefix(err, "cuda backend");
         return rc;
     }
-    /* per row: temperature, threshold, draw site */
+    /* per row: temperature, threshold (none yet), draw site */
     for (int i = 0; i < n; i++) {
         const struct dg_denoise_item *it = &items[i];
-        const int filtered = (it->top_k > 0 && it->top_k < V) || it->top_p < 1;
+        any_filtered |= (it->top_k > 0 && it->top_k < V) || it->top_p < 1;
         for (int p = 0; p < it->cl; p++) {
             cb->T_h[off + p] = it->temperature;
             cb->tau_h[off + p] = -INFINITY;
             cb->sites_h[off + p] =
                 (struct dg_rand_site){it->seed, it->canvas_index, it->step, (uint32_t)p};
         }
-        if (filtered && (rc = host_thresholds(cb, it, off, err)) < 0)
-            return rc;
         cb->last[i] = (struct last_item){it->slot, it->cl, off};
         off += it->cl;
     }
     TRY(dg_cuda_copy_async(cb->T_d, cb->T_h, sizeof(float) * (size_t)rows, cb->cx.stream, cb->dev,
                            err));
-    TRY(dg_cuda_copy_async(cb->tau_d, cb->tau_h, sizeof(float) * (size_t)rows, cb->cx.stream,
-                           cb->dev, err));
     TRY(dg_cuda_copy_async(cb->sites_d, cb->sites_h, sizeof *cb->sites_h * (size_t)rows,
                            cb->cx.stream, cb->dev, err));
-    TRY(dg_cuda_row_stats(cb->stats_d, cb->logits, rows, V, 0,
-                          (float)c->final_logit_softcapping, cb->T_d, cb->tau_d, cb->sites_d,
-                          cb->stats_scratch, cb->cx.stream, cb->dev, err));
+    if (any_filtered) {
+        /* a first pass only soft-caps the logits in place (its statistics
+         * are dropped); the filtered items' thresholds come from those
+         * values; the statistics pass then leaves them as they are */
+        TRY(dg_cuda_copy_async(cb->tau_d, cb->tau_h, sizeof(float) * (size_t)rows,
+                               cb->cx.stream, cb->dev, err));
+        TRY(dg_cuda_row_stats(cb->stats_d, cb->logits, rows, V, 0, cap, cb->T_d, cb->tau_d, NULL,
+                              cb->stats_scratch, cb->cx.stream, cb->dev, err));
+        for (int i = 0; i < n; i++)
+            if (((items[i].top_k > 0 && items[i].top_k < V) || items[i].top_p < 1) &&
+                (rc = host_thresholds(cb, &items[i], cb->last[i].off, err)) < 0)
+                return rc;
+        cap = 0.0f;
+    }
+    TRY(dg_cuda_copy_async(cb->tau_d, cb->tau_h, sizeof(float) * (size_t)rows, cb->cx.stream,
+                           cb->dev, err));
+    TRY(dg_cuda_row_stats(cb->stats_d, cb->logits, rows, V, 0, cap, cb->T_d, cb->tau_d,
+                          cb->sites_d, cb->stats_scratch, cb->cx.stream, cb->dev, err));
     TRY(dg_cuda_copy_async(cb->stats_h, cb->stats_d, sizeof *cb->stats_h * (size_t)rows,
                            cb->cx.stream, cb->dev, err));
     TRY(dg_cuda_stream_sync(cb->cx.stream, cb->dev, err));

@@ -14,8 +14,10 @@
  * the rounding of batched GEMMs.
  *
  * Top-k / top-p: the threshold of a filtered item is computed on the host
- * from its logits (dg_filter_thresholds, as the CPU backend does); the
- * logits of unfiltered items never leave the GPU.
+ * from its soft-capped logits (dg_filter_thresholds, as the CPU backend
+ * does; a batch with a filtered item makes one more pass over the logits,
+ * to soft-cap them first); the logits of unfiltered items never leave the
+ * GPU.
  *
  * All calls run on the calling thread, which they bind to the backend's
  * GPU (the daemon's GPU worker).

@@ -69,7 +69,7 @@ static int run_batch(struct dg_backend *b, int B, int64_t P, int reps)
     int32_t *canvas = malloc(sizeof(int32_t) * (size_t)CL * (size_t)B);
     int32_t *out = malloc(sizeof(int32_t) * 2 * (size_t)CL * (size_t)B);
     float *ent = malloc(sizeof(float) * (size_t)CL * (size_t)B);
-    double *t_den = calloc((size_t)reps, sizeof(double)), *t_cond = calloc((size_t)reps, 8);
+    double *t_den = calloc((size_t)reps, sizeof(double)), *t_cond = calloc((size_t)reps, sizeof(double));
     double *t_commit = calloc((size_t)reps, sizeof(double));
     double t_prefill, t0;
     uint64_t wbytes, obytes;

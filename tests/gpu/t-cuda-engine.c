@@ -7,9 +7,13 @@
  *     1e-5 perturbation of its first logits at least 100x in five steps
  *     (printed per step): why long free-running chains part on
  *     rounding-level differences.
+ *   filters (fp32 elements): first steps with top-p 0.9, top-k 20 and
+ *     both: samples and argmax equal, entropies within 1e-3 (the threshold
+ *     is taken from the GPU's own soft-capped values: a host soft-cap one
+ *     ulp apart used to drop the boundary id).
  *   backend steps (fp32 elements): one slot through prompt, four denoising
  *     steps each conditioned on the last, a commit, two steps of the next
- *     canvas: samples and argmax equal and entropies within 1e-3 where no
+ *     canvas (top-p, top-k): samples and argmax equal and entropies within 1e-3 where no
  *     chain is involved (first steps, a condition of a first step); deeper
  *     in a chain, shown.
  *   generations, four requests in one engine (batched prefill chunks,
@@ -472,9 +476,10 @@ static int run_model(const char *dir, const char *name)
 
 /* One slot through the backend interface on the CPU and on the GPU (fp32
  * elements): prompt, four denoising steps each conditioned on the last
- * (a chain of self-conditioning), a commit, two steps of the next canvas:
- * every sample and argmax equal, entropies within 1e-3 on the steps with no
- * condition or a condition of a first step; deeper in the chain, shown. */
+ * (a chain of self-conditioning), a commit, two steps of the next canvas
+ * (one with top-p 0.9, one with top-k 20): every sample and argmax equal,
+ * entropies within 1e-3 on the steps with no condition or a condition of a
+ * first step; deeper in the chain, shown. */
 static int backend_steps(const char *dir, const char *name)
 {
     struct dg_checkpoint ck;
@@ -510,7 +515,10 @@ static int backend_steps(const char *dir, const char *name)
             it.cl = CL;
             it.self_cond = step != 0 && step != 4; /* a chain of SC steps per canvas */
             it.temperature = 0.7f;
-            it.top_p = 1.0f;
+            /* the filters on the checked steps of the second canvas: their
+             * thresholds come from the host (cuda-backend.h) */
+            it.top_p = step == 4 ? 0.9f : 1.0f;
+            it.top_k = step == 5 ? 20 : 0;
             it.seed = 99;
             it.canvas_index = (uint32_t)(step / 4);
             it.step = (uint32_t)step;
@@ -547,6 +555,79 @@ static int backend_steps(const char *dir, const char *name)
     dg_checkpoint_close(&ck);
     CHECKF(bad == 0, "%s: the backends differ", name);
     return 0;
+}
+
+/* A first step (no self-conditioning) with a filter, on the CPU and the
+ * GPU (fp32 elements), from the same prompt: top-p 0.9, then top-k 20 and
+ * both: samples and argmax equal, entropies within 1e-3. */
+static int filter_steps(const char *dir, const char *name)
+{
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct dg_backend *b[2];
+    int32_t prompt[40], canvas[64], sample[2][64], argmax[2][64];
+    float ent[2][64];
+    static const int ks[3] = {0, 20, 20};
+    static const float ps[3] = {0.9f, 1.0f, 0.8f};
+    int CL, bad = 0;
+
+    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
+    CL = m.cfg.canvas_length;
+    CHECK(CL <= 64);
+    CHECK_OK(make_backend(CPU, &m, 1, &b[0], &err), &err);
+    CHECK_OK(make_backend(GPU_F32, &m, 1, &b[1], &err), &err);
+    gt_seed(21);
+    for (int t = 0; t < 40; t++)
+        prompt[t] = (int32_t)(gt_next() % (uint64_t)m.cfg.vocab_size);
+    for (int k = 0; k < 2; k++) {
+        struct dg_encode_item it = {0, prompt, 40};
+        CHECK_OK(b[k]->ops->slot_open(b[k], 0, 40 + CL, CL, &err), &err);
+        CHECK_OK(b[k]->ops->encode(b[k], &it, 1, &err), &err);
+    }
+    for (int f = 0; f < 3; f++) {
+        int ds = 0, da = 0;
+        double de = 0;
+        for (int t = 0; t < CL; t++)
+            canvas[t] = (int32_t)(gt_next() % (uint64_t)m.cfg.vocab_size);
+        for (int k = 0; k < 2; k++) {
+            struct dg_denoise_item it;
+            memset(&it, 0, sizeof it);
+            it.canvas = canvas;
+            it.cl = CL;
+            it.temperature = 0.7f;
+            it.top_k = ks[f];
+            it.top_p = ps[f];
+            it.seed = 5;
+            it.step = (uint32_t)f;
+            it.sample = sample[k];
+            it.argmax = argmax[k];
+            it.entropy = ent[k];
+            CHECK_OK(b[k]->ops->denoise(b[k], &it, 1, &err), &err);
+        }
+        for (int p = 0; p < CL; p++) {
+            ds += sample[0][p] != sample[1][p];
+            da += argmax[0][p] != argmax[1][p];
+            if (fabs((double)ent[0][p] - ent[1][p]) > de)
+                de = fabs((double)ent[0][p] - ent[1][p]);
+        }
+        printf("# %s first step, top-k %d top-p %g: samples differ at %d, argmax at %d of %d; "
+               "max |entropy diff| %.3g (position 0: cpu %.6f gpu %.6f)\n", name, ks[f],
+               (double)ps[f], ds, da, CL, de, (double)ent[0][0], (double)ent[1][0]);
+        bad += ds + da + (de > 1e-3);
+    }
+    b[0]->ops->destroy(b[0]);
+    b[1]->ops->destroy(b[1]);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    CHECKF(bad == 0, "%s: the filtered steps differ", name);
+    return 0;
+}
+
+static int case_filters(void)
+{
+    return filter_steps("tests/golden/golden-a/checkpoint", "golden-a") ||
+           filter_steps("tests/golden/golden-b/checkpoint", "golden-b");
 }
 
 static int case_backend_steps(void)
@@ -661,6 +742,7 @@ int main(void)
     if (rc)
         return rc;
     TEST_CASE(case_sc_chain);
+    TEST_CASE(case_filters);
     TEST_CASE(case_backend_steps);
     TEST_CASE(case_golden_a);
     TEST_CASE(case_golden_b);
