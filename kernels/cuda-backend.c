@@ -340,23 +340,9 @@ static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int
     TRY(dg_cuda_copy_async(cb->stats_h, cb->stats_d, sizeof *cb->stats_h * (size_t)rows,
                            cb->cx.stream, cb->dev, err));
     TRY(dg_cuda_stream_sync(cb->cx.stream, cb->dev, err));
-    for (int i = 0; i < n; i++) {
-        struct dg_denoise_item *it = &items[i];
-        int64_t bad = 0;
-        for (int p = 0; p < it->cl; p++) {
-            const struct dg_row_stats *st = &cb->stats_h[cb->last[i].off + p];
-            if (st->nonfinite || st->argmax < 0) {
-                bad++;
-                it->sample[p] = it->argmax[p] = 0;
-                it->entropy[p] = NAN;
-                continue;
-            }
-            it->sample[p] = st->sample;
-            it->argmax[p] = st->argmax;
-            it->entropy[p] = dg_row_entropy(st);
-        }
-        it->nonfinite = bad;
-    }
+    for (int i = 0; i < n; i++)
+        items[i].nonfinite = dg_row_outputs(cb->stats_h + cb->last[i].off, items[i].cl,
+                                            items[i].sample, items[i].argmax, items[i].entropy);
     cb->n_last = n;
     return 0;
 }

@@ -137,7 +137,6 @@ static int rank_denoise(struct cpu_backend *cb, struct rank *R, int is_root, str
         struct dg_denoise_item *it = &cb->den[i];
         struct rank_slot *s = &R->slots[it->slot];
         float *z = R->logits + off * (size_t)nv;
-        int64_t bad = 0;
 
         if ((rc = dg_cpu_decode_soft(&R->cm, &s->kv, it->canvas, it->cl,
                                      it->self_cond ? s->soft : NULL, z, err)) < 0)
@@ -155,19 +154,8 @@ static int rank_denoise(struct cpu_backend *cb, struct rank *R, int is_root, str
             return rc;
         if (is_root) {
             /* one writer for the shared outputs; every rank has the same values */
-            for (int p = 0; p < it->cl; p++) {
-                const struct dg_row_stats *st = &R->combined[off + (size_t)p];
-                if (st->nonfinite || st->argmax < 0) {
-                    bad++;
-                    it->sample[p] = it->argmax[p] = 0;
-                    it->entropy[p] = NAN;
-                    continue;
-                }
-                it->sample[p] = st->sample;
-                it->argmax[p] = st->argmax;
-                it->entropy[p] = dg_row_entropy(st);
-            }
-            it->nonfinite = bad;
+            it->nonfinite = dg_row_outputs(R->combined + off, it->cl, it->sample, it->argmax,
+                                           it->entropy);
             cb->last[i] = (struct last_item){it->slot, it->cl, it->temperature, off};
         }
         off += (size_t)it->cl;

@@ -274,6 +274,24 @@ float dg_row_entropy(const struct dg_row_stats *st)
     }
 }
 
+int64_t dg_row_outputs(const struct dg_row_stats *st, int n, int32_t *sample, int32_t *argmax,
+                       float *entropy)
+{
+    int64_t bad = 0;
+    for (int p = 0; p < n; p++) {
+        if (st[p].nonfinite || st[p].argmax < 0) {
+            bad++;
+            sample[p] = argmax[p] = 0;
+            entropy[p] = NAN;
+            continue;
+        }
+        sample[p] = st[p].sample;
+        argmax[p] = st[p].argmax;
+        entropy[p] = dg_row_entropy(&st[p]);
+    }
+    return bad;
+}
+
 void dg_row_probs(const float *z, int64_t n, float T, float tau, const struct dg_row_stats *all,
                   float *p)
 {

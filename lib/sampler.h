@@ -92,6 +92,13 @@ int dg_row_stats_allgather(struct dg_coll *coll, const struct dg_row_stats *loca
 /* Entropy in nats of the row the statistics describe. */
 float dg_row_entropy(const struct dg_row_stats *st);
 
+/* A denoising step's outputs from the combined statistics of its n rows:
+ * sample[p], argmax[p], entropy[p]; a row with a non-finite logit or no
+ * kept id gives 0, 0, NaN.  Returns the number of such rows (what the
+ * backend reports as the item's nonfinite). */
+int64_t dg_row_outputs(const struct dg_row_stats *st, int n, int32_t *sample, int32_t *argmax,
+                       float *entropy);
+
 /* p[v] for the slice z[0..n): exp(z_v / T - M) / S for kept ids, 0 for
  * filtered ones, with M and S from the combined statistics of the row. */
 void dg_row_probs(const float *z, int64_t n, float T, float tau, const struct dg_row_stats *all,
