@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
@@ -42,6 +43,50 @@ int gt_rand_bf16(size_t n, float amp, uint16_t **h, float **f)
         (*f)[i] = dg_bf16_to_f32((*h)[i]);
     }
     return 0;
+}
+
+int gt_rand_elts(enum dg_elt e, size_t n, float amp, void **h, float **f)
+{
+    float *v;
+    if (e == DG_ELT_BF16) {
+        uint16_t *b = NULL;
+        const int rc = gt_rand_bf16(n, amp, &b, f);
+        *h = b;
+        return rc;
+    }
+    v = malloc(n * sizeof *v + 1);
+    *h = malloc(n * sizeof *v + 1);
+    if (!v || !*h) {
+        free(v);
+        free(*h);
+        *h = NULL;
+        *f = NULL;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] = gt_uniform() * amp;
+    memcpy(*h, v, n * sizeof *v);
+    *f = v;
+    return 0;
+}
+
+void *gt_out_alloc(size_t bytes, size_t guard_bytes, unsigned char guard, struct dg_error *err)
+{
+    unsigned char *g = malloc(guard_bytes + 1);
+    void *d = NULL;
+    if (!g) {
+        dg_error_set(err, DG_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    memset(g, guard, guard_bytes);
+    if (dg_cuda_alloc(&d, bytes + guard_bytes, 0, err) < 0 ||
+        (bytes && dg_cuda_memset(d, 0xff, bytes, 0, err) < 0) ||
+        (guard_bytes && dg_cuda_upload((unsigned char *)d + bytes, g, guard_bytes, 0, err) < 0)) {
+        dg_cuda_free(d);
+        d = NULL;
+    }
+    free(g);
+    return d;
 }
 
 void *gt_upload(const void *h, size_t bytes, struct dg_error *err)

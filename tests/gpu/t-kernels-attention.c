@@ -44,23 +44,6 @@ static void fill_f32(float *f, size_t n, float amp)
         f[i] = gt_uniform() * amp;
 }
 
-/* A device output of bytes poisoned with 0xff (NaN in bf16 and fp32)
- * followed by GUARD_BYTES guard bytes; NULL with err set on failure. */
-static void *out_alloc(size_t bytes, struct dg_error *err)
-{
-    unsigned char guard[GUARD_BYTES];
-    void *d = NULL;
-    memset(guard, GUARD_BYTE, sizeof guard);
-    if (dg_cuda_alloc(&d, bytes + GUARD_BYTES, 0, err) < 0)
-        return NULL;
-    if ((bytes && dg_cuda_memset(d, 0xff, bytes, 0, err) < 0) ||
-        dg_cuda_upload((unsigned char *)d + bytes, guard, GUARD_BYTES, 0, err) < 0) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
-
 /* The first guard byte after bytes of h that changed, or -1. */
 static long guard_changed(const unsigned char *h, size_t bytes)
 {
@@ -120,7 +103,7 @@ static int one(const struct shape *s, enum dg_elt e)
     dv = gt_upload(hv, nk * es, &err);
     dqp = gt_upload(qp, (size_t)s->Tq * 8, &err);
     dkp = gt_upload(kp, (size_t)s->Tk * 8, &err);
-    dout = out_alloc(ob, &err);
+    dout = gt_out_alloc(ob, GUARD_BYTES, GUARD_BYTE, &err);
     CHECKF(dq && dk && dv && dqp && dkp && dout, "%s", err.msg);
     if (f32)
         CHECK_OK(dg_cuda_attention_e(DG_ELT_F32, dout, dq, dqp, s->Tq, dk, dv, dkp, s->Tk, s->nh,

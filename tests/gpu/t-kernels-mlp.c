@@ -64,34 +64,6 @@ static void *init_buf(const void *h, size_t bytes, struct dg_error *err)
     return d;
 }
 
-/* n random values of element type e in [-amp, amp): the bytes to upload
- * in *h, the floats they hold in *f (both malloc'd).  0, or -1 when out
- * of memory. */
-static int rand_elts(enum dg_elt e, size_t n, float amp, void **h, float **f)
-{
-    float *v;
-    if (e == DG_ELT_BF16) {
-        uint16_t *b = NULL;
-        const int rc = gt_rand_bf16(n, amp, &b, f);
-        *h = b;
-        return rc;
-    }
-    v = malloc(n * sizeof *v + 1);
-    *h = malloc(n * sizeof *v + 1);
-    if (!v || !*h) {
-        free(v);
-        free(*h);
-        *h = NULL;
-        *f = NULL;
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++)
-        v[i] = gt_uniform() * amp;
-    memcpy(*h, v, n * sizeof *v);
-    *f = v;
-    return 0;
-}
-
 /* The n values of d (bf16 or fp32) as floats, after checking the guard;
  * NULL (with a message) on failure. */
 static float *fetch(const void *d, size_t n, int f32, const char *what)
@@ -162,8 +134,8 @@ static int linear(void)
             float *row = malloc((size_t)K * 4);
             struct dg_weight W;
             void *dx, *dw;
-            CHECK(ref && row && rand_elts(e, (size_t)(T * K), 1.0f, &hx, &fx) == 0 &&
-                  rand_elts(e, (size_t)(N * ld), 0.05f, &hw, &fw) == 0);
+            CHECK(ref && row && gt_rand_elts(e, (size_t)(T * K), 1.0f, &hx, &fx) == 0 &&
+                  gt_rand_elts(e, (size_t)(N * ld), 0.05f, &hw, &fw) == 0);
             memset(&W, 0, sizeof W);
             W.data = hw;
             W.dtype = f ? DG_DTYPE_F32 : DG_DTYPE_BF16;
@@ -252,8 +224,8 @@ static int gemm_alpha_beta(void)
                 float *row = malloc((size_t)K * 4);
                 struct dg_weight W;
                 CHECK(wt && prod && ref && row &&
-                      rand_elts(e, (size_t)(T * K), 1.0f, &hx, &fx) == 0 &&
-                      rand_elts(e, nw, 0.05f, &hw, &fw) == 0);
+                      gt_rand_elts(e, (size_t)(T * K), 1.0f, &hx, &fx) == 0 &&
+                      gt_rand_elts(e, nw, 0.05f, &hw, &fw) == 0);
                 memset(&W, 0, sizeof W);
                 W.dtype = DG_DTYPE_F32;
                 W.rows = N;
@@ -282,7 +254,7 @@ static int gemm_alpha_beta(void)
                         char what[192];
                         double r;
                         /* y0 of y's type; beta 0: the poison (cuBLAS must not read y) */
-                        CHECK(rand_elts(out_f32 ? DG_ELT_F32 : DG_ELT_BF16, ny, 1.0f, &hy,
+                        CHECK(gt_rand_elts(out_f32 ? DG_ELT_F32 : DG_ELT_BF16, ny, 1.0f, &hy,
                                         &fy) == 0);
                         for (size_t i = 0; i < ny; i++)
                             ref[i] = (float)((double)alpha * prod[i] +
@@ -352,7 +324,7 @@ static int gelu_mul(void)
             float *o;
             double r;
             /* one fused projection per row: gate in [0, n), up in [n, 2n) */
-            CHECK(ref && rand_elts(e, cells * 2, 3.0f, &hgu, &fgu) == 0);
+            CHECK(ref && gt_rand_elts(e, cells * 2, 3.0f, &hgu, &fgu) == 0);
             for (int64_t i = 0; i < R; i++)
                 dg_ref_gelu_mul(ref + i * n, fgu + i * 2 * n, fgu + i * 2 * n + n, n);
             dgu = gt_upload(hgu, cells * 2 * esz, &err);

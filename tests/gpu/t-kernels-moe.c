@@ -38,34 +38,6 @@ struct shape {
     int one_expert;     /* every pick on expert e0 (K = 1) */
 };
 
-/* n random values of element type e in [-amp, amp): the bytes to upload
- * in *h, the floats they hold in *f (both malloc'd).  0, or -1 when out
- * of memory. */
-static int rand_elts(enum dg_elt e, size_t n, float amp, void **h, float **f)
-{
-    float *v;
-    if (e == DG_ELT_BF16) {
-        uint16_t *b = NULL;
-        const int rc = gt_rand_bf16(n, amp, &b, f);
-        *h = b;
-        return rc;
-    }
-    v = malloc(n * sizeof *v + 1);
-    *h = malloc(n * sizeof *v + 1);
-    if (!v || !*h) {
-        free(v);
-        free(*h);
-        *h = NULL;
-        *f = NULL;
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++)
-        v[i] = gt_uniform() * amp;
-    memcpy(*h, v, n * sizeof *v);
-    *f = v;
-    return 0;
-}
-
 /* n fp32 values of 0xff bytes (NaN) on the device and GUARD words of
  * GUARD_F after them */
 static void *out_buf(size_t n, struct dg_error *err)
@@ -104,9 +76,9 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
     double num = 0, den = 0;
 
     CHECK(w && ref && got && idx && wgu && wdn &&
-          rand_elts(elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0 &&
-          rand_elts(elt, ngu, 0.06f, &hgu, &fgu) == 0 &&
-          rand_elts(elt, ndn, 0.06f, &hdn, &fdn) == 0);
+          gt_rand_elts(elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0 &&
+          gt_rand_elts(elt, ngu, 0.06f, &hgu, &fgu) == 0 &&
+          gt_rand_elts(elt, ndn, 0.06f, &hdn, &fdn) == 0);
     for (int64_t t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
             int e, dup;

@@ -50,31 +50,6 @@ static float elt_get(enum dg_elt e, const void *h, size_t i)
     return e == DG_ELT_F32 ? ((const float *)h)[i] : dg_bf16_to_f32(((const uint16_t *)h)[i]);
 }
 
-/* n random values of type e in [-amp, amp): their elements in *h, their
- * floats in *f (both malloc'd).  0, or -1 when out of memory. */
-static int rand_elt(enum dg_elt e, size_t n, float amp, void **h, float **f)
-{
-    if (e == DG_ELT_BF16) {
-        uint16_t *hb = NULL;
-        const int rc = gt_rand_bf16(n, amp, &hb, f);
-        *h = hb;
-        return rc;
-    }
-    *h = malloc(n * sizeof **f + 1);
-    *f = malloc(n * sizeof **f + 1);
-    if (!*h || !*f) {
-        free(*h);
-        free(*f);
-        *h = NULL;
-        *f = NULL;
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++)
-        (*f)[i] = gt_uniform() * amp;
-    memcpy(*h, *f, n * sizeof **f);
-    return 0;
-}
-
 /* A device buffer of n elements of type e plus the guard, poisoned, guard
  * set; with init, the n elements then hold init's. */
 static void *out_buf(enum dg_elt e, size_t n, const void *init, struct dg_error *err)
@@ -148,8 +123,8 @@ static int rmsnorm(void)
             float *fx, *fw, *ref = malloc(n * sizeof *ref);
             char what[96];
             double e;
-            CHECK(ref && rand_elt(el, n, 3.0f, &hx, &fx) == 0 &&
-                  rand_elt(el, (size_t)D, 1.5f, &hw, &fw) == 0);
+            CHECK(ref && gt_rand_elts(el, n, 3.0f, &hx, &fx) == 0 &&
+                  gt_rand_elts(el, (size_t)D, 1.5f, &hw, &fw) == 0);
             dx = out_buf(el, n, hx, &err);
             dw = gt_upload(hw, (size_t)D * sz, &err);
             dy = out_buf(el, n, NULL, &err);
@@ -199,9 +174,9 @@ static int rmsnorm_add(void)
             float *fx, *fw, *fr, *ref = malloc(n * sizeof *ref);
             char what[96];
             double e;
-            CHECK(ref && rand_elt(el, n, 3.0f, &hx, &fx) == 0 &&
-                  rand_elt(el, (size_t)D, 1.5f, &hw, &fw) == 0 &&
-                  rand_elt(el, n, 2.0f, &hr, &fr) == 0);
+            CHECK(ref && gt_rand_elts(el, n, 3.0f, &hx, &fx) == 0 &&
+                  gt_rand_elts(el, (size_t)D, 1.5f, &hw, &fw) == 0 &&
+                  gt_rand_elts(el, n, 2.0f, &hr, &fr) == 0);
             dx = gt_upload(hx, n * sz, &err);
             dw = gt_upload(hw, (size_t)D * sz, &err);
             dr = out_buf(el, n, hr, &err);
@@ -252,7 +227,7 @@ static int embed(void)
             void *dids = NULL;
             char what[128];
             double e;
-            CHECK(ref && ids && rand_elt(el, (size_t)nr * D, 0.05f, &he, &fe) == 0);
+            CHECK(ref && ids && gt_rand_elts(el, (size_t)nr * D, 0.05f, &he, &fe) == 0);
             for (int64_t t = 0; t < T; t++)
                 ids[t] = (int32_t)(gt_next() % (uint64_t)V);
             ids[0] = (int32_t)v0; /* the first row of the slice, */
@@ -308,7 +283,7 @@ static int rope(void)
             void *dpos = NULL, *dinv = NULL;
             char what[96];
             double e;
-            CHECK(inv && pos && rand_elt(el, n, 2.0f, &hx, &fx) == 0);
+            CHECK(inv && pos && gt_rand_elts(el, n, 2.0f, &hx, &fx) == 0);
             for (int i = 0; i < hd / 2; i++)
                 inv[i] = i < shapes[k].zero_from ? powf(10000.0f, -2.0f * (float)i / (float)hd)
                                                  : 0.0f;
@@ -365,10 +340,10 @@ static int ffn_combine(void)
             float *back = malloc(n * sizeof *back);
             char what[96];
             double e;
-            CHECK(fd && fm && rd && rm && back && rand_elt(el, n, 2.0f, &hx, &fx) == 0 &&
-                  rand_elt(el, (size_t)D, 1.5f, &hw1, &fw1) == 0 &&
-                  rand_elt(el, (size_t)D, 1.5f, &hw2, &fw2) == 0 &&
-                  rand_elt(el, (size_t)D, 1.5f, &hw, &fw) == 0);
+            CHECK(fd && fm && rd && rm && back && gt_rand_elts(el, n, 2.0f, &hx, &fx) == 0 &&
+                  gt_rand_elts(el, (size_t)D, 1.5f, &hw1, &fw1) == 0 &&
+                  gt_rand_elts(el, (size_t)D, 1.5f, &hw2, &fw2) == 0 &&
+                  gt_rand_elts(el, (size_t)D, 1.5f, &hw, &fw) == 0);
             /* full fp32 values, the two of different magnitudes */
             for (size_t i = 0; i < n; i++) {
                 fd[i] = gt_uniform() * 40.0f;

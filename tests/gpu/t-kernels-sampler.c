@@ -163,23 +163,6 @@ static int row_stats(void)
     return 0;
 }
 
-/* A device output of bytes poisoned with 0xff (NaN in bf16 and fp32)
- * followed by GUARD_BYTES guard bytes; NULL with err set on failure. */
-static void *out_alloc(size_t bytes, struct dg_error *err)
-{
-    unsigned char guard[GUARD_BYTES];
-    void *d = NULL;
-    memset(guard, GUARD_BYTE, sizeof guard);
-    if (dg_cuda_alloc(&d, bytes + GUARD_BYTES, 0, err) < 0)
-        return NULL;
-    if ((bytes && dg_cuda_memset(d, 0xff, bytes, 0, err) < 0) ||
-        dg_cuda_upload((unsigned char *)d + bytes, guard, GUARD_BYTES, 0, err) < 0) {
-        dg_cuda_free(d);
-        return NULL;
-    }
-    return d;
-}
-
 /* Download bytes of d into h and check the guard bytes after them: the
  * first one changed, or -1 (-2 when the download failed, err set). */
 static long out_fetch(void *h, const void *d, size_t bytes, struct dg_error *err)
@@ -254,8 +237,8 @@ static int soft_case(struct dg_blas *blas, enum dg_elt e, int64_t R, int64_t n, 
     /* GPU */
     CHECK_OK(dg_cuda_alloc(&scratch, dg_cuda_row_stats_scratch(R, n), 0, &err), &err);
     CHECK_OK(dg_cuda_alloc(&dst, (size_t)R * sizeof *st, 0, &err), &err);
-    dp = out_alloc((size_t)(R * n) * es, &err);
-    dsoft = out_alloc((size_t)(R * H) * 4, &err);
+    dp = gt_out_alloc((size_t)(R * n) * es, GUARD_BYTES, GUARD_BYTE, &err);
+    dsoft = gt_out_alloc((size_t)(R * H) * 4, GUARD_BYTES, GUARD_BYTE, &err);
     CHECKF(dp && dsoft, "%s", err.msg);
     CHECK_OK(dg_cuda_row_stats(dst, dz, R, n, 0, cap, dT, dtau, NULL, scratch, NULL, 0, &err),
              &err);
