@@ -182,13 +182,17 @@ static int exit_codes(void)
         const char *prompt_word[] = {"-s", sock, "--max-tokens", "4", "status", NULL};
         rc = run_client(status_after, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
         CHECKF(rc == 0 && strstr(OUT, "model") && strstr(OUT, "running"), "%d: %s", rc, ERR);
+        /* a generation summary is the proof; the random model may stop
+         * before 4 tokens, so the count is not asserted here */
         rc = run_client(gen_after, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
-        CHECKF(rc == 0 && strstr(ERR, " prompt + 4 tokens in "), "%d: %s", rc, ERR);
+        CHECKF(rc == 0 && strstr(ERR, " prompt + ") && strstr(ERR, " tokens in "), "%d: %s", rc,
+               ERR);
         rc = run_client(cancel_after, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
         CHECKF(rc == 1 && strstr(ERR, "not in flight"), "%d: %s", rc, ERR);
         /* after a generation setting, "status" is prompt text */
         rc = run_client(prompt_word, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
-        CHECKF(rc == 0 && strstr(ERR, " prompt + 4 tokens in "), "%d: %s", rc, ERR);
+        CHECKF(rc == 0 && strstr(ERR, " prompt + ") && strstr(ERR, " tokens in "), "%d: %s", rc,
+               ERR);
     }
     return 0;
 }
