@@ -189,6 +189,21 @@ int dg_cuda_ffn_combine(uint16_t *x, const float *dense, const float *moe, const
 int dg_cuda_fill_normal(uint16_t *y, int64_t n, uint64_t seed, uint32_t tensor, float mean,
                         float std, dg_stream_t stream, int dev, struct dg_error *err);
 
+/* A rectangular slice of the same stream (a tensor-parallel rank filling
+ * its part of a global tensor; reference: dg_ref_fill_normal_rect): for
+ * r < rows, c < cols,
+ *     y[r * cols + c] = element (first + r * ld + c) of the stream of
+ *                       (seed, tensor) as dg_cuda_fill_normal defines it,
+ * bit for bit (the same fp32 operations), so rows = 1, first = 0 is
+ * dg_cuda_fill_normal of cols values.  The output is packed (row stride
+ * cols); ld is the row stride in the global tensor.  rows * cols == 0 does
+ * nothing; negative sizes or first, cols > ld with rows > 1, a last index
+ * past INT64_MAX, a NULL y with work to do, a non-finite mean or std, or
+ * std < 0 are refused (DG_E_INVAL). */
+int dg_cuda_fill_normal_rect(uint16_t *y, int64_t rows, int64_t cols, int64_t ld,
+                             int64_t first, uint64_t seed, uint32_t tensor, float mean,
+                             float std, dg_stream_t stream, int dev, struct dg_error *err);
+
 /* ---- element types ---------------------------------------------------------
  *
  * Every op above reads and writes bf16.  Each also exists for a chosen

@@ -142,4 +142,12 @@ void dg_ref_ffn_combine(float *x, float *dense, float *moe, const float *w1, con
 void dg_ref_fill_normal(uint16_t *y, int64_t n, uint64_t seed, uint32_t tensor, float mean,
                         float std);
 
+/* A rectangular slice of the same stream (the oracle of
+ * dg_cuda_fill_normal_rect): for r < rows, c < cols,
+ *     y[r * cols + c] = element (first + r * ld + c) of dg_ref_fill_normal's
+ * stream of (seed, tensor), exactly.  No checks: rows or cols <= 0 writes
+ * nothing. */
+void dg_ref_fill_normal_rect(uint16_t *y, int64_t rows, int64_t cols, int64_t ld, int64_t first,
+                             uint64_t seed, uint32_t tensor, float mean, float std);
+
 #endif

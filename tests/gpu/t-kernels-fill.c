@@ -11,8 +11,11 @@
  * of 3e6 N(0, 0.02) values within 1% of std; element i independent of n;
  * other tensors and other seeds (its high word too) giving other streams;
  * indices past 2^33 (the counter's high word; skipped without 17 GiB free);
- * refusals.  The measured counts are printed ("# ...").  Exit 77 where
- * there is no GPU.
+ * refusals.  dg_cuda_fill_normal_rect (a rows x cols slice at row stride
+ * ld from element first) at several shapes, against dg_ref_fill_normal_rect
+ * by the same rules and bit for bit against the matching elements of the
+ * whole tensor's dg_cuda_fill_normal; its refusals.  The measured counts
+ * are printed ("# ...").  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -140,6 +143,31 @@ static int gpu_fill(uint16_t *h, int64_t n, uint64_t seed, uint32_t tensor, floa
         return -1;
     }
     rc = fetch(h, d, (size_t)n, what);
+    dg_cuda_free(d);
+    return rc;
+}
+
+/* Fill a rows x cols slice on the GPU (into a fresh poisoned, guarded
+ * buffer) and bring it back into h (rows * cols + GUARD words). */
+static int gpu_fill_rect(uint16_t *h, int64_t rows, int64_t cols, int64_t ld, int64_t first,
+                         uint64_t seed, uint32_t tensor, float mean, float std,
+                         const char *what)
+{
+    struct dg_error err = {0};
+    const size_t n = (size_t)(rows * cols);
+    uint16_t *d = out_buf(n, &err);
+    int rc;
+    if (!d) {
+        printf("# %s: %s\n", what, err.msg);
+        return -1;
+    }
+    if (dg_cuda_fill_normal_rect(d, rows, cols, ld, first, seed, tensor, mean, std, NULL, 0,
+                                 &err) < 0) {
+        printf("# %s: %s\n", what, err.msg);
+        dg_cuda_free(d);
+        return -1;
+    }
+    rc = fetch(h, d, n, what);
     dg_cuda_free(d);
     return rc;
 }
@@ -348,6 +376,129 @@ static int refusals(void)
     return 0;
 }
 
+/* Rectangular slices (a tensor-parallel rank's part of a global tensor):
+ * dg_cuda_fill_normal_rect of (rows, cols, ld, first) against (a)
+ * dg_ref_fill_normal_rect, by the same ulp rules as matches_reference, and
+ * (b) bit for bit the elements first + r ld + c of dg_cuda_fill_normal of
+ * the whole tensor.  Shapes: one row from 0 (the 1-D fill), one element,
+ * one row with ld 0, cols == ld, odd first and odd ld, one column, a
+ * column slice and a row slice of matrix x of a bank (first = x R C + ...),
+ * and one past a grid's worth of outputs. */
+static int rect_matches(void)
+{
+    static const struct {
+        int64_t rows, cols, ld, first;
+    } SHAPES[] = {
+        {1, 65537, 65537, 0},
+        {1, 1, 1, 0},
+        {1, 1000, 0, 7},
+        {7, 13, 13, 0},
+        {5, 9, 21, 3},
+        {6, 8, 30, 11},
+        {40, 1, 17, 1},
+        {48, 32, 96, 3 * 48 * 96 + 33}, /* columns 33..64 of matrix 3 of 48 x 96 */
+        {16, 96, 96, 2 * 48 * 96 + 16 * 96}, /* rows 16..31 of matrix 2 */
+        {1100, 1000, 1001, 12345},           /* 1.1e6 outputs: past 4096 x 256 */
+    };
+    size_t total = 0, total_differ = 0;
+    for (size_t p = 0; p < sizeof PARAMS / sizeof PARAMS[0]; p++)
+        for (size_t k = 0; k < sizeof SHAPES / sizeof SHAPES[0]; k++) {
+            const int64_t R = SHAPES[k].rows, C = SHAPES[k].cols, ld = SHAPES[k].ld,
+                          f = SHAPES[k].first;
+            const int64_t n = R * C, whole_n = f + (R - 1) * ld + C + 1;
+            const uint64_t seed = PARAMS[p].seed;
+            const uint32_t tensor = PARAMS[p].tensor;
+            const float mean = PARAMS[p].mean, std = PARAMS[p].std;
+            uint16_t *h = malloc(((size_t)n + GUARD) * 2), *ref = malloc((size_t)n * 2),
+                     *whole = malloc(((size_t)whole_n + GUARD) * 2);
+            size_t allowed, bitwise = 0, first_bitwise = 0;
+            struct diff d;
+            char what[200];
+            snprintf(what, sizeof what,
+                     "rect %lld x %lld (ld %lld, first %lld), seed %#llx, tensor %#x, N(%g, %g)",
+                     (long long)R, (long long)C, (long long)ld, (long long)f,
+                     (unsigned long long)seed, tensor, (double)mean, (double)std);
+            CHECK(h && ref && whole);
+            CHECKF(gpu_fill_rect(h, R, C, ld, f, seed, tensor, mean, std, what) == 0, "%s",
+                   what);
+            CHECKF(gpu_fill(whole, whole_n, seed, tensor, mean, std, what) == 0, "%s", what);
+            dg_ref_fill_normal_rect(ref, R, C, ld, f, seed, tensor, mean, std);
+            /* (a) the reference */
+            d = compare(h, ref, (size_t)n, 1e-5f * std);
+            allowed = std == 0.0f ? 0 : (size_t)n / 1000 > 1 ? (size_t)n / 1000 : 1;
+            CHECKF(d.nan == 0, "%s: %zu NaN", what, d.nan);
+            CHECKF(d.max_ulp <= 1, "%s: %ld ulp at [%zu]: %#06x, want %#06x", what, d.max_ulp,
+                   d.first, h[d.first], ref[d.first]);
+            CHECKF(d.differ <= allowed, "%s: %zu differ (first [%zu]: %#06x, want %#06x)",
+                   what, d.differ, d.first, h[d.first], ref[d.first]);
+            /* (b) the 1-D fill of the whole tensor, bit for bit */
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++)
+                    if (h[r * C + c] != whole[f + r * ld + c] && !bitwise++)
+                        first_bitwise = (size_t)(r * C + c);
+            printf("# %s: %zu differ from the reference (max %ld ulp), %zu from the 1-D fill\n",
+                   what, d.differ, d.max_ulp, bitwise);
+            CHECKF(bitwise == 0, "%s: %zu differ from the 1-D fill (first [%zu]: %#06x)", what,
+                   bitwise, first_bitwise, h[first_bitwise]);
+            total += (size_t)n;
+            total_differ += d.differ;
+            free(h);
+            free(ref);
+            free(whole);
+        }
+    printf("# all slices: %zu of %zu elements differ from the reference (%.2e)\n",
+           total_differ, total, (double)total_differ / (double)total);
+    CHECKF((double)total_differ <= 1e-3 * (double)total, "%zu of %zu differ", total_differ,
+           total);
+    return 0;
+}
+
+/* Bad slices are refused before a launch, with the GPU named; an empty one
+ * is not an error. */
+static int rect_refusals(void)
+{
+    struct dg_error err = {0};
+    uint16_t *d = out_buf(8, &err);
+    uint16_t h[8 + GUARD];
+    CHECKF(d != NULL, "%s", err.msg);
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, -1, 4, 4, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err,
+                DG_E_INVAL, "GPU 0");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, -4, 4, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err,
+                DG_E_INVAL, "GPU 0");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 4, -4, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err,
+                DG_E_INVAL, "fill_normal_rect");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 4, 4, -1, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err,
+                DG_E_INVAL, "fill_normal_rect");
+    /* negative sizes are refused even when the slice would be empty */
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, -1, 0, 4, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err,
+                DG_E_INVAL, "fill_normal_rect");
+    /* rows overlapping: cols > ld with more than one row */
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 4, 3, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err,
+                DG_E_INVAL, "GPU 0");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(NULL, 2, 4, 4, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err),
+                &err, DG_E_INVAL, "GPU 0");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 4, 4, 0, 0, 0, 0.0f, NAN, NULL, 0, &err), &err,
+                DG_E_INVAL, "fill_normal_rect");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 4, 4, 0, 0, 0, INFINITY, 1.0f, NULL, 0, &err),
+                &err, DG_E_INVAL, "fill_normal_rect");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 4, 4, 0, 0, 0, 0.0f, -1.0f, NULL, 0, &err), &err,
+                DG_E_INVAL, "fill_normal_rect");
+    /* a last index past INT64_MAX */
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 1, INT64_MAX, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err),
+                &err, DG_E_INVAL, "fill_normal_rect");
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 1, 2, 2, INT64_MAX, 0, 0, 0.0f, 1.0f, NULL, 0, &err),
+                &err, DG_E_INVAL, "fill_normal_rect");
+    CHECK_OK(dg_cuda_fill_normal_rect(NULL, 0, 4, 4, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_fill_normal_rect(NULL, 4, 0, 4, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_fill_normal_rect(d, 0, 0, 0, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err), &err);
+    /* nothing was written: the poison is still there */
+    CHECK(fetch(h, d, 8, "rect refusals") == 0);
+    for (int i = 0; i < 8; i++)
+        CHECKF(h[i] == 0xffffu, "[%d] = %#06x", i, h[i]);
+    dg_cuda_free(d);
+    return 0;
+}
+
 int main(void)
 {
     const int rc = gt_setup("t-kernels-fill");
@@ -358,6 +509,8 @@ int main(void)
     TEST_CASE(independent_of_n);
     TEST_CASE(streams_differ);
     TEST_CASE(refusals);
+    TEST_CASE(rect_matches);
+    TEST_CASE(rect_refusals);
     TEST_CASE(past_2_33);
     return test_finish();
 }

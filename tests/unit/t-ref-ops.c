@@ -3,9 +3,11 @@
  * hand from its formula (model.md §3): RMSNorm with and without weight,
  * gelu-tanh, soft-cap, both RoPE kinds (incl. the 26B proportional table),
  * router top-k with renormalisation, per-expert scale and ties, the mask of
- * every mode and layer kind, and grouped-query attention.
+ * every mode and layer kind, and grouped-query attention.  The random
+ * fill's rectangular slices: exactly the sliced elements of the 1-D fill.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -275,6 +277,63 @@ static int case_views_and_head_slices(void)
     return 0;
 }
 
+/* A rectangular slice of the random fill: dg_ref_fill_normal_rect equals,
+ * bit for bit, the elements first + r ld + c of dg_ref_fill_normal of the
+ * whole tensor (odd first and ld, cols == ld, one column, one row, a slice
+ * of a bank), at std > 0 and std = 0. */
+static int case_fill_normal_rect(void)
+{
+    enum { N = 4096 };
+    static const struct {
+        int64_t rows, cols, ld, first;
+    } shape[] = {
+        {1, 1000, 1000, 0},      /* one row from 0: the 1-D fill */
+        {1, 999, 0, 0},          /* (ld unused with one row) */
+        {7, 13, 13, 0},          /* cols == ld: a contiguous run */
+        {5, 9, 21, 3},           /* odd first, odd ld */
+        {6, 8, 30, 11},          /* even ld, odd first */
+        {40, 1, 17, 1},          /* a single column */
+        {9, 16, 32, 2 * 9 * 32}, /* matrix 2 of a bank of 9 x 32 matrices */
+        {3, 31, 63, 1001},       /* odd cols, odd ld, odd first */
+    };
+    static const struct {
+        uint64_t seed;
+        uint32_t tensor;
+        float mean, std;
+    } par[] = {{0x0123456789abcdefull, 0xfffffffeu, 1.0f, 0.5f}, {42, 7, -0.25f, 0.0f}};
+    uint16_t *whole = malloc(N * 2), *slice = malloc(N * 2);
+    CHECK(whole && slice);
+    for (size_t p = 0; p < sizeof par / sizeof par[0]; p++) {
+        dg_ref_fill_normal(whole, N, par[p].seed, par[p].tensor, par[p].mean, par[p].std);
+        for (size_t k = 0; k < sizeof shape / sizeof shape[0]; k++) {
+            const int64_t R = shape[k].rows, C = shape[k].cols, ld = shape[k].ld,
+                          f = shape[k].first;
+            CHECK(f + (R - 1) * ld + C <= N && R * C <= N);
+            memset(slice, 0xff, N * 2);
+            dg_ref_fill_normal_rect(slice, R, C, ld, f, par[p].seed, par[p].tensor,
+                                    par[p].mean, par[p].std);
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++)
+                    CHECKF(slice[r * C + c] == whole[f + r * ld + c],
+                           "params %zu, %lld x %lld (ld %lld, first %lld): [%lld][%lld] %#06x, "
+                           "want %#06x",
+                           p, (long long)R, (long long)C, (long long)ld, (long long)f,
+                           (long long)r, (long long)c, slice[r * C + c], whole[f + r * ld + c]);
+            /* nothing written past the slice */
+            for (int64_t i = R * C; i < N; i++)
+                CHECKF(slice[i] == 0xffffu, "[%lld] written", (long long)i);
+        }
+    }
+    /* an empty slice writes nothing */
+    memset(slice, 0xff, N * 2);
+    dg_ref_fill_normal_rect(slice, 0, 5, 5, 0, 1, 2, 0.0f, 1.0f);
+    dg_ref_fill_normal_rect(slice, 5, 0, 5, 0, 1, 2, 0.0f, 1.0f);
+    CHECK(slice[0] == 0xffffu);
+    free(whole);
+    free(slice);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(case_rmsnorm);
@@ -286,5 +345,6 @@ int main(void)
     TEST_CASE(case_attention);
     TEST_CASE(case_matmul_dtypes);
     TEST_CASE(case_views_and_head_slices);
+    TEST_CASE(case_fill_normal_rect);
     return test_finish();
 }
