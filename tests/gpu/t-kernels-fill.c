@@ -484,7 +484,7 @@ static int rect_refusals(void)
     CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 4, 4, 0, 0, 0, 0.0f, -1.0f, NULL, 0, &err), &err,
                 DG_E_INVAL, "fill_normal_rect");
     /* a last index past INT64_MAX */
-    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 1, INT64_MAX, 0, 0, 0, 0.0f, 1.0f, NULL, 0, &err),
+    CHECK_FAILS(dg_cuda_fill_normal_rect(d, 2, 1, INT64_MAX, 1, 0, 0, 0.0f, 1.0f, NULL, 0, &err),
                 &err, DG_E_INVAL, "fill_normal_rect");
     CHECK_FAILS(dg_cuda_fill_normal_rect(d, 1, 2, 2, INT64_MAX, 0, 0, 0.0f, 1.0f, NULL, 0, &err),
                 &err, DG_E_INVAL, "fill_normal_rect");
