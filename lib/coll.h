@@ -20,6 +20,10 @@
 
 #include "lib/error.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum dg_coll_type { DG_COLL_F32 = 0, DG_COLL_F64, DG_COLL_I64 };
 enum dg_coll_op { DG_COLL_SUM = 0, DG_COLL_MAX };
 enum dg_coll_kind { DG_COLL_ALL_REDUCE = 0, DG_COLL_ALL_GATHER, DG_COLL_BARRIER, DG_COLL_KINDS };
@@ -81,5 +85,9 @@ int dg_coll_cpu_aborted(struct dg_coll_cpu_group *g);
 void dg_coll_cpu_reset(struct dg_coll_cpu_group *g);
 
 void dg_coll_cpu_group_free(struct dg_coll_cpu_group *g);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

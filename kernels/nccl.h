@@ -1,0 +1,92 @@
+/*
+ * nccl.h - one rank's NCCL communicator for C callers: the GPU side of the
+ * collectives interface (lib/coll.h, design.md §3.5).
+ *
+ * A group of n ranks is joined from one dg_nccl_id, made by one of them
+ * (or by a launcher) and handed to all: threads of one process, or
+ * processes on one or several hosts (NCCL's own bootstrap; the id's bytes
+ * travel however the launcher likes).  Each rank calls dg_nccl_init on its
+ * own GPU; the call returns when all n have joined.
+ *
+ * Two faces:
+ *   device  dg_nccl_all_reduce / dg_nccl_all_gather on device buffers,
+ *           enqueued on the rank's stream (asynchronous, capturable in a
+ *           CUDA graph);
+ *   host    dg_nccl_coll: a struct dg_coll whose calls take host buffers,
+ *           staged through device memory and waited for (the sampler's
+ *           small reductions that the CPU code already makes, lib/sampler.h).
+ * Both count their calls and payload bytes in the dg_coll's stats.
+ *
+ * Every rank must make the same calls in the same order with the same
+ * sizes.  A rank that fails, or a collective that hangs, is handled by
+ * dg_nccl_abort (from any thread): operations in flight end, later ones
+ * fail with DG_E_NCCL; the group is then rebuilt from a new id.
+ */
+#ifndef DG_KERNELS_NCCL_H
+#define DG_KERNELS_NCCL_H
+
+#include <stddef.h>
+
+#include "kernels/ops.h"
+#include "lib/coll.h"
+#include "lib/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DG_NCCL_ID_BYTES 128
+
+struct dg_nccl_id {
+    unsigned char bytes[DG_NCCL_ID_BYTES];
+};
+
+enum dg_nccl_type { DG_NCCL_F32 = 0, DG_NCCL_BF16, DG_NCCL_F64, DG_NCCL_I64 };
+
+struct dg_nccl;
+
+/* A fresh group id.  Errors: DG_E_NCCL. */
+int dg_nccl_get_id(struct dg_nccl_id *id, struct dg_error *err);
+
+/* The id as 256 hex digits and back (for a launcher's command line or
+ * environment).  dg_nccl_id_parse: DG_E_INVAL on anything else. */
+void dg_nccl_id_format(const struct dg_nccl_id *id, char hex[2 * DG_NCCL_ID_BYTES + 1]);
+int dg_nccl_id_parse(const char *hex, struct dg_nccl_id *id, struct dg_error *err);
+
+/* Join the group of n ranks as rank r, on GPU dev (made the calling
+ * thread's current GPU), enqueuing on stream; then one small all-reduce so
+ * every connection is made before the first real call.  Blocks until all
+ * n ranks have joined.  Errors: DG_E_INVAL, DG_E_NOMEM, DG_E_CUDA,
+ * DG_E_NCCL. */
+int dg_nccl_init(struct dg_nccl **out, const struct dg_nccl_id *id, int n, int r, int dev,
+                 dg_stream_t stream, struct dg_error *err);
+
+/* End every operation of this rank's communicator and free it: safe from
+ * any thread, also while the owner waits on a hung collective.  Later
+ * calls fail with DG_E_NCCL ("aborted").  Idempotent. */
+void dg_nccl_abort(struct dg_nccl *c);
+
+/* Whether c was aborted. */
+int dg_nccl_aborted(struct dg_nccl *c);
+
+/* Free c (after its owner has stopped using it). */
+void dg_nccl_free(struct dg_nccl *c);
+
+/* buf[0..n) on the device becomes the elementwise op over all ranks, in
+ * stream order.  Errors: DG_E_INVAL, DG_E_NCCL. */
+int dg_nccl_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_nccl_type t,
+                       enum dg_coll_op op, struct dg_error *err);
+
+/* recv[r * bytes ..] = rank r's send[0..bytes), device buffers, in
+ * stream order.  Errors: DG_E_INVAL, DG_E_NCCL. */
+int dg_nccl_all_gather(struct dg_nccl *c, const void *send, void *recv, size_t bytes,
+                       struct dg_error *err);
+
+/* The host-buffer face (owned by c). */
+struct dg_coll *dg_nccl_coll(struct dg_nccl *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
