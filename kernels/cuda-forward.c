@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/devmem.h"
+#include "kernels/nccl.h"
 
 #define TRY(call)                                                                       \
     do {                                                                                \
@@ -22,18 +23,18 @@ static void *at(const void *p, int64_t i, enum dg_elt e)
     return (unsigned char *)(uintptr_t)p + i * dg_elt_size(e);
 }
 
-static uint64_t layer_row_bytes(const struct dg_model_config *c, enum dg_elt e, int l)
+/* Bytes of one cached row of layer l: the KV heads this rank holds. */
+static uint64_t layer_row_bytes(const struct dg_cuda_model *cm, int l)
 {
-    return (uint64_t)dg_layer_kv_heads(c, l) * (uint64_t)dg_layer_head_dim(c, l) *
-           (uint64_t)dg_elt_size(e);
+    return (uint64_t)cm->layers[l].nkv * (uint64_t)cm->layers[l].hd *
+           (uint64_t)dg_elt_size(cm->elt);
 }
 
-uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, enum dg_elt elt, int64_t max_length,
-                          int max_cl)
+uint64_t dg_cuda_kv_bytes(const struct dg_cuda_model *cm, int64_t max_length, int max_cl)
 {
     uint64_t bytes = 0;
-    for (int l = 0; l < cfg->num_layers; l++)
-        bytes += 2 * (((uint64_t)(max_length + max_cl) * layer_row_bytes(cfg, elt, l) + 255) &
+    for (int l = 0; l < cm->cfg.num_layers; l++)
+        bytes += 2 * (((uint64_t)(max_length + max_cl) * layer_row_bytes(cm, l) + 255) &
                       ~(uint64_t)255);
     return bytes;
 }
@@ -56,7 +57,7 @@ int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64
         dg_cuda_kv_free(kv);
         return dg_error_set(err, DG_E_NOMEM, "cuda kv cache: out of memory");
     }
-    kv->bytes = dg_cuda_kv_bytes(c, cm->elt, max_length, max_cl);
+    kv->bytes = dg_cuda_kv_bytes(cm, max_length, max_cl);
     if ((rc = dg_cuda_alloc(&kv->block, (size_t)kv->bytes, cm->dev, err)) < 0) {
         dg_error_prefix(err, "cuda kv cache: %.1f MiB", (double)kv->bytes / (1 << 20));
         dg_cuda_kv_free(kv);
@@ -64,8 +65,8 @@ int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64
     }
     p = kv->block;
     for (int l = 0; l < c->num_layers; l++) {
-        const uint64_t b = ((uint64_t)(max_length + max_cl) * layer_row_bytes(c, cm->elt, l) +
-                            255) & ~(uint64_t)255;
+        const uint64_t b = ((uint64_t)(max_length + max_cl) * layer_row_bytes(cm, l) + 255) &
+                           ~(uint64_t)255;
         kv->k[l] = p;
         kv->v[l] = p + b;
         p += 2 * b;
@@ -121,8 +122,8 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
 {
     const struct dg_model_config *c = &cx->cm->cfg;
     const int64_t H = c->hidden_size, E = c->num_experts, K = c->top_k_experts;
-    const int64_t wide = c->intermediate_size > c->self_conditioning_size
-                             ? c->intermediate_size : c->self_conditioning_size;
+    const int64_t wide = cx->cm->mlp_w > c->self_conditioning_size
+                             ? cx->cm->mlp_w : c->self_conditioning_size;
     int64_t qmax = 0, kvmax = 0;
     const size_t es = (size_t)dg_elt_size(cx->cm->elt);
     size_t total = 0, off = 0;
@@ -133,11 +134,11 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
         return 0;
     T = (T + 63) & ~(int64_t)63;
     for (int l = 0; l < c->num_layers; l++) {
-        const int64_t hd = dg_layer_head_dim(c, l);
-        if ((int64_t)c->num_heads * hd > qmax)
-            qmax = (int64_t)c->num_heads * hd;
-        if (dg_layer_kv_heads(c, l) * hd > kvmax)
-            kvmax = dg_layer_kv_heads(c, l) * hd;
+        const int64_t hd = cx->cm->layers[l].hd;
+        if ((int64_t)cx->cm->nq * hd > qmax)
+            qmax = (int64_t)cx->cm->nq * hd;
+        if ((int64_t)cx->cm->layers[l].nkv * hd > kvmax)
+            kvmax = (int64_t)cx->cm->layers[l].nkv * hd;
     }
     {
         const struct { void **ptr; size_t bytes; } plan[] = {
@@ -147,13 +148,14 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             {&cx->kraw, (size_t)(T * kvmax) * es}, {&cx->vraw, (size_t)(T * kvmax) * es},
             {&cx->k, (size_t)(T * kvmax) * es},    {&cx->v, (size_t)(T * kvmax) * es},
             {&cx->gu, (size_t)(T * 2 * wide) * es}, {&cx->act, (size_t)(T * wide) * es},
-            {(void **)&cx->dense, (size_t)(T * H) * 4},  {(void **)&cx->moe, (size_t)(T * H) * 4},
+            /* dense and moe adjacent: one all-reduce sums both */
+            {(void **)&cx->dense, (size_t)(2 * T * H) * 4},
             {(void **)&cx->rlogits, (size_t)(T * E) * 4}, {(void **)&cx->rw, (size_t)(T * K) * 4},
             {(void **)&cx->ridx, (size_t)(T * K) * 4},   {(void **)&cx->ids, (size_t)T * 4},
             {(void **)&cx->pos, (size_t)T * 8},
             {(void **)&cx->moe_scratch,
-             dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, c->moe_intermediate_size,
-                                   (int)E)},
+             dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, cx->cm->exp_w,
+                                   cx->cm->n_exp)},
         };
         const size_t n_plan = sizeof plan / sizeof plan[0];
         for (size_t i = 0; i < n_plan; i++)
@@ -269,6 +271,22 @@ static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, i
     return 0;
 }
 
+/* ---- tensor parallelism --------------------------------------------------------- */
+
+static enum dg_nccl_type elt_type(enum dg_elt e)
+{
+    return e == DG_ELT_F32 ? DG_NCCL_F32 : DG_NCCL_BF16;
+}
+
+/* Sum a partial result over the ranks (nothing with one). */
+static int reduce(struct dg_cuda_ctx *cx, void *buf, int64_t n, enum dg_nccl_type t,
+                  struct dg_error *err)
+{
+    if (!cx->nccl)
+        return 0;
+    return dg_nccl_all_reduce(cx->nccl, buf, (size_t)n, t, DG_COLL_SUM, err);
+}
+
 /* ---- the layer --------------------------------------------------------------- */
 
 /* x [T, H] -> x' for layer l.  Each sequence's K/V rows go into its cache
@@ -281,13 +299,17 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
     const struct dg_model_config *c = &cm->cfg;
     const struct dg_cuda_layer *L = &cm->layers[l];
     const enum dg_elt e = cm->elt;
-    const int H = c->hidden_size, nh = c->num_heads, hd = L->hd, nkv = L->nkv;
+    /* this rank's query heads, KV heads, MLP and expert widths */
+    const int H = c->hidden_size, nh = cm->nq, hd = L->hd, nkv = L->nkv;
     const int64_t qdim = (int64_t)nh * hd, kvdim = (int64_t)nkv * hd;
-    const int I = c->intermediate_size, E = c->num_experts, K = c->top_k_experts;
-    const int Im = c->moe_intermediate_size, W = c->sliding_window;
+    const int I = cm->mlp_w, E = c->num_experts, K = c->top_k_experts;
+    const int Im = cm->exp_w, W = c->sliding_window;
     const float eps = (float)c->rms_norm_eps;
     const dg_stream_t st = cx->stream;
     const int dev = cx->dev;
+    /* the experts' output right after the dense MLP's (this batch's T
+     * rows each), so one all-reduce sums both */
+    float *moe = cx->dense + T * H;
     int64_t t0 = 0;
     int rc;
 
@@ -325,9 +347,11 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
                                 nh, nkv, hd, mask, W, st, dev, err));
         t0 += s->n;
     }
-    /* h = x + rms(o_proj(o)) (x becomes h) */
+    /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
+     * is a partial sum, reduced in the element type */
     TRY(dg_blas_gemm_e(cx->blas, e, cx->attn, 0, cx->o, T, L->o_proj, 0, H, qdim, qdim, 1, 0,
                        err));
+    TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
     TRY(dg_cuda_rmsnorm_add_e(e, cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f, st, dev,
                               err));
 
@@ -349,9 +373,11 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
 
     /* experts on v = rms(h), then x' = (h + rms(rms(d) + rms(m))) * s */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm_2, T, H, eps, st, dev, err));
-    TRY(dg_cuda_moe_e(cx->blas, e, cx->moe, cx->a, T, H, cx->ridx, cx->rw, K, 0, E, Im,
+    TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp, Im,
                       L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
-    TRY(dg_cuda_ffn_combine_e(e, cx->x, cx->dense, cx->moe, L->post_ffn_norm_1,
+    /* both partial sums (adjacent, fp32) in one all-reduce */
+    TRY(reduce(cx, cx->dense, 2 * T * H, DG_NCCL_F32, err));
+    TRY(dg_cuda_ffn_combine_e(e, cx->x, cx->dense, moe, L->post_ffn_norm_1,
                               L->post_ffn_norm_2, L->post_ffn_norm, T, H, eps,
                               decoder ? L->scalar_decoder : L->scalar_encoder, st, dev, err));
     return 0;
@@ -369,8 +395,10 @@ int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
 
     TRY(check_batch(cx, seqs, n_seqs, 0, &T, err));
     TRY(stage_batch(cx, seqs, n_seqs, T, err));
-    TRY(dg_cuda_embed_e(cm->elt, cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, c->hidden_size,
+    TRY(dg_cuda_embed_e(cm->elt, cx->x, cx->ids, T, cm->embed, cm->v0, cm->nv, c->hidden_size,
                         cm->embed_scale, cx->stream, cx->dev, err));
+    /* each token's row is on one rank, zeros elsewhere: the sum is exact */
+    TRY(reduce(cx, cx->x, T * c->hidden_size, elt_type(cm->elt), err));
     for (int l = 0; l < c->num_layers; l++)
         TRY(layer_forward(cx, l, 0, seqs, n_seqs, T, err));
     TRY(dg_cuda_stream_sync(cx->stream, cx->dev, err));
@@ -394,8 +422,9 @@ int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
 
     TRY(check_batch(cx, seqs, n_seqs, 1, &T, err));
     TRY(stage_batch(cx, seqs, n_seqs, T, err));
-    TRY(dg_cuda_embed_e(e, cx->x, cx->ids, T, cm->embed, 0, c->vocab_size, H, cm->embed_scale,
-                        st, dev, err));
+    TRY(dg_cuda_embed_e(e, cx->x, cx->ids, T, cm->embed, cm->v0, cm->nv, H, cm->embed_scale, st,
+                        dev, err));
+    TRY(reduce(cx, cx->x, T * H, elt_type(e), err));
     /* self-conditioning: x += SC(soft); a sequence without one gets a
      * zero row, whose SC output is exactly zero (rms(0) = 0, gelu(0) = 0) */
     for (int i = 0; i < n_seqs; i++)
@@ -423,7 +452,7 @@ int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
     for (int l = 0; l < c->num_layers; l++)
         TRY(layer_forward(cx, l, 1, seqs, n_seqs, T, err));
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
-    TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, c->vocab_size, H, H, 1, 0,
-                       err));
+    /* this rank's vocabulary columns */
+    TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, cm->nv, H, H, 1, 0, err));
     return 0;
 }

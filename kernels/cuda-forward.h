@@ -24,6 +24,13 @@
  * contiguous range of rows: sliding layers from max(0, length - (W-1)),
  * full layers from 0.
  *
+ * As one rank of a tensor-parallel group (cuda-model.h) the pass computes
+ * this rank's heads, widths and experts; the partial sums meet in NCCL
+ * all-reduces on the context's stream: the token embedding (exact: one
+ * rank holds each row) and the attention output in the element type, the
+ * dense MLP's and the experts' outputs together in fp32 (one call).  Every
+ * rank runs the same passes over the same batch.
+ *
  * The caller owns the GPU's thread (dg_cuda_use) and the stream; every
  * function returns 0 or a negative dg_status with err set.  A failure
  * while running leaves the batch's caches' uncommitted rows undefined
@@ -37,6 +44,8 @@
 #include "kernels/cuda-model.h"
 #include "kernels/ops.h"
 #include "lib/error.h"
+
+struct dg_nccl;
 
 struct dg_cuda_kv {
     int64_t length, max_length;
@@ -54,9 +63,9 @@ int dg_cuda_kv_init(struct dg_cuda_kv *kv, const struct dg_cuda_model *cm, int64
                     int max_cl, struct dg_error *err);
 void dg_cuda_kv_free(struct dg_cuda_kv *kv);
 
-/* Bytes a cache of max_length positions and canvases of max_cl takes. */
-uint64_t dg_cuda_kv_bytes(const struct dg_model_config *cfg, enum dg_elt elt, int64_t max_length,
-                          int max_cl);
+/* Bytes a cache of cm's KV heads for max_length positions and canvases of
+ * max_cl takes. */
+uint64_t dg_cuda_kv_bytes(const struct dg_cuda_model *cm, int64_t max_length, int max_cl);
 
 /* One sequence of a batch. */
 struct dg_cuda_seq {
@@ -71,6 +80,7 @@ struct dg_cuda_seq {
 struct dg_cuda_ctx {
     const struct dg_cuda_model *cm;
     int dev;
+    struct dg_nccl *nccl;     /* the rank's group (NULL: one GPU); set by the caller */
     dg_stream_t stream;
     struct dg_blas *blas;
     int64_t tokens_cap;       /* scratch holds this many tokens */
@@ -79,7 +89,7 @@ struct dg_cuda_ctx {
     uint64_t scratch_bytes;
     /* views into scratch */
     void *x, *a, *q, *kraw, *vraw, *k, *v, *o, *attn, *gu, *act, *soft; /* elements */
-    float *dense, *moe, *rlogits, *rw;
+    float *dense, *rlogits, *rw;  /* dense: [2, T, H] the dense MLP's and the experts' outputs */
     int32_t *ridx, *ids;
     int64_t *pos;
     void *moe_scratch;
@@ -101,8 +111,9 @@ int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
                    struct dg_error *err);
 
 /* Decoder pass over the sequences' canvases (n <= the cache's max_cl):
- * logits [sum n, V] fp32 on the device, raw (before the soft-cap), the
- * sequences' rows one after another.  Errors as dg_cuda_encode. */
+ * logits [sum n, nv] fp32 on the device, this rank's vocabulary columns
+ * (all V with one GPU), raw (before the soft-cap), the sequences' rows one
+ * after another.  Errors as dg_cuda_encode. */
 int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
                    float *logits, struct dg_error *err);
 

@@ -15,30 +15,43 @@
 #define STAGE_BYTES ((size_t)32 << 20)
 #define MAX_PARTS 2
 
-/* One device tensor: where its pointer goes, its size, and what fills it. */
+/* A rectangle of a tensor seen as 2-D [R, C]: rows r0 .. r0+nr-1,
+ * columns c0 .. c0+nc-1. */
+struct rect {
+    int64_t r0, nr, c0, nc;
+};
+
+/* One device tensor: where its pointer goes, the whole tensor's shape as
+ * [R, C], the rectangles of it this rank holds (in order, concatenated),
+ * and where the whole tensor's rows come from. */
 struct entry {
     void **slot;
-    uint64_t n;                       /* elements */
-    int f32;                          /* fp32 (else bf16) */
+    int64_t R, C;
+    int f32;                          /* fp32 (else elements of the model's type) */
     int ones;                         /* random mode: 1.0 (else N(0, 0.02)) */
-    /* upload: the rows of parts[0], then of parts[1] ... (each of the
-     * 'count' experts when bank > 0: part p of expert e is bank_parts[p][e]) */
+    int rect0, n_rects;               /* in plan.rects; none: the whole tensor */
+    uint64_t n;                       /* elements held */
+    uint64_t off;
+    /* upload: the rows of parts[0], then of parts[1] ... (bank > 0: for
+     * each of the bank's experts x, the rows of bank_parts[p][x] in p
+     * order) */
     const struct dg_weight *parts[MAX_PARTS];
     int n_parts;
     const struct dg_weight *bank_parts[MAX_PARTS];
     int bank;
-    const float *host;                /* or these n floats */
-    uint64_t off;
 };
 
 struct plan {
     struct entry *e;
     int n, cap;
+    struct rect *rects;
+    int n_rects, rects_cap;
     uint64_t bytes;
     int elt_size;                     /* bytes of one (non-fp32) element */
 };
 
-static int add(struct plan *p, void **slot, uint64_t n, int f32, int ones, struct dg_error *err)
+static int add(struct plan *p, void **slot, int64_t R, int64_t C, int f32, int ones,
+               struct dg_error *err)
 {
     struct entry *e;
     if (p->n == p->cap) {
@@ -52,50 +65,167 @@ static int add(struct plan *p, void **slot, uint64_t n, int f32, int ones, struc
     e = &p->e[p->n++];
     memset(e, 0, sizeof *e);
     e->slot = slot;
-    e->n = n;
+    e->R = R;
+    e->C = C;
     e->f32 = f32;
     e->ones = ones;
-    e->off = p->bytes;
-    p->bytes += (n * (uint64_t)(f32 ? 4 : p->elt_size) + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
+    e->rect0 = p->n_rects;
     return 0;
 }
 
-/* Every tensor of cfg in a fixed order; with m, where each comes from. */
+/* Append a rectangle to the pool. */
+static int push_rect(struct plan *p, struct rect r, struct dg_error *err)
+{
+    if (p->n_rects == p->rects_cap) {
+        int cap = p->rects_cap ? 2 * p->rects_cap : 256;
+        struct rect *nr = realloc(p->rects, sizeof *nr * (size_t)cap);
+        if (!nr)
+            return dg_error_set(err, DG_E_NOMEM, "cuda model: out of memory");
+        p->rects = nr;
+        p->rects_cap = cap;
+    }
+    p->rects[p->n_rects++] = r;
+    return 0;
+}
+
+/* A rectangle of the last tensor added (each tensor's are contiguous in
+ * the pool: they are added right after it). */
+static int add_rect(struct plan *p, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                    struct dg_error *err)
+{
+    int rc = push_rect(p, (struct rect){r0, nr, c0, nc}, err);
+    if (rc == 0)
+        p->e[p->n - 1].n_rects++;
+    return rc;
+}
+
+/* Sizes and offsets, once every tensor is in (a tensor without rectangles
+ * is held whole: one rectangle appended for it). */
+static int finish_plan(struct plan *p, struct dg_error *err)
+{
+    int rc;
+    p->bytes = 0;
+    for (int i = 0; i < p->n; i++) {
+        struct entry *e = &p->e[i];
+        if (e->n_rects == 0) {
+            e->rect0 = p->n_rects;
+            if ((rc = push_rect(p, (struct rect){0, e->R, 0, e->C}, err)) < 0)
+                return rc;
+            e->n_rects = 1;
+        }
+        e->n = 0;
+        for (int k = 0; k < e->n_rects; k++)
+            e->n += (uint64_t)(p->rects[e->rect0 + k].nr * p->rects[e->rect0 + k].nc);
+        e->off = p->bytes;
+        p->bytes += (e->n * (uint64_t)(e->f32 ? 4 : p->elt_size) + ALIGN - 1) &
+                    ~(uint64_t)(ALIGN - 1);
+    }
+    return 0;
+}
+
+/* This rank's share of the plan into cm's fields (the whole model without
+ * a plan).  Errors: DG_E_INVAL (a rank outside the plan, a split whose
+ * query heads do not map onto its KV heads as a whole group). */
+static int take_share(struct dg_cuda_model *cm, const struct dg_tp_plan *tp, int rank,
+                      struct dg_error *err)
+{
+    const struct dg_model_config *c = &cm->cfg;
+    const struct dg_tp_rank *k;
+    if (!tp) {
+        cm->rank = 0;
+        cm->n_ranks = 1;
+        cm->v0 = 0;
+        cm->nv = c->vocab_size;
+        cm->q0 = 0;
+        cm->nq = c->num_heads;
+        cm->mlp0 = 0;
+        cm->mlp_w = c->intermediate_size;
+        cm->e0 = 0;
+        cm->n_exp = c->num_experts;
+        cm->exp0 = 0;
+        cm->exp_w = c->moe_intermediate_size;
+        for (int l = 0; l < c->num_layers; l++) {
+            cm->layers[l].kv0 = 0;
+            cm->layers[l].nkv = dg_layer_kv_heads(c, l);
+        }
+        return 0;
+    }
+    if (rank < 0 || rank >= tp->n_ranks)
+        return dg_error_set(err, DG_E_INVAL, "cuda model: rank %d of %d", rank, tp->n_ranks);
+    k = &tp->rank[rank];
+    cm->rank = rank;
+    cm->n_ranks = tp->n_ranks;
+    cm->v0 = k->vocab.begin;
+    cm->nv = dg_tp_len(k->vocab);
+    cm->q0 = (int)k->q_heads.begin;
+    cm->nq = (int)dg_tp_len(k->q_heads);
+    cm->mlp0 = (int)k->mlp.begin;
+    cm->mlp_w = (int)dg_tp_len(k->mlp);
+    cm->e0 = (int)k->experts.begin;
+    cm->n_exp = (int)dg_tp_len(k->experts);
+    cm->exp0 = (int)k->expert_width.begin;
+    cm->exp_w = (int)dg_tp_len(k->expert_width);
+    for (int l = 0; l < c->num_layers; l++) {
+        const int full = c->layer_kind[l] == DG_LAYER_FULL;
+        const struct dg_tp_range kv = dg_tp_kv(tp, rank, full);
+        const int group = c->num_heads / dg_layer_kv_heads(c, l);
+        cm->layers[l].kv0 = (int)kv.begin;
+        cm->layers[l].nkv = (int)dg_tp_len(kv);
+        /* the attention kernel maps local query head j to local KV head
+         * j / (nq / nkv): that must be the global (q0 + j) / group - kv0 */
+        for (int j = 0; j < cm->nq; j++)
+            if (cm->nq % cm->layers[l].nkv ||
+                j / (cm->nq / cm->layers[l].nkv) != (cm->q0 + j) / group - (int)kv.begin)
+                return dg_error_set(err, DG_E_INVAL, "cuda model: rank %d of %d: query heads "
+                                    "%d..%d do not cover whole KV groups of %d in layer %d",
+                                    rank, tp->n_ranks, cm->q0, cm->q0 + cm->nq - 1, group, l);
+    }
+    return 0;
+}
+
+/* Every tensor of cfg in a fixed order (the random mode's tensor ids), the
+ * rectangles cm's share holds; with m, where each comes from. */
 static int build_plan(struct dg_cuda_model *cm, const struct dg_model *m, struct plan *p,
                       struct dg_error *err)
 {
     const struct dg_model_config *c = &cm->cfg;
-    const uint64_t H = (uint64_t)c->hidden_size, V = (uint64_t)c->vocab_size;
-    const uint64_t I = (uint64_t)c->intermediate_size, S = (uint64_t)c->self_conditioning_size;
-    const uint64_t E = (uint64_t)c->num_experts, Im = (uint64_t)c->moe_intermediate_size;
-    const uint64_t nh = (uint64_t)c->num_heads;
+    const int64_t H = c->hidden_size, V = c->vocab_size;
+    const int64_t I = c->intermediate_size, S = c->self_conditioning_size;
+    const int64_t E = c->num_experts, Im = c->moe_intermediate_size;
+    const int64_t nh = c->num_heads;
     int rc;
-#define ADD(slot, n, f32, ones)                                                         \
+#define ADD(slot, R, C, f32, ones)                                                      \
     do {                                                                                \
-        if ((rc = add(p, (void **)(slot), (n), (f32), (ones), err)) < 0)                \
+        if ((rc = add(p, (void **)(slot), (R), (C), (f32), (ones), err)) < 0)           \
+            return rc;                                                                  \
+    } while (0)
+#define RECT(r0, nr, c0, nc)                                                            \
+    do {                                                                                \
+        if ((rc = add_rect(p, (r0), (nr), (c0), (nc), err)) < 0)                        \
             return rc;                                                                  \
     } while (0)
 #define SRC(w) (p->e[p->n - 1].parts[p->e[p->n - 1].n_parts++] = (w))
 
-    ADD(&cm->embed, V * H, 0, 0);
+    ADD(&cm->embed, V, H, 0, 0);
+    RECT(cm->v0, cm->nv, 0, H);
     if (m) SRC(&m->embed);
-    ADD(&cm->final_norm, H, 0, 1);
+    ADD(&cm->final_norm, 1, H, 0, 1);
     if (m) SRC(&m->final_norm);
-    ADD(&cm->sc_pre_norm, H, 0, 1);
+    ADD(&cm->sc_pre_norm, 1, H, 0, 1);
     if (m) SRC(&m->sc_pre_norm);
-    ADD(&cm->sc_gu, 2 * S * H, 0, 0);
+    ADD(&cm->sc_gu, 2 * S, H, 0, 0);
     if (m) { SRC(&m->sc_gate); SRC(&m->sc_up); }
-    ADD(&cm->sc_down, H * S, 0, 0);
+    ADD(&cm->sc_down, H, S, 0, 0);
     if (m) SRC(&m->sc_down);
-    ADD(&cm->inv_freq_sliding, (uint64_t)c->head_dim / 2, 1, 1);
-    ADD(&cm->inv_freq_full, (uint64_t)c->global_head_dim / 2, 1, 1);
+    ADD(&cm->inv_freq_sliding, 1, c->head_dim / 2, 1, 1);
+    ADD(&cm->inv_freq_full, 1, c->global_head_dim / 2, 1, 1);
     for (int l = 0; l < c->num_layers; l++) {
         struct dg_cuda_layer *L = &cm->layers[l];
         const struct dg_layer_weights *w = m ? &m->layers[l] : NULL;
-        const uint64_t hd = (uint64_t)L->hd, kvd = (uint64_t)L->nkv * hd;
+        const int64_t hd = L->hd, nkv_all = dg_layer_kv_heads(c, l);
 #define VEC(field, n, src)                                                              \
         do {                                                                            \
-            ADD(&L->field, (n), 0, 1);                                                  \
+            ADD(&L->field, 1, (n), 0, 1);                                               \
             if (w) SRC(&w->src);                                                        \
         } while (0)
         VEC(input_norm, H, input_norm);
@@ -109,25 +239,37 @@ static int build_plan(struct dg_cuda_model *cm, const struct dg_model *m, struct
         VEC(post_ffn_norm_2, H, post_ffn_norm_2);
         VEC(post_ffn_norm, H, post_ffn_norm);
 #undef VEC
-        ADD(&L->router_expert_scale, E, 1, 1);
+        ADD(&L->router_expert_scale, 1, E, 1, 1);
         if (w) SRC(&w->router_expert_scale);
-        ADD(&L->q_proj, nh * hd * H, 0, 0);
+        ADD(&L->q_proj, nh * hd, H, 0, 0);
+        RECT(cm->q0 * hd, cm->nq * hd, 0, H);
         if (w) SRC(&w->q_proj);
-        ADD(&L->k_proj, kvd * H, 0, 0);
+        ADD(&L->k_proj, nkv_all * hd, H, 0, 0);
+        RECT(L->kv0 * hd, L->nkv * hd, 0, H);
         if (w) SRC(&w->k_proj);
         if (L->sliding) {
-            ADD(&L->v_proj, kvd * H, 0, 0);
+            ADD(&L->v_proj, nkv_all * hd, H, 0, 0);
+            RECT(L->kv0 * hd, L->nkv * hd, 0, H);
             if (w) SRC(&w->v_proj);
         }
-        ADD(&L->o_proj, H * nh * hd, 0, 0);
+        ADD(&L->o_proj, H, nh * hd, 0, 0);
+        RECT(0, H, cm->q0 * hd, cm->nq * hd);
         if (w) SRC(&w->o_proj);
-        ADD(&L->mlp_gu, 2 * I * H, 0, 0);
+        ADD(&L->mlp_gu, 2 * I, H, 0, 0);
+        RECT(cm->mlp0, cm->mlp_w, 0, H);
+        RECT(I + cm->mlp0, cm->mlp_w, 0, H);
         if (w) { SRC(&w->mlp_gate); SRC(&w->mlp_up); }
-        ADD(&L->mlp_down, H * I, 0, 0);
+        ADD(&L->mlp_down, H, I, 0, 0);
+        RECT(0, H, cm->mlp0, cm->mlp_w);
         if (w) SRC(&w->mlp_down);
-        ADD(&L->router_proj, E * H, 0, 0);
+        ADD(&L->router_proj, E, H, 0, 0);
         if (w) SRC(&w->router_proj);
-        ADD(&L->exp_gu, E * 2 * Im * H, 0, 0);
+        /* the expert banks as [E * 2Im, H] and [E * H, Im] */
+        ADD(&L->exp_gu, E * 2 * Im, H, 0, 0);
+        for (int64_t x = cm->e0; x < cm->e0 + cm->n_exp; x++) {
+            RECT(x * 2 * Im + cm->exp0, cm->exp_w, 0, H);
+            RECT(x * 2 * Im + Im + cm->exp0, cm->exp_w, 0, H);
+        }
         if (w) {
             struct entry *e = &p->e[p->n - 1];
             e->bank = (int)E;
@@ -135,7 +277,12 @@ static int build_plan(struct dg_cuda_model *cm, const struct dg_model *m, struct
             e->bank_parts[0] = w->expert_gate;
             e->bank_parts[1] = w->expert_up;
         }
-        ADD(&L->exp_down, E * H * Im, 0, 0);
+        ADD(&L->exp_down, E * H, Im, 0, 0);
+        if (cm->exp_w == Im)
+            RECT(cm->e0 * H, cm->n_exp * H, 0, Im);
+        else
+            for (int64_t x = cm->e0; x < cm->e0 + cm->n_exp; x++)
+                RECT(x * H, H, cm->exp0, cm->exp_w);
         if (w) {
             struct entry *e = &p->e[p->n - 1];
             e->bank = (int)E;
@@ -144,11 +291,12 @@ static int build_plan(struct dg_cuda_model *cm, const struct dg_model *m, struct
         }
     }
 #undef SRC
+#undef RECT
 #undef ADD
-    return 0;
+    return finish_plan(p, err);
 }
 
-/* Rows of elements on their way to the device, in chunks. */
+/* Elements on their way to the device, in chunks. */
 struct stager {
     unsigned char *buf;
     size_t cap, used;         /* elements */
@@ -169,42 +317,79 @@ static int stage_flush(struct stager *s, struct dg_error *err)
     return rc;
 }
 
-/* Append w's rows (any dtype, any stride) as the stager's elements. */
-static int stage_weight(struct stager *s, const struct dg_weight *w, struct dg_error *err)
+/* Append columns c0 .. c0+nc-1 of row r of w (any dtype, any stride) as
+ * the stager's elements. */
+static int stage_row(struct stager *s, const struct dg_weight *w, int64_t r, int64_t c0,
+                     int64_t nc, struct dg_error *err)
 {
     const int64_t stride = w->stride ? w->stride : w->cols;
     const size_t es = dg_dtype_size(w->dtype);
+    const unsigned char *row;
     int rc;
     if (!w->data)
         return dg_error_set(err, DG_E_INTERNAL, "cuda model: tensor %s has no data",
                             w->name ? w->name : "?");
-    for (int64_t r = 0; r < w->rows; r++) {
-        const unsigned char *row = (const unsigned char *)w->data + (size_t)(r * stride) * es;
-        if (!s->f32 && w->dtype == DG_DTYPE_BF16) {
-            /* the serving case: bf16 rows copied as they are */
-            for (int64_t i = 0; i < w->cols;) {
-                size_t n = (size_t)(w->cols - i);
-                if (s->used == s->cap && (rc = stage_flush(s, err)) < 0)
-                    return rc;
-                if (n > s->cap - s->used)
-                    n = s->cap - s->used;
-                memcpy(s->buf + s->used * 2, row + (size_t)i * 2, n * 2);
-                s->used += n;
-                i += (int64_t)n;
-            }
-            continue;
-        }
-        for (int64_t i = 0; i < w->cols; i++) {
+    if (r < 0 || r >= w->rows || c0 < 0 || c0 + nc > w->cols)
+        return dg_error_set(err, DG_E_INTERNAL, "cuda model: tensor %s: row %lld, columns "
+                            "%lld+%lld outside [%lld, %lld]", w->name ? w->name : "?",
+                            (long long)r, (long long)c0, (long long)nc, (long long)w->rows,
+                            (long long)w->cols);
+    row = (const unsigned char *)w->data + (size_t)(r * stride) * es;
+    if (!s->f32 && w->dtype == DG_DTYPE_BF16) {
+        /* the serving case: bf16 copied as it is */
+        for (int64_t i = c0; i < c0 + nc;) {
+            size_t n = (size_t)(c0 + nc - i);
             if (s->used == s->cap && (rc = stage_flush(s, err)) < 0)
                 return rc;
-            if (s->f32)
-                ((float *)(void *)s->buf)[s->used++] = dg_load_f32(row, w->dtype, (size_t)i);
-            else
-                ((uint16_t *)(void *)s->buf)[s->used++] =
-                    dg_f32_to_bf16(dg_load_f32(row, w->dtype, (size_t)i));
+            if (n > s->cap - s->used)
+                n = s->cap - s->used;
+            memcpy(s->buf + s->used * 2, row + (size_t)i * 2, n * 2);
+            s->used += n;
+            i += (int64_t)n;
         }
+        return 0;
+    }
+    for (int64_t i = c0; i < c0 + nc; i++) {
+        if (s->used == s->cap && (rc = stage_flush(s, err)) < 0)
+            return rc;
+        if (s->f32)
+            ((float *)(void *)s->buf)[s->used++] = dg_load_f32(row, w->dtype, (size_t)i);
+        else
+            ((uint16_t *)(void *)s->buf)[s->used++] =
+                dg_f32_to_bf16(dg_load_f32(row, w->dtype, (size_t)i));
     }
     return 0;
+}
+
+/* The source of row g of e's whole tensor: a weight and its row. */
+static const struct dg_weight *source_row(const struct entry *e, int64_t g, int64_t *row)
+{
+    if (e->bank) {
+        int64_t per = 0;
+        for (int q = 0; q < e->n_parts; q++)
+            per += e->bank_parts[q][0].rows;
+        {
+            const int64_t x = g / per;
+            int64_t rr = g % per;
+            for (int q = 0; q < e->n_parts; q++) {
+                const struct dg_weight *w = &e->bank_parts[q][x];
+                if (rr < w->rows) {
+                    *row = rr;
+                    return w;
+                }
+                rr -= w->rows;
+            }
+        }
+        return NULL;
+    }
+    for (int q = 0; q < e->n_parts; q++) {
+        if (g < e->parts[q]->rows) {
+            *row = g;
+            return e->parts[q];
+        }
+        g -= e->parts[q]->rows;
+    }
+    return NULL;
 }
 
 static int fill_upload(struct dg_cuda_model *cm, const struct plan *p, struct dg_error *err)
@@ -224,7 +409,7 @@ static int fill_upload(struct dg_cuda_model *cm, const struct plan *p, struct dg
         s.dst = (unsigned char *)cm->arena + e->off;
         s.used = 0;
         if (e->f32) {
-            /* fp32 vectors: the per-expert scale, the RoPE tables */
+            /* fp32 vectors, whole: the per-expert scale, the RoPE tables */
             free(tmp);
             tmp = calloc((size_t)(e->n ? e->n : 1), sizeof(float));
             if (!tmp) {
@@ -234,18 +419,18 @@ static int fill_upload(struct dg_cuda_model *cm, const struct plan *p, struct dg
             if (e->n_parts)
                 for (uint64_t j = 0; j < e->n; j++)
                     tmp[j] = dg_load_f32(e->parts[0]->data, e->parts[0]->dtype, (size_t)j);
-            else if (e->host)
-                memcpy(tmp, e->host, sizeof(float) * (size_t)e->n);
             rc = dg_cuda_upload(s.dst, tmp, sizeof(float) * (size_t)e->n, cm->dev, err);
             continue;
         }
-        if (e->bank) {
-            for (int x = 0; x < e->bank && rc == 0; x++)
-                for (int q = 0; q < e->n_parts && rc == 0; q++)
-                    rc = stage_weight(&s, &e->bank_parts[q][x], err);
-        } else {
-            for (int q = 0; q < e->n_parts && rc == 0; q++)
-                rc = stage_weight(&s, e->parts[q], err);
+        for (int k = 0; k < e->n_rects && rc == 0; k++) {
+            const struct rect *r = &p->rects[e->rect0 + k];
+            for (int64_t g = r->r0; g < r->r0 + r->nr && rc == 0; g++) {
+                int64_t row = 0;
+                const struct dg_weight *w = source_row(e, g, &row);
+                rc = w ? stage_row(&s, w, row, r->c0, r->nc, err)
+                       : dg_error_set(err, DG_E_INTERNAL, "cuda model: tensor %d has no row "
+                                      "%lld", i, (long long)g);
+            }
         }
         if (rc == 0)
             rc = stage_flush(&s, err);
@@ -255,54 +440,61 @@ static int fill_upload(struct dg_cuda_model *cm, const struct plan *p, struct dg
     return rc;
 }
 
-uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt)
+/* Shapes only: a model struct with its layers and share, no arena. */
+static int shape(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
+                 const struct dg_tp_plan *tp, int rank, struct dg_error *err)
+{
+    cm->cfg = *cfg;
+    cm->layers = calloc((size_t)cfg->num_layers, sizeof *cm->layers);
+    if (!cm->layers)
+        return dg_error_set(err, DG_E_NOMEM, "cuda model: out of memory");
+    for (int l = 0; l < cfg->num_layers; l++) {
+        cm->layers[l].hd = dg_layer_head_dim(cfg, l);
+        cm->layers[l].sliding = cfg->layer_kind[l] == DG_LAYER_SLIDING;
+    }
+    return take_share(cm, tp, rank, err);
+}
+
+uint64_t dg_cuda_model_bytes_rank(const struct dg_model_config *cfg, enum dg_elt elt,
+                                  const struct dg_tp_plan *tp, int rank)
 {
     struct dg_cuda_model cm;
     struct plan p = {0};
     uint64_t bytes = 0;
     memset(&cm, 0, sizeof cm);
     p.elt_size = dg_elt_size(elt);
-    cm.cfg = *cfg;
-    cm.layers = calloc((size_t)cfg->num_layers, sizeof *cm.layers);
-    if (!cm.layers)
-        return 0;
-    for (int l = 0; l < cfg->num_layers; l++) {
-        cm.layers[l].hd = dg_layer_head_dim(cfg, l);
-        cm.layers[l].nkv = dg_layer_kv_heads(cfg, l);
-        cm.layers[l].sliding = cfg->layer_kind[l] == DG_LAYER_SLIDING;
-    }
-    if (build_plan(&cm, NULL, &p, NULL) == 0)
+    if (shape(&cm, cfg, tp, rank, NULL) == 0 && build_plan(&cm, NULL, &p, NULL) == 0)
         bytes = p.bytes;
     free(p.e);
+    free(p.rects);
     free(cm.layers);
     return bytes;
 }
 
+uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt)
+{
+    return dg_cuda_model_bytes_rank(cfg, elt, NULL, 0);
+}
+
 /* Shapes, the arena, every pointer; then the RoPE tables and scalars. */
 static int prepare(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
-                   const struct dg_model *m, enum dg_elt elt, int dev, struct plan *p,
-                   struct dg_error *err)
+                   const struct dg_model *m, enum dg_elt elt, const struct dg_tp_plan *tp,
+                   int rank, int dev, struct plan *p, struct dg_error *err)
 {
     int rc;
     memset(cm, 0, sizeof *cm);
     if (elt != DG_ELT_BF16 && elt != DG_ELT_F32)
         return dg_error_set(err, DG_E_INVAL, "cuda model: element type %d", (int)elt);
-    cm->cfg = *cfg;
     cm->dev = dev;
     cm->elt = elt;
     p->elt_size = dg_elt_size(elt);
     /* the scale as transformers computes it in the checkpoint's dtype */
     cm->embed_scale = dg_embed_scale(cfg->hidden_size, m ? m->embed.dtype : DG_DTYPE_BF16);
-    cm->layers = calloc((size_t)cfg->num_layers, sizeof *cm->layers);
-    if (!cm->layers)
-        return dg_error_set(err, DG_E_NOMEM, "cuda model: out of memory");
+    if ((rc = shape(cm, cfg, tp, rank, err)) < 0)
+        return rc;
     for (int l = 0; l < cfg->num_layers; l++) {
-        struct dg_cuda_layer *L = &cm->layers[l];
-        L->hd = dg_layer_head_dim(cfg, l);
-        L->nkv = dg_layer_kv_heads(cfg, l);
-        L->sliding = cfg->layer_kind[l] == DG_LAYER_SLIDING;
-        L->scalar_encoder = m ? m->layers[l].scalar_encoder : 1.0f;
-        L->scalar_decoder = m ? m->layers[l].scalar_decoder : 1.0f;
+        cm->layers[l].scalar_encoder = m ? m->layers[l].scalar_encoder : 1.0f;
+        cm->layers[l].scalar_decoder = m ? m->layers[l].scalar_decoder : 1.0f;
     }
     if ((rc = build_plan(cm, m, p, err)) < 0)
         return rc;
@@ -343,11 +535,12 @@ static int upload_rope(struct dg_cuda_model *cm, struct dg_error *err)
     return rc;
 }
 
-int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, enum dg_elt elt,
-                         int dev, struct dg_error *err)
+int dg_cuda_model_upload_rank(struct dg_cuda_model *cm, const struct dg_model *m,
+                              enum dg_elt elt, const struct dg_tp_plan *tp, int rank, int dev,
+                              struct dg_error *err)
 {
     struct plan p = {0};
-    int rc = prepare(cm, &m->cfg, m, elt, dev, &p, err);
+    int rc = prepare(cm, &m->cfg, m, elt, tp, rank, dev, &p, err);
     if (rc == 0)
         rc = fill_upload(cm, &p, err);
     if (rc == 0)
@@ -355,21 +548,29 @@ int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, enu
     if (rc == 0)
         rc = dg_cuda_sync(dev, err); /* (pageable copies may still be in flight) */
     free(p.e);
+    free(p.rects);
     if (rc < 0)
         dg_cuda_model_free(cm);
     return rc;
 }
 
-int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
-                         uint64_t seed, int dev, struct dg_error *err)
+int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, enum dg_elt elt,
+                         int dev, struct dg_error *err)
+{
+    return dg_cuda_model_upload_rank(cm, m, elt, NULL, 0, dev, err);
+}
+
+int dg_cuda_model_random_rank(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
+                              uint64_t seed, const struct dg_tp_plan *tp, int rank, int dev,
+                              struct dg_error *err)
 {
     struct plan p = {0};
     float *ones = NULL;
-    int rc = prepare(cm, cfg, NULL, DG_ELT_BF16, dev, &p, err);
+    int rc = prepare(cm, cfg, NULL, DG_ELT_BF16, tp, rank, dev, &p, err);
 
     for (int i = 0; i < p.n && rc == 0; i++) {
         const struct entry *e = &p.e[i];
-        void *dst = (unsigned char *)cm->arena + e->off;
+        unsigned char *dst = (unsigned char *)cm->arena + e->off;
         if (e->f32) {
             /* per-expert scales 1 (the RoPE tables come next) */
             free(ones);
@@ -381,9 +582,16 @@ int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config 
             for (uint64_t j = 0; j < e->n; j++)
                 ones[j] = 1.0f;
             rc = dg_cuda_upload(dst, ones, sizeof(float) * (size_t)e->n, dev, err);
-        } else {
-            rc = dg_cuda_fill_normal(dst, (int64_t)e->n, seed, (uint32_t)i, e->ones ? 1.0f : 0.0f,
-                                     e->ones ? 0.0f : 0.02f, NULL, dev, err);
+            continue;
+        }
+        /* tensor i's values at this rank's places */
+        for (int k = 0; k < e->n_rects && rc == 0; k++) {
+            const struct rect *r = &p.rects[e->rect0 + k];
+            rc = dg_cuda_fill_normal_rect((uint16_t *)(void *)dst, r->nr, r->nc, e->C,
+                                          r->r0 * e->C + r->c0, seed, (uint32_t)i,
+                                          e->ones ? 1.0f : 0.0f, e->ones ? 0.0f : 0.02f, NULL,
+                                          dev, err);
+            dst += (size_t)(r->nr * r->nc) * 2;
         }
     }
     free(ones);
@@ -392,9 +600,16 @@ int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config 
     if (rc == 0)
         rc = dg_cuda_sync(dev, err);
     free(p.e);
+    free(p.rects);
     if (rc < 0)
         dg_cuda_model_free(cm);
     return rc;
+}
+
+int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
+                         uint64_t seed, int dev, struct dg_error *err)
+{
+    return dg_cuda_model_random_rank(cm, cfg, seed, NULL, 0, dev, err);
 }
 
 void dg_cuda_model_free(struct dg_cuda_model *cm)

@@ -17,6 +17,15 @@
  *   self-conditioning: sc_gu [2S, H], sc_down [H, S]
  *   RoPE inverse frequencies fp32 for both layer kinds
  * Layer scalars stay on the host.
+ *
+ * As rank r of a tensor-parallel plan each of those holds only its slice
+ * (the fields below say which), laid out the same way: embed [nv, H],
+ * q_proj [nq*hd, H], k/v_proj [nkv*hd, H] (the KV heads its query heads
+ * read), o_proj [H, nq*hd], mlp_gu [2w, H] (its gate rows, then its up
+ * rows), mlp_down [H, w], exp_gu [n_exp, 2w', H], exp_down [n_exp, H, w'];
+ * norms, router and the self-conditioning MLP whole.  Random weights are
+ * the whole model's values at the slice's places (dg_cuda_fill_normal_rect),
+ * so any split of a seed computes the same model.
  */
 #ifndef DG_KERNELS_CUDA_MODEL_H
 #define DG_KERNELS_CUDA_MODEL_H
@@ -27,9 +36,11 @@
 #include "lib/error.h"
 #include "lib/model-config.h"
 #include "lib/model-weights.h"
+#include "lib/tp-plan.h"
 
 struct dg_cuda_layer {
-    int hd, nkv, sliding;
+    int hd, sliding;
+    int kv0, nkv;               /* KV heads kv0 .. kv0+nkv-1 held here */
     /* elements of the model's type */
     void *input_norm, *q_norm, *k_norm, *post_attn_norm;
     void *pre_ffn_norm, *post_ffn_norm_1, *router_scale, *pre_ffn_norm_2;
@@ -45,6 +56,14 @@ struct dg_cuda_layer {
 struct dg_cuda_model {
     struct dg_model_config cfg;
     int dev;
+    /* this rank's part of a tensor-parallel plan (lib/tp-plan.h; the whole
+     * model as rank 0 of 1): vocabulary rows v0 .. v0+nv of embed, query
+     * heads q0 .. q0+nq-1 (q_proj rows, o_proj columns), dense MLP columns
+     * mlp0 .. mlp0+mlp_w-1, experts e0 .. e0+n_exp-1 each of width
+     * exp_w (columns exp0 .. of every expert's Im) */
+    int rank, n_ranks;
+    int64_t v0, nv;
+    int q0, nq, mlp0, mlp_w, e0, n_exp, exp0, exp_w;
     enum dg_elt elt;             /* every weight's element type */
     float embed_scale;           /* sqrt(H) rounded to the checkpoint's dtype (bf16) */
     void *embed, *final_norm, *sc_pre_norm, *sc_gu, *sc_down;
@@ -65,8 +84,19 @@ int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, enu
 int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
                          uint64_t seed, int dev, struct dg_error *err);
 
-/* Bytes the weights of cfg take on the GPU as elements of type elt. */
+/* Rank `rank` of plan only (plan NULL: the whole model, as above). */
+int dg_cuda_model_upload_rank(struct dg_cuda_model *cm, const struct dg_model *m,
+                              enum dg_elt elt, const struct dg_tp_plan *plan, int rank, int dev,
+                              struct dg_error *err);
+int dg_cuda_model_random_rank(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
+                              uint64_t seed, const struct dg_tp_plan *plan, int rank, int dev,
+                              struct dg_error *err);
+
+/* Bytes the weights of cfg take on the GPU as elements of type elt (rank
+ * `rank` of plan; plan NULL: the whole model). */
 uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt);
+uint64_t dg_cuda_model_bytes_rank(const struct dg_model_config *cfg, enum dg_elt elt,
+                                  const struct dg_tp_plan *plan, int rank);
 
 void dg_cuda_model_free(struct dg_cuda_model *cm);
 

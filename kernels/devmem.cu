@@ -127,3 +127,24 @@ extern "C" int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, int dev
 out:
     return rc;
 }
+
+extern "C" int dg_cuda_healthy(int dev, struct dg_error *err)
+{
+    int rc = 0;
+    DG_CUDA_CHECK(cudaSetDevice(dev));
+    DG_CUDA_CHECK(cudaDeviceSynchronize());
+    DG_CUDA_CHECK(cudaGetLastError());
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_pci_id(int dev, char *buf, size_t len, struct dg_error *err)
+{
+    int rc = 0;
+    DG_CUDA_CHECK(cudaDeviceGetPCIBusId(buf, (int)len, dev));
+    for (char *p = buf; *p; p++)
+        if (*p >= 'A' && *p <= 'F')
+            *p = (char)(*p - 'A' + 'a');
+out:
+    return rc;
+}

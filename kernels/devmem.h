@@ -50,6 +50,15 @@ int dg_cuda_memset_async(void *p, int value, size_t bytes, dg_stream_t s, int de
 /* The current GPU's free and total memory in bytes. */
 int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, int dev, struct dg_error *err);
 
+/* Whether GPU dev (made current) can still run work: waits for all of its
+ * work, then reads the last error.  A failure here is a sticky error (the
+ * context is lost until the process ends): DG_E_CUDA. */
+int dg_cuda_healthy(int dev, struct dg_error *err);
+
+/* GPU dev's PCI address as the kernel's sysfs names it ("0000:1b:00.0",
+ * lower case).  Errors: DG_E_CUDA. */
+int dg_cuda_pci_id(int dev, char *buf, size_t len, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif
