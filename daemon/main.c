@@ -133,9 +133,10 @@ static void unload(struct loaded *L)
 }
 
 /* Settings a request starts from, and the limits it is held to. */
-/* The GPU backend when the configuration asks for it, or for auto where a
- * GPU is present; *b stays NULL for the CPU.  Errors: a GPU backend that
- * cannot start (named), tensor parallelism over GPUs (not yet). */
+/* The GPU backend when the configuration asks for it, or for auto where
+ * enough GPUs are present (tp of them: the first tp of devices, or GPUs
+ * 0 .. tp-1); *b stays NULL for the CPU.  Errors: a GPU backend that
+ * cannot start (named). */
 static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                           struct dg_backend **b, struct dg_error *err)
 {
@@ -153,30 +154,37 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                      probe.msg[0] ? probe.msg : "none visible");
                 return 0;
             }
-            if (cfg->tp > 1) {
-                dlog(DG_LOG_INFO, "backend auto: tp %d: the CPU (tensor parallelism over GPUs "
-                     "is not built yet)", cfg->tp);
+            if (n < cfg->tp || (cfg->n_devices && cfg->n_devices < cfg->tp)) {
+                dlog(DG_LOG_INFO, "backend auto: tp %d but %d GPU(s): the CPU", cfg->tp,
+                     cfg->n_devices && cfg->n_devices < n ? cfg->n_devices : n);
                 return 0;
             }
         }
-        if (cfg->tp > 1)
-            return dg_error_set(err, DG_E_UNSUPPORTED, "cuda: tp %d: tensor parallelism over "
-                                "GPUs is not built yet; use tp 1", cfg->tp);
+        if (cfg->n_devices && cfg->n_devices < cfg->tp)
+            return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
+                                cfg->tp, cfg->tp, cfg->n_devices);
         memset(&o, 0, sizeof o);
+        o.n_ranks = cfg->tp;
         o.device = cfg->n_devices ? cfg->devices[0] : 0;
+        o.devices = cfg->n_devices ? cfg->devices : NULL;
+        o.experts = cfg->experts_width ? DG_EXPERTS_WIDTH : DG_EXPERTS_ACROSS;
         o.max_slots = cfg->max_batch;
         o.model = &L->m;
+        o.pin = cfg->pin_workers;
+        o.timeout_ms = (int)(cfg->gpu_timeout * 1000 + 0.5);
         /* an fp32 checkpoint runs at its own precision; the others as bf16 */
         o.fp32 = L->m.embed.dtype == DG_DTYPE_F32;
         if ((rc = dg_cuda_backend_create(&o, b, err)) < 0) {
-            dg_error_prefix(err, "cuda (GPU %d)", o.device);
+            dg_error_prefix(err, "cuda (tp %d)", cfg->tp);
             return rc;
         }
-        {
-            uint64_t w, other;
-            dg_cuda_backend_bytes(*b, &w, &other);
-            dlog(DG_LOG_INFO, "backend cuda: GPU %d, weights %.2f GiB (%s)", o.device,
-                 (double)w / (1 << 30), o.fp32 ? "fp32" : "bf16");
+        for (int r = 0; r < cfg->tp; r++) {
+            struct dg_cuda_rank_usage u;
+            dg_cuda_backend_rank_usage(*b, r, &u);
+            dlog(DG_LOG_INFO, "backend cuda: rank %d of %d on GPU %d: weights %.2f GiB (%s), "
+                 "vocabulary rows %lld of %lld", r, cfg->tp, u.device,
+                 (double)u.weights / (1 << 30), o.fp32 ? "fp32" : "bf16",
+                 (long long)u.vocab_rows, (long long)L->m.cfg.vocab_size);
         }
         return 0;
     }

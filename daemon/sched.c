@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,6 +51,8 @@ struct dsched {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int quit, shutting_down, cancel_all;
+    int dead;                   /* the backend failed for good (scheduler thread) */
+    struct dg_backend *backend;
     uint64_t next_id;
     struct sreq *queue_head, *queue_tail;
     size_t queued;
@@ -334,6 +337,13 @@ static void *sched_thread(void *arg)
         }
         pthread_mutex_unlock(&s->mu);
         dg_engine_step(s->engine);
+        if (s->backend->ops->failure && s->backend->ops->failure(s->backend) && !s->dead) {
+            /* its requests have failed; nothing more can run: stop */
+            s->dead = 1;
+            dlog(DG_LOG_ERROR, "backend %s failed for good: %s; the daemon stops",
+                 s->backend->name, s->backend->ops->failure(s->backend));
+            kill(getpid(), SIGTERM);
+        }
         pthread_mutex_lock(&s->mu);
         s->totals.engine_steps++;
     }
@@ -352,6 +362,7 @@ int dsched_create(struct dg_backend *b, const struct dg_engine_config *ec,
     if (!s)
         return dg_error_set(err, DG_E_NOMEM, "scheduler: out of memory");
     s->queue_max = queue_max;
+    s->backend = b;
     s->max_batch = (size_t)ec->max_batch;
     s->notify_fd = notify_fd;
     s->metrics = metrics;

@@ -1,50 +1,99 @@
-/* cuda-backend.c - the backend interface on one GPU (see cuda-backend.h). */
+/* cuda-backend.c - the backend interface on one or more GPUs, one worker
+ * thread per GPU (see cuda-backend.h). */
 #include "kernels/cuda-backend.h"
 
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cuda-forward.h"
 #include "kernels/cuda-model.h"
+#include "kernels/device-probe.h"
 #include "kernels/devmem.h"
+#include "kernels/nccl.h"
 #include "kernels/ops.h"
+#include "lib/log.h"
 #include "lib/sampler.h"
 
+#define ABORT_GRACE_MS 10000 /* how long aborted workers get to come back */
+
+/* one slot on one rank: its KV heads and its soft input */
 struct gslot {
     int open, has_soft, max_cl;
     struct dg_cuda_kv kv;
-    void *soft;                     /* [max_cl, H] elements: (pi E) c */
+    void *soft;                     /* [max_cl, H] elements: (pi E) c, whole */
 };
 
-/* the last denoise batch, per item */
+/* the last denoise batch, per item (the same on every rank) */
 struct last_item {
     int slot, cl;
     int64_t off;                    /* first row in the batch buffers */
 };
 
-struct cuda_backend {
-    struct dg_backend base;
-    int dev;
+enum job_kind { JOB_NONE, JOB_INIT, JOB_REGROUP, JOB_OPEN, JOB_CLOSE, JOB_ENCODE, JOB_DENOISE,
+                JOB_CONDITION, JOB_QUIT };
+
+struct cuda_backend;
+
+struct grank {
+    struct cuda_backend *cb;
+    int index, dev;
+    pthread_t thread;
+    int started;
     struct dg_cuda_model model;
     struct dg_cuda_ctx cx;
+    struct dg_nccl *nccl;           /* NULL with one rank */
     struct gslot *slots;
     struct dg_cuda_seq *seqs;
     int seqs_cap;
-    /* the last denoise batch on the device: soft-capped logits [rows, V],
-     * per row temperature, threshold, draw site, statistics */
+    /* the last denoise batch: this rank's soft-capped logits columns
+     * [rows, nv], per row temperature, threshold, draw site, statistics
+     * (of the slice, then of the whole row) */
     int64_t rows_cap;
     float *logits, *T_d, *tau_d;
     struct dg_rand_site *sites_d;
     struct dg_row_stats *stats_d;
     void *stats_scratch;
-    void *probs;                    /* [probs_cap, V] elements */
+    void *probs;                    /* [probs_cap, nv] elements */
     int64_t probs_cap;
     uint64_t rows_bytes, probs_bytes;
-    /* their host twins */
     float *T_h, *tau_h;
     struct dg_rand_site *sites_h;
-    struct dg_row_stats *stats_h;
+    struct dg_row_stats *local_h, *stats_h, *gather_h;
+    int skip;                       /* fault injection: skip the next job */
+    /* the job's outcome */
+    int rc;
+    struct dg_error err;
+};
+
+struct cuda_backend {
+    struct dg_backend base;
+    struct dg_cuda_backend_options opt;
+    struct dg_tp_plan plan;
+    int n;
+    struct grank *ranks;
+    struct dg_nccl_id id;
+    int regroup;                    /* the communicators were aborted: rebuild first */
+    int failed;                     /* for good */
+    char failure[256];
+    cpu_set_t allowed;              /* the process's CPUs at creation */
+    /* the job (written by the caller before the workers are woken) */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t seq;
+    int finished;
+    enum job_kind kind;
+    const void *items;
+    int n_items;
+    const int *which;
+    int slot, max_cl;
+    int64_t max_positions;
+    /* shared results */
     struct last_item *last;
     int n_last, last_cap;
 };
@@ -60,97 +109,568 @@ static struct cuda_backend *impl(struct dg_backend *b)
             return rc;                                                                  \
     } while (0)
 
-/* ---- buffers ------------------------------------------------------------------ */
+/* ---- per-rank buffers ------------------------------------------------------------ */
 
-static void free_rows(struct cuda_backend *cb)
+static void free_rows(struct grank *R)
 {
-    dg_cuda_free(cb->logits);
-    dg_cuda_free(cb->T_d);
-    dg_cuda_free(cb->tau_d);
-    dg_cuda_free(cb->sites_d);
-    dg_cuda_free(cb->stats_d);
-    dg_cuda_free(cb->stats_scratch);
-    free(cb->T_h);
-    free(cb->tau_h);
-    free(cb->sites_h);
-    free(cb->stats_h);
-    cb->logits = cb->T_d = cb->tau_d = NULL;
-    cb->sites_d = NULL;
-    cb->stats_d = NULL;
-    cb->stats_scratch = NULL;
-    cb->T_h = cb->tau_h = NULL;
-    cb->sites_h = NULL;
-    cb->stats_h = NULL;
-    cb->rows_cap = 0;
-    cb->rows_bytes = 0;
+    dg_cuda_free(R->logits);
+    dg_cuda_free(R->T_d);
+    dg_cuda_free(R->tau_d);
+    dg_cuda_free(R->sites_d);
+    dg_cuda_free(R->stats_d);
+    dg_cuda_free(R->stats_scratch);
+    free(R->T_h);
+    free(R->tau_h);
+    free(R->sites_h);
+    free(R->local_h);
+    free(R->stats_h);
+    free(R->gather_h);
+    R->logits = R->T_d = R->tau_d = NULL;
+    R->sites_d = NULL;
+    R->stats_d = NULL;
+    R->stats_scratch = NULL;
+    R->T_h = R->tau_h = NULL;
+    R->sites_h = NULL;
+    R->local_h = R->stats_h = R->gather_h = NULL;
+    R->rows_cap = 0;
+    R->rows_bytes = 0;
 }
 
-static int reserve_rows(struct cuda_backend *cb, int64_t rows, struct dg_error *err)
+static int reserve_rows(struct grank *R, int64_t rows, struct dg_error *err)
 {
-    const int64_t V = cb->model.cfg.vocab_size;
-    const size_t scratch = dg_cuda_row_stats_scratch(rows, V);
+    const int64_t nv = R->model.nv;
+    const size_t scratch = dg_cuda_row_stats_scratch(rows, nv);
+    const size_t n = (size_t)rows;
     int rc;
-    if (rows <= cb->rows_cap)
+    if (rows <= R->rows_cap)
         return 0;
-    free_rows(cb);
-    cb->T_h = malloc(sizeof(float) * (size_t)rows);
-    cb->tau_h = malloc(sizeof(float) * (size_t)rows);
-    cb->sites_h = malloc(sizeof *cb->sites_h * (size_t)rows);
-    cb->stats_h = malloc(sizeof *cb->stats_h * (size_t)rows);
-    if (!cb->T_h || !cb->tau_h || !cb->sites_h || !cb->stats_h)
-        return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory for %lld rows",
-                            (long long)rows);
-    TRY(dg_cuda_alloc((void **)&cb->logits, sizeof(float) * (size_t)(rows * V), cb->dev, err));
-    TRY(dg_cuda_alloc((void **)&cb->T_d, sizeof(float) * (size_t)rows, cb->dev, err));
-    TRY(dg_cuda_alloc((void **)&cb->tau_d, sizeof(float) * (size_t)rows, cb->dev, err));
-    TRY(dg_cuda_alloc((void **)&cb->sites_d, sizeof *cb->sites_d * (size_t)rows, cb->dev, err));
-    TRY(dg_cuda_alloc((void **)&cb->stats_d, sizeof *cb->stats_d * (size_t)rows, cb->dev, err));
-    TRY(dg_cuda_alloc(&cb->stats_scratch, scratch, cb->dev, err));
-    cb->rows_cap = rows;
-    cb->rows_bytes = (sizeof(float) * (uint64_t)V + 2 * sizeof(float) + sizeof *cb->sites_d +
-                      sizeof *cb->stats_d) * (uint64_t)rows + scratch;
+    free_rows(R);
+    R->T_h = malloc(sizeof(float) * n);
+    R->tau_h = malloc(sizeof(float) * n);
+    R->sites_h = malloc(sizeof *R->sites_h * n);
+    R->local_h = malloc(sizeof *R->local_h * n);
+    R->stats_h = malloc(sizeof *R->stats_h * n);
+    R->gather_h = malloc(sizeof *R->gather_h * n * (size_t)R->cb->n);
+    if (!R->T_h || !R->tau_h || !R->sites_h || !R->local_h || !R->stats_h || !R->gather_h)
+        return dg_error_set(err, DG_E_NOMEM, "out of memory for %lld rows", (long long)rows);
+    TRY(dg_cuda_alloc((void **)&R->logits, sizeof(float) * n * (size_t)nv, R->dev, err));
+    TRY(dg_cuda_alloc((void **)&R->T_d, sizeof(float) * n, R->dev, err));
+    TRY(dg_cuda_alloc((void **)&R->tau_d, sizeof(float) * n, R->dev, err));
+    TRY(dg_cuda_alloc((void **)&R->sites_d, sizeof *R->sites_d * n, R->dev, err));
+    TRY(dg_cuda_alloc((void **)&R->stats_d, sizeof *R->stats_d * n, R->dev, err));
+    TRY(dg_cuda_alloc(&R->stats_scratch, scratch, R->dev, err));
+    R->rows_cap = rows;
+    R->rows_bytes = (sizeof(float) * (uint64_t)nv + 2 * sizeof(float) + sizeof *R->sites_d +
+                     sizeof *R->stats_d) * (uint64_t)rows + scratch;
     return 0;
 }
 
-static int reserve_probs(struct cuda_backend *cb, int64_t rows, struct dg_error *err)
+static int reserve_probs(struct grank *R, int64_t rows, struct dg_error *err)
 {
-    const int64_t V = cb->model.cfg.vocab_size;
+    const size_t bytes = (size_t)dg_elt_size(R->model.elt) * (size_t)rows * (size_t)R->model.nv;
     int rc;
-    if (rows <= cb->probs_cap)
+    if (rows <= R->probs_cap)
         return 0;
-    dg_cuda_free(cb->probs);
-    cb->probs = NULL;
-    cb->probs_cap = 0;
-    cb->probs_bytes = 0;
-    TRY(dg_cuda_alloc(&cb->probs, (size_t)dg_elt_size(cb->model.elt) * (size_t)(rows * V),
-                      cb->dev, err));
-    cb->probs_cap = rows;
-    cb->probs_bytes = (uint64_t)dg_elt_size(cb->model.elt) * (uint64_t)(rows * V);
+    dg_cuda_free(R->probs);
+    R->probs = NULL;
+    R->probs_cap = 0;
+    R->probs_bytes = 0;
+    TRY(dg_cuda_alloc(&R->probs, bytes, R->dev, err));
+    R->probs_cap = rows;
+    R->probs_bytes = bytes;
     return 0;
 }
 
-static int reserve_seqs(struct cuda_backend *cb, int n, struct dg_error *err)
+static int reserve_seqs(struct grank *R, int n, struct dg_error *err)
 {
-    if (n > cb->seqs_cap) {
-        struct dg_cuda_seq *s = realloc(cb->seqs, sizeof *s * (size_t)n);
-        struct last_item *li = realloc(cb->last, sizeof *li * (size_t)n);
-        if (s)
-            cb->seqs = s;
-        if (li)
-            cb->last = li;
-        if (!s || !li)
-            return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
-        cb->seqs_cap = cb->last_cap = n;
+    if (n > R->seqs_cap) {
+        struct dg_cuda_seq *s = realloc(R->seqs, sizeof *s * (size_t)n);
+        if (!s)
+            return dg_error_set(err, DG_E_NOMEM, "out of memory");
+        R->seqs = s;
+        R->seqs_cap = n;
     }
     return 0;
 }
 
-/* ---- slots --------------------------------------------------------------------- */
+static void close_slot(struct grank *R, int slot)
+{
+    struct gslot *s = &R->slots[slot];
+    dg_cuda_kv_free(&s->kv);
+    dg_cuda_free(s->soft);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- per-rank work (on the rank's thread) ----------------------------------------- */
+
+static int rank_init(struct grank *R, struct dg_error *err)
+{
+    const struct dg_cuda_backend_options *o = &R->cb->opt;
+    const struct dg_tp_plan *plan = &R->cb->plan;
+    int rc;
+    TRY(dg_cuda_use(R->dev, err));
+    /* the stream and the group first: every rank joins at once, before a
+     * slow load or a failing one can keep the others waiting */
+    R->model.dev = R->dev;
+    TRY(dg_cuda_ctx_init(&R->cx, &R->model, err));
+    if (R->cb->n > 1) {
+        TRY(dg_nccl_init(&R->nccl, &R->cb->id, R->cb->n, R->index, R->dev, R->cx.stream, err));
+        R->cx.nccl = R->nccl;
+    }
+    rc = o->model ? dg_cuda_model_upload_rank(&R->model, o->model,
+                                              o->fp32 ? DG_ELT_F32 : DG_ELT_BF16, plan, R->index,
+                                              R->dev, err)
+                  : dg_cuda_model_random_rank(&R->model, o->cfg, o->seed, plan, R->index, R->dev,
+                                              err);
+    return rc;
+}
+
+/* After an abort: a new communicator from the new id (the old one's
+ * counts carried over). */
+static int rank_regroup(struct grank *R, struct dg_error *err)
+{
+    struct dg_coll_stats keep;
+    int rc;
+    TRY(dg_cuda_use(R->dev, err));
+    TRY(dg_cuda_healthy(R->dev, err));
+    keep = dg_nccl_coll(R->nccl)->stats;
+    dg_nccl_free(R->nccl);
+    R->nccl = R->cx.nccl = NULL;
+    TRY(dg_nccl_init(&R->nccl, &R->cb->id, R->cb->n, R->index, R->dev, R->cx.stream, err));
+    dg_nccl_coll(R->nccl)->stats = keep;
+    R->cx.nccl = R->nccl;
+    return 0;
+}
+
+static int rank_open(struct grank *R, struct dg_error *err)
+{
+    const struct cuda_backend *cb = R->cb;
+    struct gslot *s = &R->slots[cb->slot];
+    int rc;
+    if ((rc = dg_cuda_kv_init(&s->kv, &R->model, cb->max_positions, cb->max_cl, err)) < 0 ||
+        (rc = dg_cuda_alloc(&s->soft, (size_t)dg_elt_size(R->model.elt) * (size_t)cb->max_cl *
+                                          (size_t)cb->base.cfg->hidden_size, R->dev, err)) < 0) {
+        close_slot(R, cb->slot);
+        return rc;
+    }
+    s->open = 1;
+    s->max_cl = cb->max_cl;
+    return 0;
+}
+
+static int rank_encode(struct grank *R, struct dg_error *err)
+{
+    const struct dg_encode_item *items = R->cb->items;
+    const int n = R->cb->n_items;
+    int rc;
+    TRY(reserve_seqs(R, n, err));
+    for (int i = 0; i < n; i++)
+        R->seqs[i] = (struct dg_cuda_seq){&R->slots[items[i].slot].kv, items[i].ids, items[i].n,
+                                          NULL};
+    return dg_cuda_encode(&R->cx, R->seqs, n, err);
+}
+
+static int filtered(const struct dg_denoise_item *it, int64_t V)
+{
+    return (it->top_k > 0 && it->top_k < V) || it->top_p < 1;
+}
+
+/* Thresholds of a filtered item's rows: this rank's columns of its logits,
+ * already soft-capped on the GPU (so the threshold is one of the values
+ * the kernel compares), come to the host and go through the CPU's
+ * bisection, counts summed across ranks. */
+static int host_thresholds(struct grank *R, const struct dg_denoise_item *it, int64_t off,
+                           struct dg_error *err)
+{
+    const int64_t nv = R->model.nv, V = R->model.cfg.vocab_size;
+    const size_t n = (size_t)it->cl * (size_t)nv;
+    float *z = malloc(sizeof(float) * n), *scratch = malloc(sizeof(float) * n);
+    int rc = 0;
+    if (!z || !scratch)
+        rc = dg_error_set(err, DG_E_NOMEM, "out of memory for a top-k/top-p filter over %d "
+                          "positions", it->cl);
+    if (rc == 0)
+        rc = dg_cuda_copy_async(z, R->logits + off * nv, sizeof(float) * n, R->cx.stream, R->dev,
+                                err);
+    if (rc == 0)
+        rc = dg_cuda_stream_sync(R->cx.stream, R->dev, err);
+    if (rc == 0)
+        rc = dg_filter_thresholds(z, it->cl, nv, nv, V, it->top_k, it->top_p, R->tau_h + off,
+                                  scratch, R->nccl ? dg_nccl_coll(R->nccl) : NULL, err);
+    free(z);
+    free(scratch);
+    return rc;
+}
+
+static int rank_denoise(struct grank *R, struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    struct dg_denoise_item *items = (struct dg_denoise_item *)(uintptr_t)cb->items;
+    const int n = cb->n_items;
+    const int64_t V = cb->base.cfg->vocab_size, nv = R->model.nv;
+    const dg_stream_t st = R->cx.stream;
+    float cap = (float)cb->base.cfg->final_logit_softcapping;
+    int64_t rows = 0, off = 0;
+    int any_filtered = 0, rc;
+
+    for (int i = 0; i < n; i++)
+        rows += items[i].cl;
+    TRY(reserve_seqs(R, n, err));
+    TRY(reserve_rows(R, rows, err));
+    for (int i = 0; i < n; i++) {
+        struct gslot *s = &R->slots[items[i].slot];
+        R->seqs[i] = (struct dg_cuda_seq){&s->kv, items[i].canvas, items[i].cl,
+                                          items[i].self_cond && s->has_soft ? s->soft : NULL};
+    }
+    TRY(dg_cuda_decode(&R->cx, R->seqs, n, R->logits, err));
+    /* per row: temperature, threshold (none yet), draw site */
+    for (int i = 0; i < n; i++) {
+        const struct dg_denoise_item *it = &items[i];
+        any_filtered |= filtered(it, V);
+        for (int p = 0; p < it->cl; p++) {
+            R->T_h[off + p] = it->temperature;
+            R->tau_h[off + p] = -INFINITY;
+            R->sites_h[off + p] =
+                (struct dg_rand_site){it->seed, it->canvas_index, it->step, (uint32_t)p};
+        }
+        off += it->cl;
+    }
+    TRY(dg_cuda_copy_async(R->T_d, R->T_h, sizeof(float) * (size_t)rows, st, R->dev, err));
+    TRY(dg_cuda_copy_async(R->sites_d, R->sites_h, sizeof *R->sites_h * (size_t)rows, st, R->dev,
+                           err));
+    if (any_filtered) {
+        /* a first pass only soft-caps the logits in place (its statistics
+         * are dropped); the filtered items' thresholds come from those
+         * values; the statistics pass then leaves them as they are */
+        TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)rows, st, R->dev,
+                               err));
+        TRY(dg_cuda_row_stats(R->stats_d, R->logits, rows, nv, R->model.v0, cap, R->T_d, R->tau_d,
+                              NULL, R->stats_scratch, st, R->dev, err));
+        for (int i = 0, o = 0; i < n; o += items[i].cl, i++)
+            if (filtered(&items[i], V))
+                TRY(host_thresholds(R, &items[i], o, err));
+        cap = 0.0f;
+    }
+    TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)rows, st, R->dev, err));
+    TRY(dg_cuda_row_stats(R->stats_d, R->logits, rows, nv, R->model.v0, cap, R->T_d, R->tau_d,
+                          R->sites_d, R->stats_scratch, st, R->dev, err));
+    TRY(dg_cuda_copy_async(R->local_h, R->stats_d, sizeof *R->local_h * (size_t)rows, st, R->dev,
+                           err));
+    TRY(dg_cuda_stream_sync(st, R->dev, err));
+    /* the whole rows' statistics: every rank's records, folded in rank
+     * order (the CPU backend's function), back to the device for the
+     * probabilities */
+    TRY(dg_row_stats_allgather(R->nccl ? dg_nccl_coll(R->nccl) : NULL, R->local_h, rows,
+                               R->stats_h, R->gather_h, err));
+    if (R->nccl)
+        TRY(dg_cuda_copy_async(R->stats_d, R->stats_h, sizeof *R->stats_h * (size_t)rows, st,
+                               R->dev, err));
+    if (R->index == 0)
+        for (int i = 0, o = 0; i < n; o += items[i].cl, i++)
+            items[i].nonfinite = dg_row_outputs(R->stats_h + o, items[i].cl, items[i].sample,
+                                                items[i].argmax, items[i].entropy);
+    return dg_cuda_stream_sync(st, R->dev, err);
+}
+
+static int rank_condition(struct grank *R, struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    const struct dg_model_config *c = cb->base.cfg;
+    const int64_t nv = R->model.nv, H = c->hidden_size;
+    const dg_stream_t st = R->cx.stream;
+    int64_t most = 0;
+    int rc;
+
+    for (int i = 0; i < cb->n_items; i++)
+        if (cb->last[cb->which[i]].cl > most)
+            most = cb->last[cb->which[i]].cl;
+    TRY(reserve_probs(R, most, err));
+    for (int i = 0; i < cb->n_items; i++) {
+        const struct last_item *li = &cb->last[cb->which[i]];
+        struct gslot *s = &R->slots[li->slot];
+        /* p = softmax over the kept ids of this rank's columns (the whole
+         * row's max and sum), then this rank's (p E) c, summed over ranks */
+        TRY(dg_cuda_row_probs_e(R->model.elt, R->probs, R->logits + li->off * nv, li->cl, nv,
+                                R->T_d + li->off, R->tau_d + li->off, R->stats_d + li->off, st,
+                                R->dev, err));
+        TRY(dg_blas_gemm_e(R->cx.blas, R->model.elt, s->soft, 0, R->probs, li->cl,
+                           R->model.embed, 1, H, nv, H, R->model.embed_scale, 0.0f, err));
+        if (R->nccl)
+            TRY(dg_nccl_all_reduce(R->nccl, s->soft, (size_t)(li->cl * H),
+                                   R->model.elt == DG_ELT_F32 ? DG_NCCL_F32 : DG_NCCL_BF16,
+                                   DG_COLL_SUM, err));
+        s->has_soft = 1;
+    }
+    return dg_cuda_stream_sync(st, R->dev, err);
+}
+
+static void rank_free(struct grank *R)
+{
+    struct dg_error ignored;
+    if (dg_cuda_use(R->dev, &ignored) < 0)
+        return;
+    for (int i = 0; R->slots && i < R->cb->base.max_slots; i++)
+        if (R->slots[i].open)
+            close_slot(R, i);
+    /* the communicator before the stream it enqueues on */
+    if (R->nccl)
+        dg_nccl_free(R->nccl);
+    R->nccl = R->cx.nccl = NULL;
+    dg_cuda_ctx_free(&R->cx);
+    free_rows(R);
+    dg_cuda_free(R->probs);
+    R->probs = NULL;
+    dg_cuda_model_free(&R->model);
+}
+
+static int run_rank(struct grank *R)
+{
+    struct cuda_backend *cb = R->cb;
+    int rc;
+    dg_error_clear(&R->err);
+    if (R->skip) {
+        R->skip = 0;
+        return R->rc = 0;
+    }
+    if (cb->kind != JOB_INIT && cb->kind != JOB_QUIT &&
+        (rc = dg_cuda_use(R->dev, &R->err)) < 0)
+        return R->rc = rc;
+    switch (cb->kind) {
+    case JOB_INIT: rc = rank_init(R, &R->err); break;
+    case JOB_REGROUP: rc = rank_regroup(R, &R->err); break;
+    case JOB_OPEN: rc = rank_open(R, &R->err); break;
+    case JOB_CLOSE: close_slot(R, cb->slot); rc = 0; break;
+    case JOB_ENCODE: rc = rank_encode(R, &R->err); break;
+    case JOB_DENOISE: rc = rank_denoise(R, &R->err); break;
+    case JOB_CONDITION: rc = rank_condition(R, &R->err); break;
+    default: rc = 0; break;
+    }
+    /* the others must not wait for this rank in a collective */
+    if (rc < 0 && cb->n > 1)
+        for (int r = 0; r < cb->n; r++)
+            dg_nccl_abort(cb->ranks[r].nccl);
+    return R->rc = rc;
+}
+
+/* ---- the workers -------------------------------------------------------------------- */
+
+/* The CPUs sysfs lists as local to GPU dev, within the allowed set; 0 if
+ * none is known. */
+static int gpu_cpus(int dev, const cpu_set_t *allowed, cpu_set_t *out)
+{
+    char bus[64], path[160], list[4096];
+    const char *id = bus;
+    FILE *f;
+    struct dg_error ignored;
+    CPU_ZERO(out);
+    if (dg_cuda_pci_id(dev, bus, sizeof bus, &ignored) < 0)
+        return 0;
+    /* CUDA may write an 8-digit PCI domain; sysfs uses 4 */
+    if (strchr(bus, ':') == bus + 8)
+        id = bus + 4;
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/local_cpulist", id);
+    if (!(f = fopen(path, "r")))
+        return 0;
+    if (!fgets(list, sizeof list, f)) {
+        fclose(f);
+        return 0;
+    }
+    fclose(f);
+    for (char *p = list; *p && *p != '\n';) {
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p)
+            break;
+        if (*end == '-')
+            b = strtol(end + 1, &end, 10);
+        for (long c = a; c <= b && c < CPU_SETSIZE; c++)
+            if (c >= 0 && CPU_ISSET((int)c, allowed))
+                CPU_SET((int)c, out);
+        p = *end == ',' ? end + 1 : end;
+    }
+    return CPU_COUNT(out);
+}
+
+/* Bind the calling thread to one CPU near its GPU: the r-th of the GPU's
+ * local CPUs (or of all allowed ones), wrapping around. */
+static void pin_worker(struct grank *R)
+{
+    struct cuda_backend *cb = R->cb;
+    cpu_set_t near, one;
+    const cpu_set_t *from = &near;
+    int n = gpu_cpus(R->dev, &cb->allowed, &near), k = 0, cpu = -1;
+    if (n == 0) {
+        from = &cb->allowed;
+        n = CPU_COUNT(&cb->allowed);
+    }
+    if (n == 0)
+        return;
+    for (int c = 0; c < CPU_SETSIZE && cpu < 0; c++)
+        if (CPU_ISSET(c, from) && k++ == R->index % n)
+            cpu = c;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0)
+        dg_log(DG_LOG_INFO, "cuda backend: rank %d (GPU %d) worker pinned to CPU %d%s", R->index,
+               R->dev, cpu, from == &near ? " (local to the GPU)" : "");
+    else
+        dg_log(DG_LOG_WARN, "cuda backend: rank %d (GPU %d) worker: cannot pin to CPU %d",
+               R->index, R->dev, cpu);
+}
+
+static void *worker(void *arg)
+{
+    struct grank *R = arg;
+    struct cuda_backend *cb = R->cb;
+    uint64_t seen = 0;
+
+    if (cb->opt.pin)
+        pin_worker(R);
+    for (;;) {
+        enum job_kind kind;
+        pthread_mutex_lock(&cb->mu);
+        while (cb->seq == seen)
+            pthread_cond_wait(&cb->go, &cb->mu);
+        seen = cb->seq;
+        kind = cb->kind;
+        pthread_mutex_unlock(&cb->mu);
+        if (kind == JOB_QUIT) {
+            rank_free(R);
+            return NULL;
+        }
+        run_rank(R);
+        pthread_mutex_lock(&cb->mu);
+        cb->finished++;
+        pthread_cond_broadcast(&cb->done);
+        pthread_mutex_unlock(&cb->mu);
+    }
+}
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Wait for every worker, until the deadline (NULL: for ever); 0 when all
+ * finished.  cb->mu held. */
+static int wait_workers(struct cuda_backend *cb, const struct timespec *deadline)
+{
+    while (cb->finished < cb->n) {
+        if (!deadline)
+            pthread_cond_wait(&cb->done, &cb->mu);
+        else if (pthread_cond_timedwait(&cb->done, &cb->mu, deadline) == ETIMEDOUT)
+            return cb->finished < cb->n ? -1 : 0;
+    }
+    return 0;
+}
+
+static int fail_for_good(struct cuda_backend *cb, struct dg_error *err, const char *fmt,
+                         const char *why)
+{
+    cb->failed = 1;
+    snprintf(cb->failure, sizeof cb->failure, fmt, why);
+    dg_log(DG_LOG_ERROR, "cuda backend: %s", cb->failure);
+    return dg_error_set(err, DG_E_INTERNAL, "cuda backend: %s", cb->failure);
+}
+
+static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error *err);
+
+/* A fresh group id and every rank's communicator made from it. */
+static int regroup(struct cuda_backend *cb, struct dg_error *err)
+{
+    int rc;
+    if ((rc = dg_nccl_get_id(&cb->id, err)) < 0)
+        return rc;
+    cb->regroup = 0;
+    if ((rc = run_job(cb, JOB_REGROUP, err)) < 0) {
+        if (!cb->failed)
+            rc = fail_for_good(cb, err, "cannot rebuild the NCCL group: %s", err ? err->msg : "");
+        return rc;
+    }
+    dg_log(DG_LOG_INFO, "cuda backend: NCCL group of %d rebuilt", cb->n);
+    return 0;
+}
+
+/* Run the job on every rank's worker and wait (bounded by the watchdog);
+ * report the first real failure. */
+static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error *err)
+{
+    struct timespec deadline;
+    int rc = 0, first = -1, late;
+
+    if (cb->failed)
+        return dg_error_set(err, DG_E_INTERNAL, "cuda backend: failed earlier: %s", cb->failure);
+    if (cb->regroup && kind != JOB_QUIT && kind != JOB_REGROUP && (rc = regroup(cb, err)) < 0)
+        return rc;
+    pthread_mutex_lock(&cb->mu);
+    cb->kind = kind;
+    cb->finished = 0;
+    cb->seq++;
+    pthread_cond_broadcast(&cb->go);
+    if (cb->opt.timeout_ms > 0 && kind != JOB_INIT && kind != JOB_QUIT)
+        deadline_in(&deadline, cb->opt.timeout_ms);
+    late = wait_workers(cb, cb->opt.timeout_ms > 0 && kind != JOB_INIT && kind != JOB_QUIT
+                                ? &deadline : NULL);
+    pthread_mutex_unlock(&cb->mu);
+    if (late) {
+        /* the watchdog: end every collective in flight, then give the
+         * workers a grace period to come back */
+        dg_log(DG_LOG_ERROR, "cuda backend: a call ran past %d ms: aborting the NCCL group",
+               cb->opt.timeout_ms);
+        for (int r = 0; r < cb->n; r++)
+            dg_nccl_abort(cb->ranks[r].nccl);
+        pthread_mutex_lock(&cb->mu);
+        deadline_in(&deadline, ABORT_GRACE_MS);
+        late = wait_workers(cb, &deadline);
+        pthread_mutex_unlock(&cb->mu);
+        if (late)
+            return fail_for_good(cb, err, "%s", "a GPU worker did not return after its NCCL "
+                                 "group was aborted (a hung kernel?)");
+        cb->regroup = cb->n > 1;
+        /* the call failed, whatever each rank saw */
+        for (int r = 0; r < cb->n; r++)
+            if (cb->ranks[r].rc == 0 || cb->ranks[r].err.code == DG_E_NCCL)
+                cb->ranks[r].rc = dg_error_set(&cb->ranks[r].err, DG_E_NCCL, "watchdog: no "
+                                               "progress in %d ms (a hung collective?); the "
+                                               "NCCL group was aborted", cb->opt.timeout_ms);
+    }
+    /* the cause, not the ranks that were told to give up */
+    for (int r = 0; r < cb->n; r++)
+        if (cb->ranks[r].rc < 0 && (first < 0 || (cb->ranks[first].err.code == DG_E_NCCL &&
+                                                  cb->ranks[r].err.code != DG_E_NCCL)))
+            first = r;
+    if (first >= 0) {
+        rc = -cb->ranks[first].err.code;
+        if (err) {
+            *err = cb->ranks[first].err;
+            dg_error_prefix(err, "cuda backend: rank %d (GPU %d)", first, cb->ranks[first].dev);
+        }
+        if (cb->n > 1)
+            cb->regroup = 1;
+        /* a lost context cannot be recovered in this process */
+        for (int r = 0; r < cb->n; r++)
+            if (cb->ranks[r].rc < 0 && cb->ranks[r].err.code == DG_E_CUDA &&
+                kind != JOB_INIT) {
+                struct dg_error probe;
+                if (dg_cuda_healthy(cb->ranks[r].dev, &probe) < 0)
+                    return fail_for_good(cb, err, "GPU context lost: %s", probe.msg), rc;
+            }
+    }
+    return rc;
+}
+
+/* ---- the interface ------------------------------------------------------------------ */
 
 static int slot_ok(const struct cuda_backend *cb, int slot, const char *what,
                    struct dg_error *err)
 {
-    if (slot < 0 || slot >= cb->base.max_slots || !cb->slots[slot].open)
+    if (slot < 0 || slot >= cb->base.max_slots || !cb->ranks[0].slots[slot].open)
         return dg_error_set(err, DG_E_INVAL, "cuda backend: %s: slot %d is not open", what, slot);
     return 0;
 }
@@ -158,13 +678,12 @@ static int slot_ok(const struct cuda_backend *cb, int slot, const char *what,
 static void cuda_slot_close(struct dg_backend *b, int slot)
 {
     struct cuda_backend *cb = impl(b);
-    struct gslot *s;
-    if (slot < 0 || slot >= b->max_slots || !cb->slots[slot].open)
+    struct dg_error ignored;
+    if (slot < 0 || slot >= b->max_slots || !cb->ranks[0].slots[slot].open)
         return;
-    s = &cb->slots[slot];
-    dg_cuda_kv_free(&s->kv);
-    dg_cuda_free(s->soft);
-    memset(s, 0, sizeof *s);
+    cb->slot = slot;
+    if (run_job(cb, JOB_CLOSE, &ignored) < 0)
+        dg_log(DG_LOG_WARN, "cuda backend: closing slot %d: %s", slot, ignored.msg);
     for (int i = 0; i < cb->n_last; i++)
         if (cb->last[i].slot == slot)
             cb->last[i].slot = -1;
@@ -174,10 +693,9 @@ static int cuda_slot_open(struct dg_backend *b, int slot, int64_t max_positions,
                           struct dg_error *err)
 {
     struct cuda_backend *cb = impl(b);
-    struct gslot *s;
     int rc;
 
-    if (slot < 0 || slot >= b->max_slots || cb->slots[slot].open)
+    if (slot < 0 || slot >= b->max_slots || cb->ranks[0].slots[slot].open)
         return dg_error_set(err, DG_E_INVAL, "cuda backend: slot %d is %s", slot,
                             slot < 0 || slot >= b->max_slots ? "out of range" : "already open");
     if (max_cl < 1 || max_positions < 1)
@@ -187,89 +705,58 @@ static int cuda_slot_open(struct dg_backend *b, int slot, int64_t max_positions,
         return dg_error_set(err, DG_E_RANGE, "cuda backend: %lld positions exceed the model's "
                             "%lld", (long long)max_positions,
                             (long long)b->cfg->max_position_embeddings);
-    TRY(dg_cuda_use(cb->dev, err));
-    s = &cb->slots[slot];
-    if ((rc = dg_cuda_kv_init(&s->kv, &cb->model, max_positions, max_cl, err)) < 0 ||
-        (rc = dg_cuda_alloc(&s->soft, (size_t)dg_elt_size(cb->model.elt) * (size_t)max_cl *
-                                          (size_t)b->cfg->hidden_size, cb->dev, err)) < 0) {
-        dg_cuda_kv_free(&s->kv);
-        memset(s, 0, sizeof *s);
-        dg_error_prefix(err, "cuda backend: slot %d", slot);
-        return rc;
+    cb->slot = slot;
+    cb->max_positions = max_positions;
+    cb->max_cl = max_cl;
+    if ((rc = run_job(cb, JOB_OPEN, err)) < 0) {
+        struct dg_error ignored;
+        /* the ranks that opened it close it again */
+        run_job(cb, JOB_CLOSE, &ignored);
+        dg_error_prefix(err, "slot %d", slot);
     }
-    s->open = 1;
-    s->max_cl = max_cl;
-    return 0;
+    return rc;
 }
 
 static int64_t cuda_slot_length(const struct dg_backend *b, int slot)
 {
     const struct cuda_backend *cb = (const struct cuda_backend *)b;
-    if (slot < 0 || slot >= b->max_slots || !cb->slots[slot].open)
+    if (slot < 0 || slot >= b->max_slots || !cb->ranks[0].slots[slot].open)
         return -1;
-    return cb->slots[slot].kv.length;
+    return cb->ranks[0].slots[slot].kv.length;
 }
-
-/* ---- encode ---------------------------------------------------------------------- */
 
 static int cuda_encode(struct dg_backend *b, const struct dg_encode_item *items, int n,
                        struct dg_error *err)
 {
     struct cuda_backend *cb = impl(b);
     int rc;
-
     if (n < 1)
         return 0;
-    TRY(reserve_seqs(cb, n, err));
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         TRY(slot_ok(cb, items[i].slot, "encode", err));
-        cb->seqs[i] = (struct dg_cuda_seq){&cb->slots[items[i].slot].kv, items[i].ids, items[i].n,
-                                           NULL};
-    }
-    TRY(dg_cuda_use(cb->dev, err));
-    rc = dg_cuda_encode(&cb->cx, cb->seqs, n, err);
-    if (rc < 0)
-        dg_error_prefix(err, "cuda backend");
-    return rc;
+    cb->items = items;
+    cb->n_items = n;
+    return run_job(cb, JOB_ENCODE, err);
 }
 
-/* ---- denoise --------------------------------------------------------------------- */
-
-/* Thresholds of a filtered item's rows: its logits, already soft-capped on
- * the GPU (so the threshold is one of the values the kernel compares), come
- * to the host and go through the CPU's bisection. */
-static int host_thresholds(struct cuda_backend *cb, const struct dg_denoise_item *it,
-                           int64_t off, struct dg_error *err)
+static int reserve_last(struct cuda_backend *cb, int n, struct dg_error *err)
 {
-    const int64_t V = cb->model.cfg.vocab_size;
-    const size_t n = (size_t)it->cl * (size_t)V;
-    float *z = malloc(sizeof(float) * n), *scratch = malloc(sizeof(float) * n);
-    int rc = 0;
-    if (!z || !scratch)
-        rc = dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory for a top-k/top-p "
-                          "filter over %d positions", it->cl);
-    if (rc == 0)
-        rc = dg_cuda_copy_async(z, cb->logits + off * V, sizeof(float) * n, cb->cx.stream,
-                                cb->dev, err);
-    if (rc == 0)
-        rc = dg_cuda_stream_sync(cb->cx.stream, cb->dev, err);
-    if (rc == 0)
-        rc = dg_filter_thresholds(z, it->cl, V, V, V, it->top_k, it->top_p, cb->tau_h + off,
-                                  scratch, NULL, err);
-    free(z);
-    free(scratch);
-    return rc;
+    if (n > cb->last_cap) {
+        struct last_item *li = realloc(cb->last, sizeof *li * (size_t)n);
+        if (!li)
+            return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
+        cb->last = li;
+        cb->last_cap = n;
+    }
+    return 0;
 }
 
 static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int n,
                         struct dg_error *err)
 {
     struct cuda_backend *cb = impl(b);
-    const struct dg_model_config *c = b->cfg;
-    const int64_t V = c->vocab_size;
-    float cap = (float)c->final_logit_softcapping;
-    int64_t rows = 0, off = 0;
-    int any_filtered = 0, rc;
+    int64_t off = 0;
+    int rc;
 
     cb->n_last = 0;
     if (n < 1)
@@ -278,7 +765,7 @@ static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int
         const struct dg_denoise_item *it = &items[i];
         const struct gslot *s;
         TRY(slot_ok(cb, it->slot, "denoise", err));
-        s = &cb->slots[it->slot];
+        s = &cb->ranks[0].slots[it->slot];
         if (it->cl < 1 || it->cl > s->max_cl || s->kv.length + it->cl > s->kv.max_length)
             return dg_error_set(err, DG_E_RANGE, "cuda backend: denoise (slot %d): canvas of %d "
                                 "after %lld tokens does not fit (canvas up to %d, %lld positions)",
@@ -288,181 +775,242 @@ static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int
             return dg_error_set(err, DG_E_INVAL, "cuda backend: denoise (slot %d): temperature "
                                 "%g, top_p %g", it->slot, (double)it->temperature,
                                 (double)it->top_p);
-        rows += it->cl;
+        for (int j = 0; j < i; j++)
+            if (items[j].slot == it->slot)
+                return dg_error_set(err, DG_E_INVAL, "cuda backend: denoise: slot %d twice in a "
+                                    "batch", it->slot);
     }
-    TRY(reserve_seqs(cb, n, err));
-    TRY(dg_cuda_use(cb->dev, err));
-    TRY(reserve_rows(cb, rows, err));
+    TRY(reserve_last(cb, n, err));
     for (int i = 0; i < n; i++) {
-        struct gslot *s = &cb->slots[items[i].slot];
-        cb->seqs[i] = (struct dg_cuda_seq){&s->kv, items[i].canvas, items[i].cl,
-                                           items[i].self_cond && s->has_soft ? s->soft : NULL};
+        cb->last[i] = (struct last_item){items[i].slot, items[i].cl, off};
+        off += items[i].cl;
     }
-    if ((rc = dg_cuda_decode(&cb->cx, cb->seqs, n, cb->logits, err)) < 0) {
-        dg_error_prefix(err, "cuda backend");
-        return rc;
-    }
-    /* per row: temperature, threshold (none yet), draw site */
-    for (int i = 0; i < n; i++) {
-        const struct dg_denoise_item *it = &items[i];
-        any_filtered |= (it->top_k > 0 && it->top_k < V) || it->top_p < 1;
-        for (int p = 0; p < it->cl; p++) {
-            cb->T_h[off + p] = it->temperature;
-            cb->tau_h[off + p] = -INFINITY;
-            cb->sites_h[off + p] =
-                (struct dg_rand_site){it->seed, it->canvas_index, it->step, (uint32_t)p};
-        }
-        cb->last[i] = (struct last_item){it->slot, it->cl, off};
-        off += it->cl;
-    }
-    TRY(dg_cuda_copy_async(cb->T_d, cb->T_h, sizeof(float) * (size_t)rows, cb->cx.stream, cb->dev,
-                           err));
-    TRY(dg_cuda_copy_async(cb->sites_d, cb->sites_h, sizeof *cb->sites_h * (size_t)rows,
-                           cb->cx.stream, cb->dev, err));
-    if (any_filtered) {
-        /* a first pass only soft-caps the logits in place (its statistics
-         * are dropped); the filtered items' thresholds come from those
-         * values; the statistics pass then leaves them as they are */
-        TRY(dg_cuda_copy_async(cb->tau_d, cb->tau_h, sizeof(float) * (size_t)rows,
-                               cb->cx.stream, cb->dev, err));
-        TRY(dg_cuda_row_stats(cb->stats_d, cb->logits, rows, V, 0, cap, cb->T_d, cb->tau_d, NULL,
-                              cb->stats_scratch, cb->cx.stream, cb->dev, err));
-        for (int i = 0; i < n; i++)
-            if (((items[i].top_k > 0 && items[i].top_k < V) || items[i].top_p < 1) &&
-                (rc = host_thresholds(cb, &items[i], cb->last[i].off, err)) < 0)
-                return rc;
-        cap = 0.0f;
-    }
-    TRY(dg_cuda_copy_async(cb->tau_d, cb->tau_h, sizeof(float) * (size_t)rows, cb->cx.stream,
-                           cb->dev, err));
-    TRY(dg_cuda_row_stats(cb->stats_d, cb->logits, rows, V, 0, cap, cb->T_d, cb->tau_d,
-                          cb->sites_d, cb->stats_scratch, cb->cx.stream, cb->dev, err));
-    TRY(dg_cuda_copy_async(cb->stats_h, cb->stats_d, sizeof *cb->stats_h * (size_t)rows,
-                           cb->cx.stream, cb->dev, err));
-    TRY(dg_cuda_stream_sync(cb->cx.stream, cb->dev, err));
-    for (int i = 0; i < n; i++)
-        items[i].nonfinite = dg_row_outputs(cb->stats_h + cb->last[i].off, items[i].cl,
-                                            items[i].sample, items[i].argmax, items[i].entropy);
+    cb->items = items;
+    cb->n_items = n;
+    TRY(run_job(cb, JOB_DENOISE, err));
     cb->n_last = n;
     return 0;
 }
 
-/* ---- condition ------------------------------------------------------------------- */
-
 static int cuda_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
 {
     struct cuda_backend *cb = impl(b);
-    const struct dg_model_config *c = b->cfg;
-    const int64_t V = c->vocab_size;
-    int64_t most = 0;
-    int rc;
-
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         if (which[i] < 0 || which[i] >= cb->n_last || cb->last[which[i]].slot < 0)
             return dg_error_set(err, DG_E_INVAL, "cuda backend: condition: item %d is not in the "
                                 "last denoise batch", which[i]);
-        if (cb->last[which[i]].cl > most)
-            most = cb->last[which[i]].cl;
-    }
     if (n < 1)
         return 0;
-    TRY(dg_cuda_use(cb->dev, err));
-    TRY(reserve_probs(cb, most, err));
-    for (int i = 0; i < n; i++) {
-        const struct last_item *li = &cb->last[which[i]];
-        struct gslot *s = &cb->slots[li->slot];
-        /* p = softmax over the kept ids (bf16), then (p E) c into the slot */
-        TRY(dg_cuda_row_probs_e(cb->model.elt, cb->probs, cb->logits + li->off * V, li->cl, V,
-                                cb->T_d + li->off, cb->tau_d + li->off, cb->stats_d + li->off,
-                                cb->cx.stream, cb->dev, err));
-        TRY(dg_blas_gemm_e(cb->cx.blas, cb->model.elt, s->soft, 0, cb->probs, li->cl,
-                           cb->model.embed, 1, c->hidden_size, V, c->hidden_size,
-                           cb->model.embed_scale, 0.0f, err));
-        s->has_soft = 1;
-    }
-    TRY(dg_cuda_stream_sync(cb->cx.stream, cb->dev, err));
-    return 0;
+    cb->which = which;
+    cb->n_items = n;
+    return run_job(cb, JOB_CONDITION, err);
 }
 
-/* ---- life ------------------------------------------------------------------------- */
-
+/* Stop the workers (each frees its rank) and free the rest. */
 static void cuda_destroy(struct dg_backend *b)
 {
     struct cuda_backend *cb = impl(b);
-    struct dg_error ignored;
+    int started = 0;
     if (!b)
         return;
-    dg_cuda_use(cb->dev, &ignored);
-    for (int i = 0; cb->slots && i < b->max_slots; i++)
-        cuda_slot_close(b, i);
-    dg_cuda_ctx_free(&cb->cx);
-    free_rows(cb);
-    dg_cuda_free(cb->probs);
-    dg_cuda_model_free(&cb->model);
-    free(cb->slots);
-    free(cb->seqs);
+    for (int r = 0; r < cb->n; r++)
+        started += cb->ranks[r].started;
+    if (started && !cb->failed) {
+        pthread_mutex_lock(&cb->mu);
+        cb->kind = JOB_QUIT;
+        cb->seq++;
+        pthread_cond_broadcast(&cb->go);
+        pthread_mutex_unlock(&cb->mu);
+        for (int r = 0; r < cb->n; r++)
+            if (cb->ranks[r].started)
+                pthread_join(cb->ranks[r].thread, NULL);
+    } else if (started) {
+        /* a worker may be stuck for good: leave the threads (and their
+         * memory) to the process's end */
+        return;
+    }
+    for (int r = 0; r < cb->n; r++) {
+        free(cb->ranks[r].slots);
+        free(cb->ranks[r].seqs);
+    }
+    free(cb->ranks);
     free(cb->last);
+    pthread_mutex_destroy(&cb->mu);
+    pthread_cond_destroy(&cb->go);
+    pthread_cond_destroy(&cb->done);
     free(cb);
+}
+
+static const char *cuda_failure(const struct dg_backend *b)
+{
+    const struct cuda_backend *cb = (const struct cuda_backend *)b;
+    return cb->failed ? cb->failure : NULL;
 }
 
 static const struct dg_backend_ops cuda_ops = {
     cuda_slot_open, cuda_slot_close, cuda_slot_length, cuda_encode, cuda_denoise, cuda_condition,
-    cuda_destroy,
+    cuda_destroy, cuda_failure,
 };
+
+static uint64_t rank_other(const struct cuda_backend *cb, const struct grank *R, uint64_t *kv)
+{
+    uint64_t k = 0;
+    for (int i = 0; i < cb->base.max_slots; i++)
+        if (R->slots[i].open)
+            k += R->slots[i].kv.bytes + (uint64_t)dg_elt_size(R->model.elt) *
+                                            (uint64_t)R->slots[i].max_cl *
+                                            (uint64_t)cb->base.cfg->hidden_size;
+    if (kv)
+        *kv = k;
+    return k + R->cx.scratch_bytes + (uint64_t)R->cx.pos_cap * 8 + R->rows_bytes +
+           R->probs_bytes;
+}
 
 void dg_cuda_backend_bytes(const struct dg_backend *b, uint64_t *weights, uint64_t *other)
 {
     const struct cuda_backend *cb = (const struct cuda_backend *)b;
-    uint64_t o = cb->cx.scratch_bytes + (uint64_t)cb->cx.pos_cap * 8 + cb->rows_bytes +
-                 cb->probs_bytes;
-    for (int i = 0; i < b->max_slots; i++)
-        if (cb->slots[i].open)
-            o += cb->slots[i].kv.bytes + (uint64_t)dg_elt_size(cb->model.elt) *
-                                             (uint64_t)cb->slots[i].max_cl *
-                                             (uint64_t)b->cfg->hidden_size;
-    *weights = cb->model.bytes;
-    *other = o;
+    *weights = *other = 0;
+    for (int r = 0; r < cb->n; r++) {
+        *weights += cb->ranks[r].model.bytes;
+        *other += rank_other(cb, &cb->ranks[r], NULL);
+    }
+}
+
+int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda_rank_usage *u)
+{
+    const struct cuda_backend *cb = (const struct cuda_backend *)b;
+    const struct grank *R;
+    size_t free_b = 0, total_b = 0;
+    struct dg_error ignored;
+    if (r < 0 || r >= cb->n)
+        return -1;
+    R = &cb->ranks[r];
+    memset(u, 0, sizeof *u);
+    u->device = R->dev;
+    u->vocab_rows = R->model.nv;
+    u->logits_cols = R->model.nv;
+    u->weights = R->model.bytes;
+    u->embedding = (uint64_t)R->model.nv * (uint64_t)b->cfg->hidden_size *
+                   (uint64_t)dg_elt_size(R->model.elt);
+    u->scratch = rank_other(cb, R, &u->kv) - u->kv;
+    if (dg_cuda_mem_info(&free_b, &total_b, R->dev, &ignored) == 0)
+        u->device_used = (uint64_t)(total_b - free_b);
+    if (R->nccl)
+        u->coll = dg_nccl_coll(R->nccl)->stats;
+    return 0;
+}
+
+int dg_cuda_backend_ranks(const struct dg_backend *b)
+{
+    return ((const struct cuda_backend *)b)->n;
+}
+
+int dg_cuda_backend_failed(const struct dg_backend *b)
+{
+    return ((const struct cuda_backend *)b)->failed;
+}
+
+void dg_cuda_backend_inject_skip(struct dg_backend *b, int r)
+{
+    struct cuda_backend *cb = impl(b);
+    if (r >= 0 && r < cb->n)
+        cb->ranks[r].skip = 1;
 }
 
 int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_backend **out,
                            struct dg_error *err)
 {
     struct cuda_backend *cb;
+    const struct dg_model_config *cfg = o->model ? &o->model->cfg : o->cfg;
+    const int n = o->n_ranks > 1 ? o->n_ranks : 1;
     int rc;
 
     *out = NULL;
-    if (o->max_slots < 1 || (!o->model && !o->cfg) || (!o->model && o->fp32))
-        return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %s", o->max_slots,
-                            o->model ? "a model"
-                            : !o->cfg ? "no model and no config"
-                            : o->fp32 ? "random weights are bf16 only" : "a config");
-    if ((rc = dg_cuda_use(o->device, err)) < 0)
-        return rc;
+    if (o->max_slots < 1 || !cfg || (!o->model && o->fp32) || n > DG_TP_MAX ||
+        o->timeout_ms < 0)
+        return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %d ranks, %s", o->max_slots,
+                            n, o->model ? "a model"
+                               : !o->cfg ? "no model and no config"
+                               : o->fp32 ? "random weights are bf16 only" : "a config");
     cb = calloc(1, sizeof *cb);
     if (!cb)
         return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
-    cb->dev = o->device;
-    cb->slots = calloc((size_t)o->max_slots, sizeof *cb->slots);
-    if (!cb->slots) {
-        free(cb);
-        return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
+    cb->opt = *o;
+    cb->n = n;
+    pthread_mutex_init(&cb->mu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&cb->done, &ca);
+        pthread_condattr_destroy(&ca);
     }
+    pthread_cond_init(&cb->go, NULL);
     cb->base.ops = &cuda_ops;
     cb->base.name = "cuda";
     cb->base.max_slots = o->max_slots;
-    rc = o->model ? dg_cuda_model_upload(&cb->model, o->model,
-                                         o->fp32 ? DG_ELT_F32 : DG_ELT_BF16, o->device, err)
-                  : dg_cuda_model_random(&cb->model, o->cfg, o->seed, o->device, err);
-    if (rc == 0)
-        rc = dg_cuda_ctx_init(&cb->cx, &cb->model, err);
-    if (rc < 0) {
-        dg_cuda_ctx_free(&cb->cx);
-        dg_cuda_model_free(&cb->model);
-        free(cb->slots);
-        free(cb);
+    cb->base.cfg = cfg;
+    if (sched_getaffinity(0, sizeof cb->allowed, &cb->allowed) != 0)
+        CPU_ZERO(&cb->allowed);
+    if ((rc = dg_tp_plan_build(cfg, n, o->experts, 1, &cb->plan, err)) < 0) {
+        cuda_destroy(&cb->base);
         return rc;
     }
-    cb->base.cfg = &cb->model.cfg;
+    cb->ranks = calloc((size_t)n, sizeof *cb->ranks);
+    if (!cb->ranks) {
+        cuda_destroy(&cb->base);
+        return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
+    }
+    for (int r = 0; r < n; r++) {
+        struct grank *R = &cb->ranks[r];
+        R->cb = cb;
+        R->index = r;
+        R->dev = n == 1 ? (o->devices ? o->devices[0] : o->device)
+                        : (o->devices ? o->devices[r] : r);
+        for (int q = 0; q < r; q++)
+            if (cb->ranks[q].dev == R->dev) {
+                cuda_destroy(&cb->base);
+                return dg_error_set(err, DG_E_INVAL, "cuda backend: GPU %d named twice", R->dev);
+            }
+        R->slots = calloc((size_t)o->max_slots, sizeof *R->slots);
+        if (!R->slots) {
+            cuda_destroy(&cb->base);
+            return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
+        }
+    }
+    {
+        /* every GPU must exist before any rank waits for the others */
+        int have = 0;
+        if ((rc = dg_gpu_count(&have, err)) < 0) {
+            cuda_destroy(&cb->base);
+            return rc;
+        }
+        for (int r = 0; r < n; r++)
+            if (cb->ranks[r].dev < 0 || cb->ranks[r].dev >= have) {
+                const int dev = cb->ranks[r].dev;
+                cuda_destroy(&cb->base);
+                return dg_error_set(err, DG_E_NODEV, "cuda backend: rank %d: no GPU %d (%d "
+                                    "visible)", r, dev, have);
+            }
+    }
+    if (n > 1 && (rc = dg_nccl_get_id(&cb->id, err)) < 0) {
+        cuda_destroy(&cb->base);
+        return rc;
+    }
+    for (int r = 0; r < n; r++) {
+        if (pthread_create(&cb->ranks[r].thread, NULL, worker, &cb->ranks[r]) != 0) {
+            cuda_destroy(&cb->base);
+            return dg_error_set(err, DG_E_INTERNAL, "cuda backend: cannot start the worker of "
+                                "GPU %d", cb->ranks[r].dev);
+        }
+        cb->ranks[r].started = 1;
+    }
+    /* every rank loads its share and joins the group on its own thread */
+    if ((rc = run_job(cb, JOB_INIT, err)) < 0) {
+        cuda_destroy(&cb->base);
+        return rc;
+    }
+    cb->base.cfg = &cb->ranks[0].model.cfg;
     *out = &cb->base;
     return 0;
 }

@@ -19,8 +19,31 @@
  * to soft-cap them first); the logits of unfiltered items never leave the
  * GPU.
  *
- * All calls run on the calling thread, which they bind to the backend's
- * GPU (the daemon's GPU worker).
+ * Tensor parallelism (design.md §3.4): over n_ranks GPUs, rank r holds
+ * its share of lib/tp-plan.h's split (cuda-model.h) and its KV heads of
+ * every slot; the forward pass meets in NCCL all-reduces
+ * (cuda-forward.h).  The sampler is vocabulary-parallel: each rank takes
+ * the statistics of its logits columns, one all-gather of those records
+ * (a few dozen bytes per position) and a fold in rank order give every
+ * rank the whole row's; the filters' bisection sums counts across ranks;
+ * self-conditioning multiplies each rank's probabilities by its own
+ * embedding rows, and one all-reduce of [CL, H] sums them.  No rank holds
+ * the whole embedding or a whole row of logits or probabilities.
+ *
+ * Workers: every rank runs on a thread of its own, created here and
+ * pinned to a CPU near its GPU (the GPU's local_cpulist in sysfs, when
+ * the process may run there), which owns the GPU for the backend's
+ * life: its stream, cuBLAS handle, NCCL communicator, weights, caches.
+ * The interface's calls hand their work to the workers and wait.
+ *
+ * Failures: a rank that fails aborts the group's communicators so the
+ * others leave their collectives; the call fails (the engine fails the
+ * batch's requests) and the group is rebuilt from a fresh id before the
+ * next call.  A watchdog bounds each call (timeout_ms): past it the
+ * communicators are aborted too, which ends a hung collective.  A worker
+ * that does not come back even then, or a GPU whose context is lost (a
+ * sticky CUDA error), leaves the backend failed: every later call fails,
+ * and dg_cuda_backend_failed says so (the daemon stops with a log line).
  */
 #ifndef DG_KERNELS_CUDA_BACKEND_H
 #define DG_KERNELS_CUDA_BACKEND_H
@@ -28,22 +51,56 @@
 #include <stdint.h>
 
 #include "lib/backend.h"
+#include "lib/coll.h"
 #include "lib/model-weights.h"
+#include "lib/tp-plan.h"
 
 struct dg_cuda_backend_options {
-    int device;                          /* CUDA device index */
+    int device;                          /* CUDA device index (one GPU) */
+    int n_ranks;                         /* GPUs (0 or 1: one, `device`) */
+    const int *devices;                  /* [n_ranks] device indexes, or NULL: 0 .. n-1 */
+    enum dg_expert_split experts;        /* how experts are split over ranks */
     int max_slots;                       /* requests in flight */
     const struct dg_model *model;        /* weights to upload, or NULL for: */
     const struct dg_model_config *cfg;   /*   random weights of this shape */
     uint64_t seed;                       /*   made from this seed */
     int fp32;                            /* with model: fp32 elements (else bf16) */
+    int pin;                             /* pin each worker to a CPU near its GPU */
+    int timeout_ms;                      /* watchdog per call; 0: none */
 };
 
-/* Errors: DG_E_INVAL (options), DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */
+/* Errors: DG_E_INVAL (options), DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS,
+ * DG_E_NCCL, DG_E_INTERNAL (threads). */
 int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_backend **out,
                            struct dg_error *err);
 
-/* Device bytes the backend holds: weights, and slots + scratch now. */
+/* Device bytes the backend holds, over all ranks: weights, and slots +
+ * scratch now. */
 void dg_cuda_backend_bytes(const struct dg_backend *b, uint64_t *weights, uint64_t *other);
+
+/* What rank r holds (bytes unless said otherwise). */
+struct dg_cuda_rank_usage {
+    int device;
+    int64_t vocab_rows;          /* embedding / LM head rows held (of V) */
+    int64_t logits_cols;         /* columns of a logits or probability row held (of V) */
+    uint64_t weights, embedding; /* all weights; the embedding slice among them */
+    uint64_t kv, scratch;        /* open slots' caches + soft inputs; forward + sampler scratch */
+    uint64_t device_used;        /* the GPU's used memory, as the driver reports it */
+    struct dg_coll_stats coll;   /* the collectives it issued */
+};
+
+/* Fills u for rank r; -1 when r is not a rank. */
+int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda_rank_usage *u);
+
+/* Ranks of the backend. */
+int dg_cuda_backend_ranks(const struct dg_backend *b);
+
+/* Whether the backend has failed for good (see above). */
+int dg_cuda_backend_failed(const struct dg_backend *b);
+
+/* For fault tests: rank r does nothing in the next call, so that the
+ * others wait in their first collective (a lost rank, a hung peer) until
+ * the watchdog ends it. */
+void dg_cuda_backend_inject_skip(struct dg_backend *b, int r);
 
 #endif

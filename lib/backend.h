@@ -67,6 +67,10 @@ struct dg_backend_ops {
     /* which: indexes into the last denoise batch */
     int (*condition)(struct dg_backend *b, const int *which, int n, struct dg_error *err);
     void (*destroy)(struct dg_backend *b);
+    /* Optional (NULL: never): why the backend has failed for good (a lost
+     * GPU context, a worker that never came back), or NULL while it
+     * works.  Every later call fails; the daemon stops. */
+    const char *(*failure)(const struct dg_backend *b);
 };
 
 struct dg_backend {

@@ -506,7 +506,7 @@ static void cpu_destroy(struct dg_backend *b)
 
 static const struct dg_backend_ops cpu_ops = {
     cpu_slot_open, cpu_slot_close, cpu_slot_length, cpu_encode, cpu_denoise, cpu_condition,
-    cpu_destroy,
+    cpu_destroy, NULL,
 };
 
 const struct dg_tp_plan *dg_cpu_backend_plan(const struct dg_backend *b)

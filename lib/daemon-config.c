@@ -79,7 +79,11 @@ static const struct opt opts[] = {
      .help = "How the MoE experts are split over tensor-parallel ranks: across gives each rank "
              "whole experts, width gives each rank a slice of every expert's width."},
     {.name = "pin_workers", .type = T_BOOL, .off = OFF(pin_workers), .def = "true",
-     .help = "Pin each rank's worker thread to one CPU."},
+     .help = "Pin each rank's worker thread to one CPU (on GPUs: one near its GPU)."},
+    {.name = "gpu_timeout", .type = T_DOUBLE, .off = OFF(gpu_timeout), .dmin = 0,
+     .dmax = 86400, .def = "120",
+     .help = "Seconds one step of the GPU workers may take before the watchdog aborts their "
+             "NCCL group (a hung collective) and fails the step's requests. 0: no watchdog."},
     {.name = "max_batch", .type = T_INT, .off = OFF(max_batch), .min = 1, .max = 1024, .def = "8",
      .help = "Most requests generating at once; further requests wait in the queue."},
     {.name = "max_canvas_length", .type = T_INT, .off = OFF(max_canvas_length), .min = 0,

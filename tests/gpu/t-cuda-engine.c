@@ -348,6 +348,7 @@ static void ls_destroy(struct dg_backend *b)
 
 static const struct dg_backend_ops ls_ops = {
     ls_slot_open, ls_slot_close, ls_slot_length, ls_encode, ls_denoise, ls_condition, ls_destroy,
+    NULL,
 };
 
 /* NREQ requests through one engine on the lockstep pair; prints what it saw;

@@ -524,7 +524,7 @@ static void f_destroy(struct dg_backend *b)
     (void)b;
 }
 static const struct dg_backend_ops faulty_ops = {f_slot_open, f_slot_close, f_slot_length,
-                                                 f_encode, f_denoise, f_condition, f_destroy};
+                                                 f_encode, f_denoise, f_condition, f_destroy, NULL};
 
 static int backend_failures(void)
 {
@@ -658,7 +658,7 @@ static void s_destroy(struct dg_backend *b)
     (void)b;
 }
 static const struct dg_backend_ops scripted_ops = {s_slot_open, s_slot_close, s_slot_length,
-                                                   s_encode, s_denoise, s_condition, s_destroy};
+                                                   s_encode, s_denoise, s_condition, s_destroy, NULL};
 
 /* Run one request on the scripted backend. */
 static int scripted_run(struct scripted *sb, int64_t max_tokens, int stability,
