@@ -1,0 +1,641 @@
+/*
+ * Description: tensor parallelism over GPUs (NCCL) against one GPU.
+ *
+ *   logits_golden: golden-a's decoder logits after a prompt, TP=2 against
+ *     TP=1: fp32 elements within 1e-5 relative, bf16 within 1e-2 with the
+ *     row argmax agreeing on >= 99% of rows; the "small" preset (bf16) the
+ *     same.
+ *   logits_full: the full-size 26B-A4B shapes with random bf16 weights
+ *     made on the GPUs (each rank fills only its slice with the whole
+ *     model's values), prompt 128, canvas 256: TP=2 against TP=1 within
+ *     1e-2, argmax >= 99%; per rank, the weights, the vocabulary rows and
+ *     logits columns held (each < V) and the collectives of one decoder
+ *     pass against what gathering the logits would move (printed).
+ *   generations: four requests through the engine (prefill chunks,
+ *     self-conditioning, commits, two canvases) on the backend at TP=2 and
+ *     TP=1, fp32 elements, two denoising steps a canvas: every id equal;
+ *     six steps (chains) and bf16 shown.
+ *   rank_usage: the backend at TP=2 reports per rank a vocabulary slice
+ *     and logits rows narrower than V, and collectives issued.
+ *   watchdog: rank 1 skips a denoising step, so rank 0 waits in its first
+ *     all-reduce: the call fails with a watchdog error within the timeout
+ *     plus the abort's grace; the next call rebuilds the group and gives
+ *     the same outputs as the step before the fault.
+ *   refusals: golden-b's 6 query heads over 3 KV heads cannot split in 2
+ *     whole KV groups: a clear error; tp larger than the GPUs: an error.
+ * Exit 77 without two GPUs.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/cuda-backend.h"
+#include "kernels/cuda-forward.h"
+#include "kernels/cuda-model.h"
+#include "kernels/device-probe.h"
+#include "kernels/devmem.h"
+#include "kernels/nccl.h"
+#include "lib/checkpoint.h"
+#include "lib/engine.h"
+#include "lib/gen-settings.h"
+#include "lib/model-config.h"
+#include "lib/model-synth.h"
+#include "lib/model-weights.h"
+#include "lib/tp-plan.h"
+#include "tests/gpu/gpu-util.h"
+#include "tests/harness.h"
+
+#define MAXR 8
+#define ARGMAX_BOUND 0.99
+
+/* ---- one decoder pass at TP=n, rank threads of this process --------------------- */
+
+struct tp_pass {
+    /* in */
+    const struct dg_model *m;           /* a checkpoint, or NULL for: */
+    const struct dg_model_config *cfg;  /*   random bf16 weights of this shape */
+    uint64_t seed;
+    enum dg_elt elt;
+    int n;
+    struct dg_tp_plan plan;
+    struct dg_nccl_id id;
+    const int32_t *prompt, *canvas;
+    int64_t P, CL;
+    /* out */
+    float *logits;                      /* [CL, V] host, assembled from the ranks' columns */
+    struct dg_nccl *nccl[MAXR];
+    int rc[MAXR];
+    struct dg_error err[MAXR];
+    uint64_t weights[MAXR], kv[MAXR], scratch[MAXR], used[MAXR];
+    int64_t nv[MAXR];
+    struct dg_coll_stats decode_coll[MAXR]; /* the decoder pass's collectives alone */
+};
+
+struct tp_arg {
+    struct tp_pass *p;
+    int r;
+};
+
+static void *tp_rank(void *arg)
+{
+    struct tp_arg *a = arg;
+    struct tp_pass *p = a->p;
+    const int r = a->r;
+    struct dg_error *err = &p->err[r];
+    struct dg_cuda_model cm;
+    struct dg_cuda_ctx cx;
+    struct dg_cuda_kv kv;
+    struct dg_cuda_seq seq;
+    float *d_logits = NULL, *h = NULL;
+    const int64_t V = p->cfg->vocab_size;
+    int rc;
+
+    memset(&cm, 0, sizeof cm);
+    memset(&cx, 0, sizeof cx);
+    memset(&kv, 0, sizeof kv);
+    if ((rc = dg_cuda_use(r, err)) < 0)
+        goto out;
+    rc = p->m ? dg_cuda_model_upload_rank(&cm, p->m, p->elt, &p->plan, r, r, err)
+              : dg_cuda_model_random_rank(&cm, p->cfg, p->seed, &p->plan, r, r, err);
+    if (rc < 0)
+        goto out;
+    if ((rc = dg_cuda_ctx_init(&cx, &cm, err)) < 0)
+        goto out;
+    if (p->n > 1) {
+        if ((rc = dg_nccl_init(&p->nccl[r], &p->id, p->n, r, r, cx.stream, err)) < 0)
+            goto out;
+        cx.nccl = p->nccl[r];
+    }
+    if ((rc = dg_cuda_kv_init(&kv, &cm, p->P + p->CL, (int)p->CL, err)) < 0)
+        goto out;
+    seq = (struct dg_cuda_seq){&kv, p->prompt, p->P, NULL};
+    if ((rc = dg_cuda_encode(&cx, &seq, 1, err)) < 0)
+        goto out;
+    if ((rc = dg_cuda_alloc((void **)&d_logits, sizeof(float) * (size_t)(p->CL * cm.nv), r,
+                            err)) < 0)
+        goto out;
+    {
+        const struct dg_coll_stats before =
+            p->nccl[r] ? dg_nccl_coll(p->nccl[r])->stats : (struct dg_coll_stats){{0}, {0}};
+        seq = (struct dg_cuda_seq){&kv, p->canvas, p->CL, NULL};
+        if ((rc = dg_cuda_decode(&cx, &seq, 1, d_logits, err)) < 0)
+            goto out;
+        if (p->nccl[r])
+            for (int k = 0; k < DG_COLL_KINDS; k++) {
+                p->decode_coll[r].calls[k] =
+                    dg_nccl_coll(p->nccl[r])->stats.calls[k] - before.calls[k];
+                p->decode_coll[r].bytes[k] =
+                    dg_nccl_coll(p->nccl[r])->stats.bytes[k] - before.bytes[k];
+            }
+    }
+    h = malloc(sizeof(float) * (size_t)(p->CL * cm.nv));
+    if (!h) {
+        rc = dg_error_set(err, DG_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = dg_cuda_stream_sync(cx.stream, r, err)) < 0 ||
+        (rc = dg_cuda_download(h, d_logits, sizeof(float) * (size_t)(p->CL * cm.nv), r, err)) < 0)
+        goto out;
+    for (int64_t t = 0; t < p->CL; t++)
+        memcpy(p->logits + t * V + cm.v0, h + t * cm.nv, sizeof(float) * (size_t)cm.nv);
+    p->weights[r] = cm.bytes;
+    p->kv[r] = kv.bytes;
+    p->scratch[r] = cx.scratch_bytes;
+    p->nv[r] = cm.nv;
+    {
+        size_t fr = 0, tot = 0;
+        if (dg_cuda_mem_info(&fr, &tot, r, err) == 0)
+            p->used[r] = (uint64_t)(tot - fr);
+    }
+out:
+    if (rc < 0 && p->n > 1)
+        for (int q = 0; q < p->n; q++)
+            dg_nccl_abort(p->nccl[q]);
+    p->rc[r] = rc;
+    free(h);
+    dg_cuda_free(d_logits);
+    dg_cuda_kv_free(&kv);
+    if (p->nccl[r]) {
+        dg_nccl_free(p->nccl[r]);
+        p->nccl[r] = NULL;
+    }
+    cx.nccl = NULL;
+    dg_cuda_ctx_free(&cx);
+    dg_cuda_model_free(&cm);
+    return NULL;
+}
+
+/* Run p over p->n GPUs (0 .. n-1); 0 or the first rank's failure printed. */
+static int tp_run(struct tp_pass *p)
+{
+    pthread_t th[MAXR];
+    struct tp_arg args[MAXR];
+    struct dg_error err = {0};
+    memset(p->nccl, 0, sizeof p->nccl);
+    memset(p->decode_coll, 0, sizeof p->decode_coll);
+    CHECK_OK(dg_tp_plan_build(p->cfg, p->n, DG_EXPERTS_ACROSS, 1, &p->plan, &err), &err);
+    if (p->n > 1)
+        CHECK_OK(dg_nccl_get_id(&p->id, &err), &err);
+    for (int r = 0; r < p->n; r++) {
+        args[r] = (struct tp_arg){p, r};
+        CHECK(pthread_create(&th[r], NULL, tp_rank, &args[r]) == 0);
+    }
+    for (int r = 0; r < p->n; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < p->n; r++)
+        CHECKF(p->rc[r] == 0, "rank %d of %d: %s", r, p->n, p->err[r].msg);
+    return 0;
+}
+
+static double rel_err(const float *g, const float *r, int64_t rows, int64_t cols, int64_t *agree)
+{
+    double num = 0, den = 0;
+    *agree = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        int64_t ag = 0, ar = 0;
+        for (int64_t j = 0; j < cols; j++) {
+            const double d = (double)g[i * cols + j] - r[i * cols + j];
+            if (!isfinite(g[i * cols + j]))
+                return INFINITY;
+            num += d * d;
+            den += (double)r[i * cols + j] * r[i * cols + j];
+            if (g[i * cols + j] > g[i * cols + ag])
+                ag = j;
+            if (r[i * cols + j] > r[i * cols + ar])
+                ar = j;
+        }
+        *agree += ag == ar;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The same pass at TP=1 and TP=2: logits within bound, argmax >= 99%. */
+static int compare_tp(const char *what, struct tp_pass *p, double bound, int show_memory)
+{
+    const int64_t V = p->cfg->vocab_size;
+    float *one = malloc(sizeof(float) * (size_t)(p->CL * V));
+    float *two = malloc(sizeof(float) * (size_t)(p->CL * V));
+    int64_t agree;
+    double e;
+    CHECK(one && two);
+    /* poisoned: every column must be written by some rank */
+    for (int64_t i = 0; i < p->CL * V; i++)
+        one[i] = two[i] = NAN;
+    p->n = 1;
+    p->logits = one;
+    CHECK(tp_run(p) == 0);
+    if (show_memory)
+        printf("# %s TP=1: weights %.2f GiB, KV %.1f MiB, scratch %.1f MiB, GPU used %.2f GiB\n",
+               what, (double)p->weights[0] / (1 << 30), (double)p->kv[0] / (1 << 20),
+               (double)p->scratch[0] / (1 << 20), (double)p->used[0] / (1 << 30));
+    p->n = 2;
+    p->logits = two;
+    CHECK(tp_run(p) == 0);
+    for (int r = 0; r < 2; r++) {
+        const struct dg_coll_stats *s = &p->decode_coll[r];
+        if (show_memory)
+            printf("# %s TP=2 rank %d: weights %.2f GiB, KV %.1f MiB, scratch %.1f MiB, GPU used "
+                   "%.2f GiB; vocabulary rows and logits columns %lld of %lld\n", what, r,
+                   (double)p->weights[r] / (1 << 30), (double)p->kv[r] / (1 << 20),
+                   (double)p->scratch[r] / (1 << 20), (double)p->used[r] / (1 << 30),
+                   (long long)p->nv[r], (long long)V);
+        printf("# %s TP=2 rank %d: one decoder pass over %lld positions: %llu all-reduces, "
+               "%.2f MiB; the logits all-gather it replaces would send %.2f MiB\n", what, r,
+               (long long)p->CL, (unsigned long long)s->calls[DG_COLL_ALL_REDUCE],
+               (double)s->bytes[DG_COLL_ALL_REDUCE] / (1 << 20),
+               (double)(p->CL * p->nv[r]) * 4 / (1 << 20));
+        CHECKF(p->nv[r] < V, "rank %d holds %lld of %lld vocabulary rows", r,
+               (long long)p->nv[r], (long long)V);
+        CHECK(s->calls[DG_COLL_ALL_REDUCE] == 2 * (uint64_t)p->cfg->num_layers + 1);
+    }
+    e = rel_err(two, one, p->CL, V, &agree);
+    printf("# %s: TP=2 vs TP=1 logits: relative error %.3g, row argmax agree %lld/%lld\n", what, e,
+           (long long)agree, (long long)p->CL);
+    CHECKF(e <= bound, "%s: relative error %.3g > %.3g", what, e, bound);
+    CHECKF((double)agree >= ARGMAX_BOUND * (double)p->CL, "%s: argmax agrees on %lld of %lld",
+           what, (long long)agree, (long long)p->CL);
+    free(one);
+    free(two);
+    return 0;
+}
+
+static void random_ids(int32_t *ids, int64_t n, int64_t V, uint64_t seed)
+{
+    gt_seed(seed);
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = 3 + (int32_t)(gt_next() % (uint64_t)(V - 3));
+}
+
+static int golden_logits(const char *dir, const char *name, enum dg_elt elt, double bound)
+{
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct tp_pass p;
+    int32_t prompt[80], canvas[64];
+    char what[96];
+    memset(&p, 0, sizeof p);
+    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
+    p.m = &m;
+    p.cfg = &m.cfg;
+    p.elt = elt;
+    p.P = 70;
+    p.CL = m.cfg.canvas_length < 64 ? m.cfg.canvas_length : 64;
+    random_ids(prompt, p.P, m.cfg.vocab_size, 5);
+    random_ids(canvas, p.CL, m.cfg.vocab_size, 6);
+    p.prompt = prompt;
+    p.canvas = canvas;
+    snprintf(what, sizeof what, "%s %s", name, elt == DG_ELT_F32 ? "fp32" : "bf16");
+    CHECK(compare_tp(what, &p, bound, 0) == 0);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    return 0;
+}
+
+static const char *small_bf16(void)
+{
+    static int made;
+    struct dg_model_config c;
+    struct dg_synth_options o;
+    struct dg_synth_plan p;
+    struct dg_error err = {0};
+    const char *dir = test_path("small-bf16");
+    if (made)
+        return dir;
+    dg_model_config_preset("small", &c, NULL);
+    dg_synth_options_default(&o);
+    o.dtype = DG_DTYPE_BF16;
+    o.seed = 3;
+    if (dg_synth_plan_build(&c, &o, &p, &err) < 0 || dg_synth_write(dir, &c, NULL, &p, &o, &err) < 0) {
+        fprintf(stderr, "# small model: %s\n", err.msg);
+        return NULL;
+    }
+    dg_synth_plan_free(&p);
+    made = 1;
+    return dir;
+}
+
+static int case_logits_golden(void)
+{
+    const char *small = small_bf16();
+    CHECK(small);
+    CHECK(golden_logits("tests/golden/golden-a/checkpoint", "golden-a", DG_ELT_F32, 1e-5) == 0);
+    CHECK(golden_logits("tests/golden/golden-a/checkpoint", "golden-a", DG_ELT_BF16, 1e-2) == 0);
+    CHECK(golden_logits(small, "small", DG_ELT_BF16, 1e-2) == 0);
+    return 0;
+}
+
+static int case_logits_full(void)
+{
+    struct dg_model_config cfg;
+    struct dg_error err = {0};
+    struct tp_pass p;
+    int32_t *prompt = malloc(sizeof(int32_t) * 128), *canvas = malloc(sizeof(int32_t) * 256);
+    size_t fr = 0, tot = 0;
+    CHECK(prompt && canvas);
+    CHECK_OK(dg_model_config_preset("26b", &cfg, &err), &err);
+    CHECK_OK(dg_cuda_mem_info(&fr, &tot, 0, &err), &err);
+    if (fr < ((size_t)60 << 30)) {
+        free(prompt);
+        free(canvas);
+        return test_skip("%.1f GiB free on GPU 0; the full-size model needs 60",
+                         (double)fr / (1 << 30));
+    }
+    memset(&p, 0, sizeof p);
+    p.cfg = &cfg;
+    p.seed = 1;
+    p.elt = DG_ELT_BF16;
+    p.P = 128;
+    p.CL = 256;
+    random_ids(prompt, p.P, cfg.vocab_size, 7);
+    random_ids(canvas, p.CL, cfg.vocab_size, 8);
+    p.prompt = prompt;
+    p.canvas = canvas;
+    CHECK(compare_tp("26B-A4B random", &p, 1e-2, 1) == 0);
+    free(prompt);
+    free(canvas);
+    return 0;
+}
+
+/* ---- through the backend ------------------------------------------------------------ */
+
+#define NREQ 4
+#define MAX_OUT 1024
+
+struct outcome {
+    uint64_t id;
+    int32_t ids[MAX_OUT];
+    int n, done;
+    enum dg_finish finish;
+};
+
+struct sink {
+    struct outcome out[NREQ];
+    int n;
+};
+
+static void on_event(void *ctx, const struct dg_gen_event *ev)
+{
+    struct sink *s = ctx;
+    for (int i = 0; i < s->n; i++) {
+        struct outcome *o = &s->out[i];
+        if (o->id != ev->id)
+            continue;
+        if (ev->kind == DG_EVENT_CANVAS) {
+            for (int j = 0; j < ev->n_ids && o->n < MAX_OUT; j++)
+                o->ids[o->n++] = ev->ids[j];
+        } else {
+            o->done = 1;
+            o->finish = ev->finish;
+        }
+    }
+}
+
+static int make_backend(const struct dg_model *m, int tp, int fp32, int timeout_ms,
+                        struct dg_backend **b, struct dg_error *err)
+{
+    struct dg_cuda_backend_options o;
+    memset(&o, 0, sizeof o);
+    o.n_ranks = tp;
+    o.max_slots = NREQ;
+    o.model = m;
+    o.fp32 = fp32;
+    o.pin = 1;
+    o.timeout_ms = timeout_ms;
+    return dg_cuda_backend_create(&o, b, err);
+}
+
+/* Four requests (prompts of 21, 70, 5, 130 random ids, seeds 42 + i) in
+ * one engine on the backend at TP=tp. */
+static int generate(const struct dg_checkpoint *ck, const struct dg_model *m, int tp, int fp32,
+                    int steps, struct sink *sink)
+{
+    static const int plen[NREQ] = {21, 70, 5, 130};
+    struct dg_backend *b = NULL;
+    struct dg_engine *e = NULL;
+    struct dg_engine_config ec;
+    struct dg_error err = {0};
+    int rc;
+
+    memset(sink, 0, sizeof *sink);
+    CHECK_OK(make_backend(m, tp, fp32, 60000, &b, &err), &err);
+    dg_engine_config_default(&ec, &m->cfg);
+    ec.max_batch = NREQ;
+    ec.prefill_chunk = 64;
+    ec.max_context = 512;
+    rc = dg_engine_create(b, &ec, NULL, on_event, sink, &e, &err);
+    if (rc < 0)
+        b->ops->destroy(b);
+    CHECK_OK(rc, &err);
+    for (int i = 0; i < NREQ; i++) {
+        struct dg_gen_settings s;
+        int32_t prompt[256];
+        random_ids(prompt, plen[i], m->cfg.vocab_size, 1000 + (uint64_t)i);
+        dg_gen_settings_defaults(&s, &m->cfg, &ck->generation);
+        s.seed = 42 + (uint64_t)i;
+        s.seed_set = 1;
+        s.max_tokens = 2 * m->cfg.canvas_length;
+        s.max_denoising_steps = steps;
+        CHECK_OK(dg_engine_submit(e, prompt, plen[i], &s, NULL, &sink->out[i].id, &err), &err);
+        sink->n++;
+    }
+    for (int guard = 0; guard < 100000 && dg_engine_step(e) > 0; guard++)
+        ;
+    dg_engine_destroy(e);
+    b->ops->destroy(b);
+    for (int i = 0; i < NREQ; i++)
+        CHECKF(sink->out[i].done && sink->out[i].finish != DG_FINISH_ERROR && sink->out[i].n > 0,
+               "request %d: done %d, finish %s, %d ids", i, sink->out[i].done,
+               dg_finish_name(sink->out[i].finish), sink->out[i].n);
+    return 0;
+}
+
+/* Requests that differ between a and b (the first divergence printed). */
+static int differ(const char *what, const struct sink *a, const struct sink *b)
+{
+    int n = 0;
+    for (int i = 0; i < NREQ; i++) {
+        const struct outcome *x = &a->out[i], *y = &b->out[i];
+        int j = 0;
+        while (j < x->n && j < y->n && x->ids[j] == y->ids[j])
+            j++;
+        if (j == x->n && j == y->n)
+            continue;
+        n++;
+        printf("# %s: request %d parts at token %d of %d/%d\n", what, i, j, x->n, y->n);
+    }
+    printf("# %s: %d of %d requests equal\n", what, NREQ - n, NREQ);
+    return n;
+}
+
+static int case_generations(void)
+{
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct sink *one = calloc(1, sizeof *one), *two = calloc(1, sizeof *two);
+    const char *small = small_bf16();
+    CHECK(one && two && small);
+    CHECK_OK(dg_model_load("tests/golden/golden-a/checkpoint", &ck, &m, &err), &err);
+    CHECK(generate(&ck, &m, 1, 1, 2, one) == 0);
+    CHECK(generate(&ck, &m, 2, 1, 2, two) == 0);
+    CHECKF(differ("golden-a fp32, 2 steps a canvas, TP=2 vs TP=1", two, one) == 0,
+           "the generations differ");
+    /* chains of self-conditioning amplify rounding (t-cuda-engine's
+     * sc_chain): shown */
+    CHECK(generate(&ck, &m, 1, 1, 6, one) == 0);
+    CHECK(generate(&ck, &m, 2, 1, 6, two) == 0);
+    differ("golden-a fp32, 6 steps a canvas, TP=2 vs TP=1 (shown)", two, one);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    CHECK_OK(dg_model_load(small, &ck, &m, &err), &err);
+    CHECK(generate(&ck, &m, 1, 0, 2, one) == 0);
+    CHECK(generate(&ck, &m, 2, 0, 2, two) == 0);
+    differ("small bf16, 2 steps a canvas, TP=2 vs TP=1 (shown)", two, one);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    free(one);
+    free(two);
+    return 0;
+}
+
+/* One slot: a prompt, then denoising steps of one canvas. */
+struct one_slot {
+    int32_t prompt[40], canvas[64];
+    int32_t sample[64], argmax[64];
+    float entropy[64];
+    struct dg_denoise_item it;
+};
+
+static void one_slot_item(struct one_slot *s, const struct dg_model_config *c)
+{
+    const int cl = c->canvas_length < 64 ? c->canvas_length : 64;
+    memset(&s->it, 0, sizeof s->it);
+    s->it.slot = 0;
+    s->it.canvas = s->canvas;
+    s->it.cl = cl;
+    s->it.temperature = 1.0f;
+    s->it.top_p = 1.0f;
+    s->it.seed = 9;
+    s->it.sample = s->sample;
+    s->it.argmax = s->argmax;
+    s->it.entropy = s->entropy;
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int case_rank_usage_and_watchdog(void)
+{
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct dg_backend *b = NULL;
+    struct one_slot s;
+    struct dg_encode_item enc;
+    int32_t first_sample[64], first_argmax[64];
+    const int timeout = 3000;
+    double t0, took;
+    int rc;
+
+    CHECK_OK(dg_model_load("tests/golden/golden-a/checkpoint", &ck, &m, &err), &err);
+    CHECK_OK(make_backend(&m, 2, 1, timeout, &b, &err), &err);
+    random_ids(s.prompt, 40, m.cfg.vocab_size, 11);
+    random_ids(s.canvas, 64, m.cfg.vocab_size, 12);
+    one_slot_item(&s, &m.cfg);
+    CHECK_OK(b->ops->slot_open(b, 0, 40 + 2 * s.it.cl, s.it.cl, &err), &err);
+    enc = (struct dg_encode_item){0, s.prompt, 40};
+    CHECK_OK(b->ops->encode(b, &enc, 1, &err), &err);
+    CHECK_OK(b->ops->denoise(b, &s.it, 1, &err), &err);
+    memcpy(first_sample, s.sample, sizeof first_sample);
+    memcpy(first_argmax, s.argmax, sizeof first_argmax);
+    for (int r = 0; r < 2; r++) {
+        struct dg_cuda_rank_usage u;
+        CHECK(dg_cuda_backend_rank_usage(b, r, &u) == 0);
+        printf("# golden-a TP=2 backend rank %d (GPU %d): vocabulary rows %lld, logits columns "
+               "%lld of %lld; weights %.1f KiB (embedding %.1f KiB); KV %.1f KiB; scratch %.1f "
+               "KiB; %llu all-reduces, %llu all-gathers so far\n", r, u.device,
+               (long long)u.vocab_rows, (long long)u.logits_cols, (long long)m.cfg.vocab_size,
+               (double)u.weights / 1024, (double)u.embedding / 1024, (double)u.kv / 1024,
+               (double)u.scratch / 1024, (unsigned long long)u.coll.calls[DG_COLL_ALL_REDUCE],
+               (unsigned long long)u.coll.calls[DG_COLL_ALL_GATHER]);
+        CHECK(u.vocab_rows < m.cfg.vocab_size && u.logits_cols < m.cfg.vocab_size);
+        CHECK(u.coll.calls[DG_COLL_ALL_REDUCE] > 0 && u.coll.calls[DG_COLL_ALL_GATHER] > 0);
+    }
+    CHECK(dg_cuda_backend_ranks(b) == 2);
+    /* a lost rank: the other waits in its collective until the watchdog */
+    dg_cuda_backend_inject_skip(b, 1);
+    t0 = now_ms();
+    rc = b->ops->denoise(b, &s.it, 1, &err);
+    took = now_ms() - t0;
+    printf("# watchdog: the step failed after %.0f ms (timeout %d ms): %s\n", took, timeout,
+           err.msg);
+    CHECKF(rc == -DG_E_NCCL && strstr(err.msg, "watchdog"), "rc %d: %s", rc, err.msg);
+    CHECK(took >= timeout * 0.9 && took < timeout + 12000);
+    CHECK(!dg_cuda_backend_failed(b) && !b->ops->failure(b));
+    /* the group is rebuilt; the slot's cache was not touched */
+    memset(s.sample, 0xff, sizeof s.sample);
+    CHECK_OK(b->ops->denoise(b, &s.it, 1, &err), &err);
+    CHECK(!memcmp(s.sample, first_sample, sizeof(int32_t) * (size_t)s.it.cl));
+    CHECK(!memcmp(s.argmax, first_argmax, sizeof(int32_t) * (size_t)s.it.cl));
+    CHECK_OK(b->ops->condition(b, (int[]){0}, 1, &err), &err);
+    s.it.self_cond = 1;
+    s.it.step = 1;
+    CHECK_OK(b->ops->denoise(b, &s.it, 1, &err), &err);
+    b->ops->destroy(b);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    return 0;
+}
+
+static int case_refusals(void)
+{
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct dg_backend *b = NULL;
+    struct dg_cuda_backend_options o;
+    int n = 0, rc;
+    CHECK_OK(dg_model_load("tests/golden/golden-b/checkpoint", &ck, &m, &err), &err);
+    rc = make_backend(&m, 2, 1, 0, &b, &err);
+    printf("# golden-b at TP=2: %s\n", err.msg);
+    CHECKF(rc == -DG_E_INVAL && strstr(err.msg, "whole KV groups") && !b, "rc %d: %s", rc,
+           err.msg);
+    CHECK_OK(dg_gpu_count(&n, &err), &err);
+    memset(&o, 0, sizeof o);
+    o.n_ranks = n + 1;
+    o.max_slots = 1;
+    o.model = &m;
+    o.timeout_ms = 10000;
+    rc = dg_cuda_backend_create(&o, &b, &err);
+    printf("# TP=%d on %d GPUs: %s\n", n + 1, n, err.msg);
+    CHECKF(rc < 0 && !b, "rc %d", rc);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    return 0;
+}
+
+int main(void)
+{
+    struct dg_error err = {0};
+    int n = 0, rc = gt_setup("t-cuda-tp");
+    if (rc)
+        return rc;
+    if (dg_gpu_count(&n, &err) < 0 || n < 2) {
+        printf("skip t-cuda-tp: %d GPU(s); tensor parallelism needs 2\n", n);
+        return 77;
+    }
+    TEST_CASE(case_refusals);
+    TEST_CASE(case_logits_golden);
+    TEST_CASE(case_generations);
+    TEST_CASE(case_rank_usage_and_watchdog);
+    TEST_CASE(case_logits_full);
+    return test_finish();
+}
