@@ -4,6 +4,9 @@
 # default model, logs "backend cuda", answers status with backend "cuda",
 # and serves generate requests (chat and plain, several at once) that end
 # with "done"; with backend cpu the same build still serves on the CPU.
+# Where two GPUs are present, the same at tp 2 (backend cuda): the log
+# names both ranks' GPUs and their vocabulary slices, and the metrics file
+# holds a row for every request (dgemma-client stats).
 # Exit 77 where there is no GPU or no daemon build.
 set -u
 BUILD=${BUILD:-build}
@@ -25,11 +28,12 @@ ok() { echo "ok t-daemon-cuda/$1"; }
 bad() { echo "not ok t-daemon-cuda/$1: $2"; fails=$((fails + 1)); }
 C=$BIN/dgemma-client
 
-# serve BACKEND NAME: start the daemon, run requests, stop it
+# serve BACKEND NAME [TP]: start the daemon, run requests, stop it
 serve() {
-    local backend=$1 want=$2 sock=$tmp/$1.sock log=$tmp/$1.log out
+    local backend=$1 want=$2 tp=${3:-1} sock=$tmp/$1.$3.sock log=$tmp/$1.$3.log out
+    local db=$tmp/$1.$3.sqlite
     "$BIN/dgemmad" -o socket="$sock" -o log_file="$log" -o backend="$backend" \
-        -o pin_workers=false &
+        -o pin_workers=true -o tp="$tp" -o metrics="$db" -o max_batch=4 &
     d=$!
     out=$("$C" status -s "$sock" --wait 60 --json 2>&1)
     if printf '%s' "$out" | grep -q "\"backend\": *\"$want\""; then
@@ -58,10 +62,27 @@ serve() {
     local rc=$?
     d=0
     if [ $rc -eq 0 ]; then ok "$backend/stop"; else bad "$backend/stop" "exit $rc"; fi
+    # one metrics row per request: 1 + 4
+    out=$("$C" stats --db "$db" --json 2>&1)
+    if printf '%s' "$out" | grep -Eq '"requests": 5,?$'; then ok "$backend/metrics"; else
+        bad "$backend/metrics" "stats: $(printf '%s' "$out" | head -c 300)"; fi
 }
 
-serve cuda cuda
-serve auto cuda
-serve cpu cpu
+serve cuda cuda 1
+serve auto cuda 1
+serve cpu cpu 1
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    serve cuda cuda 2
+    log=$tmp/cuda.2.log
+    if grep -q 'rank 0 of 2 on GPU 0' "$log" && grep -q 'rank 1 of 2 on GPU 1' "$log" &&
+       grep -q 'worker pinned' "$log"; then
+        ok "tp2/ranks"
+        grep 'rank [01] of 2\|pinned' "$log" | sed 's/^/# /'
+    else
+        bad "tp2/ranks" "the log does not name both ranks: $(grep -i rank "$log" | head -5)"
+    fi
+else
+    echo "# one GPU: tp 2 not run"
+fi
 echo "# t-daemon-cuda: $fails failed"
 [ $fails -eq 0 ]
