@@ -6,8 +6,12 @@
  * self-conditioning product, and a commit (the canvas's encoder pass), with
  * the device memory they take.
  *
- * usage: bench-cuda-step [PRESET [PROMPT [REPS [BATCHES...]]]]
- *        (defaults 26b 512 5 and batches 1 8)
+ * usage: bench-cuda-step [--tp N] [PRESET [PROMPT [REPS [BATCHES...]]]]
+ *        (defaults tp 1, 26b 512 5 and batches 1 8)
+ * With --tp N the model is split over GPUs 0 .. N-1 (NCCL); after each
+ * batch's row, one line per rank: its GPU's memory, the vocabulary
+ * columns it holds, and the collectives of one denoising step (the last
+ * round's) beside the bytes a gather of the fp32 logits would send.
  * Each batch size: B slots, B prompts of PROMPT random ids prefilled in
  * one encode call, then REPS rounds of denoise (self-conditioned after the
  * first) + condition + commit of a full canvas; medians over the rounds.
@@ -56,8 +60,20 @@ static int32_t rand_id(int64_t V)
     return (int32_t)(rng % (uint64_t)V);
 }
 
+/* Per rank: the collectives between two snapshots. */
+static void coll_delta(const struct dg_coll_stats *a, const struct dg_coll_stats *b,
+                       struct dg_coll_stats *d)
+{
+    for (int k = 0; k < DG_COLL_KINDS; k++) {
+        d->calls[k] = b->calls[k] - a->calls[k];
+        d->bytes[k] = b->bytes[k] - a->bytes[k];
+    }
+}
+
 static int run_batch(struct dg_backend *b, int B, int64_t P, int reps)
 {
+    const int n_ranks = dg_cuda_backend_ranks(b);
+    struct dg_cuda_rank_usage before[8], after[8];
     const struct dg_model_config *c = b->cfg;
     const int CL = c->canvas_length;
     const int64_t V = c->vocab_size;
@@ -109,10 +125,14 @@ static int run_batch(struct dg_backend *b, int B, int64_t P, int reps)
             den[i].entropy = ent + i * CL;
             which[i] = i;
         }
+        for (int q = 0; q < n_ranks && q < 8; q++)
+            dg_cuda_backend_rank_usage(b, q, &before[q]);
         t0 = now_ms();
         if (b->ops->denoise(b, den, B, &err) < 0)
             goto fail;
         t_den[r] = now_ms() - t0;
+        for (int q = 0; q < n_ranks && q < 8; q++)
+            dg_cuda_backend_rank_usage(b, q, &after[q]);
         t0 = now_ms();
         if (b->ops->condition(b, which, B, &err) < 0)
             goto fail;
@@ -131,6 +151,20 @@ static int run_batch(struct dg_backend *b, int B, int64_t P, int reps)
            B, B * CL, t_prefill, median(t_den, reps), median(t_cond, reps),
            median(t_commit, reps), (double)(B * CL) / (median(t_den, reps) / 1e3),
            (double)wbytes / GIB, (double)obytes / GIB, (double)(dtotal - dfree) / GIB);
+    for (int q = 0; n_ranks > 1 && q < n_ranks && q < 8; q++) {
+        struct dg_coll_stats d;
+        coll_delta(&before[q].coll, &after[q].coll, &d);
+        printf("|    rank %d on GPU %d: weights %.2f GiB, device %.2f GiB used; vocabulary "
+               "columns %lld of %lld; one denoising step: %llu all-reduces %.2f MiB, %llu "
+               "all-gathers %.1f KiB (a gather of the fp32 logits: %.1f MiB) |\n", q,
+               after[q].device, (double)after[q].weights / GIB, (double)after[q].device_used / GIB,
+               (long long)after[q].logits_cols, (long long)b->cfg->vocab_size,
+               (unsigned long long)d.calls[DG_COLL_ALL_REDUCE],
+               (double)d.bytes[DG_COLL_ALL_REDUCE] / (1 << 20),
+               (unsigned long long)d.calls[DG_COLL_ALL_GATHER],
+               (double)d.bytes[DG_COLL_ALL_GATHER] / 1024,
+               (double)B * CL * (double)after[q].logits_cols * 4 / (1 << 20));
+    }
     fflush(stdout);
     rc = 0;
     goto out;
@@ -151,6 +185,13 @@ out:
 
 int main(int argc, char **argv)
 {
+    int tp = 1;
+    if (argc > 2 && !strcmp(argv[1], "--tp")) {
+        tp = atoi(argv[2]);
+        argv[2] = argv[0];
+        argv += 2;
+        argc -= 2;
+    }
     const char *preset = argc > 1 ? argv[1] : "26b";
     const int64_t P = argc > 2 ? atoll(argv[2]) : 512;
     const int reps = argc > 3 ? atoi(argv[3]) : 5;
@@ -166,8 +207,10 @@ int main(int argc, char **argv)
         for (int i = 4; i < argc && nb < 16; i++)
             batches[nb++] = atoi(argv[i]);
     }
-    if (dg_model_config_preset(preset, &cfg, &err) < 0 || P < 1 || reps < 1) {
-        fprintf(stderr, "usage: bench-cuda-step [PRESET [PROMPT [REPS [BATCHES...]]]]: %s\n",
+    if (dg_model_config_preset(preset, &cfg, &err) < 0 || P < 1 || reps < 1 || tp < 1 ||
+        tp > 8) {
+        fprintf(stderr, "usage: bench-cuda-step [--tp N] [PRESET [PROMPT [REPS [BATCHES...]]]]: "
+                "%s\n",
                 err.msg[0] ? err.msg : "bad numbers");
         return 2;
     }
@@ -178,6 +221,8 @@ int main(int argc, char **argv)
         }
     memset(&o, 0, sizeof o);
     o.device = 0;
+    o.n_ranks = tp;
+    o.pin = 1;
     o.max_slots = MAX_B;
     o.cfg = &cfg;
     o.seed = 1;
@@ -186,9 +231,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-cuda-step: %s\n", err.msg);
         return 1;
     }
-    printf("preset %s: %d layers, hidden %d, vocabulary %lld, %d experts (top %d), canvas %d; "
+    printf("tp %d; preset %s: %d layers, hidden %d, vocabulary %lld, %d experts (top %d), canvas %d; "
            "random bf16 weights made on the GPU in %.0f ms; prompt %lld, %d rounds\n\n",
-           preset, cfg.num_layers, cfg.hidden_size, (long long)cfg.vocab_size, cfg.num_experts,
+           tp, preset, cfg.num_layers, cfg.hidden_size, (long long)cfg.vocab_size, cfg.num_experts,
            cfg.top_k_experts, cfg.canvas_length, now_ms() - t0, (long long)P, reps);
     printf("| B  | tokens | prefill ms | denoise ms | condition ms | commit ms | positions/s  |"
            " weights GiB | other GiB | device GiB |\n");
