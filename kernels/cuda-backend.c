@@ -445,8 +445,10 @@ static int run_rank(struct grank *R)
     case JOB_CONDITION: rc = rank_condition(R, &R->err); break;
     default: rc = 0; break;
     }
-    /* the others must not wait for this rank in a collective */
-    if (rc < 0 && cb->n > 1)
+    /* the others must not wait for this rank in a collective (a batch
+     * refused by its checks is refused alike on every rank, before any
+     * collective: no need) */
+    if (rc < 0 && cb->n > 1 && R->err.code != DG_E_INVAL && R->err.code != DG_E_RANGE)
         for (int r = 0; r < cb->n; r++)
             dg_nccl_abort(cb->ranks[r].nccl);
     return R->rc = rc;

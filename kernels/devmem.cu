@@ -122,9 +122,14 @@ out:
 extern "C" int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, int dev,
                                 struct dg_error *err)
 {
-    int rc = 0;
+    int rc = 0, old = -1;
+    /* dev's, whichever GPU the calling thread has current */
+    DG_CUDA_CHECK(cudaGetDevice(&old));
+    DG_CUDA_CHECK(cudaSetDevice(dev));
     DG_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 out:
+    if (old >= 0 && old != dev)
+        cudaSetDevice(old);
     return rc;
 }
 

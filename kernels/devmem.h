@@ -47,7 +47,8 @@ int dg_cuda_copy_async(void *dst, const void *src, size_t bytes, dg_stream_t s, 
 int dg_cuda_memset_async(void *p, int value, size_t bytes, dg_stream_t s, int dev,
                          struct dg_error *err);
 
-/* The current GPU's free and total memory in bytes. */
+/* GPU dev's free and total memory in bytes (the calling thread's current
+ * GPU stays as it was). */
 int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, int dev, struct dg_error *err);
 
 /* Whether GPU dev (made current) can still run work: waits for all of its
