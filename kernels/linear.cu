@@ -5,9 +5,12 @@
 
 #include "kernels/cuda-check.h"
 
+#define DG_BLAS_WORKSPACE ((size_t)32 << 20)
+
 struct dg_blas {
     cublasHandle_t h;
     int dev;
+    void *ws;                   /* the handle's workspace */
 };
 
 extern "C" int dg_blas_create(int dev, dg_stream_t stream, struct dg_blas **out,
@@ -22,6 +25,10 @@ extern "C" int dg_blas_create(int dev, dg_stream_t stream, struct dg_blas **out,
     DG_CUBLAS_CHECK(cublasCreate(&b->h));
     DG_CUBLAS_CHECK(cublasSetStream(b->h, (cudaStream_t)stream));
     DG_CUBLAS_CHECK(cublasSetMathMode(b->h, CUBLAS_DEFAULT_MATH));
+    /* a workspace of our own, so that no call allocates one while a CUDA
+     * graph is being captured */
+    DG_CUDA_CHECK(cudaMalloc(&b->ws, DG_BLAS_WORKSPACE));
+    DG_CUBLAS_CHECK(cublasSetWorkspace(b->h, b->ws, DG_BLAS_WORKSPACE));
     *out = b;
     b = NULL;
 out:
@@ -40,6 +47,7 @@ extern "C" void dg_blas_destroy(struct dg_blas *b)
         return;
     if (b->h)
         cublasDestroy(b->h);
+    cudaFree(b->ws);
     free(b);
 }
 
@@ -74,6 +82,39 @@ extern "C" int dg_blas_gemm_e(struct dg_blas *b, enum dg_elt e, void *y, int y_f
     DG_CUBLAS_CHECK(cublasGemmEx(b->h, w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, (int)N,
                                  (int)T, (int)K, &alpha, W, et, (int)ldw, x, et, (int)K, &beta,
                                  y, yt, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+out:
+    return rc;
+}
+
+/* The same for `count` problems at once (cublasGemmBatchedEx): problem i
+ * is y_i = x_i W_i^T with x_i [m, K], W_i [N, K] (ld ldw), y_i [m, N];
+ * the pointer arrays live on the device and are read when the GEMM runs,
+ * so a kernel queued before may fill them. */
+extern "C" int dg_blas_gemm_batched_e(struct dg_blas *b, enum dg_elt e, void *const *y,
+                                      int y_f32, const void *const *x, int64_t m,
+                                      const void *const *W, int64_t N, int64_t K, int64_t ldw,
+                                      int64_t count, struct dg_error *err)
+{
+    const int dev = b->dev;
+    const float alpha = 1.0f, beta = 0.0f;
+    cudaDataType_t et, yt;
+    int rc = 0;
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: batched gemm: element type %d", dev,
+                            (int)e);
+    if (count < 1)
+        return 0;
+    if (m < 1 || N < 1 || K < 1 || ldw < K || m > 0x7fffffff || N > 0x7fffffff ||
+        K > 0x7fffffff || ldw > 0x7fffffff || count > 0x7fffffff || !y || !x || !W)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: batched gemm: %lld x [%lld x %lld] . "
+                            "T[%lld x %lld] (ld %lld)", dev, (long long)count, (long long)m,
+                            (long long)K, (long long)N, (long long)K, (long long)ldw);
+    et = e == DG_ELT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    yt = y_f32 ? CUDA_R_32F : et;
+    DG_CUBLAS_CHECK(cublasGemmBatchedEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)m, (int)K,
+                                        &alpha, W, et, (int)ldw, x, et, (int)K, &beta, y, yt,
+                                        (int)N, (int)count, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
 out:
     return rc;
 }

@@ -6,32 +6,56 @@
 #include "kernels/ops.h"
 
 #include <cuda_bf16.h>
-#include <stdlib.h>
 
 #include "kernels/cuda-check.h"
 
 #define ALIGN(x) (((x) + 255) & ~(size_t)255)
 
+/* Rows per tile of the batched expert GEMMs: each expert's run of rows is
+ * padded to whole tiles, so a tile belongs to one expert.  A function of
+ * the shapes alone (the host knows it before any count exists): about the
+ * rows an expert gets on average, 16 .. 128. */
+static int tile_rows(int64_t picks, int n_exp)
+{
+    int ts = 16;
+    while (ts < 128 && (int64_t)ts * 2 * n_exp <= picks)
+        ts *= 2;
+    return ts;
+}
+
+/* Tiles the counts can need at most: sum ceil(c_j / ts) <= picks / ts + n_exp. */
+static int64_t max_tiles(int64_t picks, int n_exp, int ts)
+{
+    return (picks + ts - 1) / ts + n_exp;
+}
+
 /* the scratch's pieces, in order */
 struct moe_layout {
-    size_t counts, cursor, offsets, slot_of, row_token, xs, gu, hh, ys, total;
+    int ts;
+    int64_t tiles, rows;         /* tile bound, padded rows (tiles x ts) */
+    size_t counts, cursor, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys, total;
 };
 
 /* esz: bytes of one element of the gathered rows and the intermediates */
 static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_t esz)
 {
-    const size_t S = (size_t)T * K;
+    const int64_t S = T * K;
     struct moe_layout l;
+    l.ts = tile_rows(S, n_exp);
+    l.tiles = max_tiles(S, n_exp, l.ts);
+    l.rows = l.tiles * l.ts;
     l.counts = 0;
     l.cursor = l.counts + ALIGN(sizeof(int32_t) * (size_t)n_exp);
     l.offsets = l.cursor + ALIGN(sizeof(int32_t) * (size_t)n_exp);
     l.slot_of = l.offsets + ALIGN(sizeof(int32_t) * (size_t)(n_exp + 1));
-    l.row_token = l.slot_of + ALIGN(sizeof(int32_t) * S);
-    l.xs = l.row_token + ALIGN(sizeof(int32_t) * S);
-    l.gu = l.xs + ALIGN(esz * S * (size_t)H);
-    l.hh = l.gu + ALIGN(esz * S * 2 * (size_t)I);
-    l.ys = l.hh + ALIGN(esz * S * (size_t)I);
-    l.total = l.ys + ALIGN(4 * S * (size_t)H);
+    l.ptrs = l.slot_of + ALIGN(sizeof(int32_t) * (size_t)S);
+    l.xs = l.ptrs + ALIGN(6 * sizeof(void *) * (size_t)l.tiles);
+    l.gu = l.xs + ALIGN(esz * (size_t)l.rows * (size_t)H);
+    l.hh = l.gu + ALIGN(esz * (size_t)l.rows * 2 * (size_t)I);
+    l.ys = l.hh + ALIGN(esz * (size_t)l.rows * (size_t)I);
+    l.dummy_gu = l.ys + ALIGN(4 * (size_t)l.rows * (size_t)H);
+    l.dummy_ys = l.dummy_gu + ALIGN(esz * (size_t)l.ts * 2 * (size_t)I);
+    l.total = l.dummy_ys + ALIGN(4 * (size_t)l.ts * (size_t)H);
     return l;
 }
 
@@ -61,37 +85,83 @@ __global__ static void count_kernel(int32_t *counts, const int32_t *idx, int64_t
         atomicAdd(&counts[e], 1);
 }
 
-/* each pick its slot in its expert's run (order within a run is free: rows
+/* The tile schedule, one block, thread j for expert j (n_exp <= 1024):
+ *   pad_j = ceil(c_j / ts) ts,  offsets[j] = sum_{i<j} pad_i  (a scan)
+ *   tile t of expert j's k-th ts rows (t = offsets[j] / ts + k):
+ *     A1[t] = xs + (offsets[j] + k ts) H,  B1[t] = W_gu_j,    C1[t] = gu + (...) 2I
+ *     A2[t] = hh + (offsets[j] + k ts) I,  B2[t] = W_down_j,  C2[t] = ys + (...) H
+ *   tiles past the last used one compute into the dummies (the batched
+ *   GEMMs have a fixed count: the host's bound). */
+__global__ static void schedule_kernel(int32_t *offsets, void **ptrs, const int32_t *counts,
+                                       int n_exp, int ts, int64_t tiles, unsigned char *xs,
+                                       unsigned char *gu, unsigned char *hh, unsigned char *ys,
+                                       const unsigned char *wgu, const unsigned char *wdn,
+                                       unsigned char *dummy_gu, unsigned char *dummy_ys, int H,
+                                       int I, int esz)
+{
+    extern __shared__ int32_t pad[]; /* [n_exp] then the scan */
+    const int j = threadIdx.x;
+    void **A1 = ptrs, **B1 = ptrs + tiles, **C1 = ptrs + 2 * tiles;
+    void **A2 = ptrs + 3 * tiles, **B2 = ptrs + 4 * tiles, **C2 = ptrs + 5 * tiles;
+    int64_t used;
+    if (j < n_exp)
+        pad[j] = (counts[j] + ts - 1) / ts * ts;
+    __syncthreads();
+    if (j == 0) {
+        int32_t acc = 0;
+        for (int i = 0; i < n_exp; i++) {
+            offsets[i] = acc;
+            acc += pad[i];
+        }
+        offsets[n_exp] = acc;
+    }
+    __syncthreads();
+    if (j < n_exp) {
+        const int64_t I2 = 2 * (int64_t)I;
+        for (int32_t r = 0; r < pad[j]; r += ts) {
+            const int64_t row = (int64_t)offsets[j] + r, t = row / ts;
+            A1[t] = xs + row * H * esz;
+            B1[t] = (void *)(wgu + (int64_t)j * I2 * H * esz);
+            C1[t] = gu + row * I2 * esz;
+            A2[t] = hh + row * I * esz;
+            B2[t] = (void *)(wdn + (int64_t)j * H * I * esz);
+            C2[t] = ys + row * H * 4;
+        }
+    }
+    used = offsets[n_exp] / ts;
+    for (int64_t t = used + j; t < tiles; t += blockDim.x) {
+        A1[t] = xs;
+        B1[t] = (void *)wgu;
+        C1[t] = dummy_gu;
+        A2[t] = hh;
+        B2[t] = (void *)wdn;
+        C2[t] = dummy_ys;
+    }
+}
+
+/* each pick its row in its expert's run (order within a run is free: rows
  * are independent), or -1 for another rank's expert */
-__global__ static void fill_kernel(int32_t *slot_of, int32_t *row_token, int32_t *cursor,
-                                   const int32_t *offsets, const int32_t *idx, int64_t picks,
-                                   int K, int e0, int n_exp)
+__global__ static void fill_kernel(int32_t *slot_of, int32_t *cursor, const int32_t *offsets,
+                                   const int32_t *idx, int64_t picks, int e0, int n_exp)
 {
     const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int e;
     if (p >= picks)
         return;
     e = idx[p] - e0;
-    if (e < 0 || e >= n_exp) {
-        slot_of[p] = -1;
-        return;
-    }
-    {
-        const int32_t s = offsets[e] + atomicAdd(&cursor[e], 1);
-        slot_of[p] = s;
-        row_token[s] = (int32_t)(p / K);
-    }
+    slot_of[p] = e < 0 || e >= n_exp ? -1 : offsets[e] + atomicAdd(&cursor[e], 1);
 }
 
-/* grid (rows, ceil(H / 256)): xs[s] = x[row_token[s]] (a copy: E is the
+/* grid (picks, ceil(H / 256)): xs[slot_of[p]] = x[p / K] (a copy: E is the
  * element type, bf16 or fp32) */
 template <typename E>
-__global__ static void gather_kernel(E *xs, const E *x, const int32_t *row_token, int H)
+__global__ static void gather_kernel(E *xs, const E *x, const int32_t *slot_of, int K, int H)
 {
-    const int64_t s = blockIdx.x;
+    const int64_t p = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i < H)
-        xs[s * H + i] = x[(int64_t)row_token[s] * H + i];
+    const int32_t s = slot_of[p];
+    if (i < H && s >= 0)
+        xs[(int64_t)s * H + i] = x[(p / K) * H + i];
 }
 
 /* grid (T, ceil(H / 256)): out[t, i] = sum over k, in order, of w[t,k] ys[slot, i] */
@@ -112,7 +182,10 @@ __global__ static void combine_kernel(float *out, const float *ys, const int32_t
 }
 
 /* Every matrix of element type e (esz bytes) is addressed in bytes here:
- * its element offset times esz. */
+ * its element offset times esz.  Nothing waits for the device and nothing
+ * the host computes depends on the routing: the launches and their shapes
+ * are a function of (T, K, H, I, n_exp) alone, so the sequence can be
+ * captured in a CUDA graph. */
 extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x,
                              int64_t T, int H, const int32_t *idx, const float *w, int K, int e0,
                              int n_exp, int I, const void *W_gu, const void *W_down,
@@ -120,81 +193,70 @@ extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const
 {
     const int dev = dg_blas_device(b);
     const int64_t esz = dg_elt_size(e);
-    const struct moe_layout l = layout(T, K, H, I, n_exp, (size_t)esz);
     const int64_t picks = T * K;
     const cudaStream_t st = (cudaStream_t)stream;
     unsigned char *sc = (unsigned char *)scratch;
-    int32_t *counts = (int32_t *)(sc + l.counts), *cursor = (int32_t *)(sc + l.cursor);
-    int32_t *offsets = (int32_t *)(sc + l.offsets), *slot_of = (int32_t *)(sc + l.slot_of);
-    int32_t *row_token = (int32_t *)(sc + l.row_token);
-    unsigned char *xs = sc + l.xs, *gu = sc + l.gu, *hh = sc + l.hh;
-    const unsigned char *wgu = (const unsigned char *)W_gu;
-    const unsigned char *wdn = (const unsigned char *)W_down;
-    float *ys = (float *)(sc + l.ys);
-    int32_t *hc = NULL, *ho = NULL;
+    struct moe_layout l;
+    int32_t *counts, *cursor, *offsets, *slot_of;
+    void **ptrs;
     int rc = 0;
 
     if (e != DG_ELT_BF16 && e != DG_ELT_F32)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: element type %d", dev, (int)e);
     if (T <= 0)
         return 0;
-    if (H < 1 || I < 1 || K < 1 || n_exp < 1 || e0 < 0 || picks > 0x7fffffff)
+    if (H < 1 || I < 1 || K < 1 || n_exp < 1 || n_exp > 1024 || e0 < 0 || picks > 0x7fffffff)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: %lld tokens x top-%d, H %d, I %d, "
                             "%d experts", dev, (long long)T, K, H, I, n_exp);
-    hc = (int32_t *)malloc(sizeof *hc * (size_t)n_exp);
-    ho = (int32_t *)malloc(sizeof *ho * (size_t)(n_exp + 1));
-    if (!hc || !ho) {
-        rc = dg_error_set(err, DG_E_NOMEM, "GPU %d: moe: out of memory", dev);
-        goto out;
-    }
+    l = layout(T, K, H, I, n_exp, (size_t)esz);
+    counts = (int32_t *)(sc + l.counts);
+    cursor = (int32_t *)(sc + l.cursor);
+    offsets = (int32_t *)(sc + l.offsets);
+    slot_of = (int32_t *)(sc + l.slot_of);
+    ptrs = (void **)(sc + l.ptrs);
     DG_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)n_exp, st));
     DG_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int32_t) * (size_t)n_exp, st));
     count_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(counts, idx, picks, e0, n_exp);
     DG_LAUNCH_CHECK();
-    DG_CUDA_CHECK(cudaMemcpyAsync(hc, counts, sizeof *hc * (size_t)n_exp, cudaMemcpyDeviceToHost,
-                                  st));
-    DG_CUDA_CHECK(cudaStreamSynchronize(st));
-    ho[0] = 0;
-    for (int j = 0; j < n_exp; j++)
-        ho[j + 1] = ho[j] + hc[j];
-    DG_CUDA_CHECK(cudaMemcpyAsync(offsets, ho, sizeof *ho * (size_t)(n_exp + 1),
-                                  cudaMemcpyHostToDevice, st));
-    fill_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(slot_of, row_token, cursor,
-                                                                 offsets, idx, picks, K, e0,
-                                                                 n_exp);
+    schedule_kernel<<<1, (unsigned)((n_exp + 31) / 32 * 32), sizeof(int32_t) * (size_t)n_exp,
+                      st>>>(offsets, ptrs, counts, n_exp, l.ts, l.tiles, sc + l.xs, sc + l.gu,
+                            sc + l.hh, sc + l.ys, (const unsigned char *)W_gu,
+                            (const unsigned char *)W_down, sc + l.dummy_gu, sc + l.dummy_ys, H,
+                            I, (int)esz);
     DG_LAUNCH_CHECK();
-    if (ho[n_exp] > 0) {
-        const dim3 grid((unsigned)ho[n_exp], (unsigned)((H + 255) / 256));
+    fill_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(slot_of, cursor, offsets, idx,
+                                                                 picks, e0, n_exp);
+    DG_LAUNCH_CHECK();
+    {
+        const dim3 grid((unsigned)picks, (unsigned)((H + 255) / 256));
         if (e == DG_ELT_F32)
-            gather_kernel<float><<<grid, 256, 0, st>>>((float *)xs, (const float *)x, row_token,
-                                                       H);
+            gather_kernel<float><<<grid, 256, 0, st>>>((float *)(sc + l.xs), (const float *)x,
+                                                       slot_of, K, H);
         else
             gather_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(
-                (__nv_bfloat16 *)xs, (const __nv_bfloat16 *)x, row_token, H);
+                (__nv_bfloat16 *)(sc + l.xs), (const __nv_bfloat16 *)x, slot_of, K, H);
         DG_LAUNCH_CHECK();
     }
-    for (int j = 0; j < n_exp; j++) {
-        const int64_t off = ho[j], n = hc[j], I2 = 2 * (int64_t)I;
-        unsigned char *g = gu + off * I2 * esz, *h = hh + off * I * esz;
-        if (n == 0)
-            continue;
-        /* gu = xs W_gu^T (type e), hh = gelu(gate) * up (type e), ys = hh W_down^T (fp32) */
-        if ((rc = dg_blas_gemm_e(b, e, g, 0, xs + off * H * esz, n, wgu + j * I2 * H * esz, 0,
-                                 I2, H, H, 1.0f, 0.0f, err)) < 0 ||
-            (rc = dg_cuda_gelu_mul_e(e, h, I, g, I2, g + I * esz, I2, n, I, stream, dev,
-                                     err)) < 0 ||
-            (rc = dg_blas_gemm_e(b, e, ys + off * H, 1, h, n, wdn + (int64_t)j * H * I * esz, 0,
-                                 H, I, I, 1.0f, 0.0f, err)) < 0)
+    {
+        const int64_t I2 = 2 * (int64_t)I, nt = l.tiles;
+        /* gu = xs W_gu^T (type e), hh = gelu(gate) * up (type e) over every
+         * padded row, ys = hh W_down^T (fp32): tile by tile, each with its
+         * expert's weights */
+        if ((rc = dg_blas_gemm_batched_e(b, e, ptrs + 2 * nt, 0, (const void *const *)ptrs,
+                                         l.ts, (const void *const *)(ptrs + nt), I2, H, H, nt,
+                                         err)) < 0 ||
+            (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, I2, sc + l.gu + I * esz, I2,
+                                     l.rows, I, stream, dev, err)) < 0 ||
+            (rc = dg_blas_gemm_batched_e(b, e, ptrs + 5 * nt, 1,
+                                         (const void *const *)(ptrs + 3 * nt), l.ts,
+                                         (const void *const *)(ptrs + 4 * nt), H, I, I, nt,
+                                         err)) < 0)
             goto out;
     }
     combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
-        out, ys, slot_of, w, K, H);
+        out, (const float *)(sc + l.ys), slot_of, w, K, H);
     DG_LAUNCH_CHECK();
-    /* (ho must outlive its copy: wait before freeing it) */
-    DG_CUDA_CHECK(cudaStreamSynchronize(st));
 out:
-    free(hc);
-    free(ho);
     return rc;
 }
 

@@ -152,12 +152,15 @@ int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, in
  * for the picks in this rank's range.  x [T, H] bf16; idx, w [T, K] on the
  * device; W_gu [n_exp, 2I, H] bf16 (gate rows, then up rows), W_down
  * [n_exp, H, I] bf16; out [T, H] fp32.  The routed rows are sorted by
- * expert and gathered, each expert's rows go through two GEMMs with the
- * gated gelu between them (intermediates bf16, fp32 accumulation), and
- * each token sums its picks in k order (deterministic).  A first version:
- * it reads the per-expert counts back to the host (one stream sync) and
- * launches one cuBLAS GEMM pair per expert that has rows.  b must be
- * bound to stream.  scratch: dg_cuda_moe_scratch bytes. */
+ * expert and gathered into runs padded to whole tiles of ts rows (ts from
+ * the shapes: 16 .. 128), each tile goes through two GEMMs with its
+ * expert's weights and the gated gelu between them (intermediates bf16,
+ * fp32 accumulation; two batched cuBLAS calls over a tile schedule built
+ * on the device), and each token sums its picks in k order
+ * (deterministic).  Nothing waits for the device: the launches depend on
+ * the shapes only, so the sequence can be captured in a CUDA graph.
+ * n_exp <= 1024.  b must be bound to stream.  scratch:
+ * dg_cuda_moe_scratch bytes. */
 size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp);
 int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
                 const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
@@ -250,6 +253,14 @@ int dg_cuda_row_probs_e(enum dg_elt e, void *p, const float *z, int64_t rows, in
 int dg_blas_gemm_e(struct dg_blas *b, enum dg_elt e, void *y, int y_f32, const void *x,
                    int64_t T, const void *W, int w_kn, int64_t N, int64_t K, int64_t ldw,
                    float alpha, float beta, struct dg_error *err);
+/* Batched y_i = x_i W_i^T (nn.Linear) for i < count, as dg_blas_gemm_e
+ * with w_kn 0, alpha 1, beta 0: x_i [m, K], W_i [N, K] with row stride
+ * ldw, y_i [m, N] of type e or fp32 (y_f32); y, x and W are device arrays
+ * of count device pointers, read when the GEMMs run (a kernel queued
+ * before may write them: the expert GEMMs' schedule).  count 0: nothing. */
+int dg_blas_gemm_batched_e(struct dg_blas *b, enum dg_elt e, void *const *y, int y_f32,
+                           const void *const *x, int64_t m, const void *const *W, int64_t N,
+                           int64_t K, int64_t ldw, int64_t count, struct dg_error *err);
 /* x, W_gu, W_down and the intermediates of type e. */
 size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I, int n_exp);
 int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
