@@ -864,7 +864,7 @@ static uint64_t rank_other(const struct cuda_backend *cb, const struct grank *R,
                                             (uint64_t)cb->base.cfg->hidden_size;
     if (kv)
         *kv = k;
-    return k + R->cx.scratch_bytes + (uint64_t)R->cx.pos_cap * 8 + R->rows_bytes +
+    return k + R->cx.scratch_bytes + R->rows_bytes +
            R->probs_bytes;
 }
 

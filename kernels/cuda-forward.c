@@ -111,7 +111,9 @@ void dg_cuda_ctx_free(struct dg_cuda_ctx *cx)
     dg_blas_destroy(cx->blas);
     dg_cuda_stream_destroy(cx->stream);
     dg_cuda_free(cx->scratch);
-    dg_cuda_free(cx->iota);
+    dg_cuda_free(cx->seq_tab);
+    free(cx->h_seq_tab);
+    free(cx->h_q_seq);
     free(cx->h_ids);
     free(cx->h_pos);
     memset(cx, 0, sizeof *cx);
@@ -152,6 +154,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             {(void **)&cx->dense, (size_t)(2 * T * H) * 4},
             {(void **)&cx->rlogits, (size_t)(T * E) * 4}, {(void **)&cx->rw, (size_t)(T * K) * 4},
             {(void **)&cx->ridx, (size_t)(T * K) * 4},   {(void **)&cx->ids, (size_t)T * 4},
+            {(void **)&cx->q_seq, (size_t)T * 4},
             {(void **)&cx->pos, (size_t)T * 8},
             {(void **)&cx->moe_scratch,
              dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, cx->cm->exp_w,
@@ -163,11 +166,13 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
         dg_cuda_free(cx->scratch);
         free(cx->h_ids);
         free(cx->h_pos);
+        free(cx->h_q_seq);
         cx->scratch = NULL;
         cx->tokens_cap = 0;
         cx->h_ids = malloc(sizeof *cx->h_ids * (size_t)T);
         cx->h_pos = malloc(sizeof *cx->h_pos * (size_t)T);
-        if (!cx->h_ids || !cx->h_pos)
+        cx->h_q_seq = malloc(sizeof *cx->h_q_seq * (size_t)T);
+        if (!cx->h_ids || !cx->h_pos || !cx->h_q_seq)
             return dg_error_set(err, DG_E_NOMEM, "cuda forward: out of memory for %lld tokens",
                                 (long long)T);
         if ((rc = dg_cuda_alloc(&cx->scratch, total, cx->dev, err)) < 0) {
@@ -186,29 +191,26 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
     return 0;
 }
 
-/* Positions 0 .. n-1 on the device (keys' positions are their rows). */
-static int reserve_positions(struct dg_cuda_ctx *cx, int64_t n, struct dg_error *err)
+/* Tables for n sequences (kept when large enough). */
+static int reserve_seqs(struct dg_cuda_ctx *cx, int n, struct dg_error *err)
 {
-    int64_t *h;
     int rc;
-    if (n <= cx->pos_cap)
+    if (n <= cx->seq_cap)
         return 0;
-    n = (n + 4095) & ~(int64_t)4095;
-    dg_cuda_free(cx->iota);
-    cx->iota = NULL;
-    cx->pos_cap = 0;
-    h = malloc(sizeof *h * (size_t)n);
-    if (!h)
-        return dg_error_set(err, DG_E_NOMEM, "cuda forward: out of memory");
-    for (int64_t i = 0; i < n; i++)
-        h[i] = i;
-    rc = dg_cuda_alloc((void **)&cx->iota, sizeof *h * (size_t)n, cx->dev, err);
-    if (rc == 0)
-        rc = dg_cuda_upload(cx->iota, h, sizeof *h * (size_t)n, cx->dev, err);
-    free(h);
-    if (rc == 0)
-        cx->pos_cap = n;
-    return rc;
+    n = (n + 15) & ~15;
+    dg_cuda_free(cx->seq_tab);
+    free(cx->h_seq_tab);
+    cx->seq_tab = NULL;
+    cx->seq_cap = 0;
+    cx->h_seq_tab = malloc(sizeof *cx->h_seq_tab * (size_t)cx->cm->cfg.num_layers * (size_t)n);
+    if (!cx->h_seq_tab)
+        return dg_error_set(err, DG_E_NOMEM, "cuda forward: out of memory for %d sequences", n);
+    if ((rc = dg_cuda_alloc((void **)&cx->seq_tab, sizeof *cx->seq_tab *
+                                                        (size_t)cx->cm->cfg.num_layers * (size_t)n,
+                            cx->dev, err)) < 0)
+        return rc;
+    cx->seq_cap = n;
+    return 0;
 }
 
 /* ---- checks and staging ------------------------------------------------------ */
@@ -245,28 +247,42 @@ static int check_batch(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *s
     return 0;
 }
 
-/* Scratch, positions, and the batch's ids and positions on the device. */
+/* Scratch, and the batch's ids, positions, token sequences and per-layer
+ * sequence tables on the device. */
 static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
                        int64_t T, struct dg_error *err)
 {
-    int64_t t = 0, far = 0;
+    const struct dg_model_config *c = &cx->cm->cfg;
+    const int L = c->num_layers, W = c->sliding_window;
+    int64_t t = 0;
     int rc;
     TRY(reserve_tokens(cx, T, err));
+    TRY(reserve_seqs(cx, n_seqs, err));
     for (int i = 0; i < n_seqs; i++) {
-        const int64_t end = seqs[i].kv->max_length + seqs[i].kv->max_cl;
-        if (end > far)
-            far = end;
-    }
-    TRY(reserve_positions(cx, far, err));
-    for (int i = 0; i < n_seqs; i++)
+        const int64_t len = seqs[i].kv->length;
         for (int64_t j = 0; j < seqs[i].n; j++, t++) {
             cx->h_ids[t] = seqs[i].ids[j];
-            cx->h_pos[t] = seqs[i].kv->length + j;
+            cx->h_pos[t] = len + j;
+            cx->h_q_seq[t] = i;
         }
+        /* sliding layers read the last W-1 committed rows and the new
+         * ones, full layers every row */
+        for (int l = 0; l < L; l++) {
+            const int64_t start =
+                cx->cm->layers[l].sliding && len > W - 1 ? len - (W - 1) : 0;
+            cx->h_seq_tab[(size_t)l * (size_t)cx->seq_cap + (size_t)i] = (struct dg_attn_seq){
+                seqs[i].kv->k[l], seqs[i].kv->v[l], start, len + seqs[i].n - start};
+        }
+    }
     /* (pageable host memory: the copies complete before these return) */
     TRY(dg_cuda_copy_async(cx->ids, cx->h_ids, sizeof *cx->h_ids * (size_t)T, cx->stream,
                            cx->dev, err));
     TRY(dg_cuda_copy_async(cx->pos, cx->h_pos, sizeof *cx->h_pos * (size_t)T, cx->stream,
+                           cx->dev, err));
+    TRY(dg_cuda_copy_async(cx->q_seq, cx->h_q_seq, sizeof *cx->h_q_seq * (size_t)T, cx->stream,
+                           cx->dev, err));
+    TRY(dg_cuda_copy_async(cx->seq_tab, cx->h_seq_tab,
+                           sizeof *cx->h_seq_tab * (size_t)L * (size_t)cx->seq_cap, cx->stream,
                            cx->dev, err));
     return 0;
 }
@@ -310,7 +326,6 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
     /* the experts' output right after the dense MLP's (this batch's T
      * rows each), so one all-reduce sums both */
     float *moe = cx->dense + T * H;
-    int64_t t0 = 0;
     int rc;
 
     /* attention: q, k, v projections, their norms and RoPE for every token */
@@ -329,23 +344,15 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
     TRY(dg_cuda_rope_e(e, cx->q, cx->pos, T, nh, hd, L->inv_freq, st, dev, err));
     TRY(dg_cuda_rope_e(e, cx->k, cx->pos, T, nkv, hd, L->inv_freq, st, dev, err));
 
-    /* per sequence: its rows into its cache, then attention over them */
-    for (int i = 0; i < n_seqs; i++) {
-        const struct dg_cuda_seq *s = &seqs[i];
-        const int64_t len = s->kv->length;
-        const int64_t start = L->sliding && len > W - 1 ? len - (W - 1) : 0;
+    /* every token's K/V into its sequence's cache, then attention over
+     * the rows the layer's table names (encoder: causal, decoder: all) */
+    {
+        const struct dg_attn_seq *tab = cx->seq_tab + (size_t)l * (size_t)cx->seq_cap;
         const int mask = decoder ? 0 : L->sliding ? 2 : 1;
-        void *kc = s->kv->k[l], *vc = s->kv->v[l];
-        const size_t bytes = (size_t)(s->n * kvdim) * (size_t)dg_elt_size(e);
-        TRY(dg_cuda_copy_async(at(kc, len * kvdim, e), at(cx->k, t0 * kvdim, e), bytes, st, dev,
-                               err));
-        TRY(dg_cuda_copy_async(at(vc, len * kvdim, e), at(cx->v, t0 * kvdim, e), bytes, st, dev,
-                               err));
-        TRY(dg_cuda_attention_e(e, at(cx->o, t0 * qdim, e), at(cx->q, t0 * qdim, e),
-                                cx->pos + t0, s->n, at(kc, start * kvdim, e),
-                                at(vc, start * kvdim, e), cx->iota + start, len + s->n - start,
-                                nh, nkv, hd, mask, W, st, dev, err));
-        t0 += s->n;
+        TRY(dg_cuda_kv_append_e(e, tab, cx->q_seq, cx->pos, cx->k, cx->v, T, kvdim, st, dev,
+                                err));
+        TRY(dg_cuda_attention_batch_e(e, cx->o, cx->q, cx->pos, cx->q_seq, T, tab, nh, nkv, hd,
+                                      mask, W, st, dev, err));
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
      * is a partial sum, reduced in the element type */

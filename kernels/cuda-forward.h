@@ -14,8 +14,9 @@
  *            soft-cap (dg_cuda_row_stats applies it in its one pass).
  *
  * Token-wise work (norms, projections, MLPs, router, experts, LM head) runs
- * once over every token of the batch; attention runs per sequence against
- * its own cache.
+ * once over every token of the batch, and so do the KV append and the
+ * attention: each token reads its sequence's cache through a table on the
+ * device (dg_cuda_attention_batch_e).
  *
  * KV cache: per layer, rows [max_length + max_cl, nkv * hd] of keys
  * (after k_norm and RoPE) and values (after the weight-free v_norm); row =
@@ -84,7 +85,7 @@ struct dg_cuda_ctx {
     dg_stream_t stream;
     struct dg_blas *blas;
     int64_t tokens_cap;       /* scratch holds this many tokens */
-    int64_t pos_cap;          /* positions in iota */
+    int seq_cap;              /* sequences the tables hold */
     void *scratch;
     uint64_t scratch_bytes;
     /* views into scratch */
@@ -93,7 +94,11 @@ struct dg_cuda_ctx {
     int32_t *ridx, *ids;
     int64_t *pos;
     void *moe_scratch;
-    int64_t *iota;            /* 0, 1, 2, ... pos_cap-1 */
+    /* the batch's sequences: per layer a table of their caches and the
+     * rows their queries read ([n_layers][seq_cap]), and each token's
+     * sequence; device, with host staging */
+    struct dg_attn_seq *seq_tab, *h_seq_tab;
+    int32_t *q_seq, *h_q_seq;
     int32_t *h_ids;           /* host staging */
     int64_t *h_pos;
 };

@@ -253,6 +253,33 @@ int dg_cuda_row_probs_e(enum dg_elt e, void *p, const float *z, int64_t rows, in
 int dg_blas_gemm_e(struct dg_blas *b, enum dg_elt e, void *y, int y_f32, const void *x,
                    int64_t T, const void *W, int w_kn, int64_t N, int64_t K, int64_t ldw,
                    float alpha, float beta, struct dg_error *err);
+/* One sequence of a batch for the batched attention and the KV append,
+ * on the device: its cache (row r holds position r: nkv heads of hd
+ * elements), and the rows its queries read. */
+struct dg_attn_seq {
+    void *k, *v;               /* the cache's row 0 */
+    int64_t k_start, k_len;    /* keys read: rows k_start .. k_start+k_len-1 */
+};
+
+/* dg_cuda_attention_e for many sequences in one launch (reference:
+ * dg_ref_attention per sequence): query row t belongs to sequence
+ * q_seq[t] (device int32) and attends, at position q_pos[t], to that
+ * sequence's keys, each at the position of its row.  seqs: a device
+ * array.  Nothing about the sequences is read on the host, so a captured
+ * launch serves any lengths. */
+int dg_cuda_attention_batch_e(enum dg_elt e, void *out, const void *q, const int64_t *q_pos,
+                              const int32_t *q_seq, int64_t Tq, const struct dg_attn_seq *seqs,
+                              int nh, int nkv, int hd, int mask, int window, dg_stream_t stream,
+                              int dev, struct dg_error *err);
+
+/* Append new keys and values to their sequences' caches (reference:
+ * dg_ref_kv_append): for each token t,
+ *     seqs[q_seq[t]].k[q_pos[t] * row + i] = k_new[t * row + i]   (i < row)
+ * and the same for v; row = nkv * hd elements. */
+int dg_cuda_kv_append_e(enum dg_elt e, const struct dg_attn_seq *seqs, const int32_t *q_seq,
+                        const int64_t *q_pos, const void *k_new, const void *v_new, int64_t Tq,
+                        int64_t row, dg_stream_t stream, int dev, struct dg_error *err);
+
 /* Batched y_i = x_i W_i^T (nn.Linear) for i < count, as dg_blas_gemm_e
  * with w_kn 0, alpha 1, beta 0: x_i [m, K], W_i [N, K] with row stride
  * ldw, y_i [m, N] of type e or fp32 (y_f32); y, x and W are device arrays

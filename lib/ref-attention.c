@@ -60,3 +60,14 @@ void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, in
         }
     }
 }
+
+void dg_ref_kv_append(float *const *k_caches, float *const *v_caches, const int32_t *q_seq,
+                      const int64_t *q_pos, const float *k_new, const float *v_new, int64_t Tq,
+                      int64_t row)
+{
+    for (int64_t t = 0; t < Tq; t++)
+        for (int64_t i = 0; i < row; i++) {
+            k_caches[q_seq[t]][q_pos[t] * row + i] = k_new[t * row + i];
+            v_caches[q_seq[t]][q_pos[t] * row + i] = v_new[t * row + i];
+        }
+}

@@ -99,6 +99,14 @@ void dg_ref_attention(float *out, const float *q, const int64_t *q_pos, int64_t 
                       int nh, int nkv, int hd, enum dg_attn_mask mask, int window,
                       float *scores);
 
+/* New keys and values into their sequences' caches (the oracle of
+ * dg_cuda_kv_append_e): for each token t and i < row,
+ *     k_caches[q_seq[t]][q_pos[t] * row + i] = k_new[t * row + i]
+ * and the same for v (a cache's row r holds position r). */
+void dg_ref_kv_append(float *const *k_caches, float *const *v_caches, const int32_t *q_seq,
+                      const int64_t *q_pos, const float *k_new, const float *v_new, int64_t Tq,
+                      int64_t row);
+
 /* The same over a slice of the heads (one tensor-parallel rank): nq query
  * heads, global ids q_base.., and nkv KV heads, global ids kv_base..; query
  * head q_base + j reads KV head (q_base + j) / group (group = the model's

@@ -8,7 +8,13 @@
  * with fp32 ones (dg_cuda_attention_e, fresh fp32 inputs).  Outputs
  * poisoned (0xff bytes: NaN) before the launch and guard bytes after them
  * checked; bound ||out - ref|| / ||ref|| <= 1e-2 for bf16, 1e-5 for fp32,
- * never a NaN; element types other than bf16 and fp32 refused.  Exit 77
+ * never a NaN; element types other than bf16 and fp32 refused.  Batched:
+ * four sequences with caches of 0 .. 120 rows, their new tokens appended
+ * (dg_cuda_kv_append_e) and attending (dg_cuda_attention_batch_e) in one
+ * launch each, encoder (causal, window 5) and decoder (all keys, a
+ * window's rows), both element types: the caches equal to
+ * dg_ref_kv_append's exactly, the outputs against dg_ref_attention per
+ * sequence, guard bytes after the output and every cache.  Exit 77
  * where there is no GPU.
  */
 #include <math.h>
@@ -191,6 +197,193 @@ static int attention_f32(void)
     return 0;
 }
 
+/* ---- many sequences in one launch ---------------------------------------------- */
+
+/* n random values of element type e: the floats (already rounded to e) in
+ * f, their bytes in the returned buffer (malloc'd). */
+static void *rand_elts(enum dg_elt e, float *f, size_t n, float amp)
+{
+    unsigned char *b = malloc(n * (size_t)dg_elt_size(e) + 1);
+    for (size_t i = 0; b && i < n; i++) {
+        const float x = gt_uniform() * amp;
+        if (e == DG_ELT_F32) {
+            f[i] = x;
+            memcpy(b + 4 * i, &x, 4);
+        } else {
+            const uint16_t h = dg_f32_to_bf16(x);
+            f[i] = dg_bf16_to_f32(h);
+            memcpy(b + 2 * i, &h, 2);
+        }
+    }
+    return b;
+}
+
+/* element i of e's bytes b as a float */
+static float elt_at(enum dg_elt e, const unsigned char *b, size_t i)
+{
+    if (e == DG_ELT_F32) {
+        float x;
+        memcpy(&x, b + 4 * i, 4);
+        return x;
+    } else {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, 2);
+        return dg_bf16_to_f32(h);
+    }
+}
+
+#define NSEQ 4
+
+/* Four sequences with caches of different lengths, their new tokens
+ * appended (dg_cuda_kv_append_e) and attending (dg_cuda_attention_batch_e)
+ * in one launch each, against dg_ref_kv_append and dg_ref_attention per
+ * sequence: the caches exactly, the outputs within the bound; guard bytes
+ * after the output and after every cache, a token row of the output
+ * poisoned before. */
+static int batch_one(enum dg_elt e, int mask, int window)
+{
+    static const int64_t len[NSEQ] = {0, 37, 5, 120}, n[NSEQ] = {9, 16, 1, 33};
+    const int nh = 8, nkv = 2, hd = 64;
+    const int64_t row = (int64_t)nkv * hd, qrow = (int64_t)nh * hd;
+    const size_t es = (size_t)dg_elt_size(e);
+    const double bound = e == DG_ELT_F32 ? 1e-5 : 1e-2;
+    struct dg_error err = {0};
+    float *hk[NSEQ], *hv[NSEQ], *fq, *fkn, *fvn, *ref, *scores;
+    void *dk[NSEQ], *dv[NSEQ], *bq, *bkn, *bvn, *dq, *dkn, *dvn, *dout, *dseqs, *dqs, *dqp;
+    struct dg_attn_seq seqs[NSEQ];
+    int32_t qs[256];
+    int64_t qp[256], kpos[512], T = 0, q0[NSEQ];
+    unsigned char *hout, *hcache;
+    double num = 0, den = 0;
+
+    for (int i = 0; i < NSEQ; i++) {
+        q0[i] = T;
+        for (int64_t j = 0; j < n[i]; j++, T++) {
+            qs[T] = i;
+            qp[T] = len[i] + j;
+        }
+    }
+    fq = malloc(sizeof(float) * (size_t)(T * qrow));
+    fkn = malloc(sizeof(float) * (size_t)(T * row));
+    fvn = malloc(sizeof(float) * (size_t)(T * row));
+    ref = malloc(sizeof(float) * (size_t)(T * qrow));
+    scores = malloc(sizeof(float) * 512);
+    hout = malloc((size_t)(T * qrow) * es + GUARD_BYTES);
+    hcache = malloc((size_t)(256 * row) * es + GUARD_BYTES);
+    CHECK(fq && fkn && fvn && ref && scores && hout && hcache);
+    bq = rand_elts(e, fq, (size_t)(T * qrow), 1.0f);
+    bkn = rand_elts(e, fkn, (size_t)(T * row), 1.0f);
+    bvn = rand_elts(e, fvn, (size_t)(T * row), 1.0f);
+    CHECK(bq && bkn && bvn);
+    dq = gt_upload(bq, (size_t)(T * qrow) * es, &err);
+    dkn = gt_upload(bkn, (size_t)(T * row) * es, &err);
+    dvn = gt_upload(bvn, (size_t)(T * row) * es, &err);
+    dqs = gt_upload(qs, sizeof(int32_t) * (size_t)T, &err);
+    dqp = gt_upload(qp, sizeof(int64_t) * (size_t)T, &err);
+    CHECK(dq && dkn && dvn && dqs && dqp);
+    for (int i = 0; i < NSEQ; i++) {
+        /* a cache of 256 rows: the old ones random, the rest poisoned */
+        const size_t cells = (size_t)(256 * row);
+        void *bk, *bv;
+        hk[i] = malloc(sizeof(float) * cells);
+        hv[i] = malloc(sizeof(float) * cells);
+        CHECK(hk[i] && hv[i]);
+        bk = rand_elts(e, hk[i], cells, 1.0f);
+        bv = rand_elts(e, hv[i], cells, 1.0f);
+        CHECK(bk && bv);
+        memset((unsigned char *)bk + (size_t)(len[i] * row) * es, 0xff,
+               (cells - (size_t)(len[i] * row)) * es);
+        memset((unsigned char *)bv + (size_t)(len[i] * row) * es, 0xff,
+               (cells - (size_t)(len[i] * row)) * es);
+        dk[i] = gt_out_alloc(cells * es, GUARD_BYTES, GUARD_BYTE, &err);
+        dv[i] = gt_out_alloc(cells * es, GUARD_BYTES, GUARD_BYTE, &err);
+        CHECK(dk[i] && dv[i]);
+        CHECK_OK(dg_cuda_upload(dk[i], bk, cells * es, 0, &err), &err);
+        CHECK_OK(dg_cuda_upload(dv[i], bv, cells * es, 0, &err), &err);
+        free(bk);
+        free(bv);
+        seqs[i].k = dk[i];
+        seqs[i].v = dv[i];
+        seqs[i].k_start = mask == 2 && len[i] > window - 1 ? len[i] - (window - 1) : 0;
+        seqs[i].k_len = len[i] + n[i] - seqs[i].k_start;
+    }
+    dseqs = gt_upload(seqs, sizeof seqs, &err);
+    dout = gt_out_alloc((size_t)(T * qrow) * es, GUARD_BYTES, GUARD_BYTE, &err);
+    CHECK(dseqs && dout);
+    CHECK_OK(dg_cuda_kv_append_e(e, dseqs, dqs, dqp, dkn, dvn, T, row, NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_attention_batch_e(e, dout, dq, dqp, dqs, T, dseqs, nh, nkv, hd, mask, window,
+                                       NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    /* the reference: append, then each sequence against its own keys */
+    dg_ref_kv_append(hk, hv, qs, qp, fkn, fvn, T, row);
+    for (int i = 0; i < NSEQ; i++) {
+        for (int64_t j = 0; j < seqs[i].k_len; j++)
+            kpos[j] = seqs[i].k_start + j;
+        dg_ref_attention(ref + q0[i] * qrow, fq + q0[i] * qrow, qp + q0[i], n[i],
+                         hk[i] + seqs[i].k_start * row, hv[i] + seqs[i].k_start * row, kpos,
+                         seqs[i].k_len, nh, nkv, hd, (enum dg_attn_mask)mask, window, scores);
+    }
+    for (int i = 0; i < NSEQ; i++) {
+        const size_t cells = (size_t)(256 * row);
+        for (int kv = 0; kv < 2; kv++) {
+            const float *h = kv ? hv[i] : hk[i];
+            CHECK_OK(dg_cuda_download(hcache, kv ? dv[i] : dk[i], cells * es + GUARD_BYTES, 0,
+                                      &err), &err);
+            CHECKF(guard_changed(hcache, cells * es) < 0, "sequence %d: guard after its cache", i);
+            for (size_t c = 0; c < (size_t)((len[i] + n[i]) * row); c++)
+                CHECKF(elt_at(e, hcache, c) == h[c], "sequence %d %s cache cell %zu: %g, want %g",
+                       i, kv ? "v" : "k", c, (double)elt_at(e, hcache, c), (double)h[c]);
+        }
+    }
+    CHECK_OK(dg_cuda_download(hout, dout, (size_t)(T * qrow) * es + GUARD_BYTES, 0, &err), &err);
+    CHECK(guard_changed(hout, (size_t)(T * qrow) * es) < 0);
+    for (size_t c = 0; c < (size_t)(T * qrow); c++) {
+        const double g = elt_at(e, hout, c), d = g - ref[c];
+        CHECKF(!isnan(g), "output %zu is NaN", c);
+        num += d * d;
+        den += (double)ref[c] * ref[c];
+    }
+    printf("# batched attention, %s, mask %d window %d, %lld queries of 4 sequences: relative "
+           "error %.2e\n", e == DG_ELT_F32 ? "fp32" : "bf16", mask, window, (long long)T,
+           sqrt(num / den));
+    CHECK(sqrt(num / den) <= bound);
+    for (int i = 0; i < NSEQ; i++) {
+        dg_cuda_free(dk[i]);
+        dg_cuda_free(dv[i]);
+        free(hk[i]);
+        free(hv[i]);
+    }
+    dg_cuda_free(dq);
+    dg_cuda_free(dkn);
+    dg_cuda_free(dvn);
+    dg_cuda_free(dqs);
+    dg_cuda_free(dqp);
+    dg_cuda_free(dseqs);
+    dg_cuda_free(dout);
+    free(bq);
+    free(bkn);
+    free(bvn);
+    free(fq);
+    free(fkn);
+    free(fvn);
+    free(ref);
+    free(scores);
+    free(hout);
+    free(hcache);
+    return 0;
+}
+
+static int batch(void)
+{
+    for (int e = 0; e < 2; e++) {
+        CHECK(batch_one((enum dg_elt)e, 1, 0) == 0);  /* encoder, full layer */
+        CHECK(batch_one((enum dg_elt)e, 2, 5) == 0);  /* encoder, sliding window 5 */
+        CHECK(batch_one((enum dg_elt)e, 0, 0) == 0);  /* decoder, full layer */
+        CHECK(batch_one((enum dg_elt)e, 0, 5) == 0);  /* decoder over a window's rows */
+    }
+    return 0;
+}
+
 static int refusals(void)
 {
     struct dg_error err = {0};
@@ -219,6 +412,7 @@ int main(void)
     gt_seed(0x6a09e667f3bcc909ull);
     TEST_CASE(attention);
     TEST_CASE(attention_f32);
+    TEST_CASE(batch);
     TEST_CASE(refusals);
     return test_finish();
 }
