@@ -57,14 +57,14 @@ struct grank {
     int64_t rows_cap;
     float *logits, *T_d, *tau_d;
     struct dg_rand_site *sites_d;
-    struct dg_row_stats *stats_d;
+    struct dg_row_stats *stats_d, *gather_d; /* gather_d: [n_ranks, rows] */
     void *stats_scratch;
     void *probs;                    /* [probs_cap, nv] elements */
     int64_t probs_cap;
     uint64_t rows_bytes, probs_bytes;
     float *T_h, *tau_h;
     struct dg_rand_site *sites_h;
-    struct dg_row_stats *local_h, *stats_h, *gather_h;
+    struct dg_row_stats *stats_h;
     int skip;                       /* fault injection: skip the next job */
     /* the job's outcome */
     int rc;
@@ -118,20 +118,19 @@ static void free_rows(struct grank *R)
     dg_cuda_free(R->tau_d);
     dg_cuda_free(R->sites_d);
     dg_cuda_free(R->stats_d);
+    dg_cuda_free(R->gather_d);
     dg_cuda_free(R->stats_scratch);
     free(R->T_h);
     free(R->tau_h);
     free(R->sites_h);
-    free(R->local_h);
     free(R->stats_h);
-    free(R->gather_h);
     R->logits = R->T_d = R->tau_d = NULL;
     R->sites_d = NULL;
-    R->stats_d = NULL;
+    R->stats_d = R->gather_d = NULL;
     R->stats_scratch = NULL;
     R->T_h = R->tau_h = NULL;
     R->sites_h = NULL;
-    R->local_h = R->stats_h = R->gather_h = NULL;
+    R->stats_h = NULL;
     R->rows_cap = 0;
     R->rows_bytes = 0;
 }
@@ -148,20 +147,20 @@ static int reserve_rows(struct grank *R, int64_t rows, struct dg_error *err)
     R->T_h = malloc(sizeof(float) * n);
     R->tau_h = malloc(sizeof(float) * n);
     R->sites_h = malloc(sizeof *R->sites_h * n);
-    R->local_h = malloc(sizeof *R->local_h * n);
     R->stats_h = malloc(sizeof *R->stats_h * n);
-    R->gather_h = malloc(sizeof *R->gather_h * n * (size_t)R->cb->n);
-    if (!R->T_h || !R->tau_h || !R->sites_h || !R->local_h || !R->stats_h || !R->gather_h)
+    if (!R->T_h || !R->tau_h || !R->sites_h || !R->stats_h)
         return dg_error_set(err, DG_E_NOMEM, "out of memory for %lld rows", (long long)rows);
     TRY(dg_cuda_alloc((void **)&R->logits, sizeof(float) * n * (size_t)nv, R->dev, err));
     TRY(dg_cuda_alloc((void **)&R->T_d, sizeof(float) * n, R->dev, err));
     TRY(dg_cuda_alloc((void **)&R->tau_d, sizeof(float) * n, R->dev, err));
     TRY(dg_cuda_alloc((void **)&R->sites_d, sizeof *R->sites_d * n, R->dev, err));
     TRY(dg_cuda_alloc((void **)&R->stats_d, sizeof *R->stats_d * n, R->dev, err));
+    TRY(dg_cuda_alloc((void **)&R->gather_d, sizeof *R->gather_d * n * (size_t)R->cb->n, R->dev,
+                      err));
     TRY(dg_cuda_alloc(&R->stats_scratch, scratch, R->dev, err));
     R->rows_cap = rows;
     R->rows_bytes = (sizeof(float) * (uint64_t)nv + 2 * sizeof(float) + sizeof *R->sites_d +
-                     sizeof *R->stats_d) * (uint64_t)rows + scratch;
+                     sizeof *R->stats_d * (uint64_t)(1 + R->cb->n)) * (uint64_t)rows + scratch;
     return 0;
 }
 
@@ -352,19 +351,23 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
         cap = 0.0f;
     }
     TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)rows, st, R->dev, err));
-    TRY(dg_cuda_row_stats(R->stats_d, R->logits, rows, nv, R->model.v0, cap, R->T_d, R->tau_d,
-                          R->sites_d, R->stats_scratch, st, R->dev, err));
-    TRY(dg_cuda_copy_async(R->local_h, R->stats_d, sizeof *R->local_h * (size_t)rows, st, R->dev,
+    /* the whole rows' statistics stay on the device: every rank's
+     * records gathered and folded in rank order (dg_row_stats_combine's
+     * arithmetic), then one copy to the host for the outputs */
+    if (R->nccl) {
+        TRY(dg_cuda_row_stats(R->gather_d + (size_t)R->index * (size_t)rows, R->logits, rows, nv,
+                              R->model.v0, cap, R->T_d, R->tau_d, R->sites_d, R->stats_scratch,
+                              st, R->dev, err));
+        TRY(dg_nccl_all_gather(R->nccl, R->gather_d + (size_t)R->index * (size_t)rows,
+                               R->gather_d, sizeof *R->gather_d * (size_t)rows, err));
+        TRY(dg_cuda_row_stats_fold(R->stats_d, R->gather_d, rows, cb->n, st, R->dev, err));
+    } else {
+        TRY(dg_cuda_row_stats(R->stats_d, R->logits, rows, nv, R->model.v0, cap, R->T_d,
+                              R->tau_d, R->sites_d, R->stats_scratch, st, R->dev, err));
+    }
+    TRY(dg_cuda_copy_async(R->stats_h, R->stats_d, sizeof *R->stats_h * (size_t)rows, st, R->dev,
                            err));
     TRY(dg_cuda_stream_sync(st, R->dev, err));
-    /* the whole rows' statistics: every rank's records, folded in rank
-     * order (the CPU backend's function), back to the device for the
-     * probabilities */
-    TRY(dg_row_stats_allgather(R->nccl ? dg_nccl_coll(R->nccl) : NULL, R->local_h, rows,
-                               R->stats_h, R->gather_h, err));
-    if (R->nccl)
-        TRY(dg_cuda_copy_async(R->stats_d, R->stats_h, sizeof *R->stats_h * (size_t)rows, st,
-                               R->dev, err));
     if (R->index == 0)
         for (int i = 0, o = 0; i < n; o += items[i].cl, i++)
             items[i].nonfinite = dg_row_outputs(R->stats_h + o, items[i].cl, items[i].sample,

@@ -24,8 +24,9 @@
  * every slot; the forward pass meets in NCCL all-reduces
  * (cuda-forward.h).  The sampler is vocabulary-parallel: each rank takes
  * the statistics of its logits columns, one all-gather of those records
- * (a few dozen bytes per position) and a fold in rank order give every
- * rank the whole row's; the filters' bisection sums counts across ranks;
+ * (48 bytes per position) and a fold in rank order on the device
+ * (dg_cuda_row_stats_fold) give every rank the whole row's; the filters'
+ * bisection (on the host) sums counts across ranks;
  * self-conditioning multiplies each rank's probabilities by its own
  * embedding rows, and one all-reduce of [CL, H] sums them.  No rank holds
  * the whole embedding or a whole row of logits or probabilities.

@@ -106,6 +106,14 @@ int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t rows, int64_t 
                       const struct dg_rand_site *sites, void *scratch, dg_stream_t stream,
                       int dev, struct dg_error *err);
 
+/* The statistics of whole rows from those of their slices, on the device
+ * (reference: dg_row_stats_combine, as dg_row_stats_allgather folds):
+ * parts [n_parts, rows] records, part q of row r at parts[q * rows + r]
+ * (what an all-gather of every rank's records leaves); out[r] = part 0
+ * folded with parts 1, 2, ... in order.  out may not overlap parts. */
+int dg_cuda_row_stats_fold(struct dg_row_stats *out, const struct dg_row_stats *parts,
+                           int64_t rows, int n_parts, dg_stream_t stream, int dev,
+                           struct dg_error *err);
 /* The probabilities of rows of (soft-capped) logits over this rank's slice
  * (reference: dg_row_probs), from the rows' combined statistics all[r]:
  *   p[r, i] = exp(z[r, i] / T[r] - M) / S   for kept ids (finite, z >= tau[r])

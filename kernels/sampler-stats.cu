@@ -85,18 +85,37 @@ __global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_
         parts[r * chunks + blockIdx.x] = sh[0];
 }
 
-/* one thread per row: fold its chunks in order */
+/* one thread per row r: fold its parts c = 0 .. n_parts-1, at
+ * parts[r * row_stride + c * part_stride], in order (dg_row_stats_fold) */
 __global__ static void fold_kernel(struct dg_row_stats *out, const struct dg_row_stats *parts,
-                                   int64_t rows, int chunks)
+                                   int64_t rows, int n_parts, int64_t row_stride,
+                                   int64_t part_stride)
 {
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     struct dg_row_stats a;
     if (r >= rows)
         return;
-    a = parts[r * chunks];
-    for (int c = 1; c < chunks; c++)
-        dg_row_stats_fold(&a, &parts[r * chunks + c]);
+    a = parts[r * row_stride];
+    for (int c = 1; c < n_parts; c++)
+        dg_row_stats_fold(&a, &parts[r * row_stride + c * part_stride]);
     out[r] = a;
+}
+
+extern "C" int dg_cuda_row_stats_fold(struct dg_row_stats *out, const struct dg_row_stats *parts,
+                                      int64_t rows, int n_parts, dg_stream_t stream, int dev,
+                                      struct dg_error *err)
+{
+    int rc = 0;
+    if (rows <= 0)
+        return 0;
+    if (n_parts < 1 || rows > 0x7fffffff || !out || !parts)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: row_stats_fold: %lld rows of %d parts", dev,
+                            (long long)rows, n_parts);
+    fold_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
+        out, parts, rows, n_parts, 1, rows);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
 }
 
 extern "C" size_t dg_cuda_row_stats_scratch(int64_t rows, int64_t n)
@@ -122,7 +141,7 @@ extern "C" int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t row
                                            (int)chunks);
     DG_LAUNCH_CHECK();
     fold_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
-        out, (const struct dg_row_stats *)scratch, rows, (int)chunks);
+        out, (const struct dg_row_stats *)scratch, rows, (int)chunks, chunks, 1);
     DG_LAUNCH_CHECK();
 out:
     return rc;

@@ -15,7 +15,10 @@
  * dg_row_probs over the GPU's soft-capped logits and statistics (1e-5 of
  * the CPU's whole chain), the product within 1e-5.  Outputs poisoned
  * (0xff bytes) before, guard bytes after; element types other than bf16
- * and fp32 refused.  Exit 77 where there is no GPU.
+ * and fp32 refused.  The fold of slices' records into whole rows
+ * (dg_cuda_row_stats_fold, as after an all-gather over 1 .. 8 ranks)
+ * against dg_row_stats_combine: ids, values and max equal, S and D within
+ * 1e-12.  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -151,6 +154,84 @@ static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter
     free(sites);
     free(ref);
     free(got);
+    return 0;
+}
+
+/* n_parts slices of rows random rows (some slices keeping no id, some
+ * with a NaN), their records from dg_row_stats_slice, folded on the GPU
+ * (dg_cuda_row_stats_fold) and on the host (dg_row_stats_combine in part
+ * order): argmax, sample and their values, max and the non-finite counts
+ * equal; S and D within 1e-12 relative (the device's exp against the
+ * host's); the guard after the output untouched. */
+static int fold_case(int64_t rows, int n_parts, int64_t n)
+{
+    const size_t rb = sizeof(struct dg_row_stats);
+    struct dg_error err = {0};
+    struct dg_row_stats *parts = malloc(rb * (size_t)(rows * n_parts)), *ref = malloc(rb * (size_t)rows);
+    unsigned char *got = malloc(rb * (size_t)rows + GUARD_BYTES);
+    float *z = malloc(sizeof(float) * (size_t)n);
+    void *dparts, *dout = NULL;
+    CHECK(parts && ref && got && z);
+    for (int q = 0; q < n_parts; q++)
+        for (int64_t r = 0; r < rows; r++) {
+            const struct dg_rand_site site = {77, (uint32_t)r, 1, (uint32_t)r};
+            float tau = (r + q) % 7 == 3 ? INFINITY : -INFINITY; /* none kept */
+            for (int64_t i = 0; i < n; i++)
+                z[i] = gt_uniform() * 20.0f + (float)q;
+            if ((r + q) % 11 == 5)
+                z[gt_next() % (uint64_t)n] = NAN;
+            dg_row_stats_slice(z, (int64_t)q * n, n, 0.9f, tau, &site,
+                               &parts[(int64_t)q * rows + r]);
+        }
+    for (int64_t r = 0; r < rows; r++) {
+        ref[r] = parts[r];
+        for (int q = 1; q < n_parts; q++)
+            dg_row_stats_combine(&ref[r], &parts[(int64_t)q * rows + r]);
+    }
+    dparts = gt_upload(parts, rb * (size_t)(rows * n_parts), &err);
+    dout = gt_out_alloc(rb * (size_t)rows, GUARD_BYTES, GUARD_BYTE, &err);
+    CHECKF(dparts && dout, "%s", err.msg);
+    CHECK_OK(dg_cuda_row_stats_fold(dout, dparts, rows, n_parts, NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(got, dout, rb * (size_t)rows + GUARD_BYTES, 0, &err), &err);
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        CHECKF(got[rb * (size_t)rows + i] == GUARD_BYTE, "fold: guard byte %zu changed", i);
+    for (int64_t r = 0; r < rows; r++) {
+        struct dg_row_stats g;
+        memcpy(&g, got + (size_t)r * rb, rb);
+        CHECKF(g.argmax == ref[r].argmax && g.sample == ref[r].sample &&
+                   g.nonfinite == ref[r].nonfinite,
+               "fold row %lld: argmax %d/%d sample %d/%d non-finite %lld/%lld", (long long)r,
+               g.argmax, ref[r].argmax, g.sample, ref[r].sample, (long long)g.nonfinite,
+               (long long)ref[r].nonfinite);
+        if (ref[r].argmax < 0)
+            continue;
+        CHECK(g.max == ref[r].max && g.argmax_val == ref[r].argmax_val &&
+              g.sample_val == ref[r].sample_val);
+        CHECKF(rel(g.sum, ref[r].sum) <= 1e-12 &&
+                   fabs(g.dev - ref[r].dev) <= 1e-12 * (fabs(ref[r].dev) + ref[r].sum),
+               "fold row %lld: S %.17g vs %.17g, D %.17g vs %.17g", (long long)r, g.sum,
+               ref[r].sum, g.dev, ref[r].dev);
+    }
+    printf("# row_stats_fold: %lld rows of %d parts of %lld ids: equal to the host's fold\n",
+           (long long)rows, n_parts, (long long)n);
+    dg_cuda_free(dparts);
+    dg_cuda_free(dout);
+    free(parts);
+    free(ref);
+    free(got);
+    free(z);
+    return 0;
+}
+
+static int row_stats_fold(void)
+{
+    struct dg_error err = {0};
+    CHECK(fold_case(1, 1, 100) == 0 && fold_case(256, 2, 500) == 0 &&
+          fold_case(300, 4, 64) == 0 && fold_case(33, 8, 10) == 0);
+    CHECK_FAILS(dg_cuda_row_stats_fold(NULL, NULL, 4, 0, NULL, 0, &err), &err, DG_E_INVAL,
+                "row_stats_fold");
+    CHECK(dg_cuda_row_stats_fold(NULL, NULL, 0, 2, NULL, 0, &err) == 0);
     return 0;
 }
 
@@ -379,6 +460,7 @@ int main(void)
         return rc;
     gt_seed(0xda3e39cb94b95bdbull);
     TEST_CASE(row_stats);
+    TEST_CASE(row_stats_fold);
     TEST_CASE(soft_embedding);
     TEST_CASE(soft_embedding_f32);
     TEST_CASE(refusals);
