@@ -261,6 +261,13 @@ int dg_cuda_row_probs_e(enum dg_elt e, void *p, const float *z, int64_t rows, in
 int dg_blas_gemm_e(struct dg_blas *b, enum dg_elt e, void *y, int y_f32, const void *x,
                    int64_t T, const void *W, int w_kn, int64_t N, int64_t K, int64_t ldw,
                    float alpha, float beta, struct dg_error *err);
+/* Rows gathered from anywhere (reference: dg_ref_rows_gather): for t < T,
+ *     y[t, :] = src[t][0 .. dim)    or zeros where src[t] is NULL
+ * src: a device array of T device pointers to rows of e's elements (the
+ * self-conditioning inputs of a batch's canvases, each in its slot). */
+int dg_cuda_rows_gather_e(enum dg_elt e, void *y, const void *const *src, int64_t T, int dim,
+                          dg_stream_t stream, int dev, struct dg_error *err);
+
 /* One sequence of a batch for the batched attention and the KV append,
  * on the device: its cache (row r holds position r: nkv heads of hd
  * elements), and the rows its queries read. */

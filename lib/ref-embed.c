@@ -20,3 +20,10 @@ void dg_ref_embed(float *x, const int32_t *ids, int64_t T, const struct dg_weigh
             x[t * H + i] = dg_load_f32(row, E->dtype, (size_t)i) * scale;
     }
 }
+
+void dg_ref_rows_gather(float *y, const float *const *src, int64_t T, int dim)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int i = 0; i < dim; i++)
+            y[t * dim + i] = src[t] ? src[t][i] : 0.0f;
+}

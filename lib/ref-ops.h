@@ -36,6 +36,10 @@ void dg_ref_gelu_mul(float *out, const float *gate, const float *up, int64_t n);
 /* Logit soft-cap in place: z = cap * tanh(z / cap).  cap <= 0: no-op. */
 void dg_ref_softcap(float *z, int64_t n, float cap);
 
+/* Rows gathered from anywhere (the oracle of dg_cuda_rows_gather_e):
+ * y[t, :] = src[t][0 .. dim), or zeros where src[t] is NULL. */
+void dg_ref_rows_gather(float *y, const float *const *src, int64_t T, int dim);
+
 /* Embedding gather and scale over the vocabulary rows [v0, v0 + E->rows)
  * one rank holds (E: those rows, E->cols = hidden):
  *     x[t, :] = E[ids[t] - v0, :] * scale    if the id is one of them

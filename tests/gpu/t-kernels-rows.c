@@ -1,7 +1,7 @@
 /*
  * Description: the row-wise kernels (RMSNorm, RMSNorm + residual add,
- * embedding gather over a vocabulary slice, RoPE, the feed-forward block's
- * combine) against their plain-C references on fresh random inputs at
+ * embedding gather over a vocabulary slice, the gather of rows from
+ * anywhere (exact: a copy), RoPE, the feed-forward block's combine) against their plain-C references on fresh random inputs at
  * several shapes (sizes that are not multiples of the block sizes among
  * them), each with bf16 and with fp32 elements (the _e forms).  Every
  * output buffer is poisoned (NaN) before the launch (in-place ones hold
@@ -263,6 +263,58 @@ static int embed(void)
     return 0;
 }
 
+/* Rows from several source buffers (every third row none: zeros),
+ * gathered by dg_cuda_rows_gather_e against dg_ref_rows_gather: a copy,
+ * so exactly equal. */
+static int rows_gather(void)
+{
+    static const struct {
+        int64_t T;
+        int dim;
+    } shapes[] = {{1, 5}, {37, 2816}, {300, 64}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (size_t ei = 0; ei < N_ELTS; ei++) {
+            const enum dg_elt el = ELTS[ei];
+            const size_t sz = (size_t)dg_elt_size(el);
+            const int64_t T = shapes[k].T, S = T + 3; /* source rows */
+            const int D = shapes[k].dim;
+            struct dg_error err = {0};
+            void *hsrc, *dsrc, *dy, *dptr;
+            float *fsrc, *ref = malloc(sizeof(float) * (size_t)(T * D));
+            const float **hf = malloc(sizeof *hf * (size_t)T);
+            void **hp = malloc(sizeof *hp * (size_t)T);
+            char what[96];
+            double e;
+            CHECK(ref && hf && hp && gt_rand_elts(el, (size_t)(S * D), 1.0f, &hsrc, &fsrc) == 0);
+            dsrc = gt_upload(hsrc, (size_t)(S * D) * sz, &err);
+            CHECK(dsrc);
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t r = (int64_t)(gt_next() % (uint64_t)S);
+                hf[t] = t % 3 == 2 ? NULL : fsrc + r * D;
+                hp[t] = t % 3 == 2 ? NULL : (unsigned char *)dsrc + (size_t)(r * D) * sz;
+            }
+            dg_ref_rows_gather(ref, hf, T, D);
+            dptr = gt_upload(hp, sizeof *hp * (size_t)T, &err);
+            dy = out_buf(el, (size_t)(T * D), NULL, &err);
+            CHECKF(dptr && dy, "%s", err.msg);
+            CHECK_OK(dg_cuda_rows_gather_e(el, dy, (const void *const *)dptr, T, D, NULL, 0, &err),
+                     &err);
+            snprintf(what, sizeof what, "rows_gather%s %lld rows of %d", tag(el), (long long)T, D);
+            e = compare(el, dy, (size_t)(T * D), ref, what);
+            printf("# %s: relative error %.2e\n", what, e);
+            CHECKF(e == 0, "%s: %.3e (a copy must be exact)", what, e);
+            dg_cuda_free(dsrc);
+            dg_cuda_free(dptr);
+            dg_cuda_free(dy);
+            free(hsrc);
+            free(fsrc);
+            free(ref);
+            free(hf);
+            free(hp);
+        }
+    return 0;
+}
+
 static int rope(void)
 {
     static const struct {
@@ -445,6 +497,7 @@ int main(void)
     TEST_CASE(rmsnorm);
     TEST_CASE(rmsnorm_add);
     TEST_CASE(embed);
+    TEST_CASE(rows_gather);
     TEST_CASE(rope);
     TEST_CASE(ffn_combine);
     TEST_CASE(refusals);
