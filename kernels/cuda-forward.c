@@ -112,8 +112,10 @@ void dg_cuda_ctx_free(struct dg_cuda_ctx *cx)
     dg_cuda_stream_destroy(cx->stream);
     dg_cuda_free(cx->scratch);
     dg_cuda_free(cx->seq_tab);
+    dg_cuda_free(cx->dummy_kv);
     free(cx->h_seq_tab);
     free(cx->h_q_seq);
+    free(cx->h_soft_src);
     free(cx->h_ids);
     free(cx->h_pos);
     memset(cx, 0, sizeof *cx);
@@ -155,6 +157,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             {(void **)&cx->rlogits, (size_t)(T * E) * 4}, {(void **)&cx->rw, (size_t)(T * K) * 4},
             {(void **)&cx->ridx, (size_t)(T * K) * 4},   {(void **)&cx->ids, (size_t)T * 4},
             {(void **)&cx->q_seq, (size_t)T * 4},
+            {(void **)&cx->soft_src, (size_t)T * sizeof(void *)},
             {(void **)&cx->pos, (size_t)T * 8},
             {(void **)&cx->moe_scratch,
              dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, cx->cm->exp_w,
@@ -167,12 +170,15 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
         free(cx->h_ids);
         free(cx->h_pos);
         free(cx->h_q_seq);
+        free(cx->h_soft_src);
         cx->scratch = NULL;
         cx->tokens_cap = 0;
+        cx->generation++;
         cx->h_ids = malloc(sizeof *cx->h_ids * (size_t)T);
         cx->h_pos = malloc(sizeof *cx->h_pos * (size_t)T);
         cx->h_q_seq = malloc(sizeof *cx->h_q_seq * (size_t)T);
-        if (!cx->h_ids || !cx->h_pos || !cx->h_q_seq)
+        cx->h_soft_src = malloc(sizeof *cx->h_soft_src * (size_t)T);
+        if (!cx->h_ids || !cx->h_pos || !cx->h_q_seq || !cx->h_soft_src)
             return dg_error_set(err, DG_E_NOMEM, "cuda forward: out of memory for %lld tokens",
                                 (long long)T);
         if ((rc = dg_cuda_alloc(&cx->scratch, total, cx->dev, err)) < 0) {
@@ -191,24 +197,47 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
     return 0;
 }
 
-/* Tables for n sequences (kept when large enough). */
+/* Tables for n sequences and the dummy one (kept when large enough); the
+ * dummy's one-row caches. */
 static int reserve_seqs(struct dg_cuda_ctx *cx, int n, struct dg_error *err)
 {
+    const struct dg_cuda_model *cm = cx->cm;
+    const int L = cm->cfg.num_layers;
+    size_t cells;
     int rc;
     if (n <= cx->seq_cap)
         return 0;
     n = (n + 15) & ~15;
+    cells = (size_t)L * (size_t)(n + 1);
     dg_cuda_free(cx->seq_tab);
     free(cx->h_seq_tab);
     cx->seq_tab = NULL;
     cx->seq_cap = 0;
-    cx->h_seq_tab = malloc(sizeof *cx->h_seq_tab * (size_t)cx->cm->cfg.num_layers * (size_t)n);
+    cx->generation++;
+    cx->h_seq_tab = malloc(sizeof *cx->h_seq_tab * cells);
     if (!cx->h_seq_tab)
         return dg_error_set(err, DG_E_NOMEM, "cuda forward: out of memory for %d sequences", n);
-    if ((rc = dg_cuda_alloc((void **)&cx->seq_tab, sizeof *cx->seq_tab *
-                                                        (size_t)cx->cm->cfg.num_layers * (size_t)n,
-                            cx->dev, err)) < 0)
+    if ((rc = dg_cuda_alloc((void **)&cx->seq_tab, sizeof *cx->seq_tab * cells, cx->dev, err)) <
+        0)
         return rc;
+    if (!cx->dummy_kv) {
+        size_t bytes = 0;
+        for (int l = 0; l < L; l++)
+            bytes += 2 * (size_t)cm->layers[l].nkv * (size_t)cm->layers[l].hd *
+                     (size_t)dg_elt_size(cm->elt);
+        if ((rc = dg_cuda_alloc(&cx->dummy_kv, bytes, cx->dev, err)) < 0)
+            return rc;
+    }
+    {
+        unsigned char *p = cx->dummy_kv;
+        for (int l = 0; l < L; l++) {
+            const size_t row = (size_t)cm->layers[l].nkv * (size_t)cm->layers[l].hd *
+                               (size_t)dg_elt_size(cm->elt);
+            cx->h_seq_tab[(size_t)l * (size_t)(n + 1) + (size_t)n] =
+                (struct dg_attn_seq){p, p + row, 0, 0};
+            p += 2 * row;
+        }
+    }
     cx->seq_cap = n;
     return 0;
 }
@@ -247,16 +276,20 @@ static int check_batch(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *s
     return 0;
 }
 
-/* Scratch, and the batch's ids, positions, token sequences and per-layer
- * sequence tables on the device. */
+/* Scratch for Tb tokens, and the batch's ids, positions, token
+ * sequences, self-conditioning sources and per-layer sequence tables on
+ * the device.  Tokens T .. Tb-1 pad the batch to its bucket: id 0,
+ * position 0, the dummy sequence (entry seq_cap of every table: a
+ * one-row cache per layer, no keys read), no soft input. */
 static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
-                       int64_t T, struct dg_error *err)
+                       int64_t T, int64_t Tb, struct dg_error *err)
 {
     const struct dg_model_config *c = &cx->cm->cfg;
-    const int L = c->num_layers, W = c->sliding_window;
+    const int L = c->num_layers, W = c->sliding_window, H = c->hidden_size;
+    const size_t es = (size_t)dg_elt_size(cx->cm->elt);
     int64_t t = 0;
     int rc;
-    TRY(reserve_tokens(cx, T, err));
+    TRY(reserve_tokens(cx, Tb, err));
     TRY(reserve_seqs(cx, n_seqs, err));
     for (int i = 0; i < n_seqs; i++) {
         const int64_t len = seqs[i].kv->length;
@@ -264,26 +297,38 @@ static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, i
             cx->h_ids[t] = seqs[i].ids[j];
             cx->h_pos[t] = len + j;
             cx->h_q_seq[t] = i;
+            cx->h_soft_src[t] = seqs[i].soft ? (const unsigned char *)seqs[i].soft +
+                                                   (size_t)(j * H) * es
+                                             : NULL;
         }
         /* sliding layers read the last W-1 committed rows and the new
          * ones, full layers every row */
         for (int l = 0; l < L; l++) {
             const int64_t start =
                 cx->cm->layers[l].sliding && len > W - 1 ? len - (W - 1) : 0;
-            cx->h_seq_tab[(size_t)l * (size_t)cx->seq_cap + (size_t)i] = (struct dg_attn_seq){
-                seqs[i].kv->k[l], seqs[i].kv->v[l], start, len + seqs[i].n - start};
+            cx->h_seq_tab[(size_t)l * (size_t)(cx->seq_cap + 1) + (size_t)i] =
+                (struct dg_attn_seq){seqs[i].kv->k[l], seqs[i].kv->v[l], start,
+                                     len + seqs[i].n - start};
         }
     }
+    for (; t < Tb; t++) {
+        cx->h_ids[t] = 0;
+        cx->h_pos[t] = 0;
+        cx->h_q_seq[t] = cx->seq_cap;
+        cx->h_soft_src[t] = NULL;
+    }
     /* (pageable host memory: the copies complete before these return) */
-    TRY(dg_cuda_copy_async(cx->ids, cx->h_ids, sizeof *cx->h_ids * (size_t)T, cx->stream,
+    TRY(dg_cuda_copy_async(cx->ids, cx->h_ids, sizeof *cx->h_ids * (size_t)Tb, cx->stream,
                            cx->dev, err));
-    TRY(dg_cuda_copy_async(cx->pos, cx->h_pos, sizeof *cx->h_pos * (size_t)T, cx->stream,
+    TRY(dg_cuda_copy_async(cx->pos, cx->h_pos, sizeof *cx->h_pos * (size_t)Tb, cx->stream,
                            cx->dev, err));
-    TRY(dg_cuda_copy_async(cx->q_seq, cx->h_q_seq, sizeof *cx->h_q_seq * (size_t)T, cx->stream,
+    TRY(dg_cuda_copy_async(cx->q_seq, cx->h_q_seq, sizeof *cx->h_q_seq * (size_t)Tb, cx->stream,
                            cx->dev, err));
+    TRY(dg_cuda_copy_async(cx->soft_src, cx->h_soft_src, sizeof *cx->h_soft_src * (size_t)Tb,
+                           cx->stream, cx->dev, err));
     TRY(dg_cuda_copy_async(cx->seq_tab, cx->h_seq_tab,
-                           sizeof *cx->h_seq_tab * (size_t)L * (size_t)cx->seq_cap, cx->stream,
-                           cx->dev, err));
+                           sizeof *cx->h_seq_tab * (size_t)L * (size_t)(cx->seq_cap + 1),
+                           cx->stream, cx->dev, err));
     return 0;
 }
 
@@ -307,8 +352,7 @@ static int reduce(struct dg_cuda_ctx *cx, void *buf, int64_t n, enum dg_nccl_typ
 
 /* x [T, H] -> x' for layer l.  Each sequence's K/V rows go into its cache
  * at rows length..; encoder: causal, decoder: bidirectional. */
-static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
-                         const struct dg_cuda_seq *seqs, int n_seqs, int64_t T,
+static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                          struct dg_error *err)
 {
     const struct dg_cuda_model *cm = cx->cm;
@@ -347,7 +391,7 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
     /* every token's K/V into its sequence's cache, then attention over
      * the rows the layer's table names (encoder: causal, decoder: all) */
     {
-        const struct dg_attn_seq *tab = cx->seq_tab + (size_t)l * (size_t)cx->seq_cap;
+        const struct dg_attn_seq *tab = cx->seq_tab + (size_t)l * (size_t)(cx->seq_cap + 1);
         const int mask = decoder ? 0 : L->sliding ? 2 : 1;
         TRY(dg_cuda_kv_append_e(e, tab, cx->q_seq, cx->pos, cx->k, cx->v, T, kvdim, st, dev,
                                 err));
@@ -392,30 +436,32 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder,
 
 /* ---- the passes ---------------------------------------------------------------- */
 
-int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
-                   struct dg_error *err)
+int64_t dg_cuda_bucket(int64_t T)
 {
-    const struct dg_cuda_model *cm = cx->cm;
-    const struct dg_model_config *c = &cm->cfg;
-    int64_t T;
-    int rc;
-
-    TRY(check_batch(cx, seqs, n_seqs, 0, &T, err));
-    TRY(stage_batch(cx, seqs, n_seqs, T, err));
-    TRY(dg_cuda_embed_e(cm->elt, cx->x, cx->ids, T, cm->embed, cm->v0, cm->nv, c->hidden_size,
-                        cm->embed_scale, cx->stream, cx->dev, err));
-    /* each token's row is on one rank, zeros elsewhere: the sum is exact */
-    TRY(reduce(cx, cx->x, T * c->hidden_size, elt_type(cm->elt), err));
-    for (int l = 0; l < c->num_layers; l++)
-        TRY(layer_forward(cx, l, 0, seqs, n_seqs, T, err));
-    TRY(dg_cuda_stream_sync(cx->stream, cx->dev, err));
-    for (int i = 0; i < n_seqs; i++)
-        seqs[i].kv->length += seqs[i].n;
-    return 0;
+    int64_t b = 64;
+    if (T <= 64)
+        return 64;
+    for (;;) {
+        if (T <= b + b / 2)
+            return b + b / 2;
+        if (T <= 2 * b)
+            return 2 * b;
+        b *= 2;
+    }
 }
 
-int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
-                   float *logits, struct dg_error *err)
+int dg_cuda_pass_stage(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                       int decoder, int64_t *Tb, struct dg_error *err)
+{
+    int64_t T = 0;
+    int rc;
+    TRY(check_batch(cx, seqs, n_seqs, decoder, &T, err));
+    *Tb = dg_cuda_bucket(T);
+    return stage_batch(cx, seqs, n_seqs, T, *Tb, err);
+}
+
+int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *logits,
+                      struct dg_error *err)
 {
     const struct dg_cuda_model *cm = cx->cm;
     const struct dg_model_config *c = &cm->cfg;
@@ -424,28 +470,22 @@ int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
     const float eps = (float)c->rms_norm_eps;
     const dg_stream_t st = cx->stream;
     const int dev = cx->dev;
-    int64_t T, t0 = 0;
-    int any_soft = 0, rc;
+    int rc;
 
-    TRY(check_batch(cx, seqs, n_seqs, 1, &T, err));
-    TRY(stage_batch(cx, seqs, n_seqs, T, err));
+    if (T > cx->tokens_cap || (decoder && !logits))
+        return dg_error_set(err, DG_E_INVAL, "cuda forward: a body of %lld tokens after a stage "
+                            "of %lld%s", (long long)T, (long long)cx->tokens_cap,
+                            decoder && !logits ? ", no logits" : "");
     TRY(dg_cuda_embed_e(e, cx->x, cx->ids, T, cm->embed, cm->v0, cm->nv, H, cm->embed_scale, st,
                         dev, err));
+    /* each token's row is on one rank, zeros elsewhere: the sum is exact */
     TRY(reduce(cx, cx->x, T * H, elt_type(e), err));
-    /* self-conditioning: x += SC(soft); a sequence without one gets a
-     * zero row, whose SC output is exactly zero (rms(0) = 0, gelu(0) = 0) */
-    for (int i = 0; i < n_seqs; i++)
-        any_soft |= seqs[i].soft != NULL;
-    if (any_soft) {
-        for (int i = 0; i < n_seqs; i++) {
-            const size_t bytes = (size_t)(seqs[i].n * H) * (size_t)dg_elt_size(e);
-            if (seqs[i].soft)
-                TRY(dg_cuda_copy_async(at(cx->soft, t0 * H, e), seqs[i].soft, bytes, st, dev,
-                                       err));
-            else
-                TRY(dg_cuda_memset_async(at(cx->soft, t0 * H, e), 0, bytes, st, dev, err));
-            t0 += seqs[i].n;
-        }
+    if (decoder) {
+        /* self-conditioning: x += SC(soft) on every step; a canvas without
+         * a soft input gets zero rows, whose SC output is exactly zero
+         * (rms(0) = 0, gelu(0) = 0), so x is unchanged bit for bit */
+        TRY(dg_cuda_rows_gather_e(e, cx->soft, (const void *const *)cx->soft_src, T, H, st, dev,
+                                  err));
         TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
         TRY(dg_blas_gemm_e(cx->blas, e, cx->gu, 0, cx->a, T, cm->sc_gu, 0, 2 * (int64_t)S, H, H,
                            1, 0, err));
@@ -453,13 +493,44 @@ int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
                                2 * (int64_t)S, T, S, st, dev, err));
         TRY(dg_blas_gemm_e(cx->blas, e, cx->x, 0, cx->act, T, cm->sc_down, 0, H, S, S, 1.0f,
                            1.0f, err));
+        /* the weight-free post-norm applies on every step */
+        TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
     }
-    /* the weight-free post-norm applies on every step, SC or not */
-    TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
     for (int l = 0; l < c->num_layers; l++)
-        TRY(layer_forward(cx, l, 1, seqs, n_seqs, T, err));
-    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
-    /* this rank's vocabulary columns */
-    TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, cm->nv, H, H, 1, 0, err));
+        TRY(layer_forward(cx, l, decoder, T, err));
+    if (decoder) {
+        TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
+        /* this rank's vocabulary columns */
+        TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, cm->nv, H, H, 1, 0,
+                           err));
+    }
     return 0;
+}
+
+void dg_cuda_pass_finish(const struct dg_cuda_seq *seqs, int n_seqs, int decoder)
+{
+    if (!decoder)
+        for (int i = 0; i < n_seqs; i++)
+            seqs[i].kv->length += seqs[i].n;
+}
+
+int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                   struct dg_error *err)
+{
+    int64_t Tb;
+    int rc;
+    TRY(dg_cuda_pass_stage(cx, seqs, n_seqs, 0, &Tb, err));
+    TRY(dg_cuda_pass_body(cx, 0, Tb, NULL, err));
+    TRY(dg_cuda_stream_sync(cx->stream, cx->dev, err));
+    dg_cuda_pass_finish(seqs, n_seqs, 0);
+    return 0;
+}
+
+int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                   float *logits, struct dg_error *err)
+{
+    int64_t Tb;
+    int rc;
+    TRY(dg_cuda_pass_stage(cx, seqs, n_seqs, 1, &Tb, err));
+    return dg_cuda_pass_body(cx, 1, Tb, logits, err);
 }

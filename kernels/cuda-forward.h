@@ -97,8 +97,11 @@ struct dg_cuda_ctx {
     /* the batch's sequences: per layer a table of their caches and the
      * rows their queries read ([n_layers][seq_cap]), and each token's
      * sequence; device, with host staging */
-    struct dg_attn_seq *seq_tab, *h_seq_tab;
+    struct dg_attn_seq *seq_tab, *h_seq_tab;   /* [n_layers][seq_cap + 1]: the last the dummy */
     int32_t *q_seq, *h_q_seq;
+    const void **soft_src, **h_soft_src;       /* per token its soft input row, or NULL */
+    void *dummy_kv;                            /* the dummy sequence's one-row caches */
+    uint64_t generation;      /* bumped when any buffer above is reallocated */
     int32_t *h_ids;           /* host staging */
     int64_t *h_pos;
 };
@@ -116,10 +119,32 @@ int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
                    struct dg_error *err);
 
 /* Decoder pass over the sequences' canvases (n <= the cache's max_cl):
- * logits [sum n, nv] fp32 on the device, this rank's vocabulary columns
+ * logits [Tb, nv] fp32 on the device (Tb = dg_cuda_bucket of the batch's
+ * tokens; rows past sum n are padding), this rank's vocabulary columns
  * (all V with one GPU), raw (before the soft-cap), the sequences' rows one
  * after another.  Errors as dg_cuda_encode. */
 int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
                    float *logits, struct dg_error *err);
+
+/* The passes in three parts, so that the middle one can be captured in a
+ * CUDA graph and replayed for any batch of the same bucket:
+ *
+ *   stage   checks the batch, reserves scratch, uploads what the batch is
+ *           made of (ids, positions, each token's sequence and soft
+ *           input, the per-layer sequence tables) padded to *Tb tokens;
+ *   body    the kernels alone, reading only device buffers: a function of
+ *           (decoder, Tb, logits) and of the buffers behind
+ *           cx->generation, which changes when any is reallocated;
+ *   finish  (encoder) the caches' lengths advance: after the body's work
+ *           has completed.
+ *
+ * Every pass pads its tokens to a bucket (64, 96, 128, 192, 256, 384, ...),
+ * eager or replayed, so both compute the same shapes. */
+int64_t dg_cuda_bucket(int64_t T);
+int dg_cuda_pass_stage(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                       int decoder, int64_t *Tb, struct dg_error *err);
+int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t Tb, float *logits,
+                      struct dg_error *err);
+void dg_cuda_pass_finish(const struct dg_cuda_seq *seqs, int n_seqs, int decoder);
 
 #endif

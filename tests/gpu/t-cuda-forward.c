@@ -277,7 +277,9 @@ static int golden_run(int cut, enum dg_elt elt)
     ref = malloc(sizeof(float) * (size_t)(CL * V));
     got = malloc(sizeof(float) * (size_t)(CL * V));
     CHECK(ref && got);
-    CHECK_OK(dg_cuda_alloc((void **)&dlogits, sizeof(float) * (size_t)(CL * V), 0, &err), &err);
+    /* (a decoder pass writes its bucket's rows: dg_cuda_bucket) */
+    CHECK_OK(dg_cuda_alloc((void **)&dlogits, sizeof(float) * (size_t)(dg_cuda_bucket(CL) * V), 0,
+                           &err), &err);
     CHECK_OK(dg_cuda_alloc(&soft, (size_t)dg_elt_size(elt) * (size_t)(CL * m.cfg.hidden_size), 0,
                            &err), &err);
 
@@ -402,7 +404,8 @@ static int batch_run(enum dg_elt elt)
     got = malloc(sizeof(float) * (size_t)(NSEQ * CL * V));
     got1 = malloc(sizeof(float) * (size_t)(CL * V));
     CHECK(ref && got && got1);
-    CHECK_OK(dg_cuda_alloc((void **)&dlogits, sizeof(float) * (size_t)(NSEQ * CL * V), 0, &err),
+    CHECK_OK(dg_cuda_alloc((void **)&dlogits,
+                           sizeof(float) * (size_t)(dg_cuda_bucket(NSEQ * CL) * V), 0, &err),
              &err);
     for (int i = 0; i < NSEQ; i++) {
         CHECK(gkv[i].length == plen[i]);
@@ -499,7 +502,9 @@ static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int
     ref = malloc(sizeof(float) * (size_t)(CL * V));
     got = malloc(sizeof(float) * (size_t)(CL * V));
     CHECK(ref && got);
-    CHECK_OK(dg_cuda_alloc((void **)&dlogits, sizeof(float) * (size_t)(CL * V), 0, &err), &err);
+    /* (a decoder pass writes its bucket's rows: dg_cuda_bucket) */
+    CHECK_OK(dg_cuda_alloc((void **)&dlogits, sizeof(float) * (size_t)(dg_cuda_bucket(CL) * V), 0,
+                           &err), &err);
     for (int d = 0; d <= layers; d++) {
         struct dg_cpu_model cpu;
         struct dg_kv_cache ckv;

@@ -114,8 +114,8 @@ static void *tp_rank(void *arg)
     seq = (struct dg_cuda_seq){&kv, p->prompt, p->P, NULL};
     if ((rc = dg_cuda_encode(&cx, &seq, 1, err)) < 0)
         goto out;
-    if ((rc = dg_cuda_alloc((void **)&d_logits, sizeof(float) * (size_t)(p->CL * cm.nv), r,
-                            err)) < 0)
+    if ((rc = dg_cuda_alloc((void **)&d_logits,
+                            sizeof(float) * (size_t)(dg_cuda_bucket(p->CL) * cm.nv), r, err)) < 0)
         goto out;
     {
         const struct dg_coll_stats before =
