@@ -172,6 +172,7 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
         o.model = &L->m;
         o.pin = cfg->pin_workers;
         o.timeout_ms = (int)(cfg->gpu_timeout * 1000 + 0.5);
+        o.graphs = cfg->cuda_graphs;
         /* an fp32 checkpoint runs at its own precision; the others as bf16 */
         o.fp32 = L->m.embed.dtype == DG_DTYPE_F32;
         if ((rc = dg_cuda_backend_create(&o, b, err)) < 0) {

@@ -15,6 +15,7 @@
 #include "kernels/cuda-model.h"
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
+#include "kernels/graph.h"
 #include "kernels/nccl.h"
 #include "kernels/ops.h"
 #include "lib/log.h"
@@ -33,6 +34,19 @@ struct gslot {
 struct last_item {
     int slot, cl;
     int64_t off;                    /* first row in the batch buffers */
+};
+
+enum step_kind { STEP_ENCODE = 1, STEP_DENOISE = 2 };
+
+#define MAX_GRAPHS 32
+
+/* one captured step of a rank */
+struct step_graph {
+    int kind;                       /* enum step_kind */
+    int64_t Tb;                     /* its bucket of tokens */
+    uint64_t gen;                   /* step_generation at capture */
+    int seen;                       /* run once eagerly */
+    dg_graph_t exec;                /* NULL until captured */
 };
 
 enum job_kind { JOB_NONE, JOB_INIT, JOB_REGROUP, JOB_OPEN, JOB_CLOSE, JOB_ENCODE, JOB_DENOISE,
@@ -66,6 +80,11 @@ struct grank {
     struct dg_rand_site *sites_h;
     struct dg_row_stats *stats_h;
     int skip;                       /* fault injection: skip the next job */
+    /* captured steps (cuda-backend.h: graphs) */
+    struct step_graph graphs[MAX_GRAPHS];
+    int n_graphs;
+    uint64_t rows_gen, nccl_gen;    /* bumped when the row buffers, the group change */
+    uint64_t captures, replays;
     /* the job's outcome */
     int rc;
     struct dg_error err;
@@ -144,6 +163,7 @@ static int reserve_rows(struct grank *R, int64_t rows, struct dg_error *err)
     if (rows <= R->rows_cap)
         return 0;
     free_rows(R);
+    R->rows_gen++;
     R->T_h = malloc(sizeof(float) * n);
     R->tau_h = malloc(sizeof(float) * n);
     R->sites_h = malloc(sizeof *R->sites_h * n);
@@ -238,6 +258,7 @@ static int rank_regroup(struct grank *R, struct dg_error *err)
     TRY(dg_nccl_init(&R->nccl, &R->cb->id, R->cb->n, R->index, R->dev, R->cx.stream, err));
     dg_nccl_coll(R->nccl)->stats = keep;
     R->cx.nccl = R->nccl;
+    R->nccl_gen++;
     return 0;
 }
 
@@ -255,18 +276,6 @@ static int rank_open(struct grank *R, struct dg_error *err)
     s->open = 1;
     s->max_cl = cb->max_cl;
     return 0;
-}
-
-static int rank_encode(struct grank *R, struct dg_error *err)
-{
-    const struct dg_encode_item *items = R->cb->items;
-    const int n = R->cb->n_items;
-    int rc;
-    TRY(reserve_seqs(R, n, err));
-    for (int i = 0; i < n; i++)
-        R->seqs[i] = (struct dg_cuda_seq){&R->slots[items[i].slot].kv, items[i].ids, items[i].n,
-                                          NULL};
-    return dg_cuda_encode(&R->cx, R->seqs, n, err);
 }
 
 static int filtered(const struct dg_denoise_item *it, int64_t V)
@@ -301,31 +310,148 @@ static int host_thresholds(struct grank *R, const struct dg_denoise_item *it, in
     return rc;
 }
 
+/* ---- captured steps ------------------------------------------------------------ */
+
+/* The generation of everything a captured step holds pointers to: the
+ * forward scratch and tables, the sampler's row buffers, the group. */
+static uint64_t step_generation(const struct grank *R)
+{
+    return R->cx.generation + R->rows_gen + R->nccl_gen;
+}
+
+/* The sampler's statistics of the step's Tb rows (pads included): this
+ * rank's slice, then, over several ranks, every rank's records gathered
+ * and folded in rank order (dg_row_stats_combine's arithmetic).  With
+ * sites NULL only the soft-cap is applied (the filters' first pass). */
+static int step_stats(struct grank *R, int64_t Tb, float cap, const struct dg_rand_site *sites,
+                      struct dg_error *err)
+{
+    const dg_stream_t st = R->cx.stream;
+    int rc;
+    if (!R->nccl || !sites)
+        return dg_cuda_row_stats(R->stats_d, R->logits, Tb, R->model.nv, R->model.v0, cap,
+                                 R->T_d, R->tau_d, sites, R->stats_scratch, st, R->dev, err);
+    TRY(dg_cuda_row_stats(R->gather_d + (size_t)R->index * (size_t)Tb, R->logits, Tb,
+                          R->model.nv, R->model.v0, cap, R->T_d, R->tau_d, sites,
+                          R->stats_scratch, st, R->dev, err));
+    TRY(dg_nccl_all_gather(R->nccl, R->gather_d + (size_t)R->index * (size_t)Tb, R->gather_d,
+                           sizeof *R->gather_d * (size_t)Tb, err));
+    return dg_cuda_row_stats_fold(R->stats_d, R->gather_d, Tb, R->cb->n, st, R->dev, err);
+}
+
+/* The work a step queues after its stage, every pointer and size a
+ * function of (kind, Tb) and of step_generation: an encoder pass, or a
+ * decoder pass and the statistics of its logits. */
+static int step_work(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
+{
+    int rc;
+    TRY(dg_cuda_pass_body(&R->cx, kind == STEP_DENOISE, Tb, R->logits, err));
+    if (kind == STEP_DENOISE)
+        TRY(step_stats(R, Tb, (float)R->cb->base.cfg->final_logit_softcapping, R->sites_d, err));
+    return 0;
+}
+
+/* Run a step's work: eagerly without graphs; with them, the first time a
+ * (kind, Tb) comes eagerly too (kernels load, cuBLAS chooses), the second
+ * time captured and replayed, later replayed.  A graph whose buffers
+ * changed since its capture is dropped and made again, never replayed. */
+static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
+{
+    const uint64_t gen = step_generation(R);
+    const dg_stream_t st = R->cx.stream;
+    struct step_graph *g = NULL;
+    int rc, rc2;
+
+    if (!R->cb->opt.graphs)
+        return step_work(R, kind, Tb, err);
+    for (int i = 0; i < R->n_graphs && !g; i++)
+        if (R->graphs[i].kind == kind && R->graphs[i].Tb == Tb)
+            g = &R->graphs[i];
+    if (g && g->gen != gen) {
+        dg_graph_destroy(g->exec);
+        g->exec = NULL;
+        g->seen = 0;
+        g->gen = gen;
+    }
+    if (!g) {
+        if (R->n_graphs == MAX_GRAPHS) {
+            /* the oldest goes */
+            dg_graph_destroy(R->graphs[0].exec);
+            memmove(&R->graphs[0], &R->graphs[1], sizeof R->graphs[0] * (MAX_GRAPHS - 1));
+            R->n_graphs--;
+        }
+        g = &R->graphs[R->n_graphs++];
+        *g = (struct step_graph){kind, Tb, gen, 0, NULL};
+    }
+    if (g->exec) {
+        R->replays++;
+        return dg_graph_launch(g->exec, st, R->dev, err);
+    }
+    if (!g->seen) {
+        g->seen = 1;
+        return step_work(R, kind, Tb, err);
+    }
+    TRY(dg_graph_begin(st, R->dev, err));
+    rc = step_work(R, kind, Tb, err);
+    rc2 = dg_graph_end(st, rc == 0, &g->exec, R->dev, rc == 0 ? err : NULL);
+    if (rc < 0 || rc2 < 0)
+        return rc < 0 ? rc : rc2;
+    R->captures++;
+    R->replays++;
+    return dg_graph_launch(g->exec, st, R->dev, err);
+}
+
+static void drop_graphs(struct grank *R)
+{
+    for (int i = 0; i < R->n_graphs; i++)
+        dg_graph_destroy(R->graphs[i].exec);
+    R->n_graphs = 0;
+}
+
+static int rank_encode(struct grank *R, struct dg_error *err)
+{
+    const struct dg_encode_item *items = R->cb->items;
+    const int n = R->cb->n_items;
+    int64_t Tb;
+    int rc;
+    TRY(reserve_seqs(R, n, err));
+    for (int i = 0; i < n; i++)
+        R->seqs[i] = (struct dg_cuda_seq){&R->slots[items[i].slot].kv, items[i].ids, items[i].n,
+                                          NULL};
+    TRY(dg_cuda_pass_stage(&R->cx, R->seqs, n, 0, &Tb, err));
+    TRY(run_step(R, STEP_ENCODE, Tb, err));
+    TRY(dg_cuda_stream_sync(R->cx.stream, R->dev, err));
+    dg_cuda_pass_finish(R->seqs, n, 0);
+    return 0;
+}
+
 static int rank_denoise(struct grank *R, struct dg_error *err)
 {
     struct cuda_backend *cb = R->cb;
     struct dg_denoise_item *items = (struct dg_denoise_item *)(uintptr_t)cb->items;
     const int n = cb->n_items;
-    const int64_t V = cb->base.cfg->vocab_size, nv = R->model.nv;
+    const int64_t V = cb->base.cfg->vocab_size;
     const dg_stream_t st = R->cx.stream;
-    float cap = (float)cb->base.cfg->final_logit_softcapping;
-    int64_t rows = 0, off = 0;
+    int64_t rows = 0, off = 0, Tb;
     int any_filtered = 0, rc;
 
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         rows += items[i].cl;
+        any_filtered |= filtered(&items[i], V);
+    }
+    Tb = dg_cuda_bucket(rows);
     TRY(reserve_seqs(R, n, err));
-    TRY(reserve_rows(R, rows, err));
+    TRY(reserve_rows(R, Tb, err));
     for (int i = 0; i < n; i++) {
         struct gslot *s = &R->slots[items[i].slot];
         R->seqs[i] = (struct dg_cuda_seq){&s->kv, items[i].canvas, items[i].cl,
                                           items[i].self_cond && s->has_soft ? s->soft : NULL};
     }
-    TRY(dg_cuda_decode(&R->cx, R->seqs, n, R->logits, err));
-    /* per row: temperature, threshold (none yet), draw site */
+    TRY(dg_cuda_pass_stage(&R->cx, R->seqs, n, 1, &Tb, err));
+    /* per row: temperature, threshold (none yet), draw site; the pad rows
+     * a harmless 1, none, site 0 */
     for (int i = 0; i < n; i++) {
         const struct dg_denoise_item *it = &items[i];
-        any_filtered |= filtered(it, V);
         for (int p = 0; p < it->cl; p++) {
             R->T_h[off + p] = it->temperature;
             R->tau_h[off + p] = -INFINITY;
@@ -334,36 +460,28 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
         }
         off += it->cl;
     }
-    TRY(dg_cuda_copy_async(R->T_d, R->T_h, sizeof(float) * (size_t)rows, st, R->dev, err));
-    TRY(dg_cuda_copy_async(R->sites_d, R->sites_h, sizeof *R->sites_h * (size_t)rows, st, R->dev,
+    for (int64_t r = rows; r < Tb; r++) {
+        R->T_h[r] = 1.0f;
+        R->tau_h[r] = -INFINITY;
+        R->sites_h[r] = (struct dg_rand_site){0, 0, 0, 0};
+    }
+    TRY(dg_cuda_copy_async(R->T_d, R->T_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
+    TRY(dg_cuda_copy_async(R->sites_d, R->sites_h, sizeof *R->sites_h * (size_t)Tb, st, R->dev,
                            err));
-    if (any_filtered) {
-        /* a first pass only soft-caps the logits in place (its statistics
-         * are dropped); the filtered items' thresholds come from those
-         * values; the statistics pass then leaves them as they are */
-        TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)rows, st, R->dev,
-                               err));
-        TRY(dg_cuda_row_stats(R->stats_d, R->logits, rows, nv, R->model.v0, cap, R->T_d, R->tau_d,
-                              NULL, R->stats_scratch, st, R->dev, err));
+    TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
+    if (!any_filtered) {
+        TRY(run_step(R, STEP_DENOISE, Tb, err));
+    } else {
+        /* (eager) a first pass only soft-caps the logits in place; the
+         * filtered items' thresholds come from those values on the host;
+         * the statistics pass then leaves them as they are */
+        TRY(dg_cuda_pass_body(&R->cx, 1, Tb, R->logits, err));
+        TRY(step_stats(R, Tb, (float)cb->base.cfg->final_logit_softcapping, NULL, err));
         for (int i = 0, o = 0; i < n; o += items[i].cl, i++)
             if (filtered(&items[i], V))
                 TRY(host_thresholds(R, &items[i], o, err));
-        cap = 0.0f;
-    }
-    TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)rows, st, R->dev, err));
-    /* the whole rows' statistics stay on the device: every rank's
-     * records gathered and folded in rank order (dg_row_stats_combine's
-     * arithmetic), then one copy to the host for the outputs */
-    if (R->nccl) {
-        TRY(dg_cuda_row_stats(R->gather_d + (size_t)R->index * (size_t)rows, R->logits, rows, nv,
-                              R->model.v0, cap, R->T_d, R->tau_d, R->sites_d, R->stats_scratch,
-                              st, R->dev, err));
-        TRY(dg_nccl_all_gather(R->nccl, R->gather_d + (size_t)R->index * (size_t)rows,
-                               R->gather_d, sizeof *R->gather_d * (size_t)rows, err));
-        TRY(dg_cuda_row_stats_fold(R->stats_d, R->gather_d, rows, cb->n, st, R->dev, err));
-    } else {
-        TRY(dg_cuda_row_stats(R->stats_d, R->logits, rows, nv, R->model.v0, cap, R->T_d,
-                              R->tau_d, R->sites_d, R->stats_scratch, st, R->dev, err));
+        TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
+        TRY(step_stats(R, Tb, 0.0f, R->sites_d, err));
     }
     TRY(dg_cuda_copy_async(R->stats_h, R->stats_d, sizeof *R->stats_h * (size_t)rows, st, R->dev,
                            err));
@@ -372,7 +490,7 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
         for (int i = 0, o = 0; i < n; o += items[i].cl, i++)
             items[i].nonfinite = dg_row_outputs(R->stats_h + o, items[i].cl, items[i].sample,
                                                 items[i].argmax, items[i].entropy);
-    return dg_cuda_stream_sync(st, R->dev, err);
+    return 0;
 }
 
 static int rank_condition(struct grank *R, struct dg_error *err)
@@ -415,6 +533,7 @@ static void rank_free(struct grank *R)
     for (int i = 0; R->slots && i < R->cb->base.max_slots; i++)
         if (R->slots[i].open)
             close_slot(R, i);
+    drop_graphs(R);
     /* the communicator before the stream it enqueues on */
     if (R->nccl)
         dg_nccl_free(R->nccl);
@@ -902,6 +1021,8 @@ int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda
         u->device_used = (uint64_t)(total_b - free_b);
     if (R->nccl)
         u->coll = dg_nccl_coll(R->nccl)->stats;
+    u->captures = R->captures;
+    u->replays = R->replays;
     return 0;
 }
 

@@ -37,6 +37,19 @@
  * life: its stream, cuBLAS handle, NCCL communicator, weights, caches.
  * The interface's calls hand their work to the workers and wait.
  *
+ * CUDA graphs (option graphs): every pass pads its tokens to a bucket
+ * (dg_cuda_bucket), so a step's kernels depend on (encoder or decoder,
+ * bucket) alone; per rank, the second time a bucket comes its work is
+ * captured (the forward pass with its NCCL collectives, and for a
+ * denoising step the sampler's statistics, all-gather and fold) and from
+ * then on replayed; what differs from one batch to the next (ids,
+ * positions, caches, soft inputs, temperatures, draw sites) is uploaded
+ * to the same device buffers before each launch.  A graph is dropped and
+ * made again when any buffer it holds was reallocated or the group was
+ * rebuilt.  Steps with a top-k / top-p filter run eagerly.  Without
+ * graphs the same kernels run eagerly on the same padded shapes, so both
+ * give the same bits.
+ *
  * Failures: a rank that fails aborts the group's communicators so the
  * others leave their collectives; the call fails (the engine fails the
  * batch's requests) and the group is rebuilt from a fresh id before the
@@ -68,6 +81,7 @@ struct dg_cuda_backend_options {
     int fp32;                            /* with model: fp32 elements (else bf16) */
     int pin;                             /* pin each worker to a CPU near its GPU */
     int timeout_ms;                      /* watchdog per call; 0: none */
+    int graphs;                          /* capture steps in CUDA graphs (see above) */
 };
 
 /* Errors: DG_E_INVAL (options), DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS,
@@ -88,6 +102,7 @@ struct dg_cuda_rank_usage {
     uint64_t kv, scratch;        /* open slots' caches + soft inputs; forward + sampler scratch */
     uint64_t device_used;        /* the GPU's used memory, as the driver reports it */
     struct dg_coll_stats coll;   /* the collectives it issued */
+    uint64_t captures, replays;  /* CUDA graphs made, and launched */
 };
 
 /* Fills u for rank r; -1 when r is not a rank. */

@@ -84,6 +84,9 @@ static const struct opt opts[] = {
      .dmax = 86400, .def = "120",
      .help = "Seconds one step of the GPU workers may take before the watchdog aborts their "
              "NCCL group (a hung collective) and fails the step's requests. 0: no watchdog."},
+    {.name = "cuda_graphs", .type = T_BOOL, .off = OFF(cuda_graphs), .def = "true",
+     .help = "Capture the GPU backend's denoising and commit steps in CUDA graphs and replay "
+             "them (false: launch every kernel, for debugging; the results are the same)."},
     {.name = "max_batch", .type = T_INT, .off = OFF(max_batch), .min = 1, .max = 1024, .def = "8",
      .help = "Most requests generating at once; further requests wait in the queue."},
     {.name = "max_canvas_length", .type = T_INT, .off = OFF(max_canvas_length), .min = 0,

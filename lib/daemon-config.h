@@ -33,6 +33,7 @@ struct dg_config {
     int experts_width;                   /* 0: across ranks, 1: along the expert width */
     int pin_workers;                     /* bool: pin each rank's worker thread to a CPU */
     double gpu_timeout;                  /* seconds a GPU call may take, 0 = no watchdog, default 120 */
+    int cuda_graphs;                     /* bool: capture GPU steps in CUDA graphs, default true */
     int max_batch;                       /* requests in flight, 1..1024, default 8 */
     int max_canvas_length;               /* 0 = the model's canvas_length; else 1..4096 */
     int max_denoising_steps;             /* per-request cap, 1..65535, default 256 */

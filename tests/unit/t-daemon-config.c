@@ -29,7 +29,8 @@ static int defaults(void)
 
     dg_config_defaults(&c);
     CHECK(!strcmp(c.model, "") && c.backend == DG_BACKEND_AUTO && c.n_devices == 0);
-    CHECK(c.tp == 1 && c.experts_width == 0 && c.pin_workers == 1 && c.gpu_timeout == 120);
+    CHECK(c.tp == 1 && c.experts_width == 0 && c.pin_workers == 1 && c.gpu_timeout == 120 &&
+          c.cuda_graphs == 1);
     CHECK(c.max_batch == 8 && c.max_canvas_length == 0 && c.max_denoising_steps == 256);
     CHECK(c.max_tokens == 8192 && c.max_context == 0 && c.default_max_tokens == 0);
     CHECK(c.prefill_chunk == 512 && c.queue_max == 64 && c.max_connections == 256);
@@ -41,7 +42,7 @@ static int defaults(void)
     /* every default, given back through -o, parses and changes nothing */
     CHECK(c.metrics_queue == 4096 && c.metrics_flush == 1 && c.metrics_retention_days == 90);
     CHECK(c.metrics_max_mb == 1024);
-    CHECK(dg_config_n_options() == 32);
+    CHECK(dg_config_n_options() == 33);
     for (int i = 0; i < dg_config_n_options(); i++) {
         const char *name, *type, *def, *help;
         char assign[256];
