@@ -21,6 +21,11 @@
  *     all-reduce: the call fails with a watchdog error within the timeout
  *     plus the abort's grace; the next call rebuilds the group and gives
  *     the same outputs as the step before the fault.
+ *   graphs_equal_eager: at TP=1 and TP=2, golden-a (fp32) and the small
+ *     preset (bf16): a backend with CUDA graphs and one without, the same
+ *     calls (prompt chunks, chains of self-conditioned steps, a commit, a
+ *     slot closed and opened again): every sample, argmax and entropy
+ *     equal bit for bit; graphs made and replayed on every rank.
  *   refusals: golden-b's 6 query heads over 3 KV heads cannot split in 2
  *     whole KV groups: a clear error; tp larger than the GPUs: an error.
  * Exit 77 without two GPUs.
@@ -595,6 +600,150 @@ static int case_rank_usage_and_watchdog(void)
     return 0;
 }
 
+/* ---- graphs against eager -------------------------------------------------------- */
+
+#define GSLOTS 2
+
+/* The same calls on two backends (graphs on, off); every output compared
+ * bit for bit. */
+struct twin {
+    struct dg_backend *b[2];
+    int cl;
+    int32_t prompt[GSLOTS][40], canvas[GSLOTS][64];
+    int32_t sample[2][GSLOTS][64], argmax[2][GSLOTS][64];
+    float entropy[2][GSLOTS][64];
+    int steps;
+};
+
+static int twin_encode(struct twin *w, const int32_t (*ids)[64], int n, int which_slots)
+{
+    struct dg_error err = {0};
+    struct dg_encode_item it[GSLOTS];
+    int k = 0;
+    for (int s = 0; s < GSLOTS; s++)
+        if (which_slots & (1 << s))
+            it[k++] = (struct dg_encode_item){s, ids ? ids[s] : w->prompt[s], n};
+    for (int b = 0; b < 2; b++)
+        CHECK_OK(w->b[b]->ops->encode(w->b[b], it, k, &err), &err);
+    return 0;
+}
+
+static int twin_denoise(struct twin *w, int step, int self_cond)
+{
+    struct dg_error err = {0};
+    for (int b = 0; b < 2; b++) {
+        struct dg_denoise_item it[GSLOTS];
+        const int which[GSLOTS] = {0, 1};
+        for (int s = 0; s < GSLOTS; s++) {
+            memset(&it[s], 0, sizeof it[s]);
+            it[s].slot = s;
+            it[s].canvas = w->canvas[s];
+            it[s].cl = w->cl;
+            it[s].self_cond = self_cond;
+            it[s].temperature = 0.9f;
+            it[s].top_p = 1.0f;
+            it[s].seed = 100 + (uint64_t)s;
+            it[s].step = (uint32_t)step;
+            it[s].sample = w->sample[b][s];
+            it[s].argmax = w->argmax[b][s];
+            it[s].entropy = w->entropy[b][s];
+        }
+        CHECK_OK(w->b[b]->ops->denoise(w->b[b], it, GSLOTS, &err), &err);
+        CHECK_OK(w->b[b]->ops->condition(w->b[b], which, GSLOTS, &err), &err);
+    }
+    for (int s = 0; s < GSLOTS; s++) {
+        CHECKF(!memcmp(w->sample[0][s], w->sample[1][s], sizeof(int32_t) * (size_t)w->cl) &&
+                   !memcmp(w->argmax[0][s], w->argmax[1][s], sizeof(int32_t) * (size_t)w->cl) &&
+                   !memcmp(w->entropy[0][s], w->entropy[1][s], sizeof(float) * (size_t)w->cl),
+               "step %d slot %d: graphs and eager differ", step, s);
+        /* the next canvas state: the samples */
+        memcpy(w->canvas[s], w->sample[0][s], sizeof(int32_t) * (size_t)w->cl);
+    }
+    w->steps++;
+    return 0;
+}
+
+/* golden-a (fp32 elements) or the small preset (bf16) at TP=tp: prompts,
+ * a chain of self-conditioned steps, a commit, steps of the next canvas,
+ * a slot closed and opened again (new caches: the graphs stay valid, the
+ * tables on the device name the new ones): every output of the backend
+ * with graphs equal to the one without, bit for bit, and the graphs made
+ * and replayed on every rank. */
+static int graphs_run(const char *dir, const char *name, int tp, int fp32)
+{
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct twin *w = calloc(1, sizeof *w);
+    int64_t maxp;
+    CHECK(w);
+    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
+    for (int b = 0; b < 2; b++) {
+        struct dg_cuda_backend_options o;
+        memset(&o, 0, sizeof o);
+        o.n_ranks = tp;
+        o.max_slots = GSLOTS;
+        o.model = &m;
+        o.fp32 = fp32;
+        o.timeout_ms = 60000;
+        o.graphs = b == 0;
+        CHECK_OK(dg_cuda_backend_create(&o, &w->b[b], &err), &err);
+    }
+    w->cl = m.cfg.canvas_length < 32 ? m.cfg.canvas_length : 32;
+    maxp = 3 * 40 + 4 * w->cl;
+    for (int s = 0; s < GSLOTS; s++) {
+        random_ids(w->prompt[s], 40, m.cfg.vocab_size, 300 + (uint64_t)s);
+        random_ids(w->canvas[s], 64, m.cfg.vocab_size, 400 + (uint64_t)s);
+        for (int b = 0; b < 2; b++)
+            CHECK_OK(w->b[b]->ops->slot_open(w->b[b], s, maxp, w->cl, &err), &err);
+    }
+    /* prompt chunks: the same bucket three times (eager, captured, replayed) */
+    for (int k = 0; k < 3; k++)
+        CHECK(twin_encode(w, NULL, 40, 3) == 0);
+    for (int step = 0; step < 4; step++)
+        CHECK(twin_denoise(w, step, step > 0) == 0);
+    CHECK(twin_encode(w, (const int32_t(*)[64])w->canvas, w->cl, 3) == 0); /* commit */
+    for (int step = 0; step < 2; step++)
+        CHECK(twin_denoise(w, step, step > 0) == 0);
+    /* slot 1 anew: new caches behind the same graphs */
+    for (int b = 0; b < 2; b++) {
+        w->b[b]->ops->slot_close(w->b[b], 1);
+        CHECK_OK(w->b[b]->ops->slot_open(w->b[b], 1, maxp, w->cl, &err), &err);
+    }
+    CHECK(twin_encode(w, NULL, 40, 2) == 0);
+    CHECK(twin_encode(w, NULL, 40, 2) == 0);
+    CHECK(twin_encode(w, NULL, 40, 2) == 0);
+    for (int step = 0; step < 3; step++)
+        CHECK(twin_denoise(w, step, step > 0) == 0);
+    for (int r = 0; r < tp; r++) {
+        struct dg_cuda_rank_usage on, off;
+        CHECK(dg_cuda_backend_rank_usage(w->b[0], r, &on) == 0);
+        CHECK(dg_cuda_backend_rank_usage(w->b[1], r, &off) == 0);
+        printf("# %s TP=%d rank %d: %llu graphs made, %llu replays; %d steps equal to eager\n",
+               name, tp, r, (unsigned long long)on.captures, (unsigned long long)on.replays,
+               w->steps);
+        CHECK(on.captures >= 2 && on.replays > on.captures && off.captures == 0 &&
+              off.replays == 0);
+    }
+    for (int b = 0; b < 2; b++)
+        w->b[b]->ops->destroy(w->b[b]);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    free(w);
+    return 0;
+}
+
+static int case_graphs_equal_eager(void)
+{
+    const char *small = small_bf16();
+    CHECK(small);
+    for (int tp = 1; tp <= 2; tp++) {
+        CHECK(graphs_run("tests/golden/golden-a/checkpoint", "golden-a fp32", tp, 1) == 0);
+        CHECK(graphs_run(small, "small bf16", tp, 0) == 0);
+    }
+    return 0;
+}
+
 static int case_refusals(void)
 {
     struct dg_checkpoint ck;
@@ -636,6 +785,7 @@ int main(void)
     TEST_CASE(case_logits_golden);
     TEST_CASE(case_generations);
     TEST_CASE(case_rank_usage_and_watchdog);
+    TEST_CASE(case_graphs_equal_eager);
     TEST_CASE(case_logits_full);
     return test_finish();
 }
