@@ -6,8 +6,8 @@
  * self-conditioning product, and a commit (the canvas's encoder pass), with
  * the device memory they take.
  *
- * usage: bench-cuda-step [--tp N] [PRESET [PROMPT [REPS [BATCHES...]]]]
- *        (defaults tp 1, 26b 512 5 and batches 1 8)
+ * usage: bench-cuda-step [--tp N] [--eager] [PRESET [PROMPT [REPS [BATCHES...]]]]
+ *        (defaults tp 1, CUDA graphs on, 26b 512 5 and batches 1 8)
  * With --tp N the model is split over GPUs 0 .. N-1 (NCCL); after each
  * batch's row, one line per rank: its GPU's memory, the vocabulary
  * columns it holds, and the collectives of one denoising step (the last
@@ -185,12 +185,21 @@ out:
 
 int main(int argc, char **argv)
 {
-    int tp = 1;
-    if (argc > 2 && !strcmp(argv[1], "--tp")) {
-        tp = atoi(argv[2]);
-        argv[2] = argv[0];
-        argv += 2;
-        argc -= 2;
+    int tp = 1, graphs = 1;
+    for (;;) {
+        if (argc > 2 && !strcmp(argv[1], "--tp")) {
+            tp = atoi(argv[2]);
+            argv[2] = argv[0];
+            argv += 2;
+            argc -= 2;
+        } else if (argc > 1 && !strcmp(argv[1], "--eager")) {
+            graphs = 0;
+            argv[1] = argv[0];
+            argv += 1;
+            argc -= 1;
+        } else {
+            break;
+        }
     }
     const char *preset = argc > 1 ? argv[1] : "26b";
     const int64_t P = argc > 2 ? atoll(argv[2]) : 512;
@@ -209,7 +218,8 @@ int main(int argc, char **argv)
     }
     if (dg_model_config_preset(preset, &cfg, &err) < 0 || P < 1 || reps < 1 || tp < 1 ||
         tp > 8) {
-        fprintf(stderr, "usage: bench-cuda-step [--tp N] [PRESET [PROMPT [REPS [BATCHES...]]]]: "
+        fprintf(stderr, "usage: bench-cuda-step [--tp N] [--eager] [PRESET [PROMPT [REPS "
+                "[BATCHES...]]]]: "
                 "%s\n",
                 err.msg[0] ? err.msg : "bad numbers");
         return 2;
@@ -223,6 +233,7 @@ int main(int argc, char **argv)
     o.device = 0;
     o.n_ranks = tp;
     o.pin = 1;
+    o.graphs = graphs;
     o.max_slots = MAX_B;
     o.cfg = &cfg;
     o.seed = 1;
@@ -231,9 +242,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-cuda-step: %s\n", err.msg);
         return 1;
     }
-    printf("tp %d; preset %s: %d layers, hidden %d, vocabulary %lld, %d experts (top %d), canvas %d; "
+    printf("tp %d, CUDA graphs %s; preset %s: %d layers, hidden %d, vocabulary %lld, %d experts (top %d), canvas %d; "
            "random bf16 weights made on the GPU in %.0f ms; prompt %lld, %d rounds\n\n",
-           tp, preset, cfg.num_layers, cfg.hidden_size, (long long)cfg.vocab_size, cfg.num_experts,
+           tp, graphs ? "on" : "off", preset, cfg.num_layers, cfg.hidden_size, (long long)cfg.vocab_size, cfg.num_experts,
            cfg.top_k_experts, cfg.canvas_length, now_ms() - t0, (long long)P, reps);
     printf("| B  | tokens | prefill ms | denoise ms | condition ms | commit ms | positions/s  |"
            " weights GiB | other GiB | device GiB |\n");
