@@ -32,37 +32,6 @@ out:
     return rc;
 }
 
-extern "C" void dg_nccl_id_format(const struct dg_nccl_id *id, char hex[2 * DG_NCCL_ID_BYTES + 1])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < DG_NCCL_ID_BYTES; i++) {
-        hex[2 * i] = digits[id->bytes[i] >> 4];
-        hex[2 * i + 1] = digits[id->bytes[i] & 15];
-    }
-    hex[2 * DG_NCCL_ID_BYTES] = '\0';
-}
-
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-extern "C" int dg_nccl_id_parse(const char *hex, struct dg_nccl_id *id, struct dg_error *err)
-{
-    if (!hex || strlen(hex) != 2 * DG_NCCL_ID_BYTES)
-        return dg_error_set(err, DG_E_INVAL, "NCCL id: want %d hex digits, got %zu",
-                            2 * DG_NCCL_ID_BYTES, hex ? strlen(hex) : (size_t)0);
-    for (int i = 0; i < DG_NCCL_ID_BYTES; i++) {
-        const int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return dg_error_set(err, DG_E_INVAL, "NCCL id: '%c%c' at %d is not hex", hex[2 * i],
-                                hex[2 * i + 1], 2 * i);
-        id->bytes[i] = (unsigned char)(hi << 4 | lo);
-    }
-    return 0;
-}
-
 /* The communicator, or NULL (error set) once aborted; c->mu held on success. */
 static ncclComm_t lock_comm(struct dg_nccl *c, struct dg_error *err)
 {
@@ -179,6 +148,37 @@ static int host_all_gather(struct dg_coll *coll, const void *send, void *recv, s
         goto out;
     c->coll.stats = keep;
     DG_CUDA_CHECK(cudaMemcpyAsync(recv, s, total, cudaMemcpyDeviceToHost, c->stream));
+    DG_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+out:
+    return rc;
+}
+
+extern "C" int dg_nccl_broadcast_host(struct dg_nccl *c, void *buf, size_t bytes, int root,
+                                      struct dg_error *err)
+{
+    int rc = 0, dev = c->dev;
+    ncclComm_t comm;
+    if (root < 0 || root >= c->coll.size || (bytes && !buf))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: broadcast of %zu bytes from rank %d", dev,
+                            bytes, root);
+    if (c->coll.size == 1 || bytes == 0)
+        return 0;
+    if ((rc = stage(c, bytes, err)) < 0)
+        return rc;
+    if (c->coll.rank == root)
+        DG_CUDA_CHECK(cudaMemcpyAsync(c->stage, buf, bytes, cudaMemcpyHostToDevice, c->stream));
+    if (!(comm = lock_comm(c, err)))
+        return -DG_E_NCCL;
+    {
+        const ncclResult_t r = ncclBroadcast(c->stage, c->stage, bytes, ncclChar, root, comm,
+                                             c->stream);
+        pthread_mutex_unlock(&c->mu);
+        if (r != ncclSuccess)
+            return dg_error_set(err, DG_E_NCCL, "GPU %d: ncclBroadcast: %s (%s)", dev,
+                                ncclGetErrorString(r), ncclGetLastError(NULL));
+    }
+    if (c->coll.rank != root)
+        DG_CUDA_CHECK(cudaMemcpyAsync(buf, c->stage, bytes, cudaMemcpyDeviceToHost, c->stream));
     DG_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 out:
     return rc;

@@ -2,11 +2,12 @@
  * nccl.h - one rank's NCCL communicator for C callers: the GPU side of the
  * collectives interface (lib/coll.h, design.md §3.5).
  *
- * A group of n ranks is joined from one dg_nccl_id, made by one of them
- * (or by a launcher) and handed to all: threads of one process, or
- * processes on one or several hosts (NCCL's own bootstrap; the id's bytes
- * travel however the launcher likes).  Each rank calls dg_nccl_init on its
- * own GPU; the call returns when all n have joined.
+ * A group of n ranks is joined from one dg_nccl_id: made by one of them
+ * and handed to the others (threads of one process), or made alike by
+ * every process from NCCL_COMM_ID (processes on one or several hosts:
+ * NCCL's own bootstrap, rank 0 listening at that address).  Each rank
+ * calls dg_nccl_init on its own GPU; the call returns when all n have
+ * joined.
  *
  * Two faces:
  *   device  dg_nccl_all_reduce / dg_nccl_all_gather on device buffers,
@@ -48,11 +49,6 @@ struct dg_nccl;
 /* A fresh group id.  Errors: DG_E_NCCL. */
 int dg_nccl_get_id(struct dg_nccl_id *id, struct dg_error *err);
 
-/* The id as 256 hex digits and back (for a launcher's command line or
- * environment).  dg_nccl_id_parse: DG_E_INVAL on anything else. */
-void dg_nccl_id_format(const struct dg_nccl_id *id, char hex[2 * DG_NCCL_ID_BYTES + 1]);
-int dg_nccl_id_parse(const char *hex, struct dg_nccl_id *id, struct dg_error *err);
-
 /* Join the group of n ranks as rank r, on GPU dev (made the calling
  * thread's current GPU), enqueuing on stream; then one small all-reduce so
  * every connection is made before the first real call.  Blocks until all
@@ -81,6 +77,11 @@ int dg_nccl_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_nccl_type
  * stream order.  Errors: DG_E_INVAL, DG_E_NCCL. */
 int dg_nccl_all_gather(struct dg_nccl *c, const void *send, void *recv, size_t bytes,
                        struct dg_error *err);
+
+/* buf[0..bytes) (host memory) of rank root, on every rank: staged through
+ * device memory and waited for.  Errors: DG_E_INVAL, DG_E_CUDA, DG_E_NCCL. */
+int dg_nccl_broadcast_host(struct dg_nccl *c, void *buf, size_t bytes, int root,
+                           struct dg_error *err);
 
 /* The host-buffer face (owned by c). */
 struct dg_coll *dg_nccl_coll(struct dg_nccl *c);
