@@ -18,6 +18,7 @@
 #include "kernels/graph.h"
 #include "kernels/nccl.h"
 #include "kernels/ops.h"
+#include "lib/backend-wire.h"
 #include "lib/log.h"
 #include "lib/sampler.h"
 
@@ -50,7 +51,7 @@ struct step_graph {
 };
 
 enum job_kind { JOB_NONE, JOB_INIT, JOB_REGROUP, JOB_OPEN, JOB_CLOSE, JOB_ENCODE, JOB_DENOISE,
-                JOB_CONDITION, JOB_QUIT };
+                JOB_CONDITION, JOB_SERVE, JOB_QUIT };
 
 struct cuda_backend;
 
@@ -85,6 +86,7 @@ struct grank {
     int n_graphs;
     uint64_t rows_gen, nccl_gen;    /* bumped when the row buffers, the group change */
     uint64_t captures, replays;
+    int64_t busy_since_ms;          /* serve: when the call in hand began (0: idle) */
     /* the job's outcome */
     int rc;
     struct dg_error err;
@@ -94,11 +96,18 @@ struct cuda_backend {
     struct dg_backend base;
     struct dg_cuda_backend_options opt;
     struct dg_tp_plan plan;
-    int n;
-    struct grank *ranks;
+    int n;                          /* ranks in the group */
+    int nl;                         /* ranks in this process: n, or 1 (multi-process) */
+    int mp;                         /* multi-process: this process holds rank ranks[0].index */
+    struct grank *ranks;            /* [nl] */
+    /* multi-process: a call's message to the other processes, and the
+     * ranks' outcomes after it */
+    unsigned char *wire;
+    size_t wire_len, wire_cap;
     struct dg_nccl_id id;
     int regroup;                    /* the communicators were aborted: rebuild first */
     int failed;                     /* for good */
+    int stuck;                      /* a worker never came back: its thread is left alone */
     char failure[256];
     cpu_set_t allowed;              /* the process's CPUs at creation */
     /* the job (written by the caller before the workers are woken) */
@@ -545,9 +554,233 @@ static void rank_free(struct grank *R)
     dg_cuda_model_free(&R->model);
 }
 
+/* ---- multi-process: calls to the other processes ------------------------------------ */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* the job kinds that travel */
+static int wire_kind(enum job_kind k)
+{
+    switch (k) {
+    case JOB_OPEN: return DG_WIRE_OPEN;
+    case JOB_CLOSE: return DG_WIRE_CLOSE;
+    case JOB_ENCODE: return DG_WIRE_ENCODE;
+    case JOB_DENOISE: return DG_WIRE_DENOISE;
+    case JOB_CONDITION: return DG_WIRE_CONDITION;
+    case JOB_QUIT: return DG_WIRE_QUIT;
+    default: return 0;
+    }
+}
+
+/* Rank 0: the job's bytes to every other process (its header first, so a
+ * receiver knows the length, then the rest). */
+static int send_job(struct grank *R, struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    struct dg_wire_job j;
+    int rc;
+    memset(&j, 0, sizeof j);
+    j.kind = (enum dg_wire_kind)wire_kind(cb->kind);
+    j.slot = cb->slot;
+    j.max_positions = cb->max_positions;
+    j.max_cl = cb->max_cl;
+    if (cb->kind == JOB_ENCODE || cb->kind == JOB_DENOISE || cb->kind == JOB_CONDITION)
+        j.n = cb->n_items;
+    j.enc = cb->kind == JOB_ENCODE ? cb->items : NULL;
+    j.den = cb->kind == JOB_DENOISE ? (struct dg_denoise_item *)(uintptr_t)cb->items : NULL;
+    j.which = cb->kind == JOB_CONDITION ? cb->which : NULL;
+    TRY(dg_wire_encode(&j, &cb->wire, &cb->wire_len, &cb->wire_cap, err));
+    TRY(dg_nccl_broadcast_host(R->nccl, cb->wire, DG_WIRE_HEADER_BYTES, 0, err));
+    return dg_nccl_broadcast_host(R->nccl, cb->wire + DG_WIRE_HEADER_BYTES,
+                                  cb->wire_len - DG_WIRE_HEADER_BYTES, 0, err);
+}
+
+/* Every rank's outcome of the job: a record of (status, message) from each,
+ * gathered; when this rank succeeded and another did not, that rank's
+ * failure becomes this rank's (so every process agrees). */
+struct outcome {
+    int32_t rc, code;
+    char msg[248];
+};
+
+static int exchange_outcomes(struct grank *R, int rc, struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    struct outcome mine, *all = calloc((size_t)cb->n, sizeof *all);
+    struct dg_error gerr = {0};
+    int grc;
+    if (!all)
+        return rc < 0 ? rc : dg_error_set(err, DG_E_NOMEM, "out of memory");
+    memset(&mine, 0, sizeof mine);
+    mine.rc = rc;
+    mine.code = rc < 0 ? (int32_t)err->code : 0;
+    if (rc < 0)
+        snprintf(mine.msg, sizeof mine.msg, "%s", err->msg);
+    grc = dg_all_gather(dg_nccl_coll(R->nccl), &mine, all, sizeof mine, &gerr);
+    if (grc < 0) {
+        free(all);
+        if (rc < 0)
+            return rc;
+        *err = gerr;
+        return grc;
+    }
+    for (int q = 0; q < cb->n && rc == 0; q++)
+        if (all[q].rc < 0) {
+            all[q].msg[sizeof all[q].msg - 1] = '\0';
+            rc = dg_error_set(err, all[q].code > 0 ? (enum dg_status)all[q].code : DG_E_INTERNAL,
+                              "rank %d (another process): %s", q, all[q].msg);
+        }
+    free(all);
+    return rc;
+}
+
+/* Multi-process, a rank other than 0: receive each call rank 0 makes and
+ * make it here, until QUIT.  The slots a call names are checked first
+ * (the bytes come from our own rank 0, but a wrong slot must not reach
+ * an array). */
+static int reserve_last(struct cuda_backend *cb, int n, struct dg_error *err);
+
+static int serve_checks(struct grank *R, const struct dg_wire_job *j, struct dg_error *err)
+{
+    const struct cuda_backend *cb = R->cb;
+    const int slots = cb->base.max_slots;
+#define SLOT_OK(s, want_open)                                                           \
+    ((s) >= 0 && (s) < slots && R->slots[(s)].open == (want_open))
+    switch (j->kind) {
+    case DG_WIRE_OPEN:
+        if (!SLOT_OK(j->slot, 0) || j->max_cl < 1 || j->max_positions < 1)
+            return dg_error_set(err, DG_E_INVAL, "serve: open slot %d", j->slot);
+        return 0;
+    case DG_WIRE_CLOSE:
+        return j->slot >= 0 && j->slot < slots ? 0
+               : dg_error_set(err, DG_E_INVAL, "serve: close slot %d", j->slot);
+    case DG_WIRE_ENCODE:
+        for (int i = 0; i < j->n; i++)
+            if (!SLOT_OK(j->enc[i].slot, 1))
+                return dg_error_set(err, DG_E_INVAL, "serve: encode: slot %d", j->enc[i].slot);
+        return 0;
+    case DG_WIRE_DENOISE:
+        for (int i = 0; i < j->n; i++)
+            if (!SLOT_OK(j->den[i].slot, 1) || j->den[i].cl > R->slots[j->den[i].slot].max_cl)
+                return dg_error_set(err, DG_E_INVAL, "serve: denoise: slot %d", j->den[i].slot);
+        return 0;
+    case DG_WIRE_CONDITION:
+        for (int i = 0; i < j->n; i++)
+            if (j->which[i] < 0 || j->which[i] >= cb->n_last || cb->last[j->which[i]].slot < 0)
+                return dg_error_set(err, DG_E_INVAL, "serve: condition: item %d", j->which[i]);
+        return 0;
+    default:
+        return 0;
+    }
+#undef SLOT_OK
+}
+
+static int rank_serve(struct grank *R, struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    unsigned char *buf = NULL;
+    size_t cap = 0, len;
+    int rc = 0;
+
+    if (!cb->mp || R->index == 0)
+        return dg_error_set(err, DG_E_INVAL, "cuda backend: serve: not a multi-process rank "
+                            "other than 0");
+    for (;;) {
+        unsigned char head[DG_WIRE_HEADER_BYTES];
+        struct dg_wire_job j;
+        int jrc;
+        /* (idle: waits here, without a deadline, for rank 0's next call) */
+        if ((rc = dg_nccl_broadcast_host(R->nccl, head, sizeof head, 0, err)) < 0 ||
+            (rc = dg_wire_length(head, (size_t)1 << 30, &len, err)) < 0)
+            break;
+        if (len > cap) {
+            unsigned char *nb = realloc(buf, len);
+            if (!nb) {
+                rc = dg_error_set(err, DG_E_NOMEM, "serve: out of memory for %zu bytes", len);
+                break;
+            }
+            buf = nb;
+            cap = len;
+        }
+        memcpy(buf, head, sizeof head);
+        if ((rc = dg_nccl_broadcast_host(R->nccl, buf + sizeof head, len - sizeof head, 0,
+                                         err)) < 0)
+            break;
+        __atomic_store_n(&R->busy_since_ms, now_ms() + 1, __ATOMIC_RELEASE);
+        if ((jrc = dg_wire_decode(buf, len, &j, err)) == 0)
+            jrc = serve_checks(R, &j, err);
+        if (jrc == 0) {
+            switch (j.kind) {
+            case DG_WIRE_OPEN:
+                cb->slot = j.slot;
+                cb->max_positions = j.max_positions;
+                cb->max_cl = j.max_cl;
+                jrc = rank_open(R, err);
+                break;
+            case DG_WIRE_CLOSE:
+                if (R->slots[j.slot].open)
+                    close_slot(R, j.slot);
+                for (int i = 0; i < cb->n_last; i++)
+                    if (cb->last[i].slot == j.slot)
+                        cb->last[i].slot = -1;
+                break;
+            case DG_WIRE_ENCODE:
+                cb->items = j.enc;
+                cb->n_items = j.n;
+                jrc = rank_encode(R, err);
+                break;
+            case DG_WIRE_DENOISE: {
+                int64_t off = 0;
+                cb->n_last = 0;
+                if ((jrc = reserve_last(cb, j.n, err)) < 0)
+                    break;
+                for (int i = 0; i < j.n; i++) {
+                    cb->last[i] = (struct last_item){j.den[i].slot, j.den[i].cl, off};
+                    off += j.den[i].cl;
+                }
+                cb->items = j.den;
+                cb->n_items = j.n;
+                if ((jrc = rank_denoise(R, err)) == 0)
+                    cb->n_last = j.n;
+                break;
+            }
+            case DG_WIRE_CONDITION:
+                cb->which = j.which;
+                cb->n_items = j.n;
+                jrc = rank_condition(R, err);
+                break;
+            default:
+                break;
+            }
+        }
+        if (jrc == 0 && j.kind == DG_WIRE_QUIT) {
+            dg_wire_job_free(&j);
+            __atomic_store_n(&R->busy_since_ms, 0, __ATOMIC_RELEASE);
+            break; /* rank 0 is going: so are we (no outcome to gather) */
+        }
+        dg_wire_job_free(&j);
+        jrc = exchange_outcomes(R, jrc, err);
+        __atomic_store_n(&R->busy_since_ms, 0, __ATOMIC_RELEASE);
+        if (jrc < 0 && err->code != DG_E_INVAL && err->code != DG_E_RANGE) {
+            rc = jrc; /* the group is broken: this process ends */
+            break;
+        }
+        if (jrc < 0)
+            dg_log(DG_LOG_WARN, "cuda backend: rank %d: a call refused: %s", R->index, err->msg);
+    }
+    free(buf);
+    return rc;
+}
+
 static int run_rank(struct grank *R)
 {
     struct cuda_backend *cb = R->cb;
+    const int travels = cb->mp && R->index == 0 && wire_kind(cb->kind) && cb->kind != JOB_QUIT;
     int rc;
     dg_error_clear(&R->err);
     if (R->skip) {
@@ -557,7 +790,10 @@ static int run_rank(struct grank *R)
     if (cb->kind != JOB_INIT && cb->kind != JOB_QUIT &&
         (rc = dg_cuda_use(R->dev, &R->err)) < 0)
         return R->rc = rc;
+    if (travels && (rc = send_job(R, &R->err)) < 0)
+        return R->rc = rc;
     switch (cb->kind) {
+    case JOB_SERVE: rc = rank_serve(R, &R->err); break;
     case JOB_INIT: rc = rank_init(R, &R->err); break;
     case JOB_REGROUP: rc = rank_regroup(R, &R->err); break;
     case JOB_OPEN: rc = rank_open(R, &R->err); break;
@@ -567,11 +803,13 @@ static int run_rank(struct grank *R)
     case JOB_CONDITION: rc = rank_condition(R, &R->err); break;
     default: rc = 0; break;
     }
+    if (travels)
+        rc = exchange_outcomes(R, rc, &R->err);
     /* the others must not wait for this rank in a collective (a batch
      * refused by its checks is refused alike on every rank, before any
      * collective: no need) */
     if (rc < 0 && cb->n > 1 && R->err.code != DG_E_INVAL && R->err.code != DG_E_RANGE)
-        for (int r = 0; r < cb->n; r++)
+        for (int r = 0; r < cb->nl; r++)
             dg_nccl_abort(cb->ranks[r].nccl);
     return R->rc = rc;
 }
@@ -659,6 +897,11 @@ static void *worker(void *arg)
         kind = cb->kind;
         pthread_mutex_unlock(&cb->mu);
         if (kind == JOB_QUIT) {
+            if (cb->mp && R->index == 0 && R->nccl && !dg_nccl_aborted(R->nccl)) {
+                struct dg_error ignored;
+                if (dg_cuda_use(R->dev, &ignored) == 0)
+                    send_job(R, &ignored);
+            }
             rank_free(R);
             return NULL;
         }
@@ -685,11 +928,11 @@ static void deadline_in(struct timespec *ts, int ms)
  * finished.  cb->mu held. */
 static int wait_workers(struct cuda_backend *cb, const struct timespec *deadline)
 {
-    while (cb->finished < cb->n) {
+    while (cb->finished < cb->nl) {
         if (!deadline)
             pthread_cond_wait(&cb->done, &cb->mu);
         else if (pthread_cond_timedwait(&cb->done, &cb->mu, deadline) == ETIMEDOUT)
-            return cb->finished < cb->n ? -1 : 0;
+            return cb->finished < cb->nl ? -1 : 0;
     }
     return 0;
 }
@@ -730,6 +973,9 @@ static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error 
 
     if (cb->failed)
         return dg_error_set(err, DG_E_INTERNAL, "cuda backend: failed earlier: %s", cb->failure);
+    if (cb->regroup && cb->mp)
+        return fail_for_good(cb, err, "%s", "the NCCL group of the processes failed and cannot "
+                             "be rebuilt from within: restart every process of the group");
     if (cb->regroup && kind != JOB_QUIT && kind != JOB_REGROUP && (rc = regroup(cb, err)) < 0)
         return rc;
     pthread_mutex_lock(&cb->mu);
@@ -747,25 +993,27 @@ static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error 
          * workers a grace period to come back */
         dg_log(DG_LOG_ERROR, "cuda backend: a call ran past %d ms: aborting the NCCL group",
                cb->opt.timeout_ms);
-        for (int r = 0; r < cb->n; r++)
+        for (int r = 0; r < cb->nl; r++)
             dg_nccl_abort(cb->ranks[r].nccl);
         pthread_mutex_lock(&cb->mu);
         deadline_in(&deadline, ABORT_GRACE_MS);
         late = wait_workers(cb, &deadline);
         pthread_mutex_unlock(&cb->mu);
-        if (late)
+        if (late) {
+            cb->stuck = 1;
             return fail_for_good(cb, err, "%s", "a GPU worker did not return after its NCCL "
                                  "group was aborted (a hung kernel?)");
+        }
         cb->regroup = cb->n > 1;
         /* the call failed, whatever each rank saw */
-        for (int r = 0; r < cb->n; r++)
+        for (int r = 0; r < cb->nl; r++)
             if (cb->ranks[r].rc == 0 || cb->ranks[r].err.code == DG_E_NCCL)
                 cb->ranks[r].rc = dg_error_set(&cb->ranks[r].err, DG_E_NCCL, "watchdog: no "
                                                "progress in %d ms (a hung collective?); the "
                                                "NCCL group was aborted", cb->opt.timeout_ms);
     }
     /* the cause, not the ranks that were told to give up */
-    for (int r = 0; r < cb->n; r++)
+    for (int r = 0; r < cb->nl; r++)
         if (cb->ranks[r].rc < 0 && (first < 0 || (cb->ranks[first].err.code == DG_E_NCCL &&
                                                   cb->ranks[r].err.code != DG_E_NCCL)))
             first = r;
@@ -773,12 +1021,13 @@ static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error 
         rc = -cb->ranks[first].err.code;
         if (err) {
             *err = cb->ranks[first].err;
-            dg_error_prefix(err, "cuda backend: rank %d (GPU %d)", first, cb->ranks[first].dev);
+            dg_error_prefix(err, "cuda backend: rank %d (GPU %d)", cb->ranks[first].index,
+                            cb->ranks[first].dev);
         }
         if (cb->n > 1)
             cb->regroup = 1;
         /* a lost context cannot be recovered in this process */
-        for (int r = 0; r < cb->n; r++)
+        for (int r = 0; r < cb->nl; r++)
             if (cb->ranks[r].rc < 0 && cb->ranks[r].err.code == DG_E_CUDA &&
                 kind != JOB_INIT) {
                 struct dg_error probe;
@@ -937,15 +1186,15 @@ static void cuda_destroy(struct dg_backend *b)
     int started = 0;
     if (!b)
         return;
-    for (int r = 0; r < cb->n; r++)
+    for (int r = 0; r < cb->nl; r++)
         started += cb->ranks[r].started;
-    if (started && !cb->failed) {
+    if (started && !cb->stuck) {
         pthread_mutex_lock(&cb->mu);
         cb->kind = JOB_QUIT;
         cb->seq++;
         pthread_cond_broadcast(&cb->go);
         pthread_mutex_unlock(&cb->mu);
-        for (int r = 0; r < cb->n; r++)
+        for (int r = 0; r < cb->nl; r++)
             if (cb->ranks[r].started)
                 pthread_join(cb->ranks[r].thread, NULL);
     } else if (started) {
@@ -953,12 +1202,13 @@ static void cuda_destroy(struct dg_backend *b)
          * memory) to the process's end */
         return;
     }
-    for (int r = 0; r < cb->n; r++) {
+    for (int r = 0; r < cb->nl; r++) {
         free(cb->ranks[r].slots);
         free(cb->ranks[r].seqs);
     }
     free(cb->ranks);
     free(cb->last);
+    free(cb->wire);
     pthread_mutex_destroy(&cb->mu);
     pthread_cond_destroy(&cb->go);
     pthread_cond_destroy(&cb->done);
@@ -994,7 +1244,7 @@ void dg_cuda_backend_bytes(const struct dg_backend *b, uint64_t *weights, uint64
 {
     const struct cuda_backend *cb = (const struct cuda_backend *)b;
     *weights = *other = 0;
-    for (int r = 0; r < cb->n; r++) {
+    for (int r = 0; r < cb->nl; r++) {
         *weights += cb->ranks[r].model.bytes;
         *other += rank_other(cb, &cb->ranks[r], NULL);
     }
@@ -1006,7 +1256,7 @@ int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda
     const struct grank *R;
     size_t free_b = 0, total_b = 0;
     struct dg_error ignored;
-    if (r < 0 || r >= cb->n)
+    if (r < 0 || r >= cb->nl)
         return -1;
     R = &cb->ranks[r];
     memset(u, 0, sizeof *u);
@@ -1028,7 +1278,7 @@ int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda
 
 int dg_cuda_backend_ranks(const struct dg_backend *b)
 {
-    return ((const struct cuda_backend *)b)->n;
+    return ((const struct cuda_backend *)b)->nl;
 }
 
 int dg_cuda_backend_failed(const struct dg_backend *b)
@@ -1039,8 +1289,54 @@ int dg_cuda_backend_failed(const struct dg_backend *b)
 void dg_cuda_backend_inject_skip(struct dg_backend *b, int r)
 {
     struct cuda_backend *cb = impl(b);
-    if (r >= 0 && r < cb->n)
+    if (r >= 0 && r < cb->nl)
         cb->ranks[r].skip = 1;
+}
+
+int dg_cuda_backend_serve(struct dg_backend *b, volatile const int *stop, struct dg_error *err)
+{
+    struct cuda_backend *cb = impl(b);
+    struct grank *R = &cb->ranks[0];
+    int aborted = 0;
+    if (!cb->mp || R->index == 0)
+        return dg_error_set(err, DG_E_INVAL, "cuda backend: serve: not a multi-process rank "
+                            "other than 0");
+    if (cb->failed)
+        return dg_error_set(err, DG_E_INTERNAL, "cuda backend: failed earlier: %s", cb->failure);
+    pthread_mutex_lock(&cb->mu);
+    cb->kind = JOB_SERVE;
+    cb->finished = 0;
+    cb->seq++;
+    pthread_cond_broadcast(&cb->go);
+    while (cb->finished < cb->nl) {
+        struct timespec deadline;
+        int64_t busy;
+        deadline_in(&deadline, 200);
+        if (pthread_cond_timedwait(&cb->done, &cb->mu, &deadline) != ETIMEDOUT)
+            continue;
+        busy = __atomic_load_n(&R->busy_since_ms, __ATOMIC_ACQUIRE);
+        if (aborted)
+            continue;
+        if ((stop && *stop) ||
+            (cb->opt.timeout_ms > 0 && busy && now_ms() - busy > cb->opt.timeout_ms)) {
+            /* end the collective the worker waits in; it returns */
+            dg_log(stop && *stop ? DG_LOG_INFO : DG_LOG_ERROR, "cuda backend: rank %d: %s: "
+                   "aborting its NCCL communicator", R->index,
+                   stop && *stop ? "asked to stop" : "watchdog: a call ran too long");
+            dg_nccl_abort(R->nccl);
+            aborted = 1;
+        }
+    }
+    pthread_mutex_unlock(&cb->mu);
+    if (R->rc < 0) {
+        *err = R->err;
+        if (aborted)
+            dg_error_prefix(err, "%s", stop && *stop ? "stopped" : "watchdog");
+        cb->failed = 1;
+        snprintf(cb->failure, sizeof cb->failure, "%s", err->msg);
+        return R->rc;
+    }
+    return 0;
 }
 
 int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_backend **out,
@@ -1049,20 +1345,25 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
     struct cuda_backend *cb;
     const struct dg_model_config *cfg = o->model ? &o->model->cfg : o->cfg;
     const int n = o->n_ranks > 1 ? o->n_ranks : 1;
+    const int mp = o->process_rank >= 0 && o->nccl_id;
+    const int nl = mp ? 1 : n;
     int rc;
 
     *out = NULL;
     if (o->max_slots < 1 || !cfg || (!o->model && o->fp32) || n > DG_TP_MAX ||
-        o->timeout_ms < 0)
-        return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %d ranks, %s", o->max_slots,
-                            n, o->model ? "a model"
-                               : !o->cfg ? "no model and no config"
-                               : o->fp32 ? "random weights are bf16 only" : "a config");
+        o->timeout_ms < 0 || (mp && o->process_rank >= n))
+        return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %d ranks%s, %s",
+                            o->max_slots, n, mp ? " (one in this process)" : "",
+                            o->model ? "a model"
+                            : !o->cfg ? "no model and no config"
+                            : o->fp32 ? "random weights are bf16 only" : "a config");
     cb = calloc(1, sizeof *cb);
     if (!cb)
         return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
     cb->opt = *o;
     cb->n = n;
+    cb->nl = nl;
+    cb->mp = mp;
     pthread_mutex_init(&cb->mu, NULL);
     {
         pthread_condattr_t ca;
@@ -1082,17 +1383,17 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
         cuda_destroy(&cb->base);
         return rc;
     }
-    cb->ranks = calloc((size_t)n, sizeof *cb->ranks);
+    cb->ranks = calloc((size_t)nl, sizeof *cb->ranks);
     if (!cb->ranks) {
         cuda_destroy(&cb->base);
         return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
     }
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < nl; r++) {
         struct grank *R = &cb->ranks[r];
         R->cb = cb;
-        R->index = r;
-        R->dev = n == 1 ? (o->devices ? o->devices[0] : o->device)
-                        : (o->devices ? o->devices[r] : r);
+        R->index = mp ? o->process_rank : r;
+        R->dev = mp || n == 1 ? (o->devices ? o->devices[0] : o->device)
+                              : (o->devices ? o->devices[r] : r);
         for (int q = 0; q < r; q++)
             if (cb->ranks[q].dev == R->dev) {
                 cuda_destroy(&cb->base);
@@ -1111,19 +1412,21 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
             cuda_destroy(&cb->base);
             return rc;
         }
-        for (int r = 0; r < n; r++)
+        for (int r = 0; r < nl; r++)
             if (cb->ranks[r].dev < 0 || cb->ranks[r].dev >= have) {
-                const int dev = cb->ranks[r].dev;
+                const int dev = cb->ranks[r].dev, idx = cb->ranks[r].index;
                 cuda_destroy(&cb->base);
                 return dg_error_set(err, DG_E_NODEV, "cuda backend: rank %d: no GPU %d (%d "
-                                    "visible)", r, dev, have);
+                                    "visible)", idx, dev, have);
             }
     }
-    if (n > 1 && (rc = dg_nccl_get_id(&cb->id, err)) < 0) {
+    if (mp)
+        cb->id = *o->nccl_id;
+    else if (n > 1 && (rc = dg_nccl_get_id(&cb->id, err)) < 0) {
         cuda_destroy(&cb->base);
         return rc;
     }
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < nl; r++) {
         if (pthread_create(&cb->ranks[r].thread, NULL, worker, &cb->ranks[r]) != 0) {
             cuda_destroy(&cb->base);
             return dg_error_set(err, DG_E_INTERNAL, "cuda backend: cannot start the worker of "
@@ -1131,7 +1434,8 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
         }
         cb->ranks[r].started = 1;
     }
-    /* every rank loads its share and joins the group on its own thread */
+    /* every rank loads its share and joins the group on its own thread
+     * (in multi-process mode, each process its own rank) */
     if ((rc = run_job(cb, JOB_INIT, err)) < 0) {
         cuda_destroy(&cb->base);
         return rc;

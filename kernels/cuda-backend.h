@@ -50,6 +50,14 @@
  * graphs the same kernels run eagerly on the same padded shapes, so both
  * give the same bits.
  *
+ * Multi-process mode: each process holds one rank (options process_rank,
+ * nccl_id); the engine runs in the rank-0 process, whose worker sends
+ * every call to the others (one NCCL broadcast of the call's bytes,
+ * lib/backend-wire.h) before making it, and after it every rank's outcome
+ * is gathered, so a call fails everywhere or nowhere.  A failure that
+ * needs the group rebuilt ends the group instead: the backend fails for
+ * good and the processes stop (a launcher starts them again).
+ *
  * Failures: a rank that fails aborts the group's communicators so the
  * others leave their collectives; the call fails (the engine fails the
  * batch's requests) and the group is rebuilt from a fresh id before the
@@ -64,6 +72,7 @@
 
 #include <stdint.h>
 
+#include "kernels/nccl.h"
 #include "lib/backend.h"
 #include "lib/coll.h"
 #include "lib/model-weights.h"
@@ -82,6 +91,12 @@ struct dg_cuda_backend_options {
     int pin;                             /* pin each worker to a CPU near its GPU */
     int timeout_ms;                      /* watchdog per call; 0: none */
     int graphs;                          /* capture steps in CUDA graphs (see above) */
+    /* multi-process mode (with nccl_id): this process holds rank
+     * process_rank of n_ranks on GPU `device` (or devices[0]); the other
+     * ranks run in other processes (dg_cuda_backend_serve) joined by the
+     * same id */
+    int process_rank;
+    const struct dg_nccl_id *nccl_id;
 };
 
 /* Errors: DG_E_INVAL (options), DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS,
@@ -108,7 +123,17 @@ struct dg_cuda_rank_usage {
 /* Fills u for rank r; -1 when r is not a rank. */
 int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda_rank_usage *u);
 
-/* Ranks of the backend. */
+/* Multi-process mode, in a process whose rank is not 0: make every call
+ * the rank-0 process makes of its backend, as it comes, until that
+ * backend is destroyed (0), the group fails, or *stop becomes non-zero
+ * (checked every 200 ms; a signal handler may set it).  A call that takes
+ * longer than timeout_ms (0: no limit) aborts the group (the watchdog).
+ * Errors: DG_E_NCCL (the group failed or was aborted), the call's own
+ * errors when it cannot be refused alike everywhere, DG_E_INVAL (not a
+ * serving backend). */
+int dg_cuda_backend_serve(struct dg_backend *b, volatile const int *stop, struct dg_error *err);
+
+/* Ranks of the backend in this process. */
 int dg_cuda_backend_ranks(const struct dg_backend *b);
 
 /* Whether the backend has failed for good (see above). */
