@@ -42,14 +42,17 @@
 #endif
 
 static const char usage[] =
-    "usage: dgemmad [-c FILE] [-o KEY=VALUE]... [--print-config] [--check-config]\n"
-    "               [--version] [-h]\n"
+    "usage: dgemmad [-c FILE] [-o KEY=VALUE]... [--rank N] [--print-config]\n"
+    "               [--check-config] [--version] [-h]\n"
     "Serve DiffusionGemma on a UNIX socket (JSON lines; see dgemmad(8)).\n"
     "  -c FILE          read the configuration (dgemmad.yaml(5)); without it,\n"
     "                   the defaults\n"
     "  -o KEY=VALUE     set one option over the file (repeatable)\n"
     "  --print-config   print the effective configuration and exit\n"
     "  --check-config   check the configuration and the model, then exit\n"
+    "  --rank N         multi-process mode: be rank N of tp processes joined by\n"
+    "                   NCCL (NCCL_COMM_ID=HOST:PORT); rank 0 serves,\n"
+    "                   the others compute beside it\n"
     "Without a model option, the small model shipped with dgemma is served.\n";
 
 static void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -137,8 +140,16 @@ static void unload(struct loaded *L)
  * enough GPUs are present (tp of them: the first tp of devices, or GPUs
  * 0 .. tp-1); *b stays NULL for the CPU.  Errors: a GPU backend that
  * cannot start (named). */
+/* Multi-process mode (--rank): this process's rank and the group's id. */
+struct mp {
+    int rank;                   /* -1: not in multi-process mode */
+#if DG_HAVE_CUDA
+    struct dg_nccl_id id;
+#endif
+};
+
 static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
-                          struct dg_backend **b, struct dg_error *err)
+                          const struct mp *mp, struct dg_backend **b, struct dg_error *err)
 {
     *b = NULL;
 #if DG_HAVE_CUDA
@@ -160,7 +171,7 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                 return 0;
             }
         }
-        if (cfg->n_devices && cfg->n_devices < cfg->tp)
+        if (cfg->n_devices && cfg->n_devices < cfg->tp && mp->rank < 0)
             return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
                                 cfg->tp, cfg->tp, cfg->n_devices);
         memset(&o, 0, sizeof o);
@@ -173,17 +184,29 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
         o.pin = cfg->pin_workers;
         o.timeout_ms = (int)(cfg->gpu_timeout * 1000 + 0.5);
         o.graphs = cfg->cuda_graphs;
+        if (mp->rank >= 0) {
+            /* one GPU in this process: the rank's of devices, else its own
+             * ordinal among the visible ones */
+            int have = 1;
+            dg_gpu_count(&have, NULL);
+            o.process_rank = mp->rank;
+            o.nccl_id = &mp->id;
+            o.device = cfg->n_devices > mp->rank ? cfg->devices[mp->rank]
+                       : cfg->n_devices == 1   ? cfg->devices[0]
+                                               : mp->rank % (have > 0 ? have : 1);
+            o.devices = NULL;
+        }
         /* an fp32 checkpoint runs at its own precision; the others as bf16 */
         o.fp32 = L->m.embed.dtype == DG_DTYPE_F32;
         if ((rc = dg_cuda_backend_create(&o, b, err)) < 0) {
             dg_error_prefix(err, "cuda (tp %d)", cfg->tp);
             return rc;
         }
-        for (int r = 0; r < cfg->tp; r++) {
+        for (int r = 0; r < dg_cuda_backend_ranks(*b); r++) {
             struct dg_cuda_rank_usage u;
             dg_cuda_backend_rank_usage(*b, r, &u);
             dlog(DG_LOG_INFO, "backend cuda: rank %d of %d on GPU %d: weights %.2f GiB (%s), "
-                 "vocabulary rows %lld of %lld", r, cfg->tp, u.device,
+                 "vocabulary rows %lld of %lld", mp->rank >= 0 ? mp->rank : r, cfg->tp, u.device,
                  (double)u.weights / (1 << 30), o.fp32 ? "fp32" : "bf16",
                  (long long)u.vocab_rows, (long long)L->m.cfg.vocab_size);
         }
@@ -191,6 +214,7 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
     }
 #else
     (void)L;
+    (void)mp;
     (void)err;
     if (cfg->backend == DG_BACKEND_AUTO)
         dlog(DG_LOG_INFO, "backend auto: the CPU (built without CUDA)");
@@ -226,6 +250,80 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
     return 0;
 }
 
+#if DG_HAVE_CUDA
+static volatile int stop_requested;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+#endif
+
+/* Multi-process mode, rank > 0: the rank's GPU beside rank 0's process,
+ * until rank 0 ends the group (exit 0), a signal (exit 0) or a failure of
+ * the group (exit 1, logged). */
+static int serve_rank(const struct dg_config *cfg, const struct loaded *L, const struct mp *mp)
+{
+#if DG_HAVE_CUDA
+    struct dg_backend *b = NULL;
+    struct dg_error err = {0};
+    struct sigaction sa;
+    sigset_t mask;
+    int rc;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    pthread_sigmask(SIG_UNBLOCK, &mask, NULL);
+    if (choose_backend(cfg, L, mp, &b, &err) < 0 || !b) {
+        dlog(DG_LOG_ERROR, "rank %d: backend: %s", mp->rank,
+             b ? "" : err.msg[0] ? err.msg : "the GPU backend is needed in multi-process mode");
+        return 1;
+    }
+    dlog(DG_LOG_INFO, "rank %d of %d: serving rank 0's calls", mp->rank, cfg->tp);
+    rc = dg_cuda_backend_serve(b, &stop_requested, &err);
+    if (rc < 0 && !stop_requested)
+        dlog(DG_LOG_ERROR, "rank %d: the group failed: %s", mp->rank, err.msg);
+    else
+        dlog(DG_LOG_INFO, "rank %d: %s", mp->rank,
+             stop_requested ? "stopped by a signal" : "rank 0 ended the group");
+    b->ops->destroy(b);
+    return rc < 0 && !stop_requested ? 1 : 0;
+#else
+    (void)cfg;
+    (void)L;
+    dlog(DG_LOG_ERROR, "rank %d: this build has no CUDA", mp->rank);
+    return 1;
+#endif
+}
+
+/* The group's id in multi-process mode, from NCCL's own bootstrap at
+ * NCCL_COMM_ID (host:port, the same in every process: rank 0 listens
+ * there, so every process makes the same id). */
+static int mp_setup(struct mp *mp, const struct dg_config *cfg, struct dg_error *err)
+{
+#if DG_HAVE_CUDA
+    if (cfg->tp < 2 || mp->rank >= cfg->tp)
+        return dg_error_set(err, DG_E_CONFIG, "--rank %d: multi-process mode needs tp of at "
+                            "least 2 and above the rank (tp is %d)", mp->rank, cfg->tp);
+    if (cfg->backend == DG_BACKEND_CPU)
+        return dg_error_set(err, DG_E_CONFIG, "--rank: multi-process mode runs on GPUs, not "
+                            "backend cpu");
+    if (!getenv("NCCL_COMM_ID"))
+        return dg_error_set(err, DG_E_CONFIG, "--rank: set NCCL_COMM_ID=HOST:PORT (rank 0's "
+                            "address, the same for every process)");
+    return dg_nccl_get_id(&mp->id, err);
+#else
+    (void)mp;
+    (void)cfg;
+    return dg_error_set(err, DG_E_UNSUPPORTED, "--rank: this build has no CUDA");
+#endif
+}
+
 int main(int argc, char **argv)
 {
     struct dg_config cfg;
@@ -244,8 +342,11 @@ int main(int argc, char **argv)
     struct dserver_options so;
     json_t *info = NULL;
     sigset_t mask;
+    struct mp mp;
 
     memset(&L, 0, sizeof L);
+    memset(&mp, 0, sizeof mp);
+    mp.rank = -1;
     dlog_set_tag('M');
     dg_config_defaults(&cfg);
     /* the file first, whatever the order of the arguments, then -o in order */
@@ -262,6 +363,16 @@ int main(int argc, char **argv)
             print_config = 1;
         else if (!strcmp(argv[i], "--check-config"))
             check_config = 1;
+        else if (!strcmp(argv[i], "--rank") && i + 1 < argc) {
+            char *end;
+            long r = strtol(argv[i + 1], &end, 10);
+            if (*end || end == argv[i + 1] || r < 0 || r > 63) {
+                errorf("--rank: '%s' is not a rank (0..63)", argv[i + 1]);
+                return 2;
+            }
+            mp.rank = (int)r;
+            i++;
+        }
         else if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "-o")) && i + 1 < argc) {
             if (argv[i][1] == 'c')
                 config_path = argv[i + 1];
@@ -285,7 +396,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             i++;
-        } else if (!strcmp(argv[i], "-c")) {
+        } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--rank")) {
             i++;
         }
     if (dg_config_validate(&cfg, &err) < 0) {
@@ -334,6 +445,10 @@ int main(int argc, char **argv)
         goto out;
     }
 #endif
+    if (mp.rank >= 0 && mp_setup(&mp, &cfg, &err) < 0) {
+        dlog(DG_LOG_ERROR, "%s", err.msg);
+        goto out;
+    }
     if (load_model(model_dir, &L, &err) < 0) {
         dlog(DG_LOG_ERROR, "model %s: %s", model_dir, err.msg);
         goto out;
@@ -348,8 +463,18 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    if (choose_backend(&cfg, &L, &backend, &err) < 0) {
+    if (mp.rank > 0) {
+        /* a worker process: no socket, no engine; its rank's share of
+         * every call rank 0 makes, until rank 0 goes */
+        status = serve_rank(&cfg, &L, &mp);
+        goto out;
+    }
+    if (choose_backend(&cfg, &L, &mp, &backend, &err) < 0) {
         dlog(DG_LOG_ERROR, "backend: %s", err.msg);
+        goto out;
+    }
+    if (mp.rank == 0 && !backend) {
+        dlog(DG_LOG_ERROR, "--rank 0: multi-process mode runs on GPUs and none is usable here");
         goto out;
     }
     if (!backend) {
