@@ -48,6 +48,7 @@ struct step_graph {
     uint64_t gen;                   /* step_generation at capture */
     int seen;                       /* run once eagerly */
     dg_graph_t exec;                /* NULL until captured */
+    struct dg_coll_stats coll;      /* the collectives in it (counted again at each replay) */
 };
 
 enum job_kind { JOB_NONE, JOB_INIT, JOB_REGROUP, JOB_OPEN, JOB_CLOSE, JOB_ENCODE, JOB_DENOISE,
@@ -390,9 +391,20 @@ static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
             R->n_graphs--;
         }
         g = &R->graphs[R->n_graphs++];
-        *g = (struct step_graph){kind, Tb, gen, 0, NULL};
+        memset(g, 0, sizeof *g);
+        g->kind = kind;
+        g->Tb = Tb;
+        g->gen = gen;
     }
     if (g->exec) {
+        /* the collectives were counted when captured: again for this run */
+        if (R->nccl) {
+            struct dg_coll_stats *cs = &dg_nccl_coll(R->nccl)->stats;
+            for (int k = 0; k < DG_COLL_KINDS; k++) {
+                cs->calls[k] += g->coll.calls[k];
+                cs->bytes[k] += g->coll.bytes[k];
+            }
+        }
         R->replays++;
         return dg_graph_launch(g->exec, st, R->dev, err);
     }
@@ -401,7 +413,16 @@ static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
         return step_work(R, kind, Tb, err);
     }
     TRY(dg_graph_begin(st, R->dev, err));
-    rc = step_work(R, kind, Tb, err);
+    {
+        const struct dg_coll_stats before =
+            R->nccl ? dg_nccl_coll(R->nccl)->stats : (struct dg_coll_stats){{0}, {0}};
+        rc = step_work(R, kind, Tb, err);
+        if (R->nccl)
+            for (int k = 0; k < DG_COLL_KINDS; k++) {
+                g->coll.calls[k] = dg_nccl_coll(R->nccl)->stats.calls[k] - before.calls[k];
+                g->coll.bytes[k] = dg_nccl_coll(R->nccl)->stats.bytes[k] - before.bytes[k];
+            }
+    }
     rc2 = dg_graph_end(st, rc == 0, &g->exec, R->dev, rc == 0 ? err : NULL);
     if (rc < 0 || rc2 < 0)
         return rc < 0 ? rc : rc2;

@@ -732,6 +732,11 @@ static int graphs_run(const char *dir, const char *name, int tp, int fp32)
                w->steps);
         CHECK(on.captures >= 2 && on.replays > on.captures && off.captures == 0 &&
               off.replays == 0);
+        /* replays count their collectives as the eager calls do */
+        for (int k = 0; k < DG_COLL_KINDS; k++)
+            CHECKF(on.coll.calls[k] == off.coll.calls[k] && on.coll.bytes[k] == off.coll.bytes[k],
+                   "rank %d: collectives of kind %d: %llu calls with graphs, %llu without", r, k,
+                   (unsigned long long)on.coll.calls[k], (unsigned long long)off.coll.calls[k]);
     }
     for (int b = 0; b < 2; b++)
         w->b[b]->ops->destroy(w->b[b]);
