@@ -1,6 +1,7 @@
 /* gpu-util.c - see gpu-util.h. */
 #include "tests/gpu/gpu-util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,8 @@
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
 #include "lib/dtype.h"
+#include "lib/gen-settings.h"
+#include "tests/harness.h"
 
 static uint64_t state = 0x853c49e6748fea9bull;
 
@@ -114,4 +117,114 @@ int gt_setup(const char *prog)
         return 1;
     }
     return 0;
+}
+
+double gt_rel_err(const float *got, const float *ref, int64_t rows, int64_t cols,
+                  int64_t *agree)
+{
+    double num = 0, den = 0;
+    *agree = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        int64_t ag = 0, ar = 0;
+        for (int64_t j = 0; j < cols; j++) {
+            const double d = (double)got[i * cols + j] - ref[i * cols + j];
+            if (!isfinite(got[i * cols + j]))
+                return INFINITY;
+            num += d * d;
+            den += (double)ref[i * cols + j] * ref[i * cols + j];
+            if (got[i * cols + j] > got[i * cols + ag])
+                ag = j;
+            if (ref[i * cols + j] > ref[i * cols + ar])
+                ar = j;
+        }
+        *agree += ag == ar;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+void gt_on_event(void *ctx, const struct dg_gen_event *ev)
+{
+    struct gt_sink *s = ctx;
+    for (int i = 0; i < s->n; i++) {
+        struct gt_outcome *o = &s->out[i];
+        if (o->id != ev->id)
+            continue;
+        if (ev->kind == DG_EVENT_CANVAS) {
+            for (int j = 0; j < ev->n_ids && o->n < GT_MAX_OUT; j++)
+                o->ids[o->n++] = ev->ids[j];
+        } else {
+            o->done = 1;
+            o->finish = ev->finish;
+        }
+    }
+}
+
+int gt_generate(struct dg_backend *b, const struct dg_checkpoint *ck, const struct dg_model *m,
+                const int *plen, int first, int n, int max_tokens, int steps,
+                struct gt_sink *sink)
+{
+    struct dg_engine *e = NULL;
+    struct dg_engine_config ec;
+    struct dg_error err = {0};
+    int rc;
+
+    memset(sink, 0, sizeof *sink);
+    dg_engine_config_default(&ec, &m->cfg);
+    ec.max_batch = GT_NREQ;
+    ec.prefill_chunk = 64;
+    ec.max_context = 512;
+    rc = dg_engine_create(b, &ec, NULL, gt_on_event, sink, &e, &err);
+    if (rc < 0)
+        b->ops->destroy(b);
+    CHECK_OK(rc, &err);
+    for (int i = 0; i < n; i++) {
+        const int r = first + i;
+        struct dg_gen_settings s;
+        int32_t prompt[256];
+        gt_seed(1000 + (uint64_t)r);
+        for (int t = 0; t < plen[r]; t++)
+            prompt[t] = 3 + (int32_t)(gt_next() % (uint64_t)(m->cfg.vocab_size - 3));
+        dg_gen_settings_defaults(&s, &m->cfg, &ck->generation);
+        s.seed = 42 + (uint64_t)r;
+        s.seed_set = 1;
+        s.max_tokens = max_tokens;
+        s.max_denoising_steps = steps;
+        rc = dg_engine_submit(e, prompt, plen[r], &s, NULL, &sink->out[i].id, &err);
+        if (rc < 0) {
+            dg_engine_destroy(e);
+            b->ops->destroy(b);
+        }
+        CHECK_OK(rc, &err);
+        sink->n++;
+    }
+    for (int guard = 0; guard < 100000 && dg_engine_step(e) > 0; guard++)
+        ;
+    dg_engine_destroy(e);
+    b->ops->destroy(b);
+    for (int i = 0; i < n; i++)
+        CHECKF(sink->out[i].done && sink->out[i].finish != DG_FINISH_ERROR &&
+                   sink->out[i].n > 0,
+               "request %d: done %d, finish %s, %d ids", i, sink->out[i].done,
+               dg_finish_name(sink->out[i].finish), sink->out[i].n);
+    return 0;
+}
+
+int gt_compare(const char *what, const struct gt_sink *a, const struct gt_sink *b, int n)
+{
+    int differ = 0;
+    for (int i = 0; i < n; i++) {
+        const struct gt_outcome *x = &a->out[i], *y = &b->out[i];
+        int j = 0;
+        while (j < x->n && j < y->n && x->ids[j] == y->ids[j])
+            j++;
+        if (j == x->n && j == y->n && x->finish == y->finish) {
+            printf("# %s: request %d: %d ids equal (%s)\n", what, i, x->n,
+                   dg_finish_name(x->finish));
+            continue;
+        }
+        differ++;
+        printf("# %s: request %d: first difference at id %d of %d/%d (%d vs %d)\n", what, i, j,
+               x->n, y->n, j < x->n ? x->ids[j] : -1, j < y->n ? y->ids[j] : -1);
+    }
+    return differ;
 }

@@ -45,38 +45,7 @@
 #include "tests/gpu/gpu-util.h"
 #include "tests/harness.h"
 
-#define NREQ 4
-#define MAX_OUT 1024
-
-struct outcome {
-    uint64_t id;
-    int32_t ids[MAX_OUT];
-    int n;
-    int done;
-    enum dg_finish finish;
-};
-
-struct sink {
-    struct outcome out[NREQ];
-    int n;
-};
-
-static void on_event(void *ctx, const struct dg_gen_event *ev)
-{
-    struct sink *s = ctx;
-    for (int i = 0; i < s->n; i++) {
-        struct outcome *o = &s->out[i];
-        if (o->id != ev->id)
-            continue;
-        if (ev->kind == DG_EVENT_CANVAS) {
-            for (int j = 0; j < ev->n_ids && o->n < MAX_OUT; j++)
-                o->ids[o->n++] = ev->ids[j];
-        } else {
-            o->done = 1;
-            o->finish = ev->finish;
-        }
-    }
-}
+#define NREQ GT_NREQ
 
 enum which { CPU, GPU_F32, GPU_BF16 };
 
@@ -100,76 +69,15 @@ static int make_backend(enum which w, const struct dg_model *m, int slots, struc
     }
 }
 
-/* Generate requests first .. first+n-1 (request i: plen[i] prompt ids drawn
- * from seed i, sampling seed 42 + i) in one engine on backend w; outcomes
- * into sink. */
+/* Requests first .. first+n-1 on backend w (gt_generate). */
 static int generate(enum which w, const struct dg_checkpoint *ck, const struct dg_model *m,
                     const int *plen, int first, int n, int max_tokens, int steps,
-                    struct sink *sink)
+                    struct gt_sink *sink)
 {
     struct dg_backend *b = NULL;
-    struct dg_engine *e = NULL;
-    struct dg_engine_config ec;
     struct dg_error err = {0};
-    int rc;
-
-    memset(sink, 0, sizeof *sink);
     CHECK_OK(make_backend(w, m, NREQ, &b, &err), &err);
-    dg_engine_config_default(&ec, &m->cfg);
-    ec.max_batch = NREQ;
-    ec.prefill_chunk = 64;
-    ec.max_context = 512;
-    rc = dg_engine_create(b, &ec, NULL, on_event, sink, &e, &err);
-    if (rc < 0)
-        b->ops->destroy(b);
-    CHECK_OK(rc, &err);
-    for (int i = 0; i < n; i++) {
-        const int r = first + i;
-        struct dg_gen_settings s;
-        int32_t prompt[256];
-        gt_seed(1000 + (uint64_t)r);
-        for (int t = 0; t < plen[r]; t++)
-            prompt[t] = 3 + (int32_t)(gt_next() % (uint64_t)(m->cfg.vocab_size - 3));
-        dg_gen_settings_defaults(&s, &m->cfg, &ck->generation);
-        s.seed = 42 + (uint64_t)r;
-        s.seed_set = 1;
-        s.max_tokens = max_tokens;
-        s.max_denoising_steps = steps;
-        CHECK_OK(dg_engine_submit(e, prompt, plen[r], &s, NULL, &sink->out[i].id, &err), &err);
-        sink->n++;
-    }
-    for (int guard = 0; guard < 100000 && dg_engine_step(e) > 0; guard++)
-        ;
-    dg_engine_destroy(e);
-    b->ops->destroy(b);
-    for (int i = 0; i < n; i++)
-        CHECKF(sink->out[i].done && sink->out[i].finish != DG_FINISH_ERROR &&
-                   sink->out[i].n > 0,
-               "request %d: done %d, finish %s, %d ids", i, sink->out[i].done,
-               dg_finish_name(sink->out[i].finish), sink->out[i].n);
-    return 0;
-}
-
-/* Compare two outcomes; prints the first divergence.  Returns the number
- * of requests that differ. */
-static int compare(const char *what, const struct sink *a, const struct sink *b, int n)
-{
-    int differ = 0;
-    for (int i = 0; i < n; i++) {
-        const struct outcome *x = &a->out[i], *y = &b->out[i];
-        int j = 0;
-        while (j < x->n && j < y->n && x->ids[j] == y->ids[j])
-            j++;
-        if (j == x->n && j == y->n && x->finish == y->finish) {
-            printf("# %s: request %d: %d ids equal (%s)\n", what, i, x->n,
-                   dg_finish_name(x->finish));
-            continue;
-        }
-        differ++;
-        printf("# %s: request %d: first difference at id %d of %d/%d (%d vs %d)\n", what, i, j,
-               x->n, y->n, j < x->n ? x->ids[j] : -1, j < y->n ? y->ids[j] : -1);
-    }
-    return differ;
+    return gt_generate(b, ck, m, plen, first, n, max_tokens, steps, sink);
 }
 
 /* ---- lockstep: both backends under one engine ---------------------------------- */
@@ -357,7 +265,7 @@ static int lockstep_run(const struct dg_checkpoint *ck, const struct dg_model *m
                         const int *plen, enum which gw, int steps, const char *name)
 {
     struct lockstep L;
-    struct sink sink;
+    struct gt_sink sink;
     struct dg_engine *e = NULL;
     struct dg_engine_config ec;
     struct dg_gen_settings s0;
@@ -383,7 +291,7 @@ static int lockstep_run(const struct dg_checkpoint *ck, const struct dg_model *m
     ec.max_batch = NREQ;
     ec.prefill_chunk = 64;
     ec.max_context = 512;
-    CHECK_OK(dg_engine_create(&L.base, &ec, NULL, on_event, &sink, &e, &err), &err);
+    CHECK_OK(dg_engine_create(&L.base, &ec, NULL, gt_on_event, &sink, &e, &err), &err);
     for (int i = 0; i < NREQ; i++) {
         struct dg_gen_settings s = s0;
         int32_t prompt[256];
@@ -434,8 +342,8 @@ static int run_model(const char *dir, const char *name)
     struct dg_checkpoint ck;
     struct dg_model m;
     struct dg_error err = {0};
-    struct sink *cpu = calloc(1, sizeof *cpu), *f32 = calloc(1, sizeof *f32);
-    struct sink *b16 = calloc(1, sizeof *b16), *alone = calloc(1, sizeof *alone);
+    struct gt_sink *cpu = calloc(1, sizeof *cpu), *f32 = calloc(1, sizeof *f32);
+    struct gt_sink *b16 = calloc(1, sizeof *b16), *alone = calloc(1, sizeof *alone);
     char what[128];
     int max_tokens;
 
@@ -447,7 +355,7 @@ static int run_model(const char *dir, const char *name)
     CHECK(generate(CPU, &ck, &m, plen, 0, NREQ, max_tokens, 2, cpu) == 0);
     CHECK(generate(GPU_F32, &ck, &m, plen, 0, NREQ, max_tokens, 2, f32) == 0);
     snprintf(what, sizeof what, "%s f32 gpu vs cpu, 2 steps a canvas", name);
-    CHECKF(compare(what, f32, cpu, NREQ) == 0, "%s: the ids differ", what);
+    CHECKF(gt_compare(what, f32, cpu, NREQ) == 0, "%s: the ids differ", what);
     CHECK(lockstep_run(&ck, &m, plen, GPU_F32, 2, name) == 0);
     /* six steps: chains of self-conditioning, which these random models
      * amplify (case_sc_chain): shown */
@@ -455,9 +363,9 @@ static int run_model(const char *dir, const char *name)
     CHECK(generate(GPU_F32, &ck, &m, plen, 0, NREQ, max_tokens, 6, f32) == 0);
     CHECK(generate(GPU_BF16, &ck, &m, plen, 0, NREQ, max_tokens, 6, b16) == 0);
     snprintf(what, sizeof what, "%s f32 gpu vs cpu, 6 steps a canvas (shown)", name);
-    compare(what, f32, cpu, NREQ);
+    gt_compare(what, f32, cpu, NREQ);
     snprintf(what, sizeof what, "%s bf16 gpu vs cpu, 6 steps a canvas (shown)", name);
-    compare(what, b16, cpu, NREQ);
+    gt_compare(what, b16, cpu, NREQ);
     CHECK(lockstep_run(&ck, &m, plen, GPU_F32, 6, name) == 0);
     CHECK(lockstep_run(&ck, &m, plen, GPU_BF16, 6, name) == 0);
     /* request 3 alone on the GPU against its run in the batch (shown: the
@@ -465,7 +373,7 @@ static int run_model(const char *dir, const char *name)
     CHECK(generate(GPU_BF16, &ck, &m, plen, 3, 1, max_tokens, 6, alone) == 0);
     b16->out[0] = b16->out[3];
     snprintf(what, sizeof what, "%s bf16 gpu in a batch of %d vs alone (shown)", name, NREQ);
-    compare(what, b16, alone, 1);
+    gt_compare(what, b16, alone, 1);
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     free(cpu);

@@ -54,35 +54,13 @@
 
 /* ||g - r|| / ||r|| over n values (inf when g holds a NaN); *agree gets
  * the rows (of cols) whose argmax is the same. */
-static double rel_err(const float *g, const float *r, int64_t rows, int64_t cols, int64_t *agree)
-{
-    double num = 0, den = 0;
-    *agree = 0;
-    for (int64_t i = 0; i < rows; i++) {
-        int64_t ag = 0, ar = 0;
-        for (int64_t j = 0; j < cols; j++) {
-            const double d = (double)g[i * cols + j] - r[i * cols + j];
-            if (isnan(g[i * cols + j]))
-                return INFINITY;
-            num += d * d;
-            den += (double)r[i * cols + j] * r[i * cols + j];
-            if (g[i * cols + j] > g[i * cols + ag])
-                ag = j;
-            if (r[i * cols + j] > r[i * cols + ar])
-                ar = j;
-        }
-        *agree += ag == ar;
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* got against ref: prints; with bound > 0 checks it and the argmax
  * agreement, else only that got is finite. */
 static int check_close(const char *what, const float *got, const float *ref, int64_t rows,
                        int64_t cols, double bound)
 {
     int64_t agree;
-    const double e = rel_err(got, ref, rows, cols, &agree);
+    const double e = gt_rel_err(got, ref, rows, cols, &agree);
     printf("# %s: relative error %.3g, row argmax agree %lld/%lld%s\n", what, e,
            (long long)agree, (long long)rows, bound > 0 ? "" : " (shown, not bounded)");
     CHECKF(isfinite(e), "%s: non-finite output", what);
@@ -530,12 +508,12 @@ static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int
         CHECK_OK(dg_cuda_decode(&cx, &s, 1, dlogits, &err), &err);
         CHECK_OK(download_logits(got, dlogits, CL * V, (float)m.cfg.final_logit_softcapping,
                                  &err), &err);
-        e = rel_err(got, ref, CL, V, &agree);
+        e = gt_rel_err(got, ref, CL, V, &agree);
         {
             double worst = 0, a2;
             int64_t wr = 0, ag;
             for (int64_t r = 0; r < CL; r++)
-                if ((a2 = rel_err(got + r * V, ref + r * V, 1, V, &ag)) > worst) {
+                if ((a2 = gt_rel_err(got + r * V, ref + r * V, 1, V, &ag)) > worst) {
                     worst = a2;
                     wr = r;
                 }
@@ -680,7 +658,7 @@ static int rounding_yardstick(const char *dir, const char *name, double at_least
         dg_kv_cache_free(&kv);
         dg_cpu_model_free(&cm);
     }
-    e = rel_err(got, ref, CL, V, &agree);
+    e = gt_rel_err(got, ref, CL, V, &agree);
     printf("# %s on the cpu, weights rounded to bf16 (fp32 arithmetic): logits move by %.3g "
            "relative, row argmax agree %lld/%lld\n", name, e, (long long)agree, (long long)CL);
     for (int i = 0; i < n_keep; i++)

@@ -196,28 +196,6 @@ static int tp_run(struct tp_pass *p)
     return 0;
 }
 
-static double rel_err(const float *g, const float *r, int64_t rows, int64_t cols, int64_t *agree)
-{
-    double num = 0, den = 0;
-    *agree = 0;
-    for (int64_t i = 0; i < rows; i++) {
-        int64_t ag = 0, ar = 0;
-        for (int64_t j = 0; j < cols; j++) {
-            const double d = (double)g[i * cols + j] - r[i * cols + j];
-            if (!isfinite(g[i * cols + j]))
-                return INFINITY;
-            num += d * d;
-            den += (double)r[i * cols + j] * r[i * cols + j];
-            if (g[i * cols + j] > g[i * cols + ag])
-                ag = j;
-            if (r[i * cols + j] > r[i * cols + ar])
-                ar = j;
-        }
-        *agree += ag == ar;
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* The same pass at TP=1 and TP=2: logits within bound, argmax >= 99%. */
 static int compare_tp(const char *what, struct tp_pass *p, double bound, int show_memory)
 {
@@ -257,7 +235,7 @@ static int compare_tp(const char *what, struct tp_pass *p, double bound, int sho
                (long long)p->nv[r], (long long)V);
         CHECK(s->calls[DG_COLL_ALL_REDUCE] == 2 * (uint64_t)p->cfg->num_layers + 1);
     }
-    e = rel_err(two, one, p->CL, V, &agree);
+    e = gt_rel_err(two, one, p->CL, V, &agree);
     printf("# %s: TP=2 vs TP=1 logits: relative error %.3g, row argmax agree %lld/%lld\n", what, e,
            (long long)agree, (long long)p->CL);
     CHECKF(e <= bound, "%s: relative error %.3g > %.3g", what, e, bound);
@@ -373,37 +351,7 @@ static int case_logits_full(void)
 
 /* ---- through the backend ------------------------------------------------------------ */
 
-#define NREQ 4
-#define MAX_OUT 1024
-
-struct outcome {
-    uint64_t id;
-    int32_t ids[MAX_OUT];
-    int n, done;
-    enum dg_finish finish;
-};
-
-struct sink {
-    struct outcome out[NREQ];
-    int n;
-};
-
-static void on_event(void *ctx, const struct dg_gen_event *ev)
-{
-    struct sink *s = ctx;
-    for (int i = 0; i < s->n; i++) {
-        struct outcome *o = &s->out[i];
-        if (o->id != ev->id)
-            continue;
-        if (ev->kind == DG_EVENT_CANVAS) {
-            for (int j = 0; j < ev->n_ids && o->n < MAX_OUT; j++)
-                o->ids[o->n++] = ev->ids[j];
-        } else {
-            o->done = 1;
-            o->finish = ev->finish;
-        }
-    }
-}
+#define NREQ GT_NREQ
 
 static int make_backend(const struct dg_model *m, int tp, int fp32, int timeout_ms,
                         struct dg_backend **b, struct dg_error *err)
@@ -419,67 +367,16 @@ static int make_backend(const struct dg_model *m, int tp, int fp32, int timeout_
     return dg_cuda_backend_create(&o, b, err);
 }
 
-/* Four requests (prompts of 21, 70, 5, 130 random ids, seeds 42 + i) in
- * one engine on the backend at TP=tp. */
+/* Four requests (prompts of 21, 70, 5, 130 random ids, seeds 42 + i,
+ * gt_generate) on the backend at TP=tp, two canvases each. */
 static int generate(const struct dg_checkpoint *ck, const struct dg_model *m, int tp, int fp32,
-                    int steps, struct sink *sink)
+                    int steps, struct gt_sink *sink)
 {
     static const int plen[NREQ] = {21, 70, 5, 130};
     struct dg_backend *b = NULL;
-    struct dg_engine *e = NULL;
-    struct dg_engine_config ec;
     struct dg_error err = {0};
-    int rc;
-
-    memset(sink, 0, sizeof *sink);
     CHECK_OK(make_backend(m, tp, fp32, 60000, &b, &err), &err);
-    dg_engine_config_default(&ec, &m->cfg);
-    ec.max_batch = NREQ;
-    ec.prefill_chunk = 64;
-    ec.max_context = 512;
-    rc = dg_engine_create(b, &ec, NULL, on_event, sink, &e, &err);
-    if (rc < 0)
-        b->ops->destroy(b);
-    CHECK_OK(rc, &err);
-    for (int i = 0; i < NREQ; i++) {
-        struct dg_gen_settings s;
-        int32_t prompt[256];
-        random_ids(prompt, plen[i], m->cfg.vocab_size, 1000 + (uint64_t)i);
-        dg_gen_settings_defaults(&s, &m->cfg, &ck->generation);
-        s.seed = 42 + (uint64_t)i;
-        s.seed_set = 1;
-        s.max_tokens = 2 * m->cfg.canvas_length;
-        s.max_denoising_steps = steps;
-        CHECK_OK(dg_engine_submit(e, prompt, plen[i], &s, NULL, &sink->out[i].id, &err), &err);
-        sink->n++;
-    }
-    for (int guard = 0; guard < 100000 && dg_engine_step(e) > 0; guard++)
-        ;
-    dg_engine_destroy(e);
-    b->ops->destroy(b);
-    for (int i = 0; i < NREQ; i++)
-        CHECKF(sink->out[i].done && sink->out[i].finish != DG_FINISH_ERROR && sink->out[i].n > 0,
-               "request %d: done %d, finish %s, %d ids", i, sink->out[i].done,
-               dg_finish_name(sink->out[i].finish), sink->out[i].n);
-    return 0;
-}
-
-/* Requests that differ between a and b (the first divergence printed). */
-static int differ(const char *what, const struct sink *a, const struct sink *b)
-{
-    int n = 0;
-    for (int i = 0; i < NREQ; i++) {
-        const struct outcome *x = &a->out[i], *y = &b->out[i];
-        int j = 0;
-        while (j < x->n && j < y->n && x->ids[j] == y->ids[j])
-            j++;
-        if (j == x->n && j == y->n)
-            continue;
-        n++;
-        printf("# %s: request %d parts at token %d of %d/%d\n", what, i, j, x->n, y->n);
-    }
-    printf("# %s: %d of %d requests equal\n", what, NREQ - n, NREQ);
-    return n;
+    return gt_generate(b, ck, m, plen, 0, NREQ, 2 * m->cfg.canvas_length, steps, sink);
 }
 
 static int case_generations(void)
@@ -487,25 +384,25 @@ static int case_generations(void)
     struct dg_checkpoint ck;
     struct dg_model m;
     struct dg_error err = {0};
-    struct sink *one = calloc(1, sizeof *one), *two = calloc(1, sizeof *two);
+    struct gt_sink *one = calloc(1, sizeof *one), *two = calloc(1, sizeof *two);
     const char *small = small_bf16();
     CHECK(one && two && small);
     CHECK_OK(dg_model_load("tests/golden/golden-a/checkpoint", &ck, &m, &err), &err);
     CHECK(generate(&ck, &m, 1, 1, 2, one) == 0);
     CHECK(generate(&ck, &m, 2, 1, 2, two) == 0);
-    CHECKF(differ("golden-a fp32, 2 steps a canvas, TP=2 vs TP=1", two, one) == 0,
+    CHECKF(gt_compare("golden-a fp32, 2 steps a canvas, TP=2 vs TP=1", two, one, NREQ) == 0,
            "the generations differ");
     /* chains of self-conditioning amplify rounding (t-cuda-engine's
      * sc_chain): shown */
     CHECK(generate(&ck, &m, 1, 1, 6, one) == 0);
     CHECK(generate(&ck, &m, 2, 1, 6, two) == 0);
-    differ("golden-a fp32, 6 steps a canvas, TP=2 vs TP=1 (shown)", two, one);
+    gt_compare("golden-a fp32, 6 steps a canvas, TP=2 vs TP=1 (shown)", two, one, NREQ);
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     CHECK_OK(dg_model_load(small, &ck, &m, &err), &err);
     CHECK(generate(&ck, &m, 1, 0, 2, one) == 0);
     CHECK(generate(&ck, &m, 2, 0, 2, two) == 0);
-    differ("small bf16, 2 steps a canvas, TP=2 vs TP=1 (shown)", two, one);
+    gt_compare("small bf16, 2 steps a canvas, TP=2 vs TP=1 (shown)", two, one, NREQ);
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     free(one);
