@@ -45,10 +45,22 @@ static ncclComm_t lock_comm(struct dg_nccl *c, struct dg_error *err)
     return c->comm;
 }
 
+/* The outcome of an NCCL call made with c->mu held (lock_comm): the lock
+ * released, then 0, or DG_E_NCCL with err naming the call. */
+static int unlock_result(struct dg_nccl *c, ncclResult_t r, const char *call,
+                         struct dg_error *err)
+{
+    pthread_mutex_unlock(&c->mu);
+    if (r == ncclSuccess)
+        return 0;
+    return dg_error_set(err, DG_E_NCCL, "GPU %d: %s: %s (%s)", c->dev, call,
+                        ncclGetErrorString(r), ncclGetLastError(NULL));
+}
+
 extern "C" int dg_nccl_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_nccl_type t,
                                   enum dg_coll_op op, struct dg_error *err)
 {
-    int rc = 0, dev = c->dev;
+    const int dev = c->dev;
     ncclComm_t comm;
     if ((unsigned)t > DG_NCCL_I64 || (op != DG_COLL_SUM && op != DG_COLL_MAX) || (n && !buf))
         return dg_error_set(err, DG_E_INVAL, "GPU %d: all-reduce of %zu values, type %d, op %d",
@@ -59,11 +71,9 @@ extern "C" int dg_nccl_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum d
         return 0;
     if (!(comm = lock_comm(c, err)))
         return -DG_E_NCCL;
-    DG_NCCL_CHECK(ncclAllReduce(buf, buf, n, TYPES[t], op == DG_COLL_MAX ? ncclMax : ncclSum,
-                                comm, c->stream));
-out:
-    pthread_mutex_unlock(&c->mu);
-    return rc;
+    return unlock_result(c, ncclAllReduce(buf, buf, n, TYPES[t],
+                                          op == DG_COLL_MAX ? ncclMax : ncclSum, comm, c->stream),
+                         "ncclAllReduce", err);
 }
 
 extern "C" int dg_nccl_all_gather(struct dg_nccl *c, const void *send, void *recv, size_t bytes,
@@ -83,12 +93,9 @@ extern "C" int dg_nccl_all_gather(struct dg_nccl *c, const void *send, void *rec
     }
     if (!(comm = lock_comm(c, err)))
         return -DG_E_NCCL;
-    DG_NCCL_CHECK(ncclAllGather(send, recv, bytes, ncclChar, comm, c->stream));
-    pthread_mutex_unlock(&c->mu);
+    return unlock_result(c, ncclAllGather(send, recv, bytes, ncclChar, comm, c->stream),
+                         "ncclAllGather", err);
 out:
-    /* (DG_NCCL_CHECK jumps here with the lock held; DG_CUDA_CHECK without) */
-    if (rc < 0 && c->coll.size > 1)
-        pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
@@ -169,14 +176,10 @@ extern "C" int dg_nccl_broadcast_host(struct dg_nccl *c, void *buf, size_t bytes
         DG_CUDA_CHECK(cudaMemcpyAsync(c->stage, buf, bytes, cudaMemcpyHostToDevice, c->stream));
     if (!(comm = lock_comm(c, err)))
         return -DG_E_NCCL;
-    {
-        const ncclResult_t r = ncclBroadcast(c->stage, c->stage, bytes, ncclChar, root, comm,
-                                             c->stream);
-        pthread_mutex_unlock(&c->mu);
-        if (r != ncclSuccess)
-            return dg_error_set(err, DG_E_NCCL, "GPU %d: ncclBroadcast: %s (%s)", dev,
-                                ncclGetErrorString(r), ncclGetLastError(NULL));
-    }
+    if ((rc = unlock_result(c, ncclBroadcast(c->stage, c->stage, bytes, ncclChar, root, comm,
+                                             c->stream),
+                            "ncclBroadcast", err)) < 0)
+        return rc;
     if (c->coll.rank != root)
         DG_CUDA_CHECK(cudaMemcpyAsync(buf, c->stage, bytes, cudaMemcpyDeviceToHost, c->stream));
     DG_CUDA_CHECK(cudaStreamSynchronize(c->stream));
