@@ -181,9 +181,7 @@ int gt_generate(struct dg_backend *b, const struct dg_checkpoint *ck, const stru
         const int r = first + i;
         struct dg_gen_settings s;
         int32_t prompt[256];
-        gt_seed(1000 + (uint64_t)r);
-        for (int t = 0; t < plen[r]; t++)
-            prompt[t] = 3 + (int32_t)(gt_next() % (uint64_t)(m->cfg.vocab_size - 3));
+        gt_rand_ids(prompt, plen[r], m->cfg.vocab_size, 1000 + (uint64_t)r);
         dg_gen_settings_defaults(&s, &m->cfg, &ck->generation);
         s.seed = 42 + (uint64_t)r;
         s.seed_set = 1;
@@ -227,4 +225,11 @@ int gt_compare(const char *what, const struct gt_sink *a, const struct gt_sink *
                x->n, y->n, j < x->n ? x->ids[j] : -1, j < y->n ? y->ids[j] : -1);
     }
     return differ;
+}
+
+void gt_rand_ids(int32_t *ids, int64_t n, int64_t V, uint64_t seed)
+{
+    gt_seed(seed);
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = 3 + (int32_t)(gt_next() % (uint64_t)(V - 3));
 }

@@ -24,6 +24,10 @@ void gt_seed(uint64_t seed);
 uint64_t gt_next(void);
 float gt_uniform(void);
 
+/* n random token ids in [3, V) (past the special ids), drawn after
+ * gt_seed(seed). */
+void gt_rand_ids(int32_t *ids, int64_t n, int64_t V, uint64_t seed);
+
 /* n random bf16 values in [-amp, amp): their bits in *h, their floats in
  * *f (both malloc'd).  0, or -1 when out of memory. */
 int gt_rand_bf16(size_t n, float amp, uint16_t **h, float **f);

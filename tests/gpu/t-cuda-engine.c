@@ -295,9 +295,7 @@ static int lockstep_run(const struct dg_checkpoint *ck, const struct dg_model *m
     for (int i = 0; i < NREQ; i++) {
         struct dg_gen_settings s = s0;
         int32_t prompt[256];
-        gt_seed(1000 + (uint64_t)i);
-        for (int t = 0; t < plen[i]; t++)
-            prompt[t] = 3 + (int32_t)(gt_next() % (uint64_t)(m->cfg.vocab_size - 3));
+        gt_rand_ids(prompt, plen[i], m->cfg.vocab_size, 1000 + (uint64_t)i);
         s.seed = 42 + (uint64_t)i;
         s.seed_set = 1;
         s.max_tokens = 3 * m->cfg.canvas_length;

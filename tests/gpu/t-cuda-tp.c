@@ -246,13 +246,6 @@ static int compare_tp(const char *what, struct tp_pass *p, double bound, int sho
     return 0;
 }
 
-static void random_ids(int32_t *ids, int64_t n, int64_t V, uint64_t seed)
-{
-    gt_seed(seed);
-    for (int64_t i = 0; i < n; i++)
-        ids[i] = 3 + (int32_t)(gt_next() % (uint64_t)(V - 3));
-}
-
 static int golden_logits(const char *dir, const char *name, enum dg_elt elt, double bound)
 {
     struct dg_checkpoint ck;
@@ -268,8 +261,8 @@ static int golden_logits(const char *dir, const char *name, enum dg_elt elt, dou
     p.elt = elt;
     p.P = 70;
     p.CL = m.cfg.canvas_length < 64 ? m.cfg.canvas_length : 64;
-    random_ids(prompt, p.P, m.cfg.vocab_size, 5);
-    random_ids(canvas, p.CL, m.cfg.vocab_size, 6);
+    gt_rand_ids(prompt, p.P, m.cfg.vocab_size, 5);
+    gt_rand_ids(canvas, p.CL, m.cfg.vocab_size, 6);
     p.prompt = prompt;
     p.canvas = canvas;
     snprintf(what, sizeof what, "%s %s", name, elt == DG_ELT_F32 ? "fp32" : "bf16");
@@ -339,8 +332,8 @@ static int case_logits_full(void)
     p.elt = DG_ELT_BF16;
     p.P = 128;
     p.CL = 256;
-    random_ids(prompt, p.P, cfg.vocab_size, 7);
-    random_ids(canvas, p.CL, cfg.vocab_size, 8);
+    gt_rand_ids(prompt, p.P, cfg.vocab_size, 7);
+    gt_rand_ids(canvas, p.CL, cfg.vocab_size, 8);
     p.prompt = prompt;
     p.canvas = canvas;
     CHECK(compare_tp("26B-A4B random", &p, 1e-2, 1) == 0);
@@ -457,8 +450,8 @@ static int case_rank_usage_and_watchdog(void)
         return test_skip("under compute-sanitizer (the watchdog aborts NCCL on purpose)");
     CHECK_OK(dg_model_load("tests/golden/golden-a/checkpoint", &ck, &m, &err), &err);
     CHECK_OK(make_backend(&m, 2, 1, timeout, &b, &err), &err);
-    random_ids(s.prompt, 40, m.cfg.vocab_size, 11);
-    random_ids(s.canvas, 64, m.cfg.vocab_size, 12);
+    gt_rand_ids(s.prompt, 40, m.cfg.vocab_size, 11);
+    gt_rand_ids(s.canvas, 64, m.cfg.vocab_size, 12);
     one_slot_item(&s, &m.cfg);
     CHECK_OK(b->ops->slot_open(b, 0, 40 + 2 * s.it.cl, s.it.cl, &err), &err);
     enc = (struct dg_encode_item){0, s.prompt, 40};
@@ -597,8 +590,8 @@ static int graphs_run(const char *dir, const char *name, int tp, int fp32)
     w->cl = m.cfg.canvas_length < 32 ? m.cfg.canvas_length : 32;
     maxp = 3 * 40 + 4 * w->cl;
     for (int s = 0; s < GSLOTS; s++) {
-        random_ids(w->prompt[s], 40, m.cfg.vocab_size, 300 + (uint64_t)s);
-        random_ids(w->canvas[s], 64, m.cfg.vocab_size, 400 + (uint64_t)s);
+        gt_rand_ids(w->prompt[s], 40, m.cfg.vocab_size, 300 + (uint64_t)s);
+        gt_rand_ids(w->canvas[s], 64, m.cfg.vocab_size, 400 + (uint64_t)s);
         for (int b = 0; b < 2; b++)
             CHECK_OK(w->b[b]->ops->slot_open(w->b[b], s, maxp, w->cl, &err), &err);
     }
