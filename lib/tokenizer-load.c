@@ -942,6 +942,8 @@ static int scan_model(struct dg_tokenizer *t, struct dg_jscan *s, struct model_s
                 return unsupported(err, what, "model type", s->buf);
             have_type = 1;
         } else if (!strcmp(key, "unk_token")) {
+            if (ms->unk)
+                return dg_jscan_fail(s, "duplicate key 'unk_token'");
             if (c == 'n')
                 rc = dg_jscan_skip(s);
             else if ((rc = dg_jscan_string(s)) == 0 && !(ms->unk = strdup(s->buf)))

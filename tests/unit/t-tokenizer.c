@@ -405,6 +405,9 @@ static int case_refusals(void)
             MODEL("", "%s", "%s") "}", v, m);
     REFUSED(DG_E_FORMAT, "unk_token '<unk>' is not a token",
             "{" MODEL(", \"unk_token\": \"<unk>\"", "%s", "%s") "}", v, m);
+    /* a second unk_token was once leaked over the first (found by fuzz-tokenizer-json) */
+    REFUSED(DG_E_FORMAT, "duplicate key 'unk_token'",
+            "{" MODEL(", \"unk_token\": \"a\", \"unk_token\": \"b\"", "%s", "%s") "}", v, m);
     CHECK_FAILS(dg_tokenizer_load(test_path("nope.json"), NULL, &t, &err), &err, DG_E_MISSING,
                 "nope.json: no such file");
 #undef REFUSED
