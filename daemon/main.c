@@ -16,8 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include "daemon/access.h"
 #include "daemon/dlog.h"
 #include "daemon/metrics.h"
 #include "daemon/protocol.h"
@@ -251,6 +253,26 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
 }
 
 #if DG_HAVE_CUDA
+/* Raise the soft RLIMIT_NOFILE towards what the configuration may need:
+ * a descriptor per connection, three more per shared-memory ring (memfd,
+ * two doorbells), and some for the log, metrics, ring and signals; warn
+ * when the hard limit is below it. */
+static void raise_fd_limit(const struct dg_config *cfg)
+{
+    const rlim_t need = (rlim_t)cfg->max_connections * (cfg->shm_max_entries > 0 ? 4 : 1) + 64;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        dlog(DG_LOG_WARN, "file descriptors: cannot raise the limit to %llu: %s",
+             (unsigned long long)rl.rlim_cur, strerror(errno));
+    if (rl.rlim_cur < need)
+        dlog(DG_LOG_WARN, "file descriptors: the limit is %llu, max_connections %d may need "
+             "%llu (raise the hard limit, e.g. LimitNOFILE= in the unit)",
+             (unsigned long long)rl.rlim_cur, cfg->max_connections, (unsigned long long)need);
+}
+
 static volatile int stop_requested;
 
 static void on_stop_signal(int sig)
@@ -331,6 +353,7 @@ int main(int argc, char **argv)
     const char *config_path = NULL;
     int print_config = 0, check_config = 0, status = 1, event_fd = -1;
     char model_dir[PATH_MAX];
+    char who[300];
     struct loaded L;
     struct dg_engine_config ec;
     struct dg_gen_settings defaults;
@@ -423,11 +446,17 @@ int main(int argc, char **argv)
             snprintf(model_dir, sizeof model_dir, "%s", real);
     }
 
+    /* as whom: before the first file (log, model, metrics, socket) is opened */
+    if (daccess_switch_user(cfg.user, cfg.allow_root, who, sizeof who, &err) < 0) {
+        errorf("%s", err.msg);
+        return 1;
+    }
     if (dlog_open(cfg.log_file, (enum dg_log_level)cfg.log_level, &err) < 0) {
         errorf("%s", err.msg);
         return 1;
     }
     dg_log_set_sink(dlog_lib_sink, NULL, (enum dg_log_level)cfg.log_level);
+    raise_fd_limit(&cfg);
     /* before any thread: the front end reads these through a signalfd */
     sigemptyset(&mask);
     sigaddset(&mask, SIGTERM);
@@ -436,8 +465,8 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    dlog(DG_LOG_INFO, "dgemmad %s starting: config %s, model %s", DGEMMA_VERSION,
-         config_path ? config_path : "(defaults)", model_dir);
+    dlog(DG_LOG_INFO, "dgemmad %s starting: config %s, model %s; %s", DGEMMA_VERSION,
+         config_path ? config_path : "(defaults)", model_dir, who);
 #if !DG_HAVE_CUDA
     if (cfg.backend == DG_BACKEND_CUDA) {
         dlog(DG_LOG_ERROR, "backend cuda: this build has no CUDA (built without nvcc); use cpu "
@@ -546,6 +575,13 @@ int main(int argc, char **argv)
     so.socket_path = cfg.socket;
     so.socket_mode = cfg.socket_mode;
     so.socket_group = cfg.socket_group;
+    so.socket_owner = cfg.socket_owner;
+    so.access.uids = cfg.allow_uids;
+    so.access.n_uids = cfg.n_allow_uids;
+    so.access.gids = cfg.allow_gids;
+    so.access.n_gids = cfg.n_allow_gids;
+    so.access.self_uid = geteuid();
+    so.client_max_requests = cfg.client_max_requests;
     so.max_connections = cfg.max_connections;
     so.shm.max_entries = (uint32_t)cfg.shm_max_entries;
     so.shm.max_arena_bytes = (uint64_t)cfg.shm_max_arena_mb << 20;

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <liburing.h>
 #include <poll.h>
 #include <signal.h>
@@ -624,7 +623,8 @@ static void ring_service(struct dserver *srv, struct conn *c)
             c->ring_again = 1;
             return;
         }
-        if (srv->phase == RUNNING && dsched_room(srv->sched) == 0) {
+        if (srv->phase == RUNNING && (dsched_room(srv->sched) == 0 ||
+                                      c->active >= srv->o.client_max_requests)) {
             c->ring_stalled = 1;
             return;
         }
@@ -842,6 +842,14 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
             send_error(srv, c, 0, tag, "shutting_down", "the daemon is shutting down");
             break;
         }
+        if (c->active >= srv->o.client_max_requests) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "this connection has %d requests in flight "
+                     "(client_max_requests)", c->active);
+            record_refusal(srv, c, tag, source, n_prompt, "busy", msg);
+            send_error(srv, c, 0, tag, "busy", msg);
+            break;
+        }
         rc = dsched_submit(srv->sched, conn_key(srv, c), &req, c->uid, c->pid, source, &id,
                            &err);
         if (rc < 0) {
@@ -983,7 +991,24 @@ static void on_accept(struct dserver *srv, int res)
     }
     memset(&cred, 0, sizeof cred);
     if (getsockopt(res, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0)
-        cred.uid = (uid_t)-1, cred.pid = 0;
+        cred.uid = (uid_t)-1, cred.gid = (gid_t)-1, cred.pid = 0;
+    {
+        char why[160];
+        if (!daccess_peer_allowed(&srv->o.access, res, &cred, why, sizeof why)) {
+            size_t len = 0;
+            char *line = dproto_error_line(0, NULL, "forbidden", why, &len);
+            if (line) {
+                ssize_t w = send(res, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+                (void)w;
+                free(line);
+            }
+            dlog(DG_LOG_WARN, "refused a connection from uid %d gid %d pid %d: not in "
+                 "allow_uids or allow_gids", (int)cred.uid, (int)cred.gid, (int)cred.pid);
+            close(res);
+            arm_accept(srv);
+            return;
+        }
+    }
     c->in_use = 1;
     c->fd = res;
     c->pending = 0;
@@ -1246,12 +1271,21 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
 
 /* Bind path: refuse it if a live daemon answers there, replace it if it is
  * a stale socket, refuse anything else that is in the way. */
-static int listen_on(const char *path, int mode, const char *group, int backlog,
-                     struct dg_error *err)
+static int listen_on(const char *path, int mode, const char *owner, const char *group,
+                     int backlog, struct dg_error *err)
 {
     struct sockaddr_un a;
     struct stat st;
-    int fd;
+    uid_t uid = (uid_t)-1;
+    gid_t gid = (gid_t)-1, owner_gid;
+    mode_t old_mask;
+    struct dg_error lookup = {0};
+    int fd, rc;
+
+    if (owner && *owner && daccess_lookup_user(owner, &uid, &owner_gid, &lookup) < 0)
+        return dg_error_set(err, DG_E_CONFIG, "socket_owner: %s", lookup.msg);
+    if (group && *group && daccess_lookup_group(group, &gid, &lookup) < 0)
+        return dg_error_set(err, DG_E_CONFIG, "socket_group: %s", lookup.msg);
 
     memset(&a, 0, sizeof a);
     a.sun_family = AF_UNIX;
@@ -1280,26 +1314,29 @@ static int listen_on(const char *path, int mode, const char *group, int backlog,
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return dg_error_set(err, DG_E_IO, "socket: %s", strerror(errno));
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    /* (born owner-only: no client gets in before mode and owner are set) */
+    old_mask = umask(0177);
+    rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+    umask(old_mask);
+    if (rc != 0) {
         int e = errno;
         close(fd);
         return dg_error_set(err, DG_E_IO, "socket %s: bind: %s", path, strerror(e));
+    }
+    if ((uid != (uid_t)-1 || gid != (gid_t)-1) && chown(path, uid, gid) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(path);
+        return dg_error_set(err, DG_E_IO, "socket %s: owner %s, group %s: %s", path,
+                            owner && *owner ? owner : "(as is)", group && *group ? group
+                                                                                 : "(as is)",
+                            strerror(e));
     }
     if (chmod(path, (mode_t)mode) != 0) {
         int e = errno;
         close(fd);
         unlink(path);
         return dg_error_set(err, DG_E_IO, "socket %s: chmod %o: %s", path, mode, strerror(e));
-    }
-    if (group && *group) {
-        struct group *g = getgrnam(group);
-        if (!g || chown(path, (uid_t)-1, g->gr_gid) != 0) {
-            int e = errno;
-            close(fd);
-            unlink(path);
-            return dg_error_set(err, DG_E_IO, "socket %s: group %s: %s", path, group,
-                                g ? strerror(e) : "no such group");
-        }
     }
     if (listen(fd, backlog) != 0) {
         int e = errno;
@@ -1363,7 +1400,7 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
         dserver_destroy(srv);
         return dg_error_set(err, DG_E_IO, "signalfd: %s", strerror(e));
     }
-    rc = listen_on(o->socket_path, o->socket_mode, o->socket_group,
+    rc = listen_on(o->socket_path, o->socket_mode, o->socket_owner, o->socket_group,
                    o->max_connections < 128 ? 128 : o->max_connections, err);
     if (rc < 0) {
         dserver_destroy(srv);

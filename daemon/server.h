@@ -9,7 +9,11 @@
  *   (SIGTERM, SIGINT, SIGHUP); and a periodic timeout for housekeeping.
  *   Completions are identified by user_data = kind | slot | generation
  *   (never a raw fd: a slot's generation changes when it is reused).
- *   Connections.  A fixed table of max_connections slots.  Input is framed
+ *   Connections.  A fixed table of max_connections slots.  A client whose
+ *   SO_PEERCRED credentials the allow-list refuses gets one forbidden error
+ *   line and is closed at accept.  Each connection may hold
+ *   client_max_requests requests in flight: a generate past it is refused
+ *   as busy; a ring's jobs past it wait in the ring.  Input is framed
  *   by newlines; a line longer than max_line_bytes gets a too_large error
  *   and is skipped up to its newline.  Output is a queue of blocks, sent one
  *   send at a time; while more than max_output_bytes / 4 is unsent the
@@ -28,6 +32,7 @@
 
 #include <jansson.h>
 
+#include "daemon/access.h"
 #include "daemon/protocol.h"
 #include "daemon/metrics.h"
 #include "daemon/sched.h"
@@ -38,6 +43,9 @@ struct dserver_options {
     const char *socket_path;
     int socket_mode;              /* permission bits of the socket file */
     const char *socket_group;     /* "" or NULL: leave it */
+    const char *socket_owner;     /* "" or NULL: leave it */
+    struct daccess_policy access; /* who may connect (checked at accept) */
+    int client_max_requests;      /* requests in flight per connection (ring jobs too) */
     int max_connections;
     size_t max_line_bytes;
     size_t max_output_bytes;
@@ -51,7 +59,8 @@ struct dserver_options {
 struct dserver;
 
 /* Bind the socket (refusing a path a live daemon serves, replacing a stale
- * one), set up the ring and the signalfd.  SIGTERM, SIGINT and SIGHUP must
+ * one; created under umask 0177, then given socket_mode, socket_owner and
+ * socket_group), set up the ring and the signalfd.  SIGTERM, SIGINT and SIGHUP must
  * already be blocked in every thread.  Errors: DG_E_IO (socket, ring),
  * DG_E_INVAL (the path is taken or too long), DG_E_NOMEM. */
 int dserver_create(const struct dserver_options *o, struct dsched *s,

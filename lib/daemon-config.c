@@ -128,6 +128,31 @@ static const struct opt opts[] = {
     {.name = "socket_group", .type = T_STRING, .off = OFF(socket_group),
      .size = SIZE(socket_group), .def = "",
      .help = "Group (name or number) the socket is given. Empty: the group it was created with."},
+    {.name = "socket_owner", .type = T_STRING, .off = OFF(socket_owner),
+     .size = SIZE(socket_owner), .def = "",
+     .help = "Owner (user name or number) the socket is given; changing it needs root. Empty: "
+             "the user dgemmad runs as."},
+    {.name = "allow_uids", .type = T_INT_LIST, .off = OFF(allow_uids),
+     .size = DG_CONFIG_MAX_PEERS, .count_off = OFF(n_allow_uids), .min = 0, .max = 2147483647,
+     .def = "[]",
+     .help = "User ids whose clients may connect, checked with SO_PEERCRED besides the socket's "
+             "permissions (the daemon's own uid always may). Empty, with allow_gids empty: any "
+             "client the permissions let in."},
+    {.name = "allow_gids", .type = T_INT_LIST, .off = OFF(allow_gids),
+     .size = DG_CONFIG_MAX_PEERS, .count_off = OFF(n_allow_gids), .min = 0, .max = 2147483647,
+     .def = "[]",
+     .help = "Group ids whose members' clients may connect (the client's group or one of its "
+             "supplementary groups)."},
+    {.name = "client_max_requests", .type = T_INT, .off = OFF(client_max_requests), .min = 1,
+     .max = 100000, .def = "64",
+     .help = "Requests one connection may have in flight (queued or generating, ring jobs "
+             "included); past it a request is refused as busy and ring jobs wait in the ring."},
+    {.name = "user", .type = T_STRING, .off = OFF(user), .size = SIZE(user), .def = "",
+     .help = "User (name or number) dgemmad switches to, with its group and supplementary "
+             "groups, before it opens any file, when started as root. Empty: stay as started."},
+    {.name = "allow_root", .type = T_BOOL, .off = OFF(allow_root), .def = "false",
+     .help = "Let dgemmad serve as root. Off: started as root with no user to switch to, it "
+             "refuses to start."},
     {.name = "shm_max_entries", .type = T_INT, .off = OFF(shm_max_entries), .min = 0,
      .max = 65536, .def = "1024",
      .help = "Most submission (and completion) entries of a client's shared-memory ring "

@@ -23,6 +23,7 @@ enum dg_backend_kind { DG_BACKEND_AUTO = 0, DG_BACKEND_CPU, DG_BACKEND_CUDA };
 
 #define DG_CONFIG_MAX_DEVICES 64
 #define DG_CONFIG_PATH_MAX 4096
+#define DG_CONFIG_MAX_PEERS 64
 
 struct dg_config {
     char model[DG_CONFIG_PATH_MAX];      /* "" : the embedded default model */
@@ -49,6 +50,14 @@ struct dg_config {
     char socket[DG_CONFIG_PATH_MAX];     /* default "/run/dgemma/dgemmad.sock" */
     int socket_mode;                     /* octal, 0..0777, default 0660 */
     char socket_group[256];              /* "" = leave the group as is */
+    char socket_owner[256];              /* "" = the user the daemon runs as */
+    int allow_uids[DG_CONFIG_MAX_PEERS]; /* clients let in by uid (SO_PEERCRED); */
+    int n_allow_uids;                    /*   with allow_gids both empty: everyone */
+    int allow_gids[DG_CONFIG_MAX_PEERS]; /* clients let in by a group they hold */
+    int n_allow_gids;
+    int client_max_requests;             /* in flight per connection, 1..100000, default 64 */
+    char user[256];                      /* "" = stay as started; else switch to it */
+    int allow_root;                      /* bool: may serve as uid 0, default false */
     int shm_max_entries;                 /* ring entries cap, 0..65536 (0 = no rings), default 1024 */
     int shm_max_arena_mb;                /* each ring arena's cap, 1..1024, default 16 */
     char metrics[DG_CONFIG_PATH_MAX];    /* SQLite file, "" = no metrics */

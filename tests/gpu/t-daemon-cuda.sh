@@ -9,6 +9,8 @@
 # holds a row for every request (dgemma-client stats).
 # Exit 77 where there is no GPU or no daemon build.
 set -u
+# (CI runs as root; dgemmad refuses root unless told)
+ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
 BUILD=${BUILD:-build}
 BIN=$BUILD/bin
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -32,7 +34,7 @@ C=$BIN/dgemma-client
 serve() {
     local backend=$1 want=$2 tp=${3:-1} sock=$tmp/$1.$3.sock log=$tmp/$1.$3.log out
     local db=$tmp/$1.$3.sqlite
-    "$BIN/dgemmad" -o socket="$sock" -o log_file="$log" -o backend="$backend" \
+    "$BIN/dgemmad" $ROOT_OK -o socket="$sock" -o log_file="$log" -o backend="$backend" \
         -o pin_workers=true -o tp="$tp" -o metrics="$db" -o max_batch=4 &
     d=$!
     out=$("$C" status -s "$sock" --wait 60 --json 2>&1)

@@ -43,6 +43,11 @@ pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra)
     argv[n++] = o_sock;
     argv[n++] = "-o";
     argv[n++] = o_log;
+    /* (CI runs as root; the daemon refuses root unless told) */
+    if (geteuid() == 0) {
+        argv[n++] = "-o";
+        argv[n++] = "allow_root=true";
+    }
     for (const char *const *e = extra; e && *e && n < 60; e++) {
         argv[n++] = "-o";
         argv[n++] = *e;

@@ -15,7 +15,8 @@ const char *fixture_bin(const char *name);
 double fixture_now_ms(void);
 
 /* Start dgemmad on socket sock, logging to log, with "-o KEY=VALUE" for
- * each string of extra (NULL-terminated; may be NULL).  Returns the pid. */
+ * each string of extra (NULL-terminated; may be NULL), and allow_root=true
+ * when the test runs as root.  Returns the pid. */
 pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra);
 
 /* Connect to a UNIX socket; -1 if nobody answers. */

@@ -42,7 +42,7 @@ static int defaults(void)
     /* every default, given back through -o, parses and changes nothing */
     CHECK(c.metrics_queue == 4096 && c.metrics_flush == 1 && c.metrics_retention_days == 90);
     CHECK(c.metrics_max_mb == 1024);
-    CHECK(dg_config_n_options() == 33);
+    CHECK(dg_config_n_options() == 39);
     for (int i = 0; i < dg_config_n_options(); i++) {
         const char *name, *type, *def, *help;
         char assign[256];
@@ -91,6 +91,12 @@ static int every_key(void)
                   "socket: '/tmp/d g.sock'\n"
                   "socket_mode: 0o600\n"
                   "socket_group: dgemma\n"
+                  "socket_owner: '1001'\n"
+                  "allow_uids: [1000, 0]\n"
+                  "allow_gids: [2147483647]\n"
+                  "client_max_requests: 100000\n"
+                  "user: dgemma\n"
+                  "allow_root: yes\n"
                   "metrics: /var/lib/dgemma/m.sqlite\n"
                   "metrics_queue: 1\n"
                   "metrics_flush: 0.25\n"
@@ -115,6 +121,10 @@ static int every_key(void)
     CHECK(c.shutdown_grace == 2.5 && c.tick == 0.01);
     CHECK(c.metrics_queue == 1 && c.metrics_flush == 0.25 && c.metrics_retention_days == 0);
     CHECK(c.metrics_max_mb == 1048576);
+    CHECK(!strcmp(c.socket_owner, "1001") && !strcmp(c.user, "dgemma") && c.allow_root == 1);
+    CHECK(c.n_allow_uids == 2 && c.allow_uids[0] == 1000 && c.allow_uids[1] == 0);
+    CHECK(c.n_allow_gids == 1 && c.allow_gids[0] == 2147483647);
+    CHECK(c.client_max_requests == 100000);
     CHECK_OK(dg_config_validate(&c, &err), &err);
     return 0;
 }
