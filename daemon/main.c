@@ -252,7 +252,6 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
     return 0;
 }
 
-#if DG_HAVE_CUDA
 /* Raise the soft RLIMIT_NOFILE towards what the configuration may need:
  * a descriptor per connection, three more per shared-memory ring (memfd,
  * two doorbells), and some for the log, metrics, ring and signals; warn
@@ -273,6 +272,7 @@ static void raise_fd_limit(const struct dg_config *cfg)
              (unsigned long long)rl.rlim_cur, cfg->max_connections, (unsigned long long)need);
 }
 
+#if DG_HAVE_CUDA
 static volatile int stop_requested;
 
 static void on_stop_signal(int sig)
