@@ -268,10 +268,14 @@ FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=fuzzer,address,undefi
               -fno-sanitize-recover=all
 # (the daemon's request parser is fuzzed too: its source goes in as well)
 FUZZ_DAEMON_SRC := daemon/protocol.c daemon/shm-ring.c
+# (a target that needs more, e.g. a client parser: FUZZ_EXTRA_<target>)
+FUZZ_EXTRA_fuzz-batch-input := client/batch-input.c
+$(BUILD)/fuzz/fuzz-batch-input: $(FUZZ_EXTRA_fuzz-batch-input) client/batch-input.h
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h daemon/*.h)
 	$(call say,FUZZ,$@)
 	@mkdir -p $(@D)
-	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(STATIC_LIBS) $(SYS_LIBS) -o $@
+	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(FUZZ_EXTRA_$*) $(STATIC_LIBS) \
+	    $(SYS_LIBS) -o $@
 
 # ---- test targets ----------------------------------------------------------
 test: all $(UNIT_BIN) $(INTEG_BIN)

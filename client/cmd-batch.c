@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/batch-input.h"
 #include "client/client.h"
 
 static const char usage[] =
@@ -95,8 +96,7 @@ static int write_result(struct batch *b, json_t *res)
 
 static int line_error(struct batch *b, int line, const char *code, const char *msg)
 {
-    json_t *r = json_pack("{s:i,s:{s:s,s:s}}", "line", line, "error", "code", code, "message",
-                          msg);
+    json_t *r = batch_line_error(line, code, msg);
     int rc = r ? write_result(b, r) : -1;
     json_decref(r);
     b->failed++;
@@ -104,63 +104,33 @@ static int line_error(struct batch *b, int line, const char *code, const char *m
     return rc;
 }
 
-/* Read the output file's results into b->seen; cut a torn last line. */
+/* Read the output file's results into b->seen (batch_output_scan); cut a
+ * torn last line.  Returns 0, or -1 after printing why. */
 static int load_output(struct batch *b, const char *path)
 {
     struct stat st;
-    char *buf, *p, *end;
+    char *buf;
+    size_t keep;
     if (fstat(b->out_fd, &st) != 0)
         return -1;
     if (st.st_size == 0)
         return 0;
-    buf = malloc((size_t)st.st_size + 1);
+    buf = malloc((size_t)st.st_size);
     if (!buf || pread(b->out_fd, buf, (size_t)st.st_size, 0) != st.st_size) {
         free(buf);
         client_errorf("%s: cannot read it", path);
         return -1;
     }
-    buf[st.st_size] = '\0';
-    end = strrchr(buf, '\n');
-    if ((end ? (off_t)(end - buf + 1) : 0) != st.st_size) {
-        const off_t keep = end ? (off_t)(end - buf + 1) : 0;
-        if (ftruncate(b->out_fd, keep) != 0) {
-            free(buf);
+    keep = batch_output_scan(buf, (size_t)st.st_size, b->seen, &b->failed_before);
+    free(buf);
+    if ((off_t)keep != st.st_size) {
+        if (ftruncate(b->out_fd, (off_t)keep) != 0) {
             client_errorf("%s: cannot cut its torn last line: %s", path, strerror(errno));
             return -1;
         }
         fprintf(stderr, "dgemma-client: %s: cut a torn last line (an interrupted write)\n",
                 path);
-        if (!end) {
-            free(buf);
-            return 0;
-        }
-        end[1] = '\0';
     }
-    for (p = buf; *p;) {
-        char *nl = strchr(p, '\n');
-        json_t *r;
-        *nl = '\0';
-        r = json_loads(p, 0, NULL);
-        if (json_is_object(r)) {
-            json_t *id = json_object_get(r, "id"), *ln = json_object_get(r, "line");
-            char key[64], *k = NULL;
-            if (id)
-                k = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
-            else if (json_is_integer(ln)) {
-                snprintf(key, sizeof key, "line:%lld", (long long)json_integer_value(ln));
-                k = strdup(key);
-            }
-            if (k && !json_object_get(b->seen, k)) {
-                json_object_set_new(b->seen, k, json_true());
-                if (json_object_get(r, "error"))
-                    b->failed_before++;
-            }
-            free(k);
-        }
-        json_decref(r);
-        p = nl + 1;
-    }
-    free(buf);
     return 0;
 }
 
@@ -182,141 +152,80 @@ static int add_item(struct batch *b, int line, json_t *obj, char *key)
     return 0;
 }
 
-/* Read the input: bad lines get their result now, good ones become items. */
+/* Read the input (each line through batch_input_line): bad lines get their
+ * result now, good ones become items.  Returns 0, or -1 when a result
+ * cannot be written or out of memory. */
 static int read_input(struct batch *b, FILE *in)
 {
-    json_t *first_line = json_object(); /* id key -> the line it was first on */
+    struct batch_input bi;
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
     int ln = 0, rc = 0;
 
+    if (batch_input_init(&bi, b->seen) < 0)
+        return -1;
     while (rc == 0 && (n = getline(&line, &cap, in)) >= 0) {
-        json_error_t je;
-        json_t *obj, *id;
-        char key[64], *k, msg[300];
-        ln++;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-            line[--n] = '\0';
-        if (n == 0)
-            continue;
-        b->total++;
-        snprintf(key, sizeof key, "line:%d", ln);
-        obj = json_loadb(line, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-        id = json_is_object(obj) ? json_object_get(obj, "id") : NULL;
-        if (!obj || !json_is_object(obj) || !(json_is_string(id) || json_is_integer(id))) {
-            if (!json_object_get(b->seen, key)) {
-                if (!obj)
-                    snprintf(msg, sizeof msg, "not JSON: %s", je.text);
-                else
-                    snprintf(msg, sizeof msg, "%s", json_is_object(obj)
-                                                        ? "no \"id\" (a string or an integer)"
-                                                        : "not a JSON object");
-                rc = line_error(b, ln, "bad_line", msg);
-            } else {
-                b->done++; /* its result is there already */
-            }
-            json_decref(obj);
-            continue;
-        }
-        k = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
-        if (!k) {
-            json_decref(obj);
+        struct batch_line l;
+        if (batch_input_line(&bi, line, (size_t)n, ++ln, &l) < 0) {
             rc = -1;
             break;
         }
-        if (json_object_get(first_line, k)) {
-            if (!json_object_get(b->seen, key)) {
-                snprintf(msg, sizeof msg, "id %.200s is already on line %lld", k,
-                         (long long)json_integer_value(json_object_get(first_line, k)));
-                rc = line_error(b, ln, "duplicate_id", msg);
-            } else {
-                b->done++;
-            }
-            free(k);
-            json_decref(obj);
+        if (l.kind == BATCH_LINE_BLANK)
             continue;
-        }
-        json_object_set_new(first_line, k, json_integer(ln));
-        if (json_object_get(b->seen, k)) {
-            b->done++; /* finished by an earlier run */
-            free(k);
-            json_decref(obj);
-            continue;
-        }
-        if (add_item(b, ln, obj, k) < 0) {
-            free(k);
-            json_decref(obj);
+        b->total++;
+        if (l.kind == BATCH_LINE_DONE) {
+            b->done++; /* its result is there already */
+        } else if (l.kind == BATCH_LINE_BAD) {
+            rc = line_error(b, ln, l.code, l.msg);
+        } else if (add_item(b, ln, l.obj, l.key) < 0) {
+            free(l.key);
+            json_decref(l.obj);
             rc = -1;
         }
     }
     free(line);
-    json_decref(first_line);
+    batch_input_free(&bi);
     return rc;
 }
 
-/* The request for an item: its prompt form, then the flags' settings, then
- * its own keys.  NULL with *why set for a line that names no prompt (or
- * an ill-formed one); NULL with *why NULL when out of memory. */
+/* The request for the index-th item (batch_request_parts): its prompt
+ * form, then the flags' settings, then its own keys.  NULL with *why set
+ * for a line that names no prompt (or an ill-formed one); NULL with *why
+ * NULL when out of memory. */
 static dgemma_request_t *build(const struct client_opts *o, const struct item *it, size_t index,
                                const char **why)
 {
-    json_t *obj = it->obj, *rest = json_deep_copy(obj);
-    json_t *prompt = json_object_get(obj, "prompt"), *msgs = json_object_get(obj, "messages");
-    json_t *ids = json_object_get(obj, "prompt_ids");
+    enum batch_prompt kind;
+    json_t *prompt, *extra;
     dgemma_request_t *r = NULL;
-    char tag[32], *text = NULL;
+    char *text;
 
-    *why = NULL;
-    if (!rest)
+    if (batch_request_parts(it->obj, o->settings, index, &kind, &prompt, &extra, why) != 0)
         return NULL;
-    if (!!prompt + !!msgs + !!ids != 1) {
-        *why = "needs exactly one of \"prompt\", \"messages\", \"prompt_ids\"";
-    } else if (prompt) {
-        if (!json_is_string(prompt))
-            *why = "\"prompt\" must be a string";
-        else
-            r = dgemma_request_text(json_string_value(prompt));
-    } else if (msgs) {
+    if (kind == BATCH_PROMPT_TEXT) {
+        r = dgemma_request_text(json_string_value(prompt));
+    } else if (kind == BATCH_PROMPT_MESSAGES) {
         r = dgemma_request_chat(); /* the list itself comes with the other keys */
-    } else if (!json_is_array(ids) || json_array_size(ids) == 0) {
-        *why = "\"prompt_ids\" must be a non-empty list of token ids";
     } else {
-        size_t n = json_array_size(ids), i;
+        size_t n = json_array_size(prompt), i;
         int32_t *v = malloc(n * sizeof *v);
         json_t *x;
-        json_array_foreach(ids, i, x) {
-            if (!v || !json_is_integer(x) || json_integer_value(x) < 0 ||
-                json_integer_value(x) > INT32_MAX) {
-                if (v)
-                    *why = "\"prompt_ids\" must be a non-empty list of token ids";
-                break;
-            }
-            v[i] = (int32_t)json_integer_value(x);
-        }
-        if (v && !*why)
+        if (v) {
+            json_array_foreach(prompt, i, x)
+                v[i] = (int32_t)json_integer_value(x);
             r = dgemma_request_ids(v, n);
+        }
         free(v);
     }
-    json_object_del(rest, "id");
-    json_object_del(rest, "prompt");
-    json_object_del(rest, "prompt_ids");
-    /* (so the daemon's metrics count it as a batch job's) */
-    if (json_object_set_new(rest, "batch", json_true()) != 0) {
-        dgemma_request_free(r);
-        json_decref(rest);
-        return NULL;
-    }
-    snprintf(tag, sizeof tag, "b%zu", index);
-    if (r)
-        text = json_dumps(rest, JSON_COMPACT);
-    if (r && (!text || dgemma_request_set_stream(r, 0) < 0 || dgemma_request_set_tag(r, tag) < 0 ||
-              client_apply_settings(o, r) < 0 || dgemma_request_set_json(r, text) < 0)) {
+    text = r ? json_dumps(extra, JSON_COMPACT) : NULL;
+    if (r && (!text || dgemma_request_set_json(r, text) < 0)) {
         dgemma_request_free(r);
         r = NULL;
     }
     free(text);
-    json_decref(rest);
+    json_decref(prompt);
+    json_decref(extra);
     return r;
 }
 
