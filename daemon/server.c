@@ -19,7 +19,8 @@
 #include "daemon/shm-ring.h"
 
 #define RECV_CHUNK 65536
-#define OUT_BLOCK 65536
+#define OUT_BLOCK 65536         /* largest output block */
+#define OUT_MIN 4096            /* smallest: a block is sized to the backlog, not always OUT_BLOCK */
 #define OUT_TAKE 256            /* outbox lines moved per eventfd wake-up */
 #define RING_TAKE 64            /* ring submissions taken per turn of the loop */
 #define RING_KEY_BIT 0x80000000u /* in a request's connection key: a ring job */
@@ -55,9 +56,9 @@ static uint32_t ud_gen(uint64_t ud)
 
 struct out_block {
     struct out_block *next;
-    size_t len, off;           /* bytes held, bytes already sent */
+    size_t len, off, cap;      /* bytes held, bytes already sent, room */
     int fds[3], nfds;          /* descriptors that go with the first byte (owned) */
-    char data[OUT_BLOCK];
+    char data[];               /* cap bytes */
 };
 
 struct conn {
@@ -343,14 +344,20 @@ static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_
         struct out_block *b = c->tail;
         size_t take;
         /* the block being sent must not change under the kernel's feet */
-        if (!b || b->len == OUT_BLOCK || (c->send_armed && b == c->head)) {
-            b = malloc(sizeof *b);
+        if (!b || b->len == b->cap || (c->send_armed && b == c->head)) {
+            /* sized to what waits (a line, or a backlog), not a fixed
+             * OUT_BLOCK: a thousand connections with a line each must not
+             * pin a thousand mostly empty 64 KiB blocks */
+            size_t cap = c->out_bytes + n;
+            cap = cap < OUT_MIN ? OUT_MIN : cap > OUT_BLOCK ? OUT_BLOCK : cap;
+            b = malloc(sizeof *b + cap);
             if (!b) {
                 conn_gone(srv, c, "out of memory for its output");
                 return;
             }
             b->next = NULL;
             b->len = b->off = 0;
+            b->cap = cap;
             b->nfds = 0;
             if (c->tail)
                 c->tail->next = b;
@@ -358,7 +365,7 @@ static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_
                 c->head = b;
             c->tail = b;
         }
-        take = OUT_BLOCK - b->len < n ? OUT_BLOCK - b->len : n;
+        take = b->cap - b->len < n ? b->cap - b->len : n;
         memcpy(b->data + b->len, p, take);
         b->len += take;
         c->out_bytes += take;
@@ -381,7 +388,7 @@ static void conn_write_fds(struct dserver *srv, struct conn *c, const char *p, s
 {
     struct out_block *b = NULL;
     if (!c->gone && n <= OUT_BLOCK)
-        b = malloc(sizeof *b);
+        b = malloc(sizeof *b + n);
     if (!b) {
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
@@ -390,7 +397,7 @@ static void conn_write_fds(struct dserver *srv, struct conn *c, const char *p, s
         return;
     }
     b->next = NULL;
-    b->len = n;
+    b->len = b->cap = n;
     b->off = 0;
     b->nfds = nfds;
     memcpy(b->fds, fds, (size_t)nfds * sizeof *fds);
