@@ -367,7 +367,8 @@ static void *writer_thread(void *arg)
         }
         lost = m->c.lost;
         if (!m->quit && lost > lost_logged && mono_now() - last_loss_log >= LOSS_LOG_PERIOD_S) {
-            dlog(DG_LOG_WARN, "metrics: %llu records lost so far (queue of %zu full%s%s)",
+            dlog(DG_LOG_WARN, "metrics: %llu records lost so far (the queue of %zu full, or "
+                 "out of memory%s%s)",
                  (unsigned long long)lost, m->o.queue_max, m->c.last_error[0] ? "; " : "",
                  m->c.last_error);
             lost_logged = lost;

@@ -2,6 +2,7 @@
 #include "daemon/protocol.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,7 +210,7 @@ int dproto_parse(const char *line, size_t len, const struct dproto_ctx *ctx,
     memset(perr, 0, sizeof *perr);
     root = dg_json_parse(line, len, "request", &err);
     if (!root)
-        return fail(perr, "bad_json", "%s", err.msg);
+        return fail(perr, err.code == DG_E_NOMEM ? "internal" : "bad_json", "%s", err.msg);
     rc = dproto_parse_json(root, ctx, req, perr);
     json_decref(root);
     return rc;
@@ -357,7 +358,7 @@ char *dproto_event_obj(const char *event, json_t *obj, size_t *len)
             return NULL;
         }
         json_decref(obj);
-        s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        s = dg_json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
         json_decref(o);
     }
     if (!s)
@@ -460,14 +461,114 @@ char *dproto_done(uint64_t id, const char *tag, const struct dg_gen_event *ev, c
     return dproto_event_obj("done", o, len);
 }
 
+/* Append s to b[*n..cap) as the inside of a JSON string: quotes,
+ * backslashes and control characters escaped, bytes that are not UTF-8 as
+ * '?'; cut (at a character) where it does not fit, leaving 8 bytes free. */
+static void put_json_text(char *b, size_t *n, size_t cap, const char *s)
+{
+    const size_t len = strlen(s);
+    size_t i = 0;
+    while (i < len && *n + 16 < cap) {
+        const unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            b[(*n)++] = '\\';
+            b[(*n)++] = (char)ch;
+            i++;
+        } else if (ch < 0x20) {
+            *n += (size_t)snprintf(b + *n, cap - *n, "\\u%04x", ch);
+            i++;
+        } else if (ch < 0x80) {
+            b[(*n)++] = (char)ch;
+            i++;
+        } else {
+            size_t ok = dg_utf8_valid_prefix((const unsigned char *)s + i, len - i), take = 1;
+            if (ok > 0) /* one whole character */
+                while (take < ok && take < 4 &&
+                       ((unsigned char)s[i + take] & 0xC0) == 0x80)
+                    take++;
+            if (ok == 0 || *n + take + 16 >= cap) {
+                b[(*n)++] = '?';
+                i++;
+                continue;
+            }
+            memcpy(b + *n, s + i, take);
+            *n += take;
+            i += take;
+        }
+    }
+}
+
+/* A block of PLAIN_LINE_MAX bytes kept for the plain lines below, for when
+ * malloc fails even for them: whoever takes it frees it like any line. */
+#define PLAIN_LINE_MAX 1024
+static _Atomic(char *) plain_reserve;
+
+/* Put a block back into plain_reserve if it is empty (and malloc obliges). */
+static void refill_reserve(void)
+{
+    char *r, *none = NULL;
+    if (atomic_load(&plain_reserve))
+        return;
+    if ((r = malloc(PLAIN_LINE_MAX)) != NULL &&
+        !atomic_compare_exchange_strong(&plain_reserve, &none, r))
+        free(r);
+}
+
+/* An error line, or with as_done a done line with finish_reason "error",
+ * formatted without jansson and with a single allocation (the reserved
+ * block when malloc fails): what is sent when memory is short.  NULL only
+ * when both fail. */
+static char *plain_error_line(uint64_t id, const char *tag, const char *code,
+                              const char *message, int as_done, size_t *len)
+{
+    char b[PLAIN_LINE_MAX], *line;
+    size_t n = 0;
+    n += (size_t)snprintf(b, sizeof b, "{\"v\":%d,\"event\":\"%s\",\"id\":", DPROTO_VERSION,
+                          as_done ? "done" : "error");
+    if (id)
+        n += (size_t)snprintf(b + n, sizeof b - n, "%llu", (unsigned long long)id);
+    else
+        n += (size_t)snprintf(b + n, sizeof b - n, "null");
+    if (tag) {
+        n += (size_t)snprintf(b + n, sizeof b - n, ",\"tag\":\"");
+        put_json_text(b, &n, sizeof b - 200, tag);
+        b[n++] = '"';
+    }
+    n += (size_t)snprintf(b + n, sizeof b - n, as_done ? ",\"finish_reason\":\"error\","
+                                                          "\"error\":{\"code\":\""
+                                                        : ",\"code\":\"");
+    put_json_text(b, &n, sizeof b - 64, code);
+    n += (size_t)snprintf(b + n, sizeof b - n, "\",\"message\":\"");
+    put_json_text(b, &n, sizeof b - 8, message);
+    n += (size_t)snprintf(b + n, sizeof b - n, as_done ? "\"}}\n" : "\"}\n");
+    if (!(line = malloc(n + 1)) && !(line = atomic_exchange(&plain_reserve, NULL)))
+        return NULL;
+    memcpy(line, b, n + 1);
+    *len = n;
+    refill_reserve();
+    return line;
+}
+
 char *dproto_error_line(uint64_t id, const char *tag, const char *code, const char *message,
                         size_t *len)
 {
     json_t *o = head(id, tag);
-    if (!o || json_object_set_new(o, "code", json_string(code)) ||
-        json_object_set_new(o, "message", string_of(message, strlen(message)))) {
+    char *line = NULL;
+    if (o && !json_object_set_new(o, "code", json_string(code)) &&
+        !json_object_set_new(o, "message", string_of(message, strlen(message))))
+        line = dproto_event_obj("error", o, len);
+    else
         json_decref(o);
-        return NULL;
+    /* (out of memory in jansson: the plain form needs one small block) */
+    if (line) {
+        refill_reserve();
+        return line;
     }
-    return dproto_event_obj("error", o, len);
+    return plain_error_line(id, tag, code, message, 0, len);
+}
+
+char *dproto_done_error(uint64_t id, const char *tag, const char *code, const char *message,
+                        size_t *len)
+{
+    return plain_error_line(id, tag, code, message, 1, len);
 }

@@ -125,8 +125,14 @@ char *dproto_canvas(uint64_t id, const char *tag, const struct dg_gen_event *ev,
 /* text/ids: the whole output for non-streaming requests (NULL otherwise). */
 char *dproto_done(uint64_t id, const char *tag, const struct dg_gen_event *ev, const char *text,
                   size_t text_len, int have_text, const int32_t *ids, size_t n_ids, size_t *len);
-/* id 0: the request has no id (it was never accepted). */
+/* id 0: the request has no id (it was never accepted).  When jansson runs
+ * out of memory the line is formatted plainly (one small allocation). */
 char *dproto_error_line(uint64_t id, const char *tag, const char *code, const char *message,
+                        size_t *len);
+/* A done line with finish_reason "error" and {"code", "message"} as its
+ * "error", made with one allocation (no jansson): prepared in advance for
+ * when the real done line cannot be formatted.  NULL on ENOMEM. */
+char *dproto_done_error(uint64_t id, const char *tag, const char *code, const char *message,
                         size_t *len);
 /* Any object as an event line: adds "v" and "event", steals obj. */
 char *dproto_event_obj(const char *event, json_t *obj, size_t *len);

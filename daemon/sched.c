@@ -11,6 +11,7 @@
 
 #include "daemon/dlog.h"
 #include "daemon/metrics.h"
+#include "lib/json-util.h"
 
 enum sreq_state { SREQ_QUEUED = 1, SREQ_RUNNING };
 
@@ -38,6 +39,10 @@ struct sreq {
     double m_submit, m_first;            /* monotonic, for durations */
     struct dg_buf text;         /* the whole output, for non-streaming requests */
     struct dg_ids out_ids;
+    char *oom_line;             /* its last line if the real one cannot be made */
+    size_t oom_len;
+    int short_output;           /* a canvas or part of the output lost (out of
+                                 * memory): it ends with oom_line */
 };
 
 struct dsched {
@@ -58,7 +63,8 @@ struct dsched {
     size_t queued;
     struct sreq *running;
     size_t n_running;
-    /* the outbox */
+    /* the outbox: cap_out >= n_out + queued + n_running always, so the last
+     * line of every request held here has its place */
     struct dsched_out *out;
     size_t n_out, cap_out;
     struct dsched_status totals;
@@ -118,7 +124,7 @@ static void record(struct dsched *s, const struct sreq *r, const char *finish,
         row.n_canvas = cv ? st->canvases : 0;
     }
     if ((sj = dg_gen_settings_to_json(&r->settings)) != NULL) {
-        settings = json_dumps(sj, JSON_COMPACT | JSON_SORT_KEYS);
+        settings = dg_json_dumps(sj, JSON_COMPACT | JSON_SORT_KEYS);
         json_decref(sj);
     }
     row.settings_json = settings;
@@ -133,6 +139,7 @@ static void sreq_free(struct sreq *r)
     free(r->ids);
     dg_buf_free(&r->text);
     dg_ids_free(&r->out_ids);
+    free(r->oom_line);
     free(r);
 }
 
@@ -145,34 +152,54 @@ static void notify(struct dsched *s)
     while (w < 0 && errno == EINTR);
 }
 
-/* Append a line for r's connection (mu held).  line NULL: formatting ran
- * out of memory; logged, and for a request's last line an empty entry still
- * goes out so the front end's count of the connection's requests stays
- * right. */
-static void push(struct dsched *s, const struct sreq *r, char *line, size_t len, int ends)
+/* Grow the outbox to hold at least need lines (mu held): 0, or -1 when
+ * out of memory (the outbox is unchanged). */
+static int outbox_grow(struct dsched *s, size_t need)
 {
+    size_t cap = s->cap_out ? s->cap_out : 64;
+    struct dsched_out *o;
+    while (cap < need)
+        cap *= 2;
+    if (cap == s->cap_out)
+        return 0;
+    if (!(o = realloc(s->out, cap * sizeof *o)))
+        return -1;
+    s->out = o;
+    s->cap_out = cap;
+    return 0;
+}
+
+/* Append a line for r's connection (mu held).  A request's last line
+ * (ends) always gets out: its place in the outbox was reserved when it was
+ * submitted, and when it could not be formatted (line NULL) the done line
+ * with an out-of-memory error made at submission goes instead.  Other
+ * lines (canvases) that cannot be formatted or queued are dropped, and
+ * logged. */
+static void push(struct dsched *s, struct sreq *r, char *line, size_t len, int ends)
+{
+    if (!ends && !line)
+        r->short_output = 1;
     if (!line) {
-        dlog(DG_LOG_ERROR, "req=%llu: out of memory formatting an event",
-             (unsigned long long)r->id);
+        dlog(DG_LOG_ERROR, "req=%llu: out of memory formatting %s",
+             (unsigned long long)r->id, ends ? "its output: it ends with an error" : "an event");
         if (!ends)
             return;
-        len = 0;
+        line = r->oom_line;
+        len = line ? r->oom_len : 0;
+        r->oom_line = NULL;
     }
     if (r->conn_gone) {
         free(line);
         return;
     }
-    if (s->n_out == s->cap_out) {
-        size_t cap = s->cap_out ? 2 * s->cap_out : 64;
-        struct dsched_out *o = realloc(s->out, cap * sizeof *o);
-        if (!o) {
-            dlog(DG_LOG_ERROR, "req=%llu: out of memory queueing an event",
-                 (unsigned long long)r->id);
-            free(line);
-            return;
-        }
-        s->out = o;
-        s->cap_out = cap;
+    /* (a canvas may not take the places kept for last lines) */
+    if (outbox_grow(s, s->n_out + 1 + (ends ? 0 : s->queued + s->n_running)) < 0) {
+        /* (a last line finds its place reserved: this is a canvas) */
+        dlog(DG_LOG_ERROR, "req=%llu: out of memory queueing an event",
+             (unsigned long long)r->id);
+        free(line);
+        r->short_output = 1;
+        return;
     }
     s->out[s->n_out++] = (struct dsched_out){r->conn, line, len, ends};
     notify(s);
@@ -224,15 +251,21 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
             pthread_mutex_unlock(&s->mu);
             return;
         }
-        if ((ev->text && dg_buf_append(&r->text, ev->text, ev->text_len) < 0))
+        if ((ev->text && dg_buf_append(&r->text, ev->text, ev->text_len) < 0)) {
             dlog(DG_LOG_ERROR, "req=%llu: out of memory collecting text",
                  (unsigned long long)r->id);
+            r->short_output = 1;
+        }
         for (int i = 0; i < ev->n_ids; i++) {
             if (r->out_ids.n == r->out_ids.cap) {
                 size_t cap = r->out_ids.cap ? 2 * r->out_ids.cap : 256;
                 int32_t *v = realloc(r->out_ids.v, cap * sizeof *v);
-                if (!v)
+                if (!v) {
+                    dlog(DG_LOG_ERROR, "req=%llu: out of memory collecting ids",
+                         (unsigned long long)r->id);
+                    r->short_output = 1;
                     break;
+                }
                 r->out_ids.v = v;
                 r->out_ids.cap = cap;
             }
@@ -240,11 +273,14 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
         }
         return;
     }
-    /* done: the last line, a log line, and the request is forgotten */
-    line = dproto_done(r->id, tag, ev, r->text.s ? r->text.s : "", r->text.n,
-                       !r->stream && s->have_tok,
-                       r->stream ? NULL : (r->out_ids.v ? r->out_ids.v : NO_IDS), r->out_ids.n,
-                       &len);
+    /* done: the last line, a log line, and the request is forgotten; an
+     * output that lost a part ends with the out-of-memory error instead */
+    line = r->short_output ? NULL
+                           : dproto_done(r->id, tag, ev, r->text.s ? r->text.s : "", r->text.n,
+                                         !r->stream && s->have_tok,
+                                         r->stream ? NULL
+                                                   : (r->out_ids.v ? r->out_ids.v : NO_IDS),
+                                         r->out_ids.n, &len);
     dlog(ev->finish == DG_FINISH_ERROR ? DG_LOG_WARN : DG_LOG_INFO,
          "req=%llu uid=%d done %s%s%s prompt=%lld completion=%lld canvases=%d steps=%lld "
          "tokens/step=%.2f tokens/s=%.1f ms=%.1f", (unsigned long long)r->id, (int)r->uid,
@@ -252,10 +288,14 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
          (long long)ev->stats->prompt_tokens, (long long)ev->stats->completion_tokens,
          ev->stats->canvases, (long long)ev->stats->decoder_steps, ev->stats->tokens_per_step,
          ev->stats->tokens_per_s, ev->stats->ms_total);
-    record(s, r, dg_finish_name(ev->finish),
-           ev->finish == DG_FINISH_ERROR ? dg_status_name(ev->error_code)
-           : r->conn_gone ? "client_gone" : NULL,
-           ev->finish == DG_FINISH_ERROR ? ev->error : NULL, ev->stats);
+    if (!line && !r->conn_gone) /* (the client gets the out-of-memory error: so does the row) */
+        record(s, r, "error", dg_status_name(DG_E_NOMEM),
+               "out of memory: its output could not be kept or sent whole", ev->stats);
+    else
+        record(s, r, dg_finish_name(ev->finish),
+               ev->finish == DG_FINISH_ERROR ? dg_status_name(ev->error_code)
+               : r->conn_gone ? "client_gone" : NULL,
+               ev->finish == DG_FINISH_ERROR ? ev->error : NULL, ev->stats);
     pthread_mutex_lock(&s->mu);
     push(s, r, line, len, 1);
     s->totals.finished++;
@@ -435,7 +475,15 @@ int dsched_submit(struct dsched *s, uint64_t conn, struct dproto_request *req, u
                             s->queue_max);
     }
     r = calloc(1, sizeof *r);
-    if (!r) {
+    /* its last line's place in the outbox, and the line that says it ran
+     * out of memory (see push) */
+    if (!r || outbox_grow(s, s->n_out + s->queued + s->n_running + 1) < 0 ||
+        !(r->oom_line = dproto_done_error(s->next_id, req->has_tag ? req->tag : NULL,
+                                          dg_status_name(DG_E_NOMEM),
+                                          "out of memory: its output could not be kept "
+                                          "or sent whole",
+                                          &r->oom_len))) {
+        free(r);
         pthread_mutex_unlock(&s->mu);
         return dg_error_set(err, DG_E_NOMEM, "scheduler: out of memory");
     }

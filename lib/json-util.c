@@ -2,16 +2,58 @@
 #include "lib/json-util.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+/* Set when an allocation made by jansson fails on this thread.  jansson's
+ * lexer ignores some of its failed allocations (a character of a string
+ * or a number is silently dropped, or the parse fails as if the text were
+ * malformed), and its dump ignores some too (an object key cut short),
+ * so a parse or a dump during which one failed is not trusted. */
+static _Thread_local int alloc_failed;
+
+static void *json_alloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p)
+        alloc_failed = 1;
+    return p;
+}
+
+/* The same malloc and free, only watched: installed before main, so before
+ * any thread can be inside jansson. */
+__attribute__((constructor)) static void install_alloc(void)
+{
+    json_set_alloc_funcs(json_alloc, free);
+}
 
 json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err)
 {
     json_error_t je;
-    json_t *v = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *v;
 
+    alloc_failed = 0;
+    v = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    if (alloc_failed || (!v && json_error_code(&je) == json_error_out_of_memory)) {
+        json_decref(v);
+        dg_error_set(err, DG_E_NOMEM, "%s: out of memory parsing JSON", what);
+        return NULL;
+    }
     if (!v)
         dg_error_set(err, DG_E_FORMAT, "%s: malformed JSON at line %d column %d: %s", what,
                      je.line, je.column, je.text);
     return v;
+}
+
+char *dg_json_dumps(const json_t *v, size_t flags)
+{
+    char *s;
+    alloc_failed = 0;
+    s = json_dumps(v, flags);
+    if (s && alloc_failed) {
+        free(s);
+        s = NULL;
+    }
+    return s;
 }
 
 const char *dg_json_type_name(const json_t *v)

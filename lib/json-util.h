@@ -22,8 +22,14 @@ enum dg_json_need { DG_JSON_OPTIONAL = 0, DG_JSON_REQUIRED = 1 };
 
 /* Parse len bytes as one JSON value (duplicate keys rejected, NUL bytes
  * rejected, nothing but whitespace after it).  what names the source in
- * errors.  Returns NULL with DG_E_FORMAT set on malformed input. */
+ * errors.  Returns NULL with DG_E_FORMAT set on malformed input, or
+ * DG_E_NOMEM when an allocation failed while parsing (jansson may then
+ * misread the text, so the result is not used). */
 json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err);
+
+/* json_dumps, or NULL when an allocation failed on the way (jansson may
+ * then leave a key out or cut it short instead of failing). */
+char *dg_json_dumps(const json_t *v, size_t flags);
 
 /* Human name of a JSON value's type ("a string", "an object", ...). */
 const char *dg_json_type_name(const json_t *v);

@@ -311,6 +311,11 @@ int dg_metrics_db_begin(struct dg_metrics_db *db, struct dg_error *err)
         return dg_error_set(err, DG_E_INTERNAL, "%s: a transaction is already open", db->path);
     if (!db->ready && (rc = setup(db, err)) < 0)
         return rc;
+    /* a rollback that failed (out of memory) left its transaction open:
+     * end it now, or every later transaction would fail */
+    if (!sqlite3_get_autocommit(db->h) &&
+        (rc = exec(db, "ROLLBACK", "rolling back an earlier transaction", err)) < 0)
+        return rc;
     if ((rc = exec(db, "BEGIN IMMEDIATE", "starting a transaction", err)) < 0)
         return rc;
     db->in_txn = 1;

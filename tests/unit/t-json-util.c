@@ -116,11 +116,27 @@ static int case_int_list(void)
     return 0;
 }
 
+/* dg_json_dumps gives what json_dumps gives when memory is there. */
+static int case_dumps(void)
+{
+    json_t *v = json_pack("{s:i,s:s,s:[i,f],s:{}}", "a", 1, "b\u00e9", "x\ny", "c", 2, 0.5, "d");
+    char *s1, *s2;
+    CHECK(v != NULL);
+    s1 = dg_json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+    s2 = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+    CHECK(s1 && s2 && !strcmp(s1, s2));
+    free(s1);
+    free(s2);
+    json_decref(v);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(case_parse_errors);
     TEST_CASE(case_int_getter);
     TEST_CASE(case_real_bool_string_object);
     TEST_CASE(case_int_list);
+    TEST_CASE(case_dumps);
     return test_finish();
 }

@@ -246,12 +246,52 @@ static int events(void)
     return 0;
 }
 
+/* The done line made without jansson for out-of-memory ends: valid JSON,
+ * read back by jansson as the fields given, with quotes, control bytes and
+ * bytes that are not UTF-8 in the tag and message escaped or replaced. */
+static int plain_done_error(void)
+{
+    static const char *const tags[] = {NULL, "t", "q\"uo\\te\n\x01", "caf\xc3\xa9 \xff\xc3"};
+    char big[3000];
+    size_t len = 0;
+    json_t *j, *e;
+
+    for (size_t i = 0; i < sizeof tags / sizeof tags[0]; i++) {
+        j = back(dproto_done_error(41, tags[i], "out_of_memory", "no room \"here\"", &len),
+                 &len);
+        CHECKF(j, "tag %zu: not JSON", i);
+        CHECK(!strcmp(json_string_value(json_object_get(j, "event")), "done"));
+        CHECK(json_integer_value(json_object_get(j, "v")) == 1 &&
+              json_integer_value(json_object_get(j, "id")) == 41);
+        CHECK(!strcmp(json_string_value(json_object_get(j, "finish_reason")), "error"));
+        e = json_object_get(j, "error");
+        CHECK(!strcmp(json_string_value(json_object_get(e, "code")), "out_of_memory") &&
+              !strcmp(json_string_value(json_object_get(e, "message")), "no room \"here\""));
+        if (!tags[i])
+            CHECK(!json_object_get(j, "tag"));
+        else if (i < 3)
+            CHECK(!strcmp(json_string_value(json_object_get(j, "tag")), tags[i]));
+        else
+            CHECK(!strcmp(json_string_value(json_object_get(j, "tag")), "caf\xc3\xa9 ??"));
+        json_decref(j);
+    }
+    /* a message longer than the line: cut, still JSON */
+    memset(big, 'm', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    j = back(dproto_done_error(0, "t", "internal", big, &len), &len);
+    CHECK(j && json_is_null(json_object_get(j, "id")));
+    CHECK(json_string_length(json_object_get(json_object_get(j, "error"), "message")) > 500);
+    json_decref(j);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(setup);
     TEST_CASE(good_requests);
     TEST_CASE(bad_requests);
     TEST_CASE(events);
+    TEST_CASE(plain_done_error);
     dg_tokenizer_free(tok);
     return test_finish();
 }
