@@ -335,6 +335,25 @@ static void maybe_finish(struct dserver *srv, struct conn *c)
         conn_gone(srv, c, "closed");
 }
 
+/* Give up on a client for lack of memory, telling it so where that cannot
+ * tear a line: with nothing of its output sent in part, a fixed error line
+ * goes straight to the socket (non-blocking, best effort) before it is
+ * closed.  Logged at warning level. */
+static void oom_gone(struct dserver *srv, struct conn *c, const char *why)
+{
+    static const char line[] = "{\"v\":1,\"event\":\"error\",\"id\":null,\"code\":"
+                               "\"internal\",\"message\":\"out of memory: the daemon closed "
+                               "this connection\"}\n";
+    if (c->gone)
+        return;
+    dlog(DG_LOG_WARN, "conn %u (uid %d): %s: closing it", slot_of(srv, c), (int)c->uid, why);
+    if (!c->send_armed && (!c->head || c->head->off == 0)) {
+        ssize_t w = send(c->fd, line, sizeof line - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w;
+    }
+    conn_gone(srv, c, why);
+}
+
 /* Queue bytes for the client. */
 static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
@@ -352,7 +371,7 @@ static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_
             cap = cap < OUT_MIN ? OUT_MIN : cap > OUT_BLOCK ? OUT_BLOCK : cap;
             b = malloc(sizeof *b + cap);
             if (!b) {
-                conn_gone(srv, c, "out of memory for its output");
+                oom_gone(srv, c, "out of memory for its output");
                 return;
             }
             b->next = NULL;
@@ -411,11 +430,19 @@ static void conn_write_fds(struct dserver *srv, struct conn *c, const char *p, s
     arm_send(srv, c);
 }
 
-static void write_line(struct dserver *srv, struct conn *c, char *line, size_t len)
+/* Queue a formatted reply and free it.  line NULL (formatting ran out of
+ * memory): the client gets an internal error with tag instead, and if even
+ * that cannot be made it loses the connection (oom_gone), never silence. */
+static void write_line(struct dserver *srv, struct conn *c, char *line, size_t len,
+                       const char *tag)
 {
     if (!line) {
         dlog(DG_LOG_ERROR, "conn %u: out of memory formatting a reply", slot_of(srv, c));
-        return;
+        line = dproto_error_line(0, tag, "internal", "out of memory formatting the reply", &len);
+        if (!line) {
+            oom_gone(srv, c, "out of memory for a reply");
+            return;
+        }
     }
     conn_write(srv, c, line, len);
     free(line);
@@ -427,7 +454,12 @@ static void send_error(struct dserver *srv, struct conn *c, uint64_t id, const c
     size_t len = 0;
     char *line = dproto_error_line(id, tag, code, msg, &len);
     dlog(DG_LOG_DEBUG, "conn %u: error %s: %s", slot_of(srv, c), code, msg);
-    write_line(srv, c, line, len);
+    if (!line) {
+        oom_gone(srv, c, "out of memory for an error reply");
+        return;
+    }
+    conn_write(srv, c, line, len);
+    free(line);
 }
 
 /* ---- requests ----------------------------------------------------------------------- */
@@ -496,7 +528,7 @@ static void send_status(struct dserver *srv, struct conn *c, const char *tag)
     }
     {
         char *line = dproto_event_obj("status", o, &len);
-        write_line(srv, c, line, len);
+        write_line(srv, c, line, len, tag);
     }
 }
 
@@ -658,9 +690,23 @@ static void ring_done(struct dserver *srv, struct conn *c, const char *line, siz
     int slot;
 
     if (!d) {
-        /* (cannot happen with the scheduler's lines; if it did, the job's
-         * slot would stay taken until the ring goes) */
-        dlog(DG_LOG_ERROR, "conn %u: a ring job's done line does not parse", slot_of(srv, c));
+        /* (out of memory: the scheduler's lines are JSON) the job still
+         * completes, with an error, found by the id its line starts with */
+        const char *p = memmem(line, len, "\"id\":", 5);
+        dlog(DG_LOG_ERROR, "conn %u: out of memory reading a ring job's result",
+             slot_of(srv, c));
+        slot = p && c->ring ? dshm_ring_find_id(c->ring, strtoull(p + 5, NULL, 10)) : -1;
+        if (slot < 0)
+            return;
+        memset(&res, 0, sizeof res);
+        res.finish = DG_SHM_FINISH_ERROR;
+        res.status = DG_SHM_ERR_INTERNAL;
+        res.stop_id = -1;
+        res.text = "out of memory reading the job's result";
+        res.text_len = strlen(res.text);
+        if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
+            dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job",
+                 slot_of(srv, c));
         return;
     }
     if (!c->ring || strcmp(json_string_value(json_object_get(d, "event")) ?
@@ -702,7 +748,14 @@ static void ring_done(struct dserver *srv, struct conn *c, const char *line, siz
     }
     res.text = json_string_value(json_object_get(d, "text"));
     res.text_len = res.text ? json_string_length(json_object_get(d, "text")) : 0;
-    if (res.finish == DG_SHM_FINISH_ERROR && (err = json_object_get(d, "error")) != NULL) {
+    if (json_array_size(ids) > 0 && !idv) {
+        /* (out of memory for the ids: an error, not a silently shorter output) */
+        res.finish = DG_SHM_FINISH_ERROR;
+        res.status = DG_SHM_ERR_INTERNAL;
+        res.text = "out of memory copying the job's output";
+        res.text_len = strlen(res.text);
+    } else if (res.finish == DG_SHM_FINISH_ERROR &&
+               (err = json_object_get(d, "error")) != NULL) {
         const char *code = json_string_value(json_object_get(err, "code"));
         msg = json_string_value(json_object_get(err, "message"));
         res.status = shm_status_of(code ? code : "internal");
@@ -874,7 +927,14 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
              settings.canvas_length, (unsigned long long)settings.seed);
         {
             char *acc = dproto_accepted(id, tag, n_prompt, &settings, &alen);
-            write_line(srv, c, acc, alen);
+            if (!acc) {
+                /* (a client never told the id must not get its events) */
+                dsched_cancel(srv->sched, conn_key(srv, c), c->uid, id);
+                send_error(srv, c, id, tag, "internal",
+                           "out of memory answering the request; it was cancelled");
+            } else {
+                write_line(srv, c, acc, alen, tag);
+            }
         }
         break;
     }
@@ -892,7 +952,7 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
             if (o && tag)
                 json_object_set_new(o, "tag", json_string(tag));
             ack = dproto_event_obj("cancelling", o, &clen);
-            write_line(srv, c, ack, clen);
+            write_line(srv, c, ack, clen, tag);
             dlog(DG_LOG_INFO, "req=%llu cancel asked by conn %u uid=%d",
                  (unsigned long long)req.target, slot_of(srv, c), (int)c->uid);
         }
@@ -931,7 +991,7 @@ static void consume(struct dserver *srv, struct conn *c, const char *p, size_t n
                     cap *= 2;
                 b = realloc(c->rbuf, cap);
                 if (!b) {
-                    conn_gone(srv, c, "out of memory for its input");
+                    oom_gone(srv, c, "out of memory for its input");
                     return;
                 }
                 c->rbuf = b;
