@@ -241,6 +241,13 @@ $(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(BUILD)/tests/inte
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
+# (t-faults preloads this fault injector into dgemmad: no sanitizers in it)
+$(BUILD)/tests/fault/failmalloc.so: tests/fault/failmalloc.c
+	$(call say,CC,$@)
+	@mkdir -p $(@D)
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O2 -g -fPIC -shared $< -ldl -o $@
+$(BUILD)/tests/integration/t-faults: | $(BUILD)/tests/fault/failmalloc.so
+
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
