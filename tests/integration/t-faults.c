@@ -10,9 +10,11 @@
  *     torn; the daemon stays up, and once disarmed a status and a normal
  *     request are served, the metrics writer writes again and SIGTERM
  *     exits 0.
- *   sigkill_restart: kill -9 with requests and a dgemma-client batch in
- *     flight; the batch exits (3: the daemon went away) instead of hanging;
- *     the next daemon replaces the stale socket, the metrics file passes
+ *   sigkill_restart: kill -9 with requests, a shared-memory ring's jobs and
+ *     a dgemma-client batch in flight; the batch exits (3: the daemon went
+ *     away) and the orphaned ring's owner is told (DGEMMA_E_CLOSED) instead
+ *     of hanging; the next daemon replaces the stale socket and serves a new
+ *     ring, the metrics file passes
  *     PRAGMA integrity_check and takes new rows, and the batch re-run with
  *     the same output ends with every input id exactly once.
  *   sigterm_under_load: SIGTERM with 20 connections' requests running or
@@ -45,6 +47,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "client/dgemma.h"
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
 
@@ -583,7 +586,8 @@ static int sigkill_restart(void)
     const char *db = test_path("kill.sqlite"), *in = test_path("kill-in.jsonl");
     const char *out = test_path("kill-out.jsonl"), *errfile = test_path("kill-batch.err");
     char o_db[700], *t;
-    const char *opts[] = {"pin_workers=false", "tick=0.05", "max_batch=4", "queue_max=16",
+    /* (slots for the long requests, the ring's jobs and the batch at once) */
+    const char *opts[] = {"pin_workers=false", "tick=0.05", "max_batch=8", "queue_max=16",
                           "shutdown_grace=1", "log_level=info", "metrics_flush=0.02", o_db, NULL};
     const int N = UNDER_ASAN ? 12 : 30;
     struct cl *c[3];
@@ -593,6 +597,10 @@ static int sigkill_restart(void)
     pid_t batch;
     FILE *f;
     const double t0 = fixture_now_ms();
+    dgemma_t *rc_conn = dgemma_new();
+    dgemma_ring_t *ring = NULL;
+    dgemma_request_t *job = dgemma_request_text("a ring job the kill orphans");
+    dgemma_completion_t cq;
 
     snprintf(o_db, sizeof o_db, "metrics=%s", db);
     CHECK((f = fopen(in, "w")) != NULL);
@@ -611,6 +619,13 @@ static int sigkill_restart(void)
                alive() ? "alive" : "dead");
         json_decref(e);
     }
+    /* and a shared-memory ring with long jobs in flight */
+    CHECK(rc_conn && job && dgemma_connect(rc_conn, sock_path, 5) == 0);
+    CHECK(dgemma_ring_attach(rc_conn, NULL, &ring) == 0);
+    CHECK(dgemma_request_set_int(job, "max_tokens", 4000) == 0);
+    for (int i = 0; i < 2; i++)
+        CHECK(dgemma_ring_submit(ring, job, (uint64_t)i + 1) == 0);
+    CHECK(dgemma_ring_kick(ring) == 0);
     CHECK((batch = start_batch(in, out, errfile)) > 0);
     /* kill -9 once a few results are written */
     for (;;) {
@@ -630,6 +645,15 @@ static int sigkill_restart(void)
         CHECKF(o.end == END_EOF, "long request %d: end %d", i, o.end);
         cl_close(c[i]);
     }
+    /* the orphaned ring: its owner learns the daemon left, no wait for ever */
+    for (int tries = 0; (rc = dgemma_ring_wait(ring, 1000)) == DGEMMA_E_AGAIN && tries < 30;
+         tries++)
+        ;
+    CHECKF(rc == DGEMMA_E_CLOSED, "ring wait after the kill: %d", rc);
+    CHECK(dgemma_ring_reap(ring, &cq) == DGEMMA_E_CLOSED);
+    dgemma_ring_detach(ring);
+    dgemma_close(rc_conn);
+    ring = NULL;
     CHECK(batch_results(out, N, &n, &dups, &errors) == 0);
     printf("# sigkill_restart: killed with %d of %d batch results written\n", n, N);
     CHECK(n < N && dups == 0 && errors == 0);
@@ -643,6 +667,18 @@ static int sigkill_restart(void)
     snprintf(log_path, sizeof log_path, "%s", test_path("d2.log"));
     CHECKF(start_daemon(opts, NULL) == 0, "the daemon did not restart; log %s", log_path);
     CHECK(fixture_file_has(log_path, "removed a stale socket"));
+    /* a new ring from the same client program works */
+    CHECK((rc_conn = dgemma_new()) != NULL && dgemma_connect(rc_conn, sock_path, 5) == 0);
+    CHECK(dgemma_ring_attach(rc_conn, NULL, &ring) == 0);
+    CHECK(dgemma_request_set_int(job, "max_tokens", 8) == 0);
+    CHECK(dgemma_ring_submit(ring, job, 9) == 0 && dgemma_ring_kick(ring) == 0);
+    CHECK(dgemma_ring_wait(ring, EVENT_WAIT_MS) == 0 && dgemma_ring_reap(ring, &cq) == 0);
+    CHECKF(cq.user_data == 9 && cq.id != 0 && cq.finish_reason &&
+           strcmp(cq.finish_reason, "error"), "ring job after the restart: %s %s",
+           cq.code ? cq.code : "", cq.message ? cq.message : "");
+    dgemma_ring_detach(ring);
+    dgemma_close(rc_conn);
+    dgemma_request_free(job);
     /* the batch again, with the same output: every id once */
     CHECK((batch = start_batch(in, out, errfile)) > 0);
     rc = wait_child(batch, 120);
