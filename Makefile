@@ -278,7 +278,7 @@ FUZZ_DAEMON_SRC := daemon/protocol.c daemon/shm-ring.c
 # (a target that needs more, e.g. a client parser: FUZZ_EXTRA_<target>)
 FUZZ_EXTRA_fuzz-batch-input := client/batch-input.c
 $(BUILD)/fuzz/fuzz-batch-input: $(FUZZ_EXTRA_fuzz-batch-input) client/batch-input.h
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h daemon/*.h)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h daemon/*.h tests/fuzz/*.h)
 	$(call say,FUZZ,$@)
 	@mkdir -p $(@D)
 	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(FUZZ_EXTRA_$*) $(STATIC_LIBS) \

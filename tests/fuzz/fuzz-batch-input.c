@@ -22,36 +22,16 @@
 
 #include "client/batch-input.h"
 #include "daemon/protocol.h"
-#include "lib/tokenizer-synth.h"
+#include "tests/fuzz/fuzz-proto-ctx.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static struct dg_model_config cfg;
-static struct dg_generation_config gen;
-static struct dg_gen_settings defaults;
-static struct dg_gen_limits limits;
-static struct dg_tokenizer *tok;
-static struct dproto_ctx ctx;
+static const struct dproto_ctx *ctx; /* fuzz-proto-ctx.h's */
 static json_t *flags; /* the settings flags every item gets */
 
 static void setup(void)
 {
-    char dir[] = "/tmp/dgemma-fuzz-batch-XXXXXX", path[64];
-    struct dg_error err;
-    if (!mkdtemp(dir) || dg_model_config_preset("small", &cfg, &err) != 0 ||
-        dg_tokenizer_synth_write(dir, cfg.vocab_size, &err) != 0)
-        abort();
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (dg_tokenizer_load(path, NULL, &tok, &err) != 0)
-        abort();
-    dg_generation_config_defaults(&gen);
-    dg_gen_limits_default(&limits);
-    dg_gen_settings_defaults(&defaults, &cfg, &gen);
-    ctx.cfg = &cfg;
-    ctx.defaults = &defaults;
-    ctx.limits = &limits;
-    ctx.tok = tok;
-    ctx.max_prompt_tokens = 4096;
+    ctx = &fuzz_proto_ctx()->ctx;
     flags = json_pack("{s:i,s:f}", "max_tokens", 16, "top_p", 0.9);
     if (!flags)
         abort();
@@ -150,7 +130,7 @@ static void check_request(const json_t *obj, size_t index)
     if (!!json_object_get(body, "prompt") + !!json_object_get(body, "messages") +
             !!json_object_get(body, "prompt_ids") != 1)
         abort();
-    if (dproto_parse_json(body, &ctx, &r, &e) < 0) {
+    if (dproto_parse_json(body, ctx, &r, &e) < 0) {
         /* refused for what it asks, never for its form; the error still routes */
         if (!strcmp(e.code, "bad_json") || !strcmp(e.code, "bad_version") ||
             !strcmp(e.code, "unknown_op") || e.op != DPROTO_GENERATE || !e.has_tag ||
@@ -271,7 +251,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int fb;
     FILE *f;
 
-    if (!tok)
+    if (!ctx)
         setup();
     /* the bytes as an output file, then as the input resumed against it */
     seen = scan_checked(buf, size, &fb);

@@ -18,18 +18,13 @@
 
 #include "daemon/protocol.h"
 #include "daemon/shm-ring.h"
-#include "lib/tokenizer-synth.h"
+#include "tests/fuzz/fuzz-proto-ctx.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static struct dg_model_config cfg;
-    static struct dg_generation_config gen;
-    static struct dg_gen_settings defaults;
-    static struct dg_gen_limits limits;
-    static struct dg_tokenizer *tok;
-    static struct dproto_ctx ctx;
+    const struct dproto_ctx *ctx = &fuzz_proto_ctx()->ctx;
     const struct dshm_sizes ask = {16, 16, 4096, 4096};
     const struct dshm_limits lim = {16, 1 << 20};
     struct dshm_ring *r;
@@ -42,23 +37,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t taken = 0;
     int fd, rc, faulted = 0;
 
-    if (!tok) {
-        char dir[] = "/tmp/dgemma-fuzz-shm-XXXXXX", path[64];
-        if (!mkdtemp(dir) || dg_model_config_preset("small", &cfg, &err) != 0 ||
-            dg_tokenizer_synth_write(dir, cfg.vocab_size, &err) != 0)
-            abort();
-        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-        if (dg_tokenizer_load(path, NULL, &tok, &err) != 0)
-            abort();
-        dg_generation_config_defaults(&gen);
-        dg_gen_limits_default(&limits);
-        dg_gen_settings_defaults(&defaults, &cfg, &gen);
-        ctx.cfg = &cfg;
-        ctx.defaults = &defaults;
-        ctx.limits = &limits;
-        ctx.tok = tok;
-        ctx.max_prompt_tokens = 4096;
-    }
     if (size < 1)
         return 0;
     if (dshm_ring_create(&ask, &lim, &r, &fd, &err) != 0)
@@ -103,7 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             struct dproto_error perr;
             if (job.error)
                 abort();
-            if (dproto_parse_json(job.request, &ctx, &req, &perr) == 0) {
+            if (dproto_parse_json(job.request, ctx, &req, &perr) == 0) {
                 if (req.op != DPROTO_GENERATE || req.stream || req.n_ids == 0)
                     abort();
                 dproto_request_free(&req);

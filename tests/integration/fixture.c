@@ -2,6 +2,8 @@
 #include "tests/integration/fixture.h"
 
 #include <signal.h>
+#include <sqlite3.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,4 +117,87 @@ int fixture_file_has(const char *path, const char *needle)
     fclose(f);
     buf[n] = '\0';
     return strstr(buf, needle) != NULL;
+}
+
+struct fixture_cl *fixture_cl_open(const char *sock)
+{
+    struct fixture_cl *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->fd = fixture_connect(sock);
+    if (c->fd < 0) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void fixture_cl_close(struct fixture_cl *c)
+{
+    if (c) {
+        close(c->fd);
+        free(c);
+    }
+}
+
+int fixture_cl_send(struct fixture_cl *c, const char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = send(c->fd, s, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return -1;
+        s += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int64_t fixture_q_int(const char *db, const char *fmt, ...)
+{
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st = NULL;
+    int64_t v = -1;
+    va_list ap;
+    char *sql;
+    va_start(ap, fmt);
+    sql = sqlite3_vmprintf(fmt, ap);
+    va_end(ap);
+    if (sql && sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(h, 2000);
+        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
+            v = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    sqlite3_free(sql);
+    return v;
+}
+
+char *fixture_q_text(const char *db, const char *sql)
+{
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st = NULL;
+    char *v = NULL;
+    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK) {
+        sqlite3_busy_timeout(h, 2000);
+        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+            v = strdup((const char *)sqlite3_column_text(st, 0));
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(h);
+    return v;
+}
+
+int fixture_wait_count(const char *db, int64_t want, double limit_s, const char *sql)
+{
+    const double end = fixture_now_ms() + limit_s * 1e3;
+    while (fixture_q_int(db, "%s", sql) != want) {
+        if (fixture_now_ms() > end)
+            return -1;
+        usleep(20000);
+    }
+    return 0;
 }

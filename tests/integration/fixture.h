@@ -5,6 +5,7 @@
 #ifndef DG_TEST_FIXTURE_H
 #define DG_TEST_FIXTURE_H
 
+#include <stdint.h>
 #include <sys/types.h>
 
 #define FIXTURE_WAIT_MS 60000
@@ -32,5 +33,27 @@ int fixture_wait_exit(pid_t pid, int *status);
 
 /* Whether the file contains needle (its first 1 MiB). */
 int fixture_file_has(const char *path, const char *needle);
+
+/* A line client of the daemon's socket: connected, and its unread bytes. */
+struct fixture_cl {
+    int fd;
+    char buf[1 << 20];
+    size_t len;
+};
+
+/* Connect to sock (NULL if nobody answers or out of memory); close and
+ * free (NULL is fine); send all of s (0, or -1 when the send fails). */
+struct fixture_cl *fixture_cl_open(const char *sock);
+void fixture_cl_close(struct fixture_cl *c);
+int fixture_cl_send(struct fixture_cl *c, const char *s);
+
+/* The metrics database, read from the test: one integer from a formatted
+ * query on a fresh read-only connection (-1 on error or a NULL value);
+ * the text of the first column of the first row (malloc'd; NULL on error),
+ * e.g. of "PRAGMA integrity_check"; wait up to limit_s seconds until the
+ * query gives want (0, or -1 at the limit). */
+int64_t fixture_q_int(const char *db, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *fixture_q_text(const char *db, const char *sql);
+int fixture_wait_count(const char *db, int64_t want, double limit_s, const char *sql);
 
 #endif

@@ -41,48 +41,12 @@ static int notify_fd = -1;
 
 /* ---- a client ----------------------------------------------------------------- */
 
-struct cl {
-    int fd;
-    char buf[1 << 20];
-    size_t len;
-};
-
-static struct cl *cl_open(void)
-{
-    struct cl *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->fd = try_connect(sock_path);
-    if (c->fd < 0) {
-        free(c);
-        return NULL;
-    }
-    return c;
-}
-
-static void cl_close(struct cl *c)
-{
-    if (c) {
-        close(c->fd);
-        free(c);
-    }
-}
-
-static int cl_send(struct cl *c, const char *s)
-{
-    size_t n = strlen(s);
-    while (n > 0) {
-        ssize_t w = send(c->fd, s, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return -1;
-        s += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
+#define cl_open() fixture_cl_open(sock_path)
+#define cl_close fixture_cl_close
+#define cl_send fixture_cl_send
 
 /* The next event, or NULL on timeout or end of stream (*eof set). */
-static json_t *cl_event(struct cl *c, int *eof)
+static json_t *cl_event(struct fixture_cl *c, int *eof)
 {
     const double t0 = now_ms();
     *eof = 0;
@@ -132,7 +96,7 @@ struct run {
     int canvases, tokens;
 };
 
-static int collect(struct cl *c, struct run *r)
+static int collect(struct fixture_cl *c, struct run *r)
 {
     memset(r, 0, sizeof *r);
     for (;;) {
@@ -168,7 +132,7 @@ static int collect(struct cl *c, struct run *r)
 /* status, on a fresh connection */
 static json_t *status(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     json_t *e = NULL;
     int eof;
     if (c && cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0)
@@ -243,7 +207,7 @@ static int sighup_reopens_log(void)
 
 static int streamed_generate(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     struct run a, b;
     CHECK(c);
     CHECK(cl_send(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"Once upon a time\",\"tag\":\"s1\","
@@ -288,13 +252,13 @@ static const char *batch_request(int k)
 static int concurrent_batching(void)
 {
     static struct run seq[NB], conc[NB];
-    struct cl *c[NB];
+    struct fixture_cl *c[NB];
     long long s0, s1, s2;
 
     /* one after another */
     s0 = status_int("engine_steps");
     for (int k = 0; k < NB; k++) {
-        struct cl *one = cl_open();
+        struct fixture_cl *one = cl_open();
         CHECK(one && cl_send(one, batch_request(k)) == 0);
         CHECK(collect(one, &seq[k]) == 0 && !strcmp(ev_kind(seq[k].done), "done"));
         cl_close(one);
@@ -328,7 +292,7 @@ static const char LONG_REQ[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a long
 
 static int cancel_mid_request(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     json_t *e;
     long long id;
     int eof;
@@ -373,7 +337,7 @@ static int cancel_mid_request(void)
 
 static int client_vanishes(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     json_t *e;
     const long long cancelled = status_int("cancelled");
     double t0;
@@ -397,7 +361,7 @@ static int client_vanishes(void)
 
 static int half_closed_client(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     struct run r;
     int eof;
     CHECK(c && cl_send(c, "{\"v\":1,\"op\":\"generate\",\"prompt\":\"half\",\"max_tokens\":20,"
@@ -411,7 +375,7 @@ static int half_closed_client(void)
     return 0;
 }
 
-static int expect_error(struct cl *c, const char *line, const char *code, const char *needle)
+static int expect_error(struct fixture_cl *c, const char *line, const char *code, const char *needle)
 {
     json_t *e;
     int eof;
@@ -428,7 +392,7 @@ static int expect_error(struct cl *c, const char *line, const char *code, const 
 
 static int bad_input(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     char big[6000];
     json_t *e;
     int eof;
@@ -482,7 +446,7 @@ static int bad_input(void)
 
 static int queue_full(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     long long ids[8];
     int accepted = 0, busy = 0, dones = 0, eof;
     CHECK(c);
@@ -523,8 +487,8 @@ static int queue_full(void)
 
 static int too_many_connections(void)
 {
-    struct cl *c[16];
-    struct cl *extra;
+    struct fixture_cl *c[16];
+    struct fixture_cl *extra;
     json_t *e;
     int eof, n = 0;
     /* max_connections 16: the 17th gets busy and is closed */
@@ -563,7 +527,7 @@ static int second_daemon_refused(void)
 
 static int sigterm_during_generation(void)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     json_t *e;
     int eof, st, saw_done = 0;
     struct stat sb;

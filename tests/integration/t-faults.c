@@ -127,52 +127,16 @@ static void reap(void)
 
 /* ---- a client ---------------------------------------------------------------------- */
 
-struct cl {
-    int fd;
-    char buf[1 << 16];
-    size_t len;
-};
-
-static struct cl *cl_open(void)
-{
-    struct cl *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->fd = fixture_connect(sock_path);
-    if (c->fd < 0) {
-        free(c);
-        return NULL;
-    }
-    return c;
-}
-
-static void cl_close(struct cl *c)
-{
-    if (c) {
-        close(c->fd);
-        free(c);
-    }
-}
-
-static int cl_send(struct cl *c, const char *s)
-{
-    size_t n = strlen(s);
-    while (n > 0) {
-        ssize_t w = send(c->fd, s, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return -1;
-        s += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
+#define cl_open() fixture_cl_open(sock_path)
+#define cl_close fixture_cl_close
+#define cl_send fixture_cl_send
 
 enum { EV_OK = 0, EV_EOF, EV_TIMEOUT, EV_BAD };
 
 /* The next event into *out (NULL unless EV_OK); EV_EOF when the daemon
  * closed the connection, EV_TIMEOUT after wait_ms without a whole line,
  * EV_BAD for a line that is not JSON. */
-static int cl_event(struct cl *c, json_t **out, int wait_ms)
+static int cl_event(struct fixture_cl *c, json_t **out, int wait_ms)
 {
     const double t0 = fixture_now_ms();
     *out = NULL;
@@ -218,7 +182,7 @@ struct outcome {
 };
 
 /* Read c's events until the end of the request in flight on it. */
-static void read_to_end(struct cl *c, struct outcome *o)
+static void read_to_end(struct fixture_cl *c, struct outcome *o)
 {
     memset(o, 0, sizeof *o);
     for (;;) {
@@ -259,7 +223,7 @@ static void read_to_end(struct cl *c, struct outcome *o)
 /* The status event's integer key (or metrics.key when sub); -1 if none. */
 static long long status_int(const char *sub, const char *key)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     json_t *e = NULL, *o;
     long long v = -1;
     if (c && cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0 &&
@@ -276,7 +240,7 @@ static long long status_int(const char *sub, const char *key)
 /* One request on a fresh connection, to its end. */
 static int one_request(const char *line, struct outcome *o)
 {
-    struct cl *c = cl_open();
+    struct fixture_cl *c = cl_open();
     if (!c || cl_send(c, line) != 0) {
         cl_close(c);
         return -1;
@@ -297,59 +261,9 @@ static int write_file(const char *path, const char *text)
     return fclose(f);
 }
 
-/* One integer from a formatted query on a fresh read-only connection; -1
- * on error (or a NULL value). */
-static int64_t q_int(const char *db, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int64_t q_int(const char *db, const char *fmt, ...)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    int64_t v = -1;
-    va_list ap;
-    char *sql;
-    va_start(ap, fmt);
-    sql = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    if (sql && sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
-            v = sqlite3_column_int64(st, 0);
-    }
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    sqlite3_free(sql);
-    return v;
-}
-
-/* PRAGMA integrity_check's first row (malloc'd), or NULL. */
-static char *integrity(const char *db)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    char *v = NULL;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        if (sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &st, NULL) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-            v = strdup((const char *)sqlite3_column_text(st, 0));
-    }
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return v;
-}
-
-/* Wait (up to limit_s) until the query gives want. */
-static int wait_count(const char *db, int64_t want, double limit_s, const char *sql)
-{
-    const double end = fixture_now_ms() + limit_s * 1e3;
-    while (q_int(db, "%s", sql) != want) {
-        if (fixture_now_ms() > end)
-            return -1;
-        usleep(20000);
-    }
-    return 0;
-}
+#define q_int fixture_q_int
+#define integrity(db) fixture_q_text(db, "PRAGMA integrity_check")
+#define wait_count fixture_wait_count
 
 /* Print the lines of the daemon's log that contain needle, as comments;
  * how many. */
@@ -388,7 +302,7 @@ struct tally {
  * anything else is a misreport). */
 static int fault_round(int round, int per_conn, struct tally *t)
 {
-    struct cl *c[N_CONN] = {0};
+    struct fixture_cl *c[N_CONN] = {0};
     char line[512];
     struct outcome o;
     for (int k = 0; k < per_conn; k++) {
@@ -590,7 +504,7 @@ static int sigkill_restart(void)
     const char *opts[] = {"pin_workers=false", "tick=0.05", "max_batch=8", "queue_max=16",
                           "shutdown_grace=1", "log_level=info", "metrics_flush=0.02", o_db, NULL};
     const int N = UNDER_ASAN ? 12 : 30;
-    struct cl *c[3];
+    struct fixture_cl *c[3];
     struct outcome o;
     int n, n_killed, dups, errors, rc;
     struct stat sb;
@@ -713,7 +627,7 @@ static int sigterm_under_load(void)
                           "shutdown_grace=2", "max_connections=64", "log_level=info",
                           "metrics_flush=0.02", o_db, NULL};
     const double grace = 2, slack = UNDER_ASAN ? 15 : 4;
-    struct cl *c[N_LOAD];
+    struct fixture_cl *c[N_LOAD];
     int accepted = 0, refused = 0, done = 0, cancelled = 0, unanswered = 0, late = -1, st;
     double secs, t_term;
     const double t0 = fixture_now_ms();

@@ -67,59 +67,9 @@ static int stop_daemon(void)
 
 /* ---- reading the database from here ----------------------------------------- */
 
-/* One integer from a formatted query on a fresh read-only connection; -1
- * on error (or a NULL value). */
-static int64_t q_int(const char *db, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int64_t q_int(const char *db, const char *fmt, ...)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    int64_t v = -1;
-    va_list ap;
-    char *sql;
-    va_start(ap, fmt);
-    sql = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    if (sql && sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
-            v = sqlite3_column_int64(st, 0);
-    }
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    sqlite3_free(sql);
-    return v;
-}
-
-/* Text of the first column of the first row (malloc'd), or NULL. */
-static char *q_text(const char *db, const char *sql)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    char *v = NULL;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-            v = strdup((const char *)sqlite3_column_text(st, 0));
-    }
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return v;
-}
-
-/* Wait (up to limit_s) until the query gives want. */
-static int wait_count(const char *db, int64_t want, double limit_s, const char *sql)
-{
-    const double end = fixture_now_ms() + limit_s * 1e3;
-    while (q_int(db, "%s", sql) != want) {
-        if (fixture_now_ms() > end)
-            return -1;
-        usleep(20000);
-    }
-    return 0;
-}
+#define q_int fixture_q_int
+#define q_text fixture_q_text
+#define wait_count fixture_wait_count
 
 /* ---- the daemon's side ---------------------------------------------------------- */
 
