@@ -17,6 +17,7 @@
 
 #include "daemon/dlog.h"
 #include "daemon/shm-ring.h"
+#include "lib/json-util.h"
 
 #define RECV_CHUNK 65536
 #define OUT_BLOCK 65536         /* largest output block */
@@ -534,13 +535,18 @@ static void send_status(struct dserver *srv, struct conn *c, const char *tag)
 
 /* ---- shared-memory rings ------------------------------------------------------------ */
 
+/* A protocol or engine error code as a ring status: the client's mistakes
+ * are bad_request; anything the daemon or engine ran into (out_of_memory,
+ * cuda, ...) is internal. */
 static uint32_t shm_status_of(const char *code)
 {
     return !strcmp(code, "too_large")       ? DG_SHM_ERR_TOO_LARGE
            : !strcmp(code, "busy")          ? DG_SHM_ERR_BUSY
            : !strcmp(code, "shutting_down") ? DG_SHM_ERR_SHUTTING_DOWN
-           : !strcmp(code, "internal")      ? DG_SHM_ERR_INTERNAL
-                                            : DG_SHM_ERR_BAD_REQUEST;
+           : !strcmp(code, "bad_request") || !strcmp(code, "bad_json") ||
+                   !strcmp(code, "unknown_op") || !strcmp(code, "bad_version")
+               ? DG_SHM_ERR_BAD_REQUEST
+               : DG_SHM_ERR_INTERNAL;
 }
 
 static const char *shm_code_name(uint32_t st)
@@ -567,7 +573,8 @@ static void ring_refuse(struct dserver *srv, struct conn *c, const struct dshm_j
     dlog(DG_LOG_DEBUG, "conn %u: ring job %llu refused: %s: %s", slot_of(srv, c),
          (unsigned long long)job->user_data, shm_code_name(status), msg);
     if (dshm_ring_complete(c->ring, job->slot, &res) < 0)
-        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job", slot_of(srv, c));
+        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
+             "internal error", slot_of(srv, c));
 }
 
 /* A broken ring: the client loses it (and its jobs); the connection stays. */
@@ -679,14 +686,19 @@ static void ring_service(struct dserver *srv, struct conn *c)
     }
 }
 
-/* A done line for a ring job: its completion. */
+/* A ring job's last line (done, or error when it could not start): its
+ * completion. */
 static void ring_done(struct dserver *srv, struct conn *c, const char *line, size_t len)
 {
     /* (the text may hold U+0000: a byte-fallback token can decode to it) */
-    json_t *d = json_loadb(line, len, JSON_ALLOW_NUL, NULL), *ids, *err, *usage, *v;
+    /* (a parse during which memory ran short is not trusted: jansson may
+     * misread the id, and the job would never complete) */
+    struct dg_error perr = {0};
+    json_t *d = dg_json_loadb(line, len, JSON_ALLOW_NUL, "a ring job's result", &perr), *ids, *err,
+           *usage, *v;
     struct dshm_result res;
     int32_t *idv = NULL;
-    const char *finish, *msg = NULL;
+    const char *finish, *msg = NULL, *event;
     int slot;
 
     if (!d) {
@@ -705,22 +717,36 @@ static void ring_done(struct dserver *srv, struct conn *c, const char *line, siz
         res.text = "out of memory reading the job's result";
         res.text_len = strlen(res.text);
         if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
-            dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job",
+            dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
+                 "internal error",
                  slot_of(srv, c));
         return;
     }
-    if (!c->ring || strcmp(json_string_value(json_object_get(d, "event")) ?
-                               json_string_value(json_object_get(d, "event")) : "",
-                           "done")) {
-        json_decref(d);
-        return;
-    }
-    slot = dshm_ring_find_id(c->ring, (uint64_t)json_integer_value(json_object_get(d, "id")));
+    event = json_string_value(json_object_get(d, "event"));
+    event = event ? event : "";
+    slot = c->ring && (!strcmp(event, "done") || !strcmp(event, "error"))
+               ? dshm_ring_find_id(c->ring, (uint64_t)json_integer_value(json_object_get(d, "id")))
+               : -1;
     if (slot < 0) {
         json_decref(d);
         return;
     }
     memset(&res, 0, sizeof res);
+    if (!strcmp(event, "error")) {
+        /* (a job the engine could not start ends with an error line) */
+        const char *code = json_string_value(json_object_get(d, "code"));
+        msg = json_string_value(json_object_get(d, "message"));
+        res.finish = DG_SHM_FINISH_ERROR;
+        res.status = shm_status_of(code ? code : "internal");
+        res.stop_id = -1;
+        res.text = msg ? msg : "failed";
+        res.text_len = strlen(res.text);
+        if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
+            dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
+                 "internal error", slot_of(srv, c));
+        json_decref(d);
+        return;
+    }
     finish = json_string_value(json_object_get(d, "finish_reason"));
     finish = finish ? finish : "error";
     res.finish = !strcmp(finish, "stop")        ? DG_SHM_FINISH_STOP
@@ -765,7 +791,8 @@ static void ring_done(struct dserver *srv, struct conn *c, const char *line, siz
         res.text_len = strlen(res.text);
     }
     if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
-        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job", slot_of(srv, c));
+        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
+             "internal error", slot_of(srv, c));
     free(idv);
     json_decref(d);
 }

@@ -22,6 +22,7 @@
 struct waiting {
     struct waiting *next;
     uint32_t slot;
+    int spare;                     /* one of the ring's spares: not freed */
     struct dg_shm_cqe cqe;         /* out_off is set when posted */
     size_t len;                    /* bytes: ids then text */
     unsigned char bytes[];
@@ -47,6 +48,10 @@ struct dshm_ring {
     struct rjob *jobs;             /* [cq_n] */
     uint32_t *free_slots, n_free;  /* a stack of unused jobs[] indexes */
     struct waiting *wait_head, *wait_tail;
+    /* one payload-free completion per job slot, made with the ring, for a
+     * completion that cannot be allocated: the job still completes (as an
+     * internal error) instead of vanishing */
+    unsigned char *spares;         /* cq_n entries of sizeof(struct waiting) */
     /* the result arena as a FIFO of virtual byte positions: [a_head, a_tail)
      * is held by completions the client has not reaped */
     uint64_t a_head, a_tail;
@@ -111,7 +116,8 @@ int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim
     r->jobs = calloc(r->cq_n, sizeof *r->jobs);
     r->free_slots = malloc(r->cq_n * sizeof *r->free_slots);
     r->cq_end = calloc(r->cq_n, sizeof *r->cq_end);
-    if (!r->jobs || !r->free_slots || !r->cq_end) {
+    r->spares = calloc(r->cq_n, sizeof(struct waiting));
+    if (!r->jobs || !r->free_slots || !r->cq_end || !r->spares) {
         dshm_ring_destroy(r);
         return dg_error_set(err, DG_E_NOMEM, "shm ring: out of memory");
     }
@@ -183,8 +189,10 @@ void dshm_ring_destroy(struct dshm_ring *r)
     while (r->wait_head) {
         struct waiting *w = r->wait_head;
         r->wait_head = w->next;
-        free(w);
+        if (!w->spare)
+            free(w);
     }
+    free(r->spares);
     free(r->jobs);
     free(r->free_slots);
     free(r->cq_end);
@@ -286,20 +294,28 @@ static int bad(struct dshm_job *job, const char *fmt, ...)
     return -1;
 }
 
+/* Out of memory building the job: an internal error, not the client's. */
+static int oom(struct dshm_job *job)
+{
+    job->error = DG_SHM_ERR_INTERNAL;
+    snprintf(job->message, sizeof job->message, "out of memory");
+    return -1;
+}
+
 /* Set key to a JSON number (checked finite). */
 static int put_real(json_t *o, const char *key, double v, struct dshm_job *job)
 {
     if (!isfinite(v))
         return bad(job, "%s: not a finite number", key);
     if (json_object_set_new(o, key, json_real(v)) != 0)
-        return bad(job, "out of memory");
+        return oom(job);
     return 0;
 }
 
 static int put_int(json_t *o, const char *key, long long v, struct dshm_job *job)
 {
     if (json_object_set_new(o, key, json_integer(v)) != 0)
-        return bad(job, "out of memory");
+        return oom(job);
     return 0;
 }
 
@@ -315,7 +331,7 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
     int rc = 0;
 
     if (!o) {
-        bad(job, "out of memory");
+        oom(job);
         return NULL;
     }
     if (e->op == DG_SHM_OP_TEXT) {
@@ -325,7 +341,7 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
             rc = bad(job, "prompt: not UTF-8 text (or it holds a NUL byte)");
         else if (!(s = json_stringn(e->prompt_len ? (const char *)prompt : "", e->prompt_len)) ||
                  json_object_set_new(o, "prompt", s) != 0)
-            rc = bad(job, "out of memory");
+            rc = oom(job);
     } else {
         json_t *a = json_array();
         if (e->prompt_len % 4 != 0)
@@ -335,11 +351,11 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
             int32_t id;
             memcpy(&id, prompt + 4 * (size_t)i, 4);
             if (json_array_append_new(a, json_integer(id)) != 0)
-                rc = bad(job, "out of memory");
+                rc = oom(job);
         }
         if (rc == 0 && (!a || json_object_set_new(o, "prompt_ids", a) != 0)) {
             a = NULL;
-            rc = bad(job, "out of memory");
+            rc = oom(job);
         }
         if (rc < 0)
             json_decref(a);
@@ -378,10 +394,10 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
             rc = bad(job, "n_stop_ids: %u is more than %d", e->n_stop_ids, DG_SHM_MAX_STOP_IDS);
         for (uint32_t i = 0; rc == 0 && a && i < e->n_stop_ids; i++)
             if (json_array_append_new(a, json_integer(e->stop_ids[i])) != 0)
-                rc = bad(job, "out of memory");
+                rc = oom(job);
         if (rc == 0 && (!a || json_object_set_new(o, "stop_token_ids", a) != 0)) {
             a = NULL;
-            rc = bad(job, "out of memory");
+            rc = oom(job);
         }
         if (rc < 0)
             json_decref(a);
@@ -398,12 +414,12 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
                 rc = bad(job, "stop: not UTF-8 text");
             else if (!(s = json_stringn((const char *)stop + i, n)) ||
                      json_array_append_new(a, s) != 0)
-                rc = bad(job, "out of memory");
+                rc = oom(job);
             i += n + 1;
         }
         if (rc == 0 && (!a || json_object_set_new(o, "stop", a) != 0)) {
             a = NULL;
-            rc = bad(job, "out of memory");
+            rc = oom(job);
         }
         if (rc < 0)
             json_decref(a);
@@ -576,7 +592,8 @@ static int post_waiting(struct dshm_ring *r)
         r->wait_head = w->next;
         if (!r->wait_head)
             r->wait_tail = NULL;
-        free(w);
+        if (!w->spare)
+            free(w);
         any = 1;
     }
     return any;
@@ -591,6 +608,7 @@ int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_res
     const int32_t *ids = res->ids;
     const char *text = res->text;
     size_t text_len = res->text_len, n_ids = res->n_ids;
+    int rc = 0;
 
     if (slot >= r->cq_n || !r->jobs[slot].used)
         return 0;
@@ -620,21 +638,29 @@ int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_res
     c.n_ids = (uint32_t)n_ids;
     c.text_len = (uint32_t)text_len;
     w = malloc(sizeof *w + len);
-    if (!w) {
-        r->jobs[slot].used = 0;
-        r->free_slots[r->n_free++] = slot;
-        return -DG_E_NOMEM;
+    if (w) {
+        w->spare = 0;
+        w->len = len;
+        if (ids_bytes)
+            memcpy(w->bytes, ids, ids_bytes);
+        if (text_len)
+            memcpy(w->bytes + ids_bytes, text, text_len);
+    } else {
+        /* (out of memory: the slot's spare, an internal error without text) */
+        w = (struct waiting *)(r->spares + (size_t)slot * sizeof(struct waiting));
+        w->spare = 1;
+        w->len = 0;
+        c.status = DG_SHM_ERR_INTERNAL;
+        c.finish = DG_SHM_FINISH_ERROR;
+        c.n_ids = c.text_len = 0;
+        rc = -DG_E_NOMEM;
     }
     w->next = NULL;
     w->slot = slot;
     w->cqe = c;
-    w->len = len;
-    if (ids_bytes)
-        memcpy(w->bytes, ids, ids_bytes);
-    if (text_len)
-        memcpy(w->bytes + ids_bytes, text, text_len);
     if (r->broken) {
-        free(w);
+        if (!w->spare)
+            free(w);
         r->jobs[slot].used = 0;
         r->free_slots[r->n_free++] = slot;
         return 0;
@@ -646,7 +672,7 @@ int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_res
     r->wait_tail = w;
     if (post_waiting(r))
         ring_bell(r);
-    return 0;
+    return rc;
 }
 
 int dshm_ring_flush(struct dshm_ring *r, struct dg_error *err)

@@ -116,8 +116,9 @@ struct dshm_result {
 /* The job in slot has ended: post its completion (copied), or keep it
  * until the result arena has room.  Output larger than the whole arena
  * becomes a DG_SHM_ERR_TOO_LARGE completion.  Writes the completion
- * doorbell when something was posted.  Returns 0, or -DG_E_NOMEM (the
- * completion is lost; the slot is freed). */
+ * doorbell when something was posted.  Returns 0, or -DG_E_NOMEM when
+ * the completion could not be copied: the job then completes as
+ * DG_SHM_ERR_INTERNAL without output (from a spare made with the ring). */
 int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_result *res);
 
 /* Post what waits for room, after the client reaped.  Returns -1 when the

@@ -28,11 +28,17 @@ __attribute__((constructor)) static void install_alloc(void)
 
 json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err)
 {
+    return dg_json_loadb(buf, len, JSON_REJECT_DUPLICATES, what, err);
+}
+
+json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *what,
+                      struct dg_error *err)
+{
     json_error_t je;
     json_t *v;
 
     alloc_failed = 0;
-    v = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    v = json_loadb(buf, len, flags, &je);
     if (alloc_failed || (!v && json_error_code(&je) == json_error_out_of_memory)) {
         json_decref(v);
         dg_error_set(err, DG_E_NOMEM, "%s: out of memory parsing JSON", what);

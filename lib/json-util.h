@@ -27,6 +27,10 @@ enum dg_json_need { DG_JSON_OPTIONAL = 0, DG_JSON_REQUIRED = 1 };
  * misread the text, so the result is not used). */
 json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err);
 
+/* dg_json_parse with jansson's decoding flags given (JSON_ALLOW_NUL, ...). */
+json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *what,
+                      struct dg_error *err);
+
 /* json_dumps, or NULL when an allocation failed on the way (jansson may
  * then leave a key out or cut it short instead of failing). */
 char *dg_json_dumps(const json_t *v, size_t flags);
