@@ -7,7 +7,9 @@
  *     must say "out of memory": the requests are valid, so any other
  *     message is a misreport), or with the connection closed when the log
  *     says the daemon could not queue its output: none hangs, no line is
- *     torn; the daemon stays up, and once disarmed a status and a normal
+ *     torn; 24 ring jobs a round each complete (with an output or an error
+ *     code) or end with their ring when the daemon drops its connection,
+ *     none lost; the daemon stays up, and once disarmed a status and a normal
  *     request are served, the metrics writer writes again and SIGTERM
  *     exits 0.
  *   sigkill_restart: kill -9 with requests, a shared-memory ring's jobs and
@@ -357,6 +359,68 @@ static int fault_round(int round, int per_conn, struct tally *t)
     return 0;
 }
 
+/* Tallies of the ring jobs sent while a fault is armed. */
+struct ring_tally {
+    int sent, ok, failed, closed;
+};
+
+/* n jobs through a ring (attached here, on a connection of its own) while
+ * the fault is armed: each must complete, with an output or with an error
+ * code, within EVENT_WAIT_MS; or the daemon, short of memory, drops the
+ * connection and with it the ring, which its owner is told of
+ * (DGEMMA_E_CLOSED).  Nothing may simply never come back. */
+static int ring_round(int n, struct ring_tally *t)
+{
+    dgemma_t *c = dgemma_new();
+    dgemma_ring_t *ring = NULL;
+    dgemma_request_t *job = dgemma_request_text("a ring job under faults");
+    int done = 0, rc = 0, attached = 0;
+    CHECK(c && job && dgemma_request_set_int(job, "max_tokens", 8) == 0 &&
+          dgemma_request_set_int(job, "max_denoising_steps", 3) == 0);
+    /* (under faults the attach itself may be refused: try a few times) */
+    for (int tries = 0; tries < 20 && !attached; tries++) {
+        if (dgemma_connect(c, sock_path, 5) == 0 && dgemma_ring_attach(c, NULL, &ring) == 0)
+            attached = 1;
+        else {
+            dgemma_close(c);
+            c = dgemma_new();
+            CHECK(c != NULL);
+        }
+    }
+    CHECKF(attached, "no ring could be attached under faults");
+    for (int i = 0; i < n; i++)
+        CHECK(dgemma_ring_submit(ring, job, (uint64_t)i + 1) == 0);
+    t->sent += n;
+    if (dgemma_ring_kick(ring) != 0)
+        rc = DGEMMA_E_CLOSED;
+    while (done < n && rc == 0) {
+        dgemma_completion_t cq;
+        rc = dgemma_ring_wait(ring, EVENT_WAIT_MS);
+        CHECKF(rc != DGEMMA_E_AGAIN, "ring: %d of %d jobs came back in %d s", done, n,
+               EVENT_WAIT_MS / 1000);
+        while (rc == 0 && (rc = dgemma_ring_reap(ring, &cq)) == 0) {
+            const int failed = !cq.finish_reason || !strcmp(cq.finish_reason, "error");
+            /* (valid jobs: a failure can only be the daemon's, "internal") */
+            CHECKF(!failed || (cq.code && !strcmp(cq.code, "internal")),
+                   "ring job %llu: %s: %s", (unsigned long long)cq.user_data,
+                   cq.code ? cq.code : "(no code)", cq.message ? cq.message : "");
+            t->ok += !failed;
+            t->failed += failed;
+            done++;
+        }
+        if (rc == DGEMMA_E_AGAIN)
+            rc = 0;
+    }
+    if (done < n) {
+        CHECKF(rc == DGEMMA_E_CLOSED, "ring: %d of %d jobs, then %d", done, n, rc);
+        t->closed += n - done;
+    }
+    dgemma_ring_detach(ring);
+    dgemma_close(c);
+    dgemma_request_free(job);
+    return 0;
+}
+
 static int alloc_failures(void)
 {
     const char *trig = test_path("malloc.trigger"), *stats = test_path("malloc.stats");
@@ -366,6 +430,7 @@ static int alloc_failures(void)
     const int per_conn = 30;
     int n = 0, st;
     struct tally t = {0};
+    struct ring_tally rt = {0};
     const double t0 = fixture_now_ms();
     struct outcome o;
     FILE *f;
@@ -391,7 +456,7 @@ static int alloc_failures(void)
         snprintf(rs, sizeof rs, "%d\n", rates[r]);
         CHECK(write_file(trig, rs) == 0);
         usleep(50000); /* (the shim looks every 5 ms) */
-        if (fault_round(r, per_conn, &t))
+        if (fault_round(r, per_conn, &t) || ring_round(24, &rt))
             return 1;
     }
     unlink(trig);
@@ -424,6 +489,9 @@ static int alloc_failures(void)
            "%d connections closed by the daemon; shim: %s; %.1f s\n",
            t.sent, rates[0], rates[1], t.ends[END_DONE] - t.done_oom, t.done_oom, t.err_oom,
            t.ends[END_EOF], buf, (fixture_now_ms() - t0) / 1e3);
+    printf("# alloc_failures: ring: %d jobs: %d completed, %d completed with an error code, "
+           "%d ended with their ring (connection dropped)\n", rt.sent, rt.ok, rt.failed,
+           rt.closed);
     st = stop_daemon(NULL);
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d; log %s", st, log_path);
     return 0;
