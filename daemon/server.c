@@ -558,8 +558,9 @@ static const char *shm_code_name(uint32_t st)
 
 /* A ring job that will not run: its completion says why (and the metrics
  * record the refusal). */
-static void ring_refuse(struct dserver *srv, struct conn *c, const struct dshm_job *job,
-                        uint32_t status, const char *msg, size_t prompt_tokens)
+/* Complete the ring job in slot with an error: status and msg, no output. */
+static void ring_fail(struct dserver *srv, struct conn *c, uint32_t slot, uint32_t status,
+                      const char *msg)
 {
     struct dshm_result res;
     memset(&res, 0, sizeof res);
@@ -568,13 +569,19 @@ static void ring_refuse(struct dserver *srv, struct conn *c, const struct dshm_j
     res.text = msg;
     res.text_len = strlen(msg);
     res.stop_id = -1;
+    if (dshm_ring_complete(c->ring, slot, &res) < 0)
+        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
+             "internal error", slot_of(srv, c));
+}
+
+static void ring_refuse(struct dserver *srv, struct conn *c, const struct dshm_job *job,
+                        uint32_t status, const char *msg, size_t prompt_tokens)
+{
     record_refusal(srv, c, NULL, job->batch ? DG_SOURCE_BATCH : DG_SOURCE_SHM, prompt_tokens,
                    shm_code_name(status), msg);
     dlog(DG_LOG_DEBUG, "conn %u: ring job %llu refused: %s: %s", slot_of(srv, c),
          (unsigned long long)job->user_data, shm_code_name(status), msg);
-    if (dshm_ring_complete(c->ring, job->slot, &res) < 0)
-        dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
-             "internal error", slot_of(srv, c));
+    ring_fail(srv, c, job->slot, status, msg);
 }
 
 /* A broken ring: the client loses it (and its jobs); the connection stays. */
@@ -708,18 +715,9 @@ static void ring_done(struct dserver *srv, struct conn *c, const char *line, siz
         dlog(DG_LOG_ERROR, "conn %u: out of memory reading a ring job's result",
              slot_of(srv, c));
         slot = p && c->ring ? dshm_ring_find_id(c->ring, strtoull(p + 5, NULL, 10)) : -1;
-        if (slot < 0)
-            return;
-        memset(&res, 0, sizeof res);
-        res.finish = DG_SHM_FINISH_ERROR;
-        res.status = DG_SHM_ERR_INTERNAL;
-        res.stop_id = -1;
-        res.text = "out of memory reading the job's result";
-        res.text_len = strlen(res.text);
-        if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
-            dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
-                 "internal error",
-                 slot_of(srv, c));
+        if (slot >= 0)
+            ring_fail(srv, c, (uint32_t)slot, DG_SHM_ERR_INTERNAL,
+                      "out of memory reading the job's result");
         return;
     }
     event = json_string_value(json_object_get(d, "event"));
@@ -731,22 +729,16 @@ static void ring_done(struct dserver *srv, struct conn *c, const char *line, siz
         json_decref(d);
         return;
     }
-    memset(&res, 0, sizeof res);
     if (!strcmp(event, "error")) {
         /* (a job the engine could not start ends with an error line) */
         const char *code = json_string_value(json_object_get(d, "code"));
         msg = json_string_value(json_object_get(d, "message"));
-        res.finish = DG_SHM_FINISH_ERROR;
-        res.status = shm_status_of(code ? code : "internal");
-        res.stop_id = -1;
-        res.text = msg ? msg : "failed";
-        res.text_len = strlen(res.text);
-        if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
-            dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
-                 "internal error", slot_of(srv, c));
+        ring_fail(srv, c, (uint32_t)slot, shm_status_of(code ? code : "internal"),
+                  msg ? msg : "failed");
         json_decref(d);
         return;
     }
+    memset(&res, 0, sizeof res);
     finish = json_string_value(json_object_get(d, "finish_reason"));
     finish = finish ? finish : "error";
     res.finish = !strcmp(finish, "stop")        ? DG_SHM_FINISH_STOP
@@ -1048,6 +1040,21 @@ static struct conn *conn_of(struct dserver *srv, uint64_t ud)
     return c->in_use && c->gen == ud_gen(ud) ? c : NULL;
 }
 
+/* Turn away a just-accepted client: the reason as one error line, sent
+ * without blocking (best effort), then close it and accept again. */
+static void refuse_at_accept(struct dserver *srv, int fd, const char *code, const char *msg)
+{
+    size_t len = 0;
+    char *line = dproto_error_line(0, NULL, code, msg, &len);
+    if (line) {
+        ssize_t w = send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w;
+        free(line);
+    }
+    close(fd);
+    arm_accept(srv);
+}
+
 static void on_accept(struct dserver *srv, int res)
 {
     struct conn *c = NULL;
@@ -1067,20 +1074,11 @@ static void on_accept(struct dserver *srv, int res)
         if (!srv->conns[i].in_use)
             c = &srv->conns[i];
     if (!c || srv->phase != RUNNING) {
-        /* best effort, without blocking: the reason, then close */
-        size_t len = 0;
-        char *line = dproto_error_line(0, NULL, c ? "shutting_down" : "busy",
-                                       c ? "the daemon is shutting down"
-                                         : "too many connections (max_connections)", &len);
-        if (line) {
-            ssize_t w = send(res, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-            (void)w;
-            free(line);
-        }
         if (!c)
             dlog(DG_LOG_WARN, "refused a connection: %d open (max_connections)", srv->n_conns);
-        close(res);
-        arm_accept(srv);
+        refuse_at_accept(srv, res, c ? "shutting_down" : "busy",
+                         c ? "the daemon is shutting down"
+                           : "too many connections (max_connections)");
         return;
     }
     memset(&cred, 0, sizeof cred);
@@ -1089,17 +1087,9 @@ static void on_accept(struct dserver *srv, int res)
     {
         char why[160];
         if (!daccess_peer_allowed(&srv->o.access, res, &cred, why, sizeof why)) {
-            size_t len = 0;
-            char *line = dproto_error_line(0, NULL, "forbidden", why, &len);
-            if (line) {
-                ssize_t w = send(res, line, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-                (void)w;
-                free(line);
-            }
             dlog(DG_LOG_WARN, "refused a connection from uid %d gid %d pid %d: not in "
                  "allow_uids or allow_gids", (int)cred.uid, (int)cred.gid, (int)cred.pid);
-            close(res);
-            arm_accept(srv);
+            refuse_at_accept(srv, res, "forbidden", why);
             return;
         }
     }
