@@ -55,7 +55,9 @@ static const char usage[] =
     "  --rank N         multi-process mode: be rank N of tp processes joined by\n"
     "                   NCCL (NCCL_COMM_ID=HOST:PORT); rank 0 serves,\n"
     "                   the others compute beside it\n"
-    "Without a model option, the small model shipped with dgemma is served.\n";
+    "Without a model option, the small model shipped with dgemma is served.\n"
+    "Started as root it switches to the configured user, or refuses to start\n"
+    "unless allow_root is true (dgemmad(8), ACCESS).\n";
 
 static void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
