@@ -16,6 +16,7 @@
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
 #include "kernels/graph.h"
+#include "kernels/prof.h"
 #include "kernels/nccl.h"
 #include "kernels/ops.h"
 #include "lib/backend-wire.h"
@@ -40,6 +41,10 @@ struct last_item {
 enum step_kind { STEP_ENCODE = 1, STEP_DENOISE = 2 };
 
 #define MAX_GRAPHS 32
+
+/* profiler marks between two collects: a pass marks about 16 stages a
+ * layer */
+#define PROF_MARKS 2048
 
 /* one captured step of a rank */
 struct step_graph {
@@ -87,6 +92,9 @@ struct grank {
     int n_graphs;
     uint64_t rows_gen, nccl_gen;    /* bumped when the row buffers, the group change */
     uint64_t captures, replays;
+    /* option profile, rank 0: stage timings of the encoder passes [0] and
+     * of the denoising steps with their self-conditioning [1] */
+    struct dg_prof *prof[2];
     int64_t busy_since_ms;          /* serve: when the call in hand began (0: idle) */
     /* the job's outcome */
     int rc;
@@ -246,6 +254,9 @@ static int rank_init(struct grank *R, struct dg_error *err)
         TRY(dg_nccl_init(&R->nccl, &R->cb->id, R->cb->n, R->index, R->dev, R->cx.stream, err));
         R->cx.nccl = R->nccl;
     }
+    if (o->profile && R->index == 0)
+        for (int i = 0; i < 2; i++)
+            TRY(dg_prof_create(&R->prof[i], PROF_MARKS, R->dev, err));
     rc = o->model ? dg_cuda_model_upload_rank(&R->model, o->model,
                                               o->fp32 ? DG_ELT_F32 : DG_ELT_BF16, plan, R->index,
                                               R->dev, err)
@@ -349,6 +360,22 @@ static int step_stats(struct grank *R, int64_t Tb, float cap, const struct dg_ra
     return dg_cuda_row_stats_fold(R->stats_d, R->gather_d, Tb, R->cb->n, st, R->dev, err);
 }
 
+/* Profiling (option profile, rank 0): start a call's marks, charge the
+ * time since the last mark, add the marks up once the stream is idle. */
+static int prof_begin(struct grank *R, int which, struct dg_error *err)
+{
+    R->cx.prof = R->prof[which];
+    return R->cx.prof ? dg_prof_begin(R->cx.prof, R->cx.stream, err) : 0;
+}
+
+#define prof_mark(R, label) \
+    ((R)->cx.prof ? dg_prof_mark((R)->cx.prof, label, (R)->cx.stream, err) : 0)
+
+static int prof_collect(struct grank *R, struct dg_error *err)
+{
+    return R->cx.prof ? dg_prof_collect(R->cx.prof, err) : 0;
+}
+
 /* The work a step queues after its stage, every pointer and size a
  * function of (kind, Tb) and of step_generation: an encoder pass, or a
  * decoder pass and the statistics of its logits. */
@@ -356,8 +383,10 @@ static int step_work(struct grank *R, int kind, int64_t Tb, struct dg_error *err
 {
     int rc;
     TRY(dg_cuda_pass_body(&R->cx, kind == STEP_DENOISE, Tb, R->logits, err));
-    if (kind == STEP_DENOISE)
+    if (kind == STEP_DENOISE) {
         TRY(step_stats(R, Tb, (float)R->cb->base.cfg->final_logit_softcapping, R->sites_d, err));
+        TRY(prof_mark(R, "sampler statistics"));
+    }
     return 0;
 }
 
@@ -372,7 +401,7 @@ static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
     struct step_graph *g = NULL;
     int rc, rc2;
 
-    if (!R->cb->opt.graphs)
+    if (!R->cb->opt.graphs || R->cx.prof)
         return step_work(R, kind, Tb, err);
     for (int i = 0; i < R->n_graphs && !g; i++)
         if (R->graphs[i].kind == kind && R->graphs[i].Tb == Tb)
@@ -448,11 +477,13 @@ static int rank_encode(struct grank *R, struct dg_error *err)
     for (int i = 0; i < n; i++)
         R->seqs[i] = (struct dg_cuda_seq){&R->slots[items[i].slot].kv, items[i].ids, items[i].n,
                                           NULL};
+    TRY(prof_begin(R, 0, err));
     TRY(dg_cuda_pass_stage(&R->cx, R->seqs, n, 0, &Tb, err));
+    TRY(prof_mark(R, "stage"));
     TRY(run_step(R, STEP_ENCODE, Tb, err));
     TRY(dg_cuda_stream_sync(R->cx.stream, R->dev, err));
     dg_cuda_pass_finish(R->seqs, n, 0);
-    return 0;
+    return prof_collect(R, err);
 }
 
 static int rank_denoise(struct grank *R, struct dg_error *err)
@@ -470,6 +501,7 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
         any_filtered |= filtered(&items[i], V);
     }
     Tb = dg_cuda_bucket(rows);
+    TRY(prof_begin(R, 1, err));
     TRY(reserve_seqs(R, n, err));
     TRY(reserve_rows(R, Tb, err));
     for (int i = 0; i < n; i++) {
@@ -499,6 +531,7 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
     TRY(dg_cuda_copy_async(R->sites_d, R->sites_h, sizeof *R->sites_h * (size_t)Tb, st, R->dev,
                            err));
     TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
+    TRY(prof_mark(R, "stage"));
     if (!any_filtered) {
         TRY(run_step(R, STEP_DENOISE, Tb, err));
     } else {
@@ -512,10 +545,17 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
                 TRY(host_thresholds(R, &items[i], o, err));
         TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
         TRY(step_stats(R, Tb, 0.0f, R->sites_d, err));
+        TRY(prof_mark(R, "sampler statistics"));
     }
     TRY(dg_cuda_copy_async(R->stats_h, R->stats_d, sizeof *R->stats_h * (size_t)rows, st, R->dev,
                            err));
     TRY(dg_cuda_stream_sync(st, R->dev, err));
+    if (R->cx.prof) {
+        /* (the wait for the results, as the host sees it) */
+        TRY(prof_mark(R, "results to the host"));
+        TRY(dg_cuda_stream_sync(st, R->dev, err));
+        TRY(prof_collect(R, err));
+    }
     if (R->index == 0)
         for (int i = 0, o = 0; i < n; o += items[i].cl, i++)
             items[i].nonfinite = dg_row_outputs(R->stats_h + o, items[i].cl, items[i].sample,
@@ -536,6 +576,7 @@ static int rank_condition(struct grank *R, struct dg_error *err)
         if (cb->last[cb->which[i]].cl > most)
             most = cb->last[cb->which[i]].cl;
     TRY(reserve_probs(R, most, err));
+    TRY(prof_begin(R, 1, err));
     for (int i = 0; i < cb->n_items; i++) {
         const struct last_item *li = &cb->last[cb->which[i]];
         struct gslot *s = &R->slots[li->slot];
@@ -544,15 +585,20 @@ static int rank_condition(struct grank *R, struct dg_error *err)
         TRY(dg_cuda_row_probs_e(R->model.elt, R->probs, R->logits + li->off * nv, li->cl, nv,
                                 R->T_d + li->off, R->tau_d + li->off, R->stats_d + li->off, st,
                                 R->dev, err));
+        TRY(prof_mark(R, "sampler probabilities"));
         TRY(dg_blas_gemm_e(R->cx.blas, R->model.elt, s->soft, 0, R->probs, li->cl,
                            R->model.embed, 1, H, nv, H, R->model.embed_scale, 0.0f, err));
-        if (R->nccl)
+        TRY(prof_mark(R, "self-conditioning P.E"));
+        if (R->nccl) {
             TRY(dg_nccl_all_reduce(R->nccl, s->soft, (size_t)(li->cl * H),
                                    R->model.elt == DG_ELT_F32 ? DG_NCCL_F32 : DG_NCCL_BF16,
                                    DG_COLL_SUM, err));
+            TRY(prof_mark(R, "all-reduce"));
+        }
         s->has_soft = 1;
     }
-    return dg_cuda_stream_sync(st, R->dev, err);
+    TRY(dg_cuda_stream_sync(st, R->dev, err));
+    return prof_collect(R, err);
 }
 
 static void rank_free(struct grank *R)
@@ -564,6 +610,11 @@ static void rank_free(struct grank *R)
         if (R->slots[i].open)
             close_slot(R, i);
     drop_graphs(R);
+    for (int i = 0; i < 2; i++) {
+        dg_prof_destroy(R->prof[i]);
+        R->prof[i] = NULL;
+    }
+    R->cx.prof = NULL;
     /* the communicator before the stream it enqueues on */
     if (R->nccl)
         dg_nccl_free(R->nccl);
@@ -1295,6 +1346,21 @@ int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda
     u->captures = R->captures;
     u->replays = R->replays;
     return 0;
+}
+
+int dg_cuda_backend_profile(struct dg_backend *b, int which, struct dg_prof_total *out, int max,
+                            int reset)
+{
+    struct cuda_backend *cb = impl(b);
+    struct dg_prof *p;
+    int n;
+    if (which < 0 || which > 1 || !cb->nl || cb->ranks[0].index != 0 ||
+        !(p = cb->ranks[0].prof[which]))
+        return -1;
+    n = dg_prof_totals(p, out, max);
+    if (reset)
+        dg_prof_reset(p);
+    return n;
 }
 
 int dg_cuda_backend_ranks(const struct dg_backend *b)

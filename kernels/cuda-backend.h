@@ -73,6 +73,7 @@
 #include <stdint.h>
 
 #include "kernels/nccl.h"
+#include "kernels/prof.h"
 #include "lib/backend.h"
 #include "lib/coll.h"
 #include "lib/model-weights.h"
@@ -91,6 +92,7 @@ struct dg_cuda_backend_options {
     int pin;                             /* pin each worker to a CPU near its GPU */
     int timeout_ms;                      /* watchdog per call; 0: none */
     int graphs;                          /* capture steps in CUDA graphs (see above) */
+    int profile;                         /* time rank 0's stages on its GPU (no graphs) */
     /* multi-process mode (with nccl_id): this process holds rank
      * process_rank of n_ranks on GPU `device` (or devices[0]); the other
      * ranks run in other processes (dg_cuda_backend_serve) joined by the
@@ -132,6 +134,15 @@ int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda
  * errors when it cannot be refused alike everywhere, DG_E_INVAL (not a
  * serving backend). */
 int dg_cuda_backend_serve(struct dg_backend *b, volatile const int *stop, struct dg_error *err);
+
+/* With option profile, in the process of rank 0: rank 0's device time
+ * per stage (kernels/prof.h), summed over its encoder passes (which 0) or
+ * its denoising steps and their self-conditioning (which 1) since the
+ * last reset; copies at most max totals to out and returns how many there
+ * are (-1: no profile).  Stage names are the forward pass's ("experts",
+ * "attention (full)", ...) and the sampler's.  Call between calls. */
+int dg_cuda_backend_profile(struct dg_backend *b, int which, struct dg_prof_total *out, int max,
+                            int reset);
 
 /* Ranks of the backend in this process. */
 int dg_cuda_backend_ranks(const struct dg_backend *b);

@@ -8,11 +8,20 @@
 
 #include "kernels/devmem.h"
 #include "kernels/nccl.h"
+#include "kernels/prof.h"
 
 #define TRY(call)                                                                       \
     do {                                                                                \
         if ((rc = (call)) < 0)                                                          \
             return rc;                                                                  \
+    } while (0)
+
+/* With a profiler attached, the device time since the last mark goes to
+ * label (prof.h). */
+#define MARK(label)                                                            \
+    do {                                                                       \
+        if (cx->prof)                                                          \
+            TRY(dg_prof_mark(cx->prof, label, cx->stream, err));               \
     } while (0)
 
 /* ---- the KV cache --------------------------------------------------------- */
@@ -374,12 +383,14 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
 
     /* attention: q, k, v projections, their norms and RoPE for every token */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
+    MARK("norms");
     TRY(dg_blas_gemm_e(cx->blas, e, cx->q, 0, cx->a, T, L->q_proj, 0, qdim, H, H, 1, 0, err));
     TRY(dg_blas_gemm_e(cx->blas, e, cx->kraw, 0, cx->a, T, L->k_proj, 0, kvdim, H, H, 1, 0,
                        err));
     if (L->sliding)
         TRY(dg_blas_gemm_e(cx->blas, e, cx->vraw, 0, cx->a, T, L->v_proj, 0, kvdim, H, H, 1, 0,
                            err));
+    MARK("qkv projection");
     TRY(dg_cuda_rmsnorm_e(e, cx->q, cx->q, L->q_norm, T * nh, hd, eps, st, dev, err));
     TRY(dg_cuda_rmsnorm_e(e, cx->k, cx->kraw, L->k_norm, T * nkv, hd, eps, st, dev, err));
     /* full layers: V is the raw K projection, normed without a weight */
@@ -387,6 +398,7 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                           dev, err));
     TRY(dg_cuda_rope_e(e, cx->q, cx->pos, T, nh, hd, L->inv_freq, st, dev, err));
     TRY(dg_cuda_rope_e(e, cx->k, cx->pos, T, nkv, hd, L->inv_freq, st, dev, err));
+    MARK("qk norm, rope");
 
     /* every token's K/V into its sequence's cache, then attention over
      * the rows the layer's table names (encoder: causal, decoder: all) */
@@ -395,42 +407,55 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         const int mask = decoder ? 0 : L->sliding ? 2 : 1;
         TRY(dg_cuda_kv_append_e(e, tab, cx->q_seq, cx->pos, cx->k, cx->v, T, kvdim, st, dev,
                                 err));
+        MARK("kv append");
         TRY(dg_cuda_attention_batch_e(e, cx->o, cx->q, cx->pos, cx->q_seq, T, tab, nh, nkv, hd,
                                       mask, W, st, dev, err));
+        MARK(L->sliding ? "attention (sliding)" : "attention (full)");
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
      * is a partial sum, reduced in the element type */
     TRY(dg_blas_gemm_e(cx->blas, e, cx->attn, 0, cx->o, T, L->o_proj, 0, H, qdim, qdim, 1, 0,
                        err));
+    MARK("o projection");
     TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
+    MARK("all-reduce");
     TRY(dg_cuda_rmsnorm_add_e(e, cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f, st, dev,
                               err));
+    MARK("norms");
 
     /* dense MLP: down(gelu(gate u) * up u), u = rms(h) */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm, T, H, eps, st, dev, err));
+    MARK("norms");
     TRY(dg_blas_gemm_e(cx->blas, e, cx->gu, 0, cx->a, T, L->mlp_gu, 0, 2 * (int64_t)I, H, H, 1,
                        0, err));
     TRY(dg_cuda_gelu_mul_e(e, cx->act, I, cx->gu, 2 * (int64_t)I, at(cx->gu, I, e),
                            2 * (int64_t)I, T, I, st, dev, err));
     TRY(dg_blas_gemm_e(cx->blas, e, cx->dense, 1, cx->act, T, L->mlp_down, 0, H, I, I, 1, 0,
                        err));
+    MARK("dense mlp");
 
     /* router: softmax(rms(h) * scale * H^-1/2 . W_r^T), top-K */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->router_scale, T, H, eps, st, dev, err));
+    MARK("norms");
     TRY(dg_blas_gemm_e(cx->blas, e, cx->rlogits, 1, cx->a, T, L->router_proj, 0, E, H, H,
                        1.0f / sqrtf((float)H), 0.0f, err));
     TRY(dg_cuda_router_topk(cx->ridx, cx->rw, cx->rlogits, T, E, K, L->router_expert_scale, st,
                             dev, err));
+    MARK("router");
 
     /* experts on v = rms(h), then x' = (h + rms(rms(d) + rms(m))) * s */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm_2, T, H, eps, st, dev, err));
+    MARK("norms");
     TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp, Im,
                       L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
+    MARK("experts");
     /* both partial sums (adjacent, fp32) in one all-reduce */
     TRY(reduce(cx, cx->dense, 2 * T * H, DG_NCCL_F32, err));
+    MARK("all-reduce");
     TRY(dg_cuda_ffn_combine_e(e, cx->x, cx->dense, moe, L->post_ffn_norm_1,
                               L->post_ffn_norm_2, L->post_ffn_norm, T, H, eps,
                               decoder ? L->scalar_decoder : L->scalar_encoder, st, dev, err));
+    MARK("norms");
     return 0;
 }
 
@@ -480,6 +505,7 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
                         dev, err));
     /* each token's row is on one rank, zeros elsewhere: the sum is exact */
     TRY(reduce(cx, cx->x, T * H, elt_type(e), err));
+    MARK("embedding");
     if (decoder) {
         /* self-conditioning: x += SC(soft) on every step; a canvas without
          * a soft input gets zero rows, whose SC output is exactly zero
@@ -495,6 +521,7 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
                            1.0f, err));
         /* the weight-free post-norm applies on every step */
         TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
+        MARK("self-conditioning mlp");
     }
     for (int l = 0; l < c->num_layers; l++)
         TRY(layer_forward(cx, l, decoder, T, err));
@@ -503,6 +530,7 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
         /* this rank's vocabulary columns */
         TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, cm->nv, H, H, 1, 0,
                            err));
+        MARK("lm head");
     }
     return 0;
 }

@@ -47,6 +47,7 @@
 #include "lib/error.h"
 
 struct dg_nccl;
+struct dg_prof;
 
 struct dg_cuda_kv {
     int64_t length, max_length;
@@ -82,6 +83,7 @@ struct dg_cuda_ctx {
     const struct dg_cuda_model *cm;
     int dev;
     struct dg_nccl *nccl;     /* the rank's group (NULL: one GPU); set by the caller */
+    struct dg_prof *prof;     /* stage timings (prof.h), or NULL; set by the caller */
     dg_stream_t stream;
     struct dg_blas *blas;
     int64_t tokens_cap;       /* scratch holds this many tokens */
