@@ -1,0 +1,595 @@
+/*
+ * bench-generate - whole generations through the serving engine on the
+ * CUDA backend, at the full 26B-A4B shapes with random bf16 weights made
+ * on the GPU: the workload of the performance harness (bench/perf/).
+ *
+ * usage: bench-generate [--tp N] [--eager] [--profile] [--no-ceilings]
+ *                       [--json FILE] [--prompt P] [--canvases C] [--steps S]
+ *                       [--reps R] [--preset NAME] BATCH...
+ *   (defaults: tp 1, CUDA graphs on, prompt 512, 4 canvases, 16 steps, 1
+ *   rep, preset 26b, batches 1 4 16 32)
+ *
+ * Per batch size B: B requests of P random prompt ids, submitted at once
+ * to one engine (max_batch B), each generating C canvases of the model's
+ * canvas length with exactly S denoising steps a canvas (the confidence
+ * and stability stops off: stability threshold 65535, confidence
+ * threshold 1e-30; no stop ids, so every canvas is emitted whole).  The
+ * backend's calls are timed on the host (each ends with its stream
+ * synchronised): per-forward medians of the denoising steps (decoder pass
+ * + sampler statistics), the self-conditioning calls and the commits
+ * (encoder pass over a canvas); the prefill is the encoder calls before
+ * the first denoising step.  Tokens/s count committed (emitted) tokens
+ * over the generation's wall time without and with the prefill.
+ *
+ * Roofline of one forward (the METHOD's two numbers, measured first in
+ * the same run unless --no-ceilings): the fewest bytes the pass must move
+ * (every weight it uses read once: the experts the batch is expected to
+ * touch under uniform routing, E (1 - (1 - K/E)^T) per layer; the cached
+ * keys and values it attends to; the logits written and read once by the
+ * sampler) over the measured copy bandwidth, against its operations
+ * (2 x multiply-adds of the projections, experts, LM head and attention)
+ * over the measured bf16 GEMM rate; the larger is the floor.  At batch 1
+ * the denoising step is bandwidth-bound by a factor of about 5.
+ *
+ * --profile: the backend runs eagerly and times every stage of rank 0's
+ * passes on the device (kernels/prof.h); a table per batch gives each
+ * stage's milliseconds per denoising step beside its own floor.
+ *
+ * Prints a table; with --json, writes the numbers as JSON too.  Asserts
+ * nothing about speed.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/ceilings.h"
+#include "kernels/cuda-backend.h"
+#include "kernels/devmem.h"
+#include "lib/engine.h"
+#include "lib/gen-settings.h"
+#include "lib/model-config.h"
+
+#define MAX_B 64
+#define MAX_CALLS 65536
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n < 1)
+        return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- the backend's calls, timed -------------------------------------------------- */
+
+struct call_times {
+    double v[MAX_CALLS];
+    int n;
+};
+
+static struct {
+    const struct dg_backend_ops *orig;
+    int denoised;                 /* a denoising step came: later encodes are commits */
+    double first_denoise_ms;      /* when it came */
+    struct call_times prefill, denoise, condition, commit;
+} tm;
+
+static void add_time(struct call_times *c, double ms)
+{
+    if (c->n < MAX_CALLS)
+        c->v[c->n++] = ms;
+}
+
+static int timed_encode(struct dg_backend *b, const struct dg_encode_item *items, int n,
+                        struct dg_error *err)
+{
+    const double t0 = now_ms();
+    const int rc = tm.orig->encode(b, items, n, err);
+    add_time(tm.denoised ? &tm.commit : &tm.prefill, now_ms() - t0);
+    return rc;
+}
+
+static int timed_denoise(struct dg_backend *b, struct dg_denoise_item *items, int n,
+                         struct dg_error *err)
+{
+    const double t0 = now_ms();
+    int rc;
+    if (!tm.denoised) {
+        tm.denoised = 1;
+        tm.first_denoise_ms = t0;
+    }
+    rc = tm.orig->denoise(b, items, n, err);
+    add_time(&tm.denoise, now_ms() - t0);
+    return rc;
+}
+
+static int timed_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
+{
+    const double t0 = now_ms();
+    const int rc = tm.orig->condition(b, which, n, err);
+    add_time(&tm.condition, now_ms() - t0);
+    return rc;
+}
+
+/* ---- the floor of one forward ---------------------------------------------------- */
+
+struct floor_parts {
+    double bytes, flops;
+};
+
+/* Bytes and operations of the named stages of one pass over T tokens
+ * (B sequences, each with `ctx` committed positions), decoder or
+ * encoder, at TP = tp (per rank: a rank holds 1/tp of every split
+ * weight, the replicated norms aside). */
+struct pass_floor {
+    struct floor_parts attn_proj, attention, dense, router, experts, lm_head, sc_mlp, sampler,
+        probs_pe, total;
+};
+
+static struct pass_floor pass_floor(const struct dg_model_config *c, int B, int64_t ctx,
+                                    int decoder, int tp)
+{
+    const double H = c->hidden_size, V = (double)c->vocab_size, E = c->num_experts;
+    const double K = c->top_k_experts, Im = c->moe_intermediate_size, I = c->intermediate_size;
+    const double CL = c->canvas_length, T = B * CL, S = c->self_conditioning_size;
+    const double W = c->sliding_window;
+    struct pass_floor f;
+    memset(&f, 0, sizeof f);
+    for (int l = 0; l < c->num_layers; l++) {
+        const int full = c->layer_kind[l] == DG_LAYER_FULL;
+        const double hd = dg_layer_head_dim(c, l), nkv = dg_layer_kv_heads(c, l);
+        const double nh = c->num_heads;
+        const double qkv = nh * hd * H + nkv * hd * H * (full ? 1 : 2), o = nh * hd * H;
+        /* keys each query sees: the committed window and its own block */
+        const double keys = (full ? (double)ctx : fmin((double)ctx, W - 1)) + CL;
+        const double touched = E * (1.0 - pow(1.0 - K / E, T));
+        f.attn_proj.bytes += 2.0 * (qkv + o);
+        f.attn_proj.flops += 2.0 * T * (qkv + o);
+        f.attention.bytes += B * keys * nkv * hd * 2.0 * 2.0;
+        f.attention.flops += 4.0 * T * keys * nh * hd;
+        f.dense.bytes += 2.0 * 3.0 * I * H;
+        f.dense.flops += 2.0 * T * 3.0 * I * H;
+        f.router.bytes += 2.0 * E * H;
+        f.router.flops += 2.0 * T * E * H;
+        f.experts.bytes += touched * 2.0 * 3.0 * Im * H;
+        f.experts.flops += 2.0 * T * K * 3.0 * Im * H;
+    }
+    if (decoder) {
+        f.lm_head.bytes = 2.0 * V * H + 4.0 * T * V;
+        f.lm_head.flops = 2.0 * T * V * H;
+        f.sc_mlp.bytes = 2.0 * 3.0 * S * H;
+        f.sc_mlp.flops = 2.0 * T * 3.0 * S * H;
+        f.sampler.bytes = 4.0 * T * V;          /* the logits read once */
+        f.probs_pe.bytes = 4.0 * T * V + 2.0 * V * H; /* logits, embedding */
+        f.probs_pe.flops = 2.0 * T * V * H;
+    }
+    {
+        struct floor_parts *all[] = {&f.attn_proj, &f.attention, &f.dense, &f.router,
+                                     &f.experts, &f.lm_head, &f.sc_mlp, &f.sampler, &f.probs_pe};
+        /* a rank's share: heads, widths, experts and vocabulary split tp ways */
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+            all[i]->bytes /= tp;
+            all[i]->flops /= tp;
+            f.total.bytes += all[i]->bytes;
+            f.total.flops += all[i]->flops;
+        }
+    }
+    return f;
+}
+
+static double floor_ms(struct floor_parts p, const struct dg_ceilings *ce)
+{
+    return fmax(p.bytes / (ce->copy_gbps * 1e9), p.flops / (ce->gemm_tflops * 1e12)) * 1e3;
+}
+
+/* ---- one batch size ------------------------------------------------------------- */
+
+struct run_cfg {
+    int tp, graphs, profile, canvases, steps, reps;
+    int64_t prompt;
+};
+
+struct batch_result {
+    int B;
+    int64_t tokens;
+    double wall_ms, prefill_ms, den_ms, cond_ms, commit_ms, prefill_call_ms;
+    double tps_excl, tps_incl;
+    double roof_den_ms, roof_commit_ms;
+    double gib_rank[8];
+    int n_steps;
+    struct dg_prof_total prof[DG_PROF_MAX_LABELS];
+    int n_prof;
+};
+
+struct gen_count {
+    int64_t tokens;
+    int done, errors;
+    char error[256];
+};
+
+static void on_event(void *ctx, const struct dg_gen_event *ev)
+{
+    struct gen_count *g = ctx;
+    if (ev->kind == DG_EVENT_CANVAS)
+        g->tokens += ev->n_ids;
+    if (ev->kind == DG_EVENT_DONE) {
+        g->done++;
+        if (ev->finish == DG_FINISH_ERROR && !g->errors++)
+            snprintf(g->error, sizeof g->error, "%s", ev->error ? ev->error : "?");
+    }
+}
+
+static uint64_t rng = 88172645463325252ull;
+static int32_t rand_id(int64_t V)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (int32_t)(rng % (uint64_t)V);
+}
+
+static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
+                     const struct dg_ceilings *ce, struct batch_result *r)
+{
+    const struct dg_model_config *c = b->cfg;
+    const int CL = c->canvas_length;
+    const int64_t P = rc->prompt, V = c->vocab_size;
+    struct dg_engine_config ec;
+    struct dg_generation_config gc;
+    struct dg_gen_settings s;
+    struct dg_error err = {0};
+    double *walls = calloc((size_t)rc->reps, sizeof(double));
+    double *prefills = calloc((size_t)rc->reps, sizeof(double));
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
+    int ok = -1;
+
+    memset(r, 0, sizeof *r);
+    r->B = B;
+    if (!walls || !prefills || !prompt)
+        goto out;
+    dg_engine_config_default(&ec, c);
+    ec.max_batch = B;
+    ec.prefill_chunk = (int)P;
+    ec.max_context = P + (int64_t)rc->canvases * CL;
+    dg_generation_config_defaults(&gc);
+    dg_gen_settings_defaults(&s, c, &gc);
+    s.canvas_length = CL;
+    s.max_denoising_steps = rc->steps;
+    s.stability_threshold = 65535;
+    s.confidence_threshold = 1e-30;
+    s.max_tokens = (int64_t)rc->canvases * CL;
+    s.n_stop_ids = 0;
+    s.seed_set = 1;
+    if (dg_gen_settings_validate(&s, c, &ec.limits, &err) < 0) {
+        fprintf(stderr, "bench-generate: settings: %s\n", err.msg);
+        goto out;
+    }
+    memset(&tm.prefill, 0, sizeof tm.prefill);
+    memset(&tm.denoise, 0, sizeof tm.denoise);
+    memset(&tm.condition, 0, sizeof tm.condition);
+    memset(&tm.commit, 0, sizeof tm.commit);
+    if (rc->profile)
+        for (int w = 0; w < 2; w++)
+            dg_cuda_backend_profile(b, w, NULL, 0, 1);
+    /* a first round unrecorded (kernels load, cuBLAS picks, graphs are
+     * captured), then reps rounds */
+    for (int rep = -1; rep < rc->reps; rep++) {
+        struct dg_engine *e = NULL;
+        struct gen_count g = {0};
+        double t0;
+        tm.denoised = 0;
+        if (rep == 0) {
+            memset(&tm.prefill, 0, sizeof tm.prefill);
+            memset(&tm.denoise, 0, sizeof tm.denoise);
+            memset(&tm.condition, 0, sizeof tm.condition);
+            memset(&tm.commit, 0, sizeof tm.commit);
+            if (rc->profile)
+                for (int w = 0; w < 2; w++)
+                    dg_cuda_backend_profile(b, w, NULL, 0, 1);
+        }
+        if (dg_engine_create(b, &ec, NULL, on_event, &g, &e, &err) < 0) {
+            fprintf(stderr, "bench-generate: engine: %s\n", err.msg);
+            goto out;
+        }
+        t0 = now_ms();
+        for (int i = 0; i < B; i++) {
+            uint64_t id;
+            for (int64_t j = 0; j < P; j++)
+                prompt[j] = rand_id(V);
+            s.seed = 1000 + (uint64_t)i + 100 * (uint64_t)(rep + 1);
+            if (dg_engine_submit(e, prompt, P, &s, NULL, &id, &err) < 0) {
+                fprintf(stderr, "bench-generate: submit: %s\n", err.msg);
+                dg_engine_destroy(e);
+                goto out;
+            }
+        }
+        while (dg_engine_step(e) > 0)
+            ;
+        dg_engine_destroy(e);
+        if (g.errors) {
+            fprintf(stderr, "bench-generate: batch %d: %d requests failed: %s\n", B, g.errors,
+                    g.error);
+            goto out;
+        }
+        if (rep >= 0) {
+            walls[rep] = now_ms() - t0;
+            prefills[rep] = tm.first_denoise_ms - t0;
+            r->tokens = g.tokens;
+        }
+    }
+    r->wall_ms = median(walls, rc->reps);
+    r->prefill_ms = median(prefills, rc->reps);
+    r->n_steps = tm.denoise.n / rc->reps;
+    r->den_ms = median(tm.denoise.v, tm.denoise.n);
+    r->cond_ms = median(tm.condition.v, tm.condition.n);
+    r->commit_ms = median(tm.commit.v, tm.commit.n);
+    r->prefill_call_ms = median(tm.prefill.v, tm.prefill.n);
+    r->tps_excl = (double)r->tokens / ((r->wall_ms - r->prefill_ms) * 1e-3);
+    r->tps_incl = (double)r->tokens / (r->wall_ms * 1e-3);
+    if (ce) {
+        /* averaged over the canvases' committed lengths */
+        double den = 0, com = 0;
+        for (int k = 0; k < rc->canvases; k++) {
+            const int64_t ctx = P + (int64_t)k * CL;
+            struct pass_floor fd = pass_floor(c, B, ctx, 1, rc->tp);
+            struct pass_floor fe = pass_floor(c, B, ctx, 0, rc->tp);
+            den += floor_ms(fd.total, ce) / rc->canvases;
+            com += floor_ms(fe.total, ce) / rc->canvases;
+        }
+        r->roof_den_ms = den;
+        r->roof_commit_ms = com;
+    }
+    for (int q = 0; q < dg_cuda_backend_ranks(b) && q < 8; q++) {
+        struct dg_cuda_rank_usage u;
+        if (dg_cuda_backend_rank_usage(b, q, &u) == 0)
+            r->gib_rank[q] = (double)u.device_used / GIB;
+    }
+    if (rc->profile)
+        r->n_prof = dg_cuda_backend_profile(b, 1, r->prof, DG_PROF_MAX_LABELS, 0);
+    ok = 0;
+out:
+    free(walls);
+    free(prefills);
+    free(prompt);
+    return ok;
+}
+
+/* The profile of one batch: ms per denoising step by stage, beside each
+ * stage's floor where one is counted. */
+static void print_profile(const struct dg_model_config *c, const struct run_cfg *rc,
+                          const struct batch_result *r, const struct dg_ceilings *ce)
+{
+    const struct pass_floor f = pass_floor(c, r->B, rc->prompt + (int64_t)(rc->canvases - 1) *
+                                                                  c->canvas_length / 2,
+                                           1, rc->tp);
+    const double steps = (double)r->n_steps * rc->reps;
+    double total = 0;
+    printf("\nprofile, batch %d: device ms per denoising step (eager, rank 0), mean over %d "
+           "steps; floor at the mean committed length\n\n",
+           r->B, (int)steps);
+    printf("| stage | ms / step | share | floor ms | x floor |\n|---|---:|---:|---:|---:|\n");
+    for (int i = 0; i < r->n_prof; i++)
+        total += r->prof[i].ms;
+    for (int i = 0; i < r->n_prof; i++) {
+        const char *l = r->prof[i].label;
+        const struct floor_parts *fp =
+            !strcmp(l, "qkv projection") || !strcmp(l, "o projection") ? NULL
+            : !strncmp(l, "attention", 9)                              ? NULL
+            : !strcmp(l, "dense mlp")                                  ? &f.dense
+            : !strcmp(l, "experts")                                    ? &f.experts
+            : !strcmp(l, "lm head")                                    ? &f.lm_head
+            : !strcmp(l, "self-conditioning mlp")                      ? &f.sc_mlp
+            : !strcmp(l, "sampler statistics")                         ? &f.sampler
+            : !strcmp(l, "self-conditioning P.E")                      ? &f.probs_pe
+            : !strcmp(l, "router")                                     ? &f.router
+                                                                       : NULL;
+        const double ms = r->prof[i].ms / steps;
+        if (fp && ce) {
+            const double fl = floor_ms(*fp, ce);
+            printf("| %s | %.3f | %.1f%% | %.3f | %.1f |\n", l, ms, 100 * r->prof[i].ms / total,
+                   fl, ms / fl);
+        } else {
+            printf("| %s | %.3f | %.1f%% | | |\n", l, ms, 100 * r->prof[i].ms / total);
+        }
+    }
+    if (ce) {
+        struct floor_parts qkvo = f.attn_proj;
+        printf("| (q, k, v, o projections together) | | | %.3f | |\n", floor_ms(qkvo, ce));
+        printf("| (attention, all layers) | | | %.3f | |\n", floor_ms(f.attention, ce));
+    }
+    printf("| total | %.3f | 100%% | %.3f | %.1f |\n", total / steps, floor_ms(f.total, ce),
+           total / steps / floor_ms(f.total, ce));
+}
+
+static json_t *result_json(const struct run_cfg *rc, const struct batch_result *r, int n_ranks)
+{
+    json_t *o = json_pack("{s:i, s:i, s:b, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+                          "s:f, s:i}",
+                          "tp", rc->tp, "batch", r->B, "graphs", rc->graphs, "prompt",
+                          (json_int_t)rc->prompt, "tokens", (json_int_t)r->tokens, "wall_ms",
+                          r->wall_ms, "prefill_ms", r->prefill_ms, "denoise_ms", r->den_ms,
+                          "condition_ms", r->cond_ms, "commit_ms", r->commit_ms,
+                          "roofline_denoise_ms", r->roof_den_ms, "roofline_commit_ms",
+                          r->roof_commit_ms, "tokens_per_s", r->tps_excl,
+                          "tokens_per_s_with_prefill", r->tps_incl, "steps_per_canvas",
+                          r->n_steps / (rc->canvases ? rc->canvases : 1));
+    json_t *mem = json_array(), *prof = json_object();
+    for (int q = 0; q < n_ranks && q < 8; q++)
+        json_array_append_new(mem, json_real(r->gib_rank[q]));
+    json_object_set_new(o, "gpu_gib_per_rank", mem);
+    for (int i = 0; i < r->n_prof; i++)
+        json_object_set_new(prof, r->prof[i].label,
+                            json_real(r->prof[i].ms / ((double)r->n_steps * rc->reps)));
+    if (r->n_prof)
+        json_object_set_new(o, "profile_ms_per_step", prof);
+    else
+        json_decref(prof);
+    return o;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench-generate [--tp N] [--eager] [--profile] [--no-ceilings] "
+                    "[--json FILE] [--prompt P] [--canvases C] [--steps S] [--reps R] "
+                    "[--preset NAME] BATCH...\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512};
+    const char *json_path = NULL, *preset = "26b";
+    int ceilings = 1, batches[16], nb = 0, maxb = 1, status = 0;
+    struct dg_model_config cfg;
+    struct dg_cuda_backend_options o;
+    struct dg_backend *b = NULL;
+    struct dg_backend_ops ops;
+    struct dg_ceilings ce;
+    struct dg_error err = {0};
+    json_t *out = json_object(), *rows = json_array();
+    double t0;
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--eager")) {
+            rc.graphs = 0;
+        } else if (!strcmp(a, "--profile")) {
+            rc.profile = 1;
+        } else if (!strcmp(a, "--no-ceilings")) {
+            ceilings = 0;
+        } else if (v && !strcmp(a, "--tp")) {
+            rc.tp = atoi(v), i++;
+        } else if (v && !strcmp(a, "--json")) {
+            json_path = v, i++;
+        } else if (v && !strcmp(a, "--prompt")) {
+            rc.prompt = atoll(v), i++;
+        } else if (v && !strcmp(a, "--canvases")) {
+            rc.canvases = atoi(v), i++;
+        } else if (v && !strcmp(a, "--steps")) {
+            rc.steps = atoi(v), i++;
+        } else if (v && !strcmp(a, "--reps")) {
+            rc.reps = atoi(v), i++;
+        } else if (v && !strcmp(a, "--preset")) {
+            preset = v, i++;
+        } else if (a[0] != '-' && nb < 16) {
+            batches[nb++] = atoi(a);
+        } else {
+            return usage();
+        }
+    }
+    if (!nb) {
+        const int def[] = {1, 4, 16, 32};
+        for (nb = 0; nb < 4; nb++)
+            batches[nb] = def[nb];
+    }
+    if (rc.tp < 1 || rc.tp > 8 || rc.prompt < 1 || rc.canvases < 1 || rc.steps < 1 ||
+        rc.reps < 1)
+        return usage();
+    for (int i = 0; i < nb; i++) {
+        if (batches[i] < 1 || batches[i] > MAX_B) {
+            fprintf(stderr, "bench-generate: batch %d not in 1..%d\n", batches[i], MAX_B);
+            return 2;
+        }
+        if (batches[i] > maxb)
+            maxb = batches[i];
+    }
+    if (dg_model_config_preset(preset, &cfg, &err) < 0) {
+        fprintf(stderr, "bench-generate: %s\n", err.msg);
+        return 2;
+    }
+    if (!out || !rows)
+        return 1;
+    if (ceilings) {
+        if (dg_measure_ceilings(0, &ce, &err) < 0) {
+            fprintf(stderr, "bench-generate: ceilings: %s\n", err.msg);
+            return 1;
+        }
+        printf("ceilings, GPU 0: device copy %.0f GB/s (read + write), bf16 GEMM %d^3 %.0f "
+               "TFLOP/s\n",
+               ce.copy_gbps, ce.gemm_n, ce.gemm_tflops);
+        json_object_set_new(out, "ceilings",
+                            json_pack("{s:f, s:f}", "copy_gbps", ce.copy_gbps, "gemm_tflops",
+                                      ce.gemm_tflops));
+    }
+    memset(&o, 0, sizeof o);
+    o.n_ranks = rc.tp;
+    o.pin = 1;
+    o.graphs = rc.graphs;
+    o.profile = rc.profile;
+    o.max_slots = maxb;
+    o.cfg = &cfg;
+    o.seed = 1;
+    t0 = now_ms();
+    if (dg_cuda_backend_create(&o, &b, &err) < 0) {
+        fprintf(stderr, "bench-generate: %s\n", err.msg);
+        return 1;
+    }
+    printf("tp %d, CUDA graphs %s%s; preset %s, random bf16 weights made in %.0f ms; prompt "
+           "%lld, %d canvases of %d, %d steps each; %d rep(s) after one unrecorded\n\n",
+           rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
+           preset, now_ms() - t0, (long long)rc.prompt, rc.canvases, cfg.canvas_length,
+           rc.steps, rc.reps);
+    tm.orig = b->ops;
+    ops = *b->ops;
+    ops.encode = timed_encode;
+    ops.denoise = timed_denoise;
+    ops.condition = timed_condition;
+    b->ops = &ops;
+
+    {
+        struct batch_result *res = calloc((size_t)nb, sizeof *res);
+        if (!res)
+            return 1;
+        for (int i = 0; i < nb; i++) {
+            if (run_batch(b, &rc, batches[i], ceilings ? &ce : NULL, &res[i]) < 0) {
+                status = 1;
+                break;
+            }
+            json_array_append_new(rows, result_json(&rc, &res[i], rc.tp));
+        }
+        printf("| TP | B | tokens | denoise ms | roofline ms | x roofline | condition ms | "
+               "commit ms | roofline ms | prefill ms | tok/s | tok/s with prefill | GiB/rank |\n");
+        printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (int i = 0; i < nb && res[i].wall_ms > 0; i++) {
+            const struct batch_result *r = &res[i];
+            printf("| %d | %d | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.0f | "
+                   "%.0f | %.2f |\n",
+                   rc.tp, r->B, (long long)r->tokens, r->den_ms, r->roof_den_ms,
+                   r->roof_den_ms > 0 ? r->den_ms / r->roof_den_ms : NAN, r->cond_ms,
+                   r->commit_ms, r->roof_commit_ms, r->prefill_ms, r->tps_excl, r->tps_incl,
+                   r->gib_rank[0]);
+        }
+        if (rc.profile)
+            for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
+                print_profile(&cfg, &rc, &res[i], ceilings ? &ce : NULL);
+        free(res);
+    }
+    b->ops = tm.orig;
+    b->ops->destroy(b);
+    json_object_set_new(out, "runs", rows);
+    if (json_path && json_dump_file(out, json_path, JSON_INDENT(1)) < 0) {
+        fprintf(stderr, "bench-generate: cannot write %s\n", json_path);
+        status = 1;
+    }
+    json_decref(out);
+    return status;
+}
