@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 
+#include "kernels/attention-tc.h"
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
 
@@ -162,6 +163,9 @@ extern "C" int dg_cuda_attention_batch_e(enum dg_elt e, void *out, const void *q
         return dg_error_set(err, DG_E_INVAL, "GPU %d: batched attention: element type %d, %d "
                             "heads over %d KV heads of %d, mask %d window %d", dev, (int)e, nh,
                             nkv, hd, mask, window);
+    if (e == DG_ELT_BF16 && dg_cuda_attention_tc_fits(hd))
+        return dg_cuda_attention_tc(out, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window,
+                                    stream, dev, err);
     const dim3 grid((unsigned)Tq, (unsigned)nh);
     if (e == DG_ELT_F32)
         attention_batch_kernel<float><<<grid, 32 * ATT_WARPS, 0, (cudaStream_t)stream>>>(

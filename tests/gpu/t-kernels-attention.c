@@ -11,11 +11,14 @@
  * never a NaN; element types other than bf16 and fp32 refused.  Batched:
  * four sequences with caches of 0 .. 120 rows, their new tokens appended
  * (dg_cuda_kv_append_e) and attending (dg_cuda_attention_batch_e) in one
- * launch each, encoder (causal, window 5) and decoder (all keys, a
- * window's rows), both element types: the caches equal to
+ * launch each, and three pad tokens of a sequence with no keys after
+ * them, encoder (causal, window 5) and decoder (all keys, a window's
+ * rows), bf16 at 8/2 heads of 64, 16/8 of 256, 16/2 of 512, 4/4 of 128
+ * (the tensor-core kernel: row tiles that straddle sequences) and 6/3 of
+ * 48, fp32 at 8/2 of 64 and 6/3 of 48: the caches equal to
  * dg_ref_kv_append's exactly, the outputs against dg_ref_attention per
- * sequence, guard bytes after the output and every cache.  Exit 77
- * where there is no GPU.
+ * sequence, the pads' outputs exactly zero, guard bytes after the output
+ * and every cache.  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -233,6 +236,7 @@ static float elt_at(enum dg_elt e, const unsigned char *b, size_t i)
 }
 
 #define NSEQ 4
+#define PADS 3
 
 /* Four sequences with caches of different lengths, their new tokens
  * appended (dg_cuda_kv_append_e) and attending (dg_cuda_attention_batch_e)
@@ -240,19 +244,18 @@ static float elt_at(enum dg_elt e, const unsigned char *b, size_t i)
  * sequence: the caches exactly, the outputs within the bound; guard bytes
  * after the output and after every cache, a token row of the output
  * poisoned before. */
-static int batch_one(enum dg_elt e, int mask, int window)
+static int batch_one(enum dg_elt e, int mask, int window, int nh, int nkv, int hd)
 {
     static const int64_t len[NSEQ] = {0, 37, 5, 120}, n[NSEQ] = {9, 16, 1, 33};
-    const int nh = 8, nkv = 2, hd = 64;
     const int64_t row = (int64_t)nkv * hd, qrow = (int64_t)nh * hd;
     const size_t es = (size_t)dg_elt_size(e);
     const double bound = e == DG_ELT_F32 ? 1e-5 : 1e-2;
     struct dg_error err = {0};
     float *hk[NSEQ], *hv[NSEQ], *fq, *fkn, *fvn, *ref, *scores;
     void *dk[NSEQ], *dv[NSEQ], *bq, *bkn, *bvn, *dq, *dkn, *dvn, *dout, *dseqs, *dqs, *dqp;
-    struct dg_attn_seq seqs[NSEQ];
+    struct dg_attn_seq seqs[NSEQ + 1];
     int32_t qs[256];
-    int64_t qp[256], kpos[512], T = 0, q0[NSEQ];
+    int64_t qp[256], kpos[512], T = 0, Tp, q0[NSEQ];
     unsigned char *hout, *hcache;
     double num = 0, den = 0;
 
@@ -263,23 +266,32 @@ static int batch_one(enum dg_elt e, int mask, int window)
             qp[T] = len[i] + j;
         }
     }
+    /* PADS tokens of the dummy sequence (no keys) after them, as a
+     * forward pass pads its batch: outputs of exact zeros */
+    for (Tp = T; Tp < T + PADS; Tp++) {
+        qs[Tp] = NSEQ;
+        qp[Tp] = 0;
+    }
     fq = malloc(sizeof(float) * (size_t)(T * qrow));
     fkn = malloc(sizeof(float) * (size_t)(T * row));
     fvn = malloc(sizeof(float) * (size_t)(T * row));
-    ref = malloc(sizeof(float) * (size_t)(T * qrow));
+    ref = calloc((size_t)(Tp * qrow), sizeof(float));
     scores = malloc(sizeof(float) * 512);
-    hout = malloc((size_t)(T * qrow) * es + GUARD_BYTES);
+    hout = malloc((size_t)(Tp * qrow) * es + GUARD_BYTES);
     hcache = malloc((size_t)(256 * row) * es + GUARD_BYTES);
     CHECK(fq && fkn && fvn && ref && scores && hout && hcache);
     bq = rand_elts(e, fq, (size_t)(T * qrow), 1.0f);
+    CHECK(bq && (bq = realloc(bq, (size_t)(Tp * qrow) * es)));
+    /* the pads' queries: zeros (their outputs are zeros whatever they are) */
+    memset((unsigned char *)bq + (size_t)(T * qrow) * es, 0, (size_t)(PADS * qrow) * es);
     bkn = rand_elts(e, fkn, (size_t)(T * row), 1.0f);
     bvn = rand_elts(e, fvn, (size_t)(T * row), 1.0f);
     CHECK(bq && bkn && bvn);
-    dq = gt_upload(bq, (size_t)(T * qrow) * es, &err);
+    dq = gt_upload(bq, (size_t)(Tp * qrow) * es, &err);
     dkn = gt_upload(bkn, (size_t)(T * row) * es, &err);
     dvn = gt_upload(bvn, (size_t)(T * row) * es, &err);
-    dqs = gt_upload(qs, sizeof(int32_t) * (size_t)T, &err);
-    dqp = gt_upload(qp, sizeof(int64_t) * (size_t)T, &err);
+    dqs = gt_upload(qs, sizeof(int32_t) * (size_t)Tp, &err);
+    dqp = gt_upload(qp, sizeof(int64_t) * (size_t)Tp, &err);
     CHECK(dq && dkn && dvn && dqs && dqp);
     for (int i = 0; i < NSEQ; i++) {
         /* a cache of 256 rows: the old ones random, the rest poisoned */
@@ -304,15 +316,16 @@ static int batch_one(enum dg_elt e, int mask, int window)
         free(bv);
         seqs[i].k = dk[i];
         seqs[i].v = dv[i];
-        seqs[i].k_start = mask == 2 && len[i] > window - 1 ? len[i] - (window - 1) : 0;
+        seqs[i].k_start = window > 0 && len[i] > window - 1 ? len[i] - (window - 1) : 0;
         seqs[i].k_len = len[i] + n[i] - seqs[i].k_start;
     }
+    seqs[NSEQ] = (struct dg_attn_seq){dk[0], dv[0], 0, 0};
     dseqs = gt_upload(seqs, sizeof seqs, &err);
-    dout = gt_out_alloc((size_t)(T * qrow) * es, GUARD_BYTES, GUARD_BYTE, &err);
+    dout = gt_out_alloc((size_t)(Tp * qrow) * es, GUARD_BYTES, GUARD_BYTE, &err);
     CHECK(dseqs && dout);
     CHECK_OK(dg_cuda_kv_append_e(e, dseqs, dqs, dqp, dkn, dvn, T, row, NULL, 0, &err), &err);
-    CHECK_OK(dg_cuda_attention_batch_e(e, dout, dq, dqp, dqs, T, dseqs, nh, nkv, hd, mask, window,
-                                       NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_attention_batch_e(e, dout, dq, dqp, dqs, Tp, dseqs, nh, nkv, hd, mask,
+                                       window, NULL, 0, &err), &err);
     CHECK_OK(dg_cuda_sync(0, &err), &err);
     /* the reference: append, then each sequence against its own keys */
     dg_ref_kv_append(hk, hv, qs, qp, fkn, fvn, T, row);
@@ -335,17 +348,19 @@ static int batch_one(enum dg_elt e, int mask, int window)
                        i, kv ? "v" : "k", c, (double)elt_at(e, hcache, c), (double)h[c]);
         }
     }
-    CHECK_OK(dg_cuda_download(hout, dout, (size_t)(T * qrow) * es + GUARD_BYTES, 0, &err), &err);
-    CHECK(guard_changed(hout, (size_t)(T * qrow) * es) < 0);
-    for (size_t c = 0; c < (size_t)(T * qrow); c++) {
+    CHECK_OK(dg_cuda_download(hout, dout, (size_t)(Tp * qrow) * es + GUARD_BYTES, 0, &err),
+             &err);
+    CHECK(guard_changed(hout, (size_t)(Tp * qrow) * es) < 0);
+    for (size_t c = 0; c < (size_t)(Tp * qrow); c++) {
         const double g = elt_at(e, hout, c), d = g - ref[c];
         CHECKF(!isnan(g), "output %zu is NaN", c);
+        CHECKF(c < (size_t)(T * qrow) || g == 0.0, "pad output %zu is %g, not 0", c, g);
         num += d * d;
         den += (double)ref[c] * ref[c];
     }
-    printf("# batched attention, %s, mask %d window %d, %lld queries of 4 sequences: relative "
-           "error %.2e\n", e == DG_ELT_F32 ? "fp32" : "bf16", mask, window, (long long)T,
-           sqrt(num / den));
+    printf("# batched attention, %s, %d heads over %d of %d, mask %d window %d, %lld queries of "
+           "4 sequences + %d pads: relative error %.2e\n", e == DG_ELT_F32 ? "fp32" : "bf16", nh,
+           nkv, hd, mask, window, (long long)T, PADS, sqrt(num / den));
     CHECK(sqrt(num / den) <= bound);
     for (int i = 0; i < NSEQ; i++) {
         dg_cuda_free(dk[i]);
@@ -375,12 +390,20 @@ static int batch_one(enum dg_elt e, int mask, int window)
 
 static int batch(void)
 {
-    for (int e = 0; e < 2; e++) {
-        CHECK(batch_one((enum dg_elt)e, 1, 0) == 0);  /* encoder, full layer */
-        CHECK(batch_one((enum dg_elt)e, 2, 5) == 0);  /* encoder, sliding window 5 */
-        CHECK(batch_one((enum dg_elt)e, 0, 0) == 0);  /* decoder, full layer */
-        CHECK(batch_one((enum dg_elt)e, 0, 5) == 0);  /* decoder over a window's rows */
-    }
+    /* heads over KV heads of head size: bf16 at these sizes takes the
+     * tensor-core kernel (attention-tc.cu), fp32 and hd 48 the other */
+    static const int bshapes[][3] = {{8, 2, 64}, {16, 8, 256}, {16, 2, 512}, {4, 4, 128},
+                                    {6, 3, 48}};
+    for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++)
+        for (int e = 0; e < 2; e++) {
+            const int nh = bshapes[i][0], nkv = bshapes[i][1], hd = bshapes[i][2];
+            if (e == DG_ELT_F32 && i > 0 && i < 4)
+                continue; /* fp32 takes the same kernel at every size */
+            CHECK(batch_one((enum dg_elt)e, 1, 0, nh, nkv, hd) == 0); /* encoder, full layer */
+            CHECK(batch_one((enum dg_elt)e, 2, 5, nh, nkv, hd) == 0); /* encoder, window 5 */
+            CHECK(batch_one((enum dg_elt)e, 0, 0, nh, nkv, hd) == 0); /* decoder, full layer */
+            CHECK(batch_one((enum dg_elt)e, 0, 5, nh, nkv, hd) == 0); /* decoder, a window's rows */
+        }
     return 0;
 }
 

@@ -1,0 +1,322 @@
+/* attention-tc.cu - the batched attention of attention.cu on the tensor
+ * cores (bf16 q, k, v and out; head sizes 64, 128, 256, 512), the same
+ * function as dg_cuda_attention_batch_e (reference: dg_ref_attention per
+ * sequence).
+ *
+ * Rows.  For KV head c the g = nh / nkv query heads that read it are
+ * taken together: row R = t g + j is query head h = c g + j of token t.
+ * A block holds 64 rows (4 warps of 16) of one KV head and TC_DV columns
+ * of the output; it walks the sequences its tokens belong to in
+ * ascending order (a tile may straddle two), and each sequence's keys in
+ * tiles of 32, FlashAttention-2 style:
+ *
+ *   S = Q K^T                      (mma m16n8k16, fp32 accumulate; over all hd)
+ *   S_ij = -inf where key j is not visible to row i (another sequence,
+ *          past the sequence's keys, or masked: causal / sliding window)
+ *   m' = max(m, max_j S_ij);  a = exp(m - m');  P_ij = exp(S_ij - m')
+ *   l  = a l + sum_j P_ij;    O = a O + P V     (P rounded to bf16)
+ *   out = O / l                (0 where no key was visible)
+ *
+ * where m, l and O (fp32, in the mma accumulators' registers) belong to
+ * the row.  Key tiles past the last position a causal tile can see, or
+ * before the first a sliding one can, are skipped.  Keys are read only
+ * inside [k_start, k_start + k_len): rows beyond are never touched.
+ * No score matrix goes to memory. */
+#include "kernels/attention-tc.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda-check.h"
+
+#define TC_ROWS 64
+#define TC_KEYS 32
+#define TC_PAD 8 /* elements after each shared row: conflict-free ldmatrix */
+
+__device__ static inline uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ static inline void ldsm_x4(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ static inline void ldsm_x4_t(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* d += a b: a 16x16 (row), b 16x8 (col), d 16x8 fp32 */
+__device__ static inline void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ static inline uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+__device__ static inline int visible(int mask, int64_t q, int64_t k, int window)
+{
+    return mask == 0 ? 1 : mask == 1 ? k <= q : (k <= q && k > q - window);
+}
+
+/* Copy rows [0, n) of width w elements (a multiple of 8) from src (row
+ * stride ld elements) to shared dst (stride w + TC_PAD), zeros for rows
+ * n .. rows-1: 16-byte pieces over the block's threads. */
+__device__ static void load_rows(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int64_t ld, int n,
+                                 int rows, int w)
+{
+    const int per = w / 8;
+    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
+        const int r = i / per, c = (i % per) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < n)
+            v = *(const uint4 *)(src + (int64_t)r * ld + c);
+        *(uint4 *)(dst + r * (w + TC_PAD) + c) = v;
+    }
+}
+
+/* grid (ceil(Tq g / 64), nkv, hd / DV); 128 threads.  Shared: Q [64][hd],
+ * K [32][hd], V [32][DV] (rows padded), the tile's tokens' sequences and
+ * positions. */
+template <int DV>
+__global__ static void __launch_bounds__(128)
+    attention_tc_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const int64_t *q_pos,
+                        const int32_t *q_seq, int64_t Tq, const struct dg_attn_seq *seqs, int nh,
+                        int nkv, int hd, int mask, int window)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int g = nh / nkv, c = blockIdx.y, dv0 = blockIdx.z * DV;
+    const int64_t R0 = (int64_t)blockIdx.x * TC_ROWS;
+    const int64_t t_lo = R0 / g;
+    const int n_tok = (int)(min(Tq, (R0 + TC_ROWS - 1) / g + 1) - t_lo);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int qs = hd + TC_PAD, vs = DV + TC_PAD;
+    __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;
+    __nv_bfloat16 *Ks = Qs + TC_ROWS * qs;
+    __nv_bfloat16 *Vs = Ks + TC_KEYS * qs;
+    int64_t *tpos = (int64_t *)(Vs + TC_KEYS * vs);
+    int32_t *tseq = (int32_t *)(tpos + TC_ROWS);
+    __shared__ int s_next;
+    float o[DV / 8][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    int64_t rpos[2];
+    int rseq[2];
+    int s;
+
+    /* the tile's tokens, and its query rows (zeros past Tq) */
+    for (int i = threadIdx.x; i < n_tok; i += blockDim.x) {
+        tpos[i] = q_pos[t_lo + i];
+        tseq[i] = q_seq[t_lo + i];
+    }
+    for (int i = threadIdx.x; i < TC_ROWS * (hd / 8); i += blockDim.x) {
+        const int r = i / (hd / 8), col = (i % (hd / 8)) * 8;
+        const int64_t R = R0 + r, t = R / g;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (t < Tq)
+            v = *(const uint4 *)(q + (t * nh + (int64_t)c * g + R % g) * hd + col);
+        *(uint4 *)(Qs + r * qs + col) = v;
+    }
+    __syncthreads();
+    for (int h = 0; h < 2; h++) {
+        const int64_t R = R0 + warp * 16 + gid + 8 * h, t = R / g;
+        rseq[h] = t < Tq ? tseq[t - t_lo] : -1;
+        rpos[h] = t < Tq ? tpos[t - t_lo] : 0;
+    }
+#pragma unroll
+    for (int d = 0; d < DV / 8; d++)
+        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+    /* the tile's sequences, lowest first */
+    s = INT32_MAX;
+    for (int i = 0; i < n_tok; i++)
+        s = min(s, tseq[i]);
+    for (;;) {
+        const struct dg_attn_seq sq = seqs[s];
+        const int64_t row = (int64_t)nkv * hd;
+        const __nv_bfloat16 *K = (const __nv_bfloat16 *)sq.k + sq.k_start * row + (int64_t)c * hd;
+        const __nv_bfloat16 *V = (const __nv_bfloat16 *)sq.v + sq.k_start * row + (int64_t)c * hd +
+                                 dv0;
+        int64_t j0 = 0, j1 = sq.k_len;
+        if (mask != 0) {
+            /* keys no row of this sequence in the tile can see */
+            int64_t lo = INT64_MAX, hi = INT64_MIN;
+            for (int i = 0; i < n_tok; i++)
+                if (tseq[i] == s) {
+                    lo = min(lo, tpos[i]);
+                    hi = max(hi, tpos[i]);
+                }
+            j1 = min(j1, hi - sq.k_start + 1);
+            if (mask == 2)
+                j0 = max((int64_t)0, lo - window + 1 - sq.k_start);
+        }
+        for (int64_t kt = j0; kt < j1; kt += TC_KEYS) {
+            const int nk = (int)min((int64_t)TC_KEYS, j1 - kt);
+            float sc[TC_KEYS / 8][4];
+            __syncthreads();
+            load_rows(Ks, K + kt * row, row, nk, TC_KEYS, hd);
+            load_rows(Vs, V + kt * row, row, nk, TC_KEYS, DV);
+            __syncthreads();
+#pragma unroll
+            for (int n = 0; n < TC_KEYS / 8; n++)
+                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            /* S = Q K^T over the whole head */
+            for (int k0 = 0; k0 < hd; k0 += 16) {
+                uint32_t a[4];
+                ldsm_x4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
+#pragma unroll
+                for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
+                    uint32_t b[4];
+                    ldsm_x4(b, Ks + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
+                                   ((lane >> 3) & 1) * 8);
+                    mma_bf16(sc[n0 / 8], a, b[0], b[1]);
+                    mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
+                }
+            }
+            /* mask, online softmax */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float mt = -INFINITY, mn, alpha, sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < TC_KEYS / 8; n++)
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int64_t j = kt + n * 8 + tig * 2 + u;
+                        float *v = &sc[n][2 * h + u];
+                        if (rseq[h] != s || j >= j1 ||
+                            !visible(mask, rpos[h], sq.k_start + j, window))
+                            *v = -INFINITY;
+                        mt = fmaxf(mt, *v);
+                    }
+                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+                mn = fmaxf(m[h], mt);
+                alpha = mn == -INFINITY ? 1.0f : __expf(m[h] - mn);
+#pragma unroll
+                for (int n = 0; n < TC_KEYS / 8; n++)
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        float *v = &sc[n][2 * h + u];
+                        *v = *v == -INFINITY ? 0.0f : __expf(*v - mn);
+                        sum += *v;
+                    }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                l[h] = alpha * l[h] + sum;
+                m[h] = mn;
+#pragma unroll
+                for (int d = 0; d < DV / 8; d++) {
+                    o[d][2 * h] *= alpha;
+                    o[d][2 * h + 1] *= alpha;
+                }
+            }
+            /* O += P V: P from the score registers as A fragments */
+#pragma unroll
+            for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
+                uint32_t a[4];
+                a[0] = pack_bf16(sc[k0 / 8][0], sc[k0 / 8][1]);
+                a[1] = pack_bf16(sc[k0 / 8][2], sc[k0 / 8][3]);
+                a[2] = pack_bf16(sc[k0 / 8 + 1][0], sc[k0 / 8 + 1][1]);
+                a[3] = pack_bf16(sc[k0 / 8 + 1][2], sc[k0 / 8 + 1][3]);
+#pragma unroll
+                for (int d0 = 0; d0 < DV; d0 += 16) {
+                    uint32_t b[4];
+                    ldsm_x4_t(b, Vs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs + d0 +
+                                     (lane >> 4) * 8);
+                    mma_bf16(o[d0 / 8], a, b[0], b[1]);
+                    mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        /* the next sequence of the tile, in ascending order */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int nx = INT32_MAX;
+            for (int i = 0; i < n_tok; i++)
+                if (tseq[i] > s && tseq[i] < nx)
+                    nx = tseq[i];
+            s_next = nx;
+        }
+        __syncthreads();
+        if (s_next == INT32_MAX)
+            break;
+        s = s_next;
+    }
+    /* out = O / l */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t R = R0 + warp * 16 + gid + 8 * h, t = R / g;
+        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        __nv_bfloat16 *dst;
+        if (t >= Tq)
+            continue;
+        dst = out + (t * nh + (int64_t)c * g + R % g) * hd + dv0 + tig * 2;
+#pragma unroll
+        for (int d = 0; d < DV / 8; d++)
+            *(__nv_bfloat162 *)(dst + d * 8) =
+                __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+    }
+}
+
+extern "C" int dg_cuda_attention_tc_fits(int hd)
+{
+    return hd == 64 || hd == 128 || hd == 256 || hd == 512;
+}
+
+template <int DV>
+static int launch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const int64_t *q_pos,
+                  const int32_t *q_seq, int64_t Tq, const struct dg_attn_seq *seqs, int nh,
+                  int nkv, int hd, int mask, int window, cudaStream_t st, int dev,
+                  struct dg_error *err)
+{
+    const size_t shared = sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + TC_KEYS) * (hd + TC_PAD) +
+                          sizeof(__nv_bfloat16) * (size_t)TC_KEYS * (DV + TC_PAD) +
+                          (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS;
+    const int g = nh / nkv;
+    const dim3 grid((unsigned)((Tq * g + TC_ROWS - 1) / TC_ROWS), (unsigned)nkv,
+                    (unsigned)(hd / DV));
+    int rc = 0;
+    DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    attention_tc_kernel<DV><<<grid, 128, shared, st>>>(out, q, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                                       hd, mask, window);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos,
+                                    const int32_t *q_seq, int64_t Tq,
+                                    const struct dg_attn_seq *seqs, int nh, int nkv, int hd,
+                                    int mask, int window, dg_stream_t stream, int dev,
+                                    struct dg_error *err)
+{
+    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+    const __nv_bfloat16 *qq = (const __nv_bfloat16 *)q;
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (!dg_cuda_attention_tc_fits(hd) || nkv < 1 || nh % nkv != 0 || nkv > 65535)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: tensor-core attention: %d heads over %d KV "
+                            "heads of %d", dev, nh, nkv, hd);
+    if (Tq <= 0)
+        return 0;
+    if (hd == 64)
+        return launch<64>(o, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st, dev, err);
+    if (hd == 128)
+        return launch<128>(o, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st, dev,
+                           err);
+    return launch<256>(o, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st, dev, err);
+}
