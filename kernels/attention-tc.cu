@@ -21,7 +21,14 @@
  * the row.  Key tiles past the last position a causal tile can see, or
  * before the first a sliding one can, are skipped.  Keys are read only
  * inside [k_start, k_start + k_len): rows beyond are never touched.
- * No score matrix goes to memory. */
+ * No score matrix goes to memory.
+ *
+ * Split keys (when the rows alone make too few blocks to fill the GPU):
+ * each sequence's keys are cut into `splits` ranges, one per block; a
+ * block writes its rows' (m, l) and unnormalised O (fp32) to scratch,
+ * and a second kernel folds the ranges:
+ *   M = max_s m_s;  L = sum_s l_s e^(m_s - M);  out = sum_s O_s e^(m_s - M) / L
+ * (0 where L = 0). */
 #include "kernels/attention-tc.h"
 
 #include <cuda_bf16.h>
@@ -94,12 +101,14 @@ __device__ static void load_rows(__nv_bfloat16 *dst, const __nv_bfloat16 *src, i
  * positions. */
 template <int DV>
 __global__ static void __launch_bounds__(128)
-    attention_tc_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *q, const int64_t *q_pos,
-                        const int32_t *q_seq, int64_t Tq, const struct dg_attn_seq *seqs, int nh,
-                        int nkv, int hd, int mask, int window)
+    attention_tc_kernel(__nv_bfloat16 *out, float *part, const __nv_bfloat16 *q,
+                        const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
+                        const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask,
+                        int window, int splits)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int g = nh / nkv, c = blockIdx.y, dv0 = blockIdx.z * DV;
+    const int n_dv = hd / DV, split = (int)blockIdx.z / n_dv;
+    const int g = nh / nkv, c = blockIdx.y, dv0 = ((int)blockIdx.z % n_dv) * DV;
     const int64_t R0 = (int64_t)blockIdx.x * TC_ROWS;
     const int64_t t_lo = R0 / g;
     const int n_tok = (int)(min(Tq, (R0 + TC_ROWS - 1) / g + 1) - t_lo);
@@ -163,6 +172,13 @@ __global__ static void __launch_bounds__(128)
             j1 = min(j1, hi - sq.k_start + 1);
             if (mask == 2)
                 j0 = max((int64_t)0, lo - window + 1 - sq.k_start);
+        }
+        if (splits > 1 && j1 > j0) {
+            /* this block's range of the keys: whole tiles but the last */
+            const int64_t per = ((j1 - j0 + splits - 1) / splits + TC_KEYS - 1) / TC_KEYS *
+                                TC_KEYS;
+            j0 += split * per;
+            j1 = min(j1, j0 + per);
         }
         for (int64_t kt = j0; kt < j1; kt += TC_KEYS) {
             const int nk = (int)min((int64_t)TC_KEYS, j1 - kt);
@@ -256,20 +272,93 @@ __global__ static void __launch_bounds__(128)
             break;
         s = s_next;
     }
-    /* out = O / l */
+    /* out = O / l; or this range's m, l and O to the scratch */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int64_t R = R0 + warp * 16 + gid + 8 * h, t = R / g;
-        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        __nv_bfloat16 *dst;
+        const int64_t row = t * nh + (int64_t)c * g + R % g;
         if (t >= Tq)
             continue;
-        dst = out + (t * nh + (int64_t)c * g + R % g) * hd + dv0 + tig * 2;
+        if (splits > 1) {
+            /* part: [splits][Tq nh] (m, l), then [splits][Tq nh][hd] O */
+            float *ml = part + ((int64_t)split * Tq * nh + row) * 2;
+            float *dst = part + (int64_t)splits * Tq * nh * 2 +
+                         ((int64_t)split * Tq * nh + row) * hd + dv0 + tig * 2;
+            if (dv0 == 0 && tig == 0) {
+                ml[0] = m[h];
+                ml[1] = l[h];
+            }
 #pragma unroll
-        for (int d = 0; d < DV / 8; d++)
-            *(__nv_bfloat162 *)(dst + d * 8) =
-                __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+            for (int d = 0; d < DV / 8; d++)
+                *(float2 *)(dst + d * 8) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
+        } else {
+            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+            __nv_bfloat16 *dst = out + row * hd + dv0 + tig * 2;
+#pragma unroll
+            for (int d = 0; d < DV / 8; d++)
+                *(__nv_bfloat162 *)(dst + d * 8) =
+                    __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+        }
     }
+}
+
+/* grid (Tq nh), hd / 2 threads (pairs of columns): the split ranges of
+ * row (t, h) folded (see the top). */
+__global__ static void attention_fold_kernel(__nv_bfloat16 *out, const float *part,
+                                             int64_t rows, int hd, int splits)
+{
+    const int64_t row = blockIdx.x;
+    const int d = 2 * threadIdx.x;
+    const float *O = part + (int64_t)splits * rows * 2;
+    float M = -INFINITY, L = 0.0f, a = 0.0f, b = 0.0f;
+    for (int s = 0; s < splits; s++)
+        M = fmaxf(M, part[((int64_t)s * rows + row) * 2]);
+    if (M != -INFINITY)
+        for (int s = 0; s < splits; s++) {
+            const float ms = part[((int64_t)s * rows + row) * 2];
+            const float w = ms == -INFINITY ? 0.0f : __expf(ms - M);
+            const float2 v = *(const float2 *)(O + ((int64_t)s * rows + row) * hd + d);
+            L += w * part[((int64_t)s * rows + row) * 2 + 1];
+            a += w * v.x;
+            b += w * v.y;
+        }
+    {
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        *(__nv_bfloat162 *)(out + row * hd + d) = __floats2bfloat162_rn(a * inv, b * inv);
+    }
+}
+
+/* Key ranges per row tile: enough blocks for about two waves of 132
+ * multiprocessors (the H200's), at most 8, and only as many as the
+ * scratch holds. */
+#define TC_TARGET_BLOCKS 264
+#define TC_MAX_SPLITS 8
+
+static int64_t tc_blocks(int64_t Tq, int nh, int nkv, int hd)
+{
+    return (Tq * (nh / nkv) + TC_ROWS - 1) / TC_ROWS * nkv * (hd > 256 ? hd / 256 : 1);
+}
+
+static size_t tc_part_bytes(int splits, int64_t Tq, int nh, int hd)
+{
+    return splits > 1 ? sizeof(float) * (size_t)splits * (size_t)(Tq * nh) * (size_t)(hd + 2)
+                      : 0;
+}
+
+static int tc_splits(int64_t Tq, int nh, int nkv, int hd, size_t scratch_bytes)
+{
+    const int64_t blocks = tc_blocks(Tq, nh, nkv, hd);
+    int s = (int)min((int64_t)TC_MAX_SPLITS, (TC_TARGET_BLOCKS + blocks - 1) / blocks);
+    while (s > 1 && tc_part_bytes(s, Tq, nh, hd) > scratch_bytes)
+        s--;
+    return s < 1 ? 1 : s;
+}
+
+extern "C" size_t dg_cuda_attention_tc_scratch(int64_t Tq, int nh, int nkv, int hd)
+{
+    if (Tq <= 0 || nkv < 1 || !dg_cuda_attention_tc_fits(hd))
+        return 0;
+    return tc_part_bytes(tc_splits(Tq, nh, nkv, hd, SIZE_MAX), Tq, nh, hd);
 }
 
 extern "C" int dg_cuda_attention_tc_fits(int hd)
@@ -278,23 +367,28 @@ extern "C" int dg_cuda_attention_tc_fits(int hd)
 }
 
 template <int DV>
-static int launch(__nv_bfloat16 *out, const __nv_bfloat16 *q, const int64_t *q_pos,
-                  const int32_t *q_seq, int64_t Tq, const struct dg_attn_seq *seqs, int nh,
-                  int nkv, int hd, int mask, int window, cudaStream_t st, int dev,
-                  struct dg_error *err)
+static int launch(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat16 *q,
+                  const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
+                  const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask, int window,
+                  cudaStream_t st, int dev, struct dg_error *err)
 {
     const size_t shared = sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + TC_KEYS) * (hd + TC_PAD) +
                           sizeof(__nv_bfloat16) * (size_t)TC_KEYS * (DV + TC_PAD) +
                           (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS;
     const int g = nh / nkv;
     const dim3 grid((unsigned)((Tq * g + TC_ROWS - 1) / TC_ROWS), (unsigned)nkv,
-                    (unsigned)(hd / DV));
+                    (unsigned)(hd / DV * splits));
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    attention_tc_kernel<DV><<<grid, 128, shared, st>>>(out, q, q_pos, q_seq, Tq, seqs, nh, nkv,
-                                                       hd, mask, window);
+    attention_tc_kernel<DV><<<grid, 128, shared, st>>>(out, part, q, q_pos, q_seq, Tq, seqs, nh,
+                                                       nkv, hd, mask, window, splits);
     DG_LAUNCH_CHECK();
+    if (splits > 1) {
+        attention_fold_kernel<<<(unsigned)(Tq * nh), hd / 2, 0, st>>>(out, part, Tq * nh, hd,
+                                                                       splits);
+        DG_LAUNCH_CHECK();
+    }
 out:
     return rc;
 }
@@ -302,21 +396,25 @@ out:
 extern "C" int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos,
                                     const int32_t *q_seq, int64_t Tq,
                                     const struct dg_attn_seq *seqs, int nh, int nkv, int hd,
-                                    int mask, int window, dg_stream_t stream, int dev,
-                                    struct dg_error *err)
+                                    int mask, int window, void *scratch, size_t scratch_bytes,
+                                    dg_stream_t stream, int dev, struct dg_error *err)
 {
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const __nv_bfloat16 *qq = (const __nv_bfloat16 *)q;
     const cudaStream_t st = (cudaStream_t)stream;
+    int splits;
     if (!dg_cuda_attention_tc_fits(hd) || nkv < 1 || nh % nkv != 0 || nkv > 65535)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: tensor-core attention: %d heads over %d KV "
                             "heads of %d", dev, nh, nkv, hd);
     if (Tq <= 0)
         return 0;
+    splits = scratch ? tc_splits(Tq, nh, nkv, hd, scratch_bytes) : 1;
     if (hd == 64)
-        return launch<64>(o, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st, dev, err);
+        return launch<64>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd,
+                          mask, window, st, dev, err);
     if (hd == 128)
-        return launch<128>(o, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st, dev,
-                           err);
-    return launch<256>(o, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st, dev, err);
+        return launch<128>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd,
+                           mask, window, st, dev, err);
+    return launch<256>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd,
+                       mask, window, st, dev, err);
 }

@@ -20,11 +20,19 @@ extern "C" {
 /* Whether head size hd has a tensor-core kernel (64, 128, 256, 512). */
 int dg_cuda_attention_tc_fits(int hd);
 
-/* dg_cuda_attention_batch_e with bf16 q, k, v and out.  Errors:
+/* dg_cuda_attention_batch_e with bf16 q, k, v and out.  With scratch
+ * (device, scratch_bytes) the keys may be split over several blocks
+ * when the rows make too few (small batches), as far as the scratch
+ * holds their partial results; NULL: one block per row tile.  Errors:
  * DG_E_INVAL (a head size that does not fit, heads), DG_E_CUDA. */
 int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos, const int32_t *q_seq,
                          int64_t Tq, const struct dg_attn_seq *seqs, int nh, int nkv, int hd,
-                         int mask, int window, dg_stream_t stream, int dev, struct dg_error *err);
+                         int mask, int window, void *scratch, size_t scratch_bytes,
+                         dg_stream_t stream, int dev, struct dg_error *err);
+
+/* Scratch bytes that let dg_cuda_attention_tc split the keys as it would
+ * for these shapes (0: it would not split). */
+size_t dg_cuda_attention_tc_scratch(int64_t Tq, int nh, int nkv, int hd);
 
 #ifdef __cplusplus
 }

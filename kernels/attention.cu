@@ -156,6 +156,23 @@ extern "C" int dg_cuda_attention_batch_e(enum dg_elt e, void *out, const void *q
                                          int mask, int window, dg_stream_t stream, int dev,
                                          struct dg_error *err)
 {
+    return dg_cuda_attention_batch_ws_e(e, out, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask,
+                                        window, NULL, 0, stream, dev, err);
+}
+
+extern "C" size_t dg_cuda_attention_batch_ws_bytes(enum dg_elt e, int64_t Tq, int nh, int nkv,
+                                                   int hd)
+{
+    return e == DG_ELT_BF16 ? dg_cuda_attention_tc_scratch(Tq, nh, nkv, hd) : 0;
+}
+
+extern "C" int dg_cuda_attention_batch_ws_e(enum dg_elt e, void *out, const void *q,
+                                            const int64_t *q_pos, const int32_t *q_seq,
+                                            int64_t Tq, const struct dg_attn_seq *seqs, int nh,
+                                            int nkv, int hd, int mask, int window, void *ws,
+                                            size_t ws_bytes, dg_stream_t stream, int dev,
+                                            struct dg_error *err)
+{
     int rc = 0;
     if (Tq <= 0 && (e == DG_ELT_BF16 || e == DG_ELT_F32))
         return 0;
@@ -165,7 +182,7 @@ extern "C" int dg_cuda_attention_batch_e(enum dg_elt e, void *out, const void *q
                             nkv, hd, mask, window);
     if (e == DG_ELT_BF16 && dg_cuda_attention_tc_fits(hd))
         return dg_cuda_attention_tc(out, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window,
-                                    stream, dev, err);
+                                    ws, ws_bytes, stream, dev, err);
     const dim3 grid((unsigned)Tq, (unsigned)nh);
     if (e == DG_ELT_F32)
         attention_batch_kernel<float><<<grid, 32 * ATT_WARPS, 0, (cudaStream_t)stream>>>(

@@ -139,7 +139,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
                              ? cx->cm->mlp_w : c->self_conditioning_size;
     int64_t qmax = 0, kvmax = 0;
     const size_t es = (size_t)dg_elt_size(cx->cm->elt);
-    size_t total = 0, off = 0;
+    size_t total = 0, off = 0, ws = 0;
     unsigned char *b;
     int rc;
 
@@ -152,6 +152,13 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             qmax = (int64_t)cx->cm->nq * hd;
         if ((int64_t)cx->cm->layers[l].nkv * hd > kvmax)
             kvmax = (int64_t)cx->cm->layers[l].nkv * hd;
+        /* the attention's work space for any bucket a pass may take */
+        for (int64_t bk = 64; bk <= T; bk = dg_cuda_bucket(bk + 1)) {
+            const size_t w = dg_cuda_attention_batch_ws_bytes(cx->cm->elt, bk, cx->cm->nq,
+                                                              cx->cm->layers[l].nkv, (int)hd);
+            if (w > ws)
+                ws = w;
+        }
     }
     {
         const struct { void **ptr; size_t bytes; } plan[] = {
@@ -159,6 +166,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             {&cx->attn, (size_t)(T * H) * es},     {&cx->soft, (size_t)(T * H) * es},
             {&cx->q, (size_t)(T * qmax) * es},     {&cx->o, (size_t)(T * qmax) * es},
             {&cx->kraw, (size_t)(T * kvmax) * es}, {&cx->vraw, (size_t)(T * kvmax) * es},
+            {&cx->attn_ws, ws},
             {&cx->k, (size_t)(T * kvmax) * es},    {&cx->v, (size_t)(T * kvmax) * es},
             {&cx->gu, (size_t)(T * 2 * wide) * es}, {&cx->act, (size_t)(T * wide) * es},
             /* dense and moe adjacent: one all-reduce sums both */
@@ -202,6 +210,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
         }
     }
     cx->scratch_bytes = total;
+    cx->attn_ws_bytes = ws;
     cx->tokens_cap = T;
     return 0;
 }
@@ -408,8 +417,9 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         TRY(dg_cuda_kv_append_e(e, tab, cx->q_seq, cx->pos, cx->k, cx->v, T, kvdim, st, dev,
                                 err));
         MARK("kv append");
-        TRY(dg_cuda_attention_batch_e(e, cx->o, cx->q, cx->pos, cx->q_seq, T, tab, nh, nkv, hd,
-                                      mask, W, st, dev, err));
+        TRY(dg_cuda_attention_batch_ws_e(e, cx->o, cx->q, cx->pos, cx->q_seq, T, tab, nh, nkv,
+                                         hd, mask, W, cx->attn_ws, cx->attn_ws_bytes, st, dev,
+                                         err));
         MARK(L->sliding ? "attention (sliding)" : "attention (full)");
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads

@@ -6,19 +6,26 @@
 #include "kernels/ops.h"
 
 #include <cuda_bf16.h>
+#include <math.h>
 
 #include "kernels/cuda-check.h"
 
 #define ALIGN(x) (((x) + 255) & ~(size_t)255)
 
 /* Rows per tile of the batched expert GEMMs: each expert's run of rows is
- * padded to whole tiles, so a tile belongs to one expert.  A function of
- * the shapes alone (the host knows it before any count exists): about the
- * rows an expert gets on average, 16 .. 128. */
+ * padded to whole tiles, so a tile belongs to one expert, and each tile
+ * reads its expert's weights.  A function of the shapes alone (the host
+ * knows it before any count exists): the smallest power of two, 16 ..
+ * 128, above what an expert gets with near certainty under even routing,
+ * mean + 4 sqrt(mean) (mean = picks / experts), so that while the
+ * experts' rows are few (small batches: the pass streams the weights)
+ * each expert's weights are read once; the padding rows cost arithmetic
+ * the pass has to spare there. */
 static int tile_rows(int64_t picks, int n_exp)
 {
+    const double mean = (double)picks / n_exp, want = mean + 4.0 * sqrt(mean);
     int ts = 16;
-    while (ts < 128 && (int64_t)ts * 2 * n_exp <= picks)
+    while (ts < 128 && ts < want)
         ts *= 2;
     return ts;
 }

@@ -287,6 +287,18 @@ int dg_cuda_attention_batch_e(enum dg_elt e, void *out, const void *q, const int
                               int nh, int nkv, int hd, int mask, int window, dg_stream_t stream,
                               int dev, struct dg_error *err);
 
+/* The same with a work space (device, ws_bytes; may be NULL): with bf16
+ * elements, a batch whose rows make too few blocks to fill the GPU has
+ * its keys split over more, their partial results in ws
+ * (kernels/attention-tc.h).  dg_cuda_attention_batch_ws_bytes: the bytes
+ * that allow the split these shapes would take (0: none). */
+int dg_cuda_attention_batch_ws_e(enum dg_elt e, void *out, const void *q, const int64_t *q_pos,
+                                 const int32_t *q_seq, int64_t Tq,
+                                 const struct dg_attn_seq *seqs, int nh, int nkv, int hd,
+                                 int mask, int window, void *ws, size_t ws_bytes,
+                                 dg_stream_t stream, int dev, struct dg_error *err);
+size_t dg_cuda_attention_batch_ws_bytes(enum dg_elt e, int64_t Tq, int nh, int nkv, int hd);
+
 /* Append new keys and values to their sequences' caches (reference:
  * dg_ref_kv_append): for each token t,
  *     seqs[q_seq[t]].k[q_pos[t] * row + i] = k_new[t * row + i]   (i < row)

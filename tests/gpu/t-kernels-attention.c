@@ -18,7 +18,9 @@
  * 48, fp32 at 8/2 of 64 and 6/3 of 48: the caches equal to
  * dg_ref_kv_append's exactly, the outputs against dg_ref_attention per
  * sequence, the pads' outputs exactly zero, guard bytes after the output
- * and every cache.  Exit 77 where there is no GPU.
+ * and every cache; bf16 again with a work space, the keys split over more
+ * blocks and folded (the output poisoned again, guard bytes after the
+ * work space).  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -362,6 +364,42 @@ static int batch_one(enum dg_elt e, int mask, int window, int nh, int nkv, int h
            "4 sequences + %d pads: relative error %.2e\n", e == DG_ELT_F32 ? "fp32" : "bf16", nh,
            nkv, hd, mask, window, (long long)T, PADS, sqrt(num / den));
     CHECK(sqrt(num / den) <= bound);
+    /* again with the work space: the keys split over more blocks
+     * (bf16), the output poisoned again first */
+    {
+        const size_t wsb = dg_cuda_attention_batch_ws_bytes(e, Tp, nh, nkv, hd);
+        void *ws = NULL;
+        if (wsb) {
+            ws = gt_out_alloc(wsb, GUARD_BYTES, GUARD_BYTE, &err);
+            CHECK(ws);
+            CHECK_OK(dg_cuda_memset(dout, 0xff, (size_t)(Tp * qrow) * es, 0, &err), &err);
+            CHECK_OK(dg_cuda_attention_batch_ws_e(e, dout, dq, dqp, dqs, Tp, dseqs, nh, nkv, hd,
+                                                  mask, window, ws, wsb, NULL, 0, &err),
+                     &err);
+            CHECK_OK(dg_cuda_download(hout, dout, (size_t)(Tp * qrow) * es + GUARD_BYTES, 0,
+                                      &err), &err);
+            CHECK(guard_changed(hout, (size_t)(Tp * qrow) * es) < 0);
+            {
+                unsigned char *hws = malloc(wsb + GUARD_BYTES);
+                CHECK(hws);
+                CHECK_OK(dg_cuda_download(hws, ws, wsb + GUARD_BYTES, 0, &err), &err);
+                CHECK(guard_changed(hws, wsb) < 0);
+                free(hws);
+            }
+            num = den = 0;
+            for (size_t c = 0; c < (size_t)(Tp * qrow); c++) {
+                const double g = elt_at(e, hout, c), d = g - ref[c];
+                CHECKF(!isnan(g), "output %zu is NaN (split keys)", c);
+                CHECKF(c < (size_t)(T * qrow) || g == 0.0, "pad output %zu is %g, not 0", c, g);
+                num += d * d;
+                den += (double)ref[c] * ref[c];
+            }
+            printf("#   with the keys split (%zu bytes of work space): relative error %.2e\n",
+                   wsb, sqrt(num / den));
+            CHECK(sqrt(num / den) <= bound);
+            dg_cuda_free(ws);
+        }
+    }
     for (int i = 0; i < NSEQ; i++) {
         dg_cuda_free(dk[i]);
         dg_cuda_free(dv[i]);
