@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/moe-gemm.h"
 
 #define ALIGN(x) (((x) + 255) & ~(size_t)255)
 
@@ -171,6 +172,18 @@ __global__ static void gather_kernel(E *xs, const E *x, const int32_t *slot_of, 
         xs[(int64_t)s * H + i] = x[(p / K) * H + i];
 }
 
+/* the same sixteen bytes at a time: grid (picks, ceil(H / 8 / 128)), 128
+ * threads (rows of H elements, 16-byte aligned) */
+__global__ static void gather16_kernel(uint4 *xs, const uint4 *x, const int32_t *slot_of, int K,
+                                       int n16)
+{
+    const int64_t p = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    const int32_t s = slot_of[p];
+    if (i < n16 && s >= 0)
+        xs[(int64_t)s * n16 + i] = x[(p / K) * n16 + i];
+}
+
 /* grid (T, ceil(H / 256)): out[t, i] = sum over k, in order, of w[t,k] ys[slot, i] */
 __global__ static void combine_kernel(float *out, const float *ys, const int32_t *slot_of,
                                       const float *w, int K, int H)
@@ -234,7 +247,12 @@ extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const
     fill_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(slot_of, cursor, offsets, idx,
                                                                  picks, e0, n_exp);
     DG_LAUNCH_CHECK();
-    {
+    if ((H * esz) % 16 == 0 && !((uintptr_t)x & 15)) {
+        const int n16 = (int)(H * esz / 16);
+        gather16_kernel<<<dim3((unsigned)picks, (unsigned)((n16 + 127) / 128)), 128, 0, st>>>(
+            (uint4 *)(sc + l.xs), (const uint4 *)x, slot_of, K, n16);
+        DG_LAUNCH_CHECK();
+    } else {
         const dim3 grid((unsigned)picks, (unsigned)((H + 255) / 256));
         if (e == DG_ELT_F32)
             gather_kernel<float><<<grid, 256, 0, st>>>((float *)(sc + l.xs), (const float *)x,
@@ -244,7 +262,20 @@ extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const
                 (__nv_bfloat16 *)(sc + l.xs), (const __nv_bfloat16 *)x, slot_of, K, H);
         DG_LAUNCH_CHECK();
     }
-    {
+    if (e == DG_ELT_BF16 && picks <= 128 * (int64_t)n_exp && dg_cuda_grouped_gemm_fits(2 * I, H) &&
+        dg_cuda_grouped_gemm_fits(H, I)) {
+        /* few rows an expert: one grouped GEMM each, every weight read
+         * once (moe-gemm.h) */
+        const int hint = (int)((picks + n_exp - 1) / n_exp);
+        if ((rc = dg_cuda_grouped_gemm(sc + l.gu, 0, sc + l.xs, W_gu, offsets, counts, n_exp,
+                                       2 * (int64_t)I, H, hint, stream, dev, err)) < 0 ||
+            (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, 2 * (int64_t)I,
+                                     sc + l.gu + I * esz, 2 * (int64_t)I, l.rows, I, stream, dev,
+                                     err)) < 0 ||
+            (rc = dg_cuda_grouped_gemm(sc + l.ys, 1, sc + l.hh, W_down, offsets, counts, n_exp, H,
+                                       I, hint, stream, dev, err)) < 0)
+            goto out;
+    } else {
         const int64_t I2 = 2 * (int64_t)I, nt = l.tiles;
         /* gu = xs W_gu^T (type e), hh = gelu(gate) * up (type e) over every
          * padded row, ys = hh W_down^T (fp32): tile by tile, each with its

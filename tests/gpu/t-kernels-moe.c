@@ -4,7 +4,9 @@
  * token's picks in order) against dg_ref_moe on fresh random tokens,
  * router picks and weights: top-2 of 8 and top-8 of 128 experts, a rank's
  * slice of the experts (picks outside it contribute nothing), every pick on
- * one expert, no pick in the slice (zeros).  Every shape with bf16
+ * one expert, no pick in the slice (zeros), and the model's shapes (top-8
+ * of 128, H 2816, I 704) where the bf16 products take the grouped GEMM of
+ * moe-gemm.cu, with a group longer than its 128-row pass.  Every shape with bf16
  * elements (dg_cuda_moe), then with fp32 ones (dg_cuda_moe_e: fp32 tokens,
  * weights and intermediates; the reference reading fp32 weights).  Output
  * poisoned before, guard words after; bound ||out - ref|| / ||ref|| <=
@@ -168,6 +170,10 @@ static int moe(void)
         {"1 token, top-8 of 16, all, H 2816, I 704", 1, 2816, 704, 16, 8, 0, 16, 0},
         {"50 tokens, every pick on expert 3, H 128, I 96", 50, 128, 96, 8, 1, 3, 2, 1},
         {"9 tokens, top-2 of 8, slice 6..7 given picks only below", 9, 64, 32, 6, 2, 6, 2, 0},
+        /* the model's shapes with a canvas' worth of rows an expert (the
+         * grouped GEMM of moe-gemm.cu), and a group past one pass */
+        {"64 tokens, top-8 of 128, all, H 2816, I 704", 64, 2816, 704, 128, 8, 0, 128, 0},
+        {"150 tokens, every pick on expert 0 of 2, H 256, I 64", 150, 256, 64, 2, 1, 0, 2, 1},
     };
     struct dg_blas *blas = NULL;
     struct dg_error err = {0};

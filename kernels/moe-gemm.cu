@@ -1,0 +1,222 @@
+/* moe-gemm.cu - the experts' GEMMs as one grouped GEMM that streams each
+ * expert's weights once (see moe-gemm.h; reference: dg_ref_matmul per
+ * group).
+ *
+ * For group j (an expert) with rows r = offsets[j] .. offsets[j] + counts[j] - 1:
+ *
+ *   Y[r, n] = sum_k X[r, k] W_j[n, k]        W_j = W + j N K  ([N, K] row-major)
+ *
+ * bf16 X and W, fp32 accumulation (mma.sync m16n8k16), Y bf16 or fp32.
+ * Block (n-slice of GG_BN columns, group j), 4 warps of GG_BN / 4
+ * columns each; it takes the group's rows MT x 16 at a time and, for
+ * each, runs over K in steps of 64 with a GG_STAGES-deep cp.async
+ * pipeline of the weight tile [GG_BN x 64] and the row tile [MT 16 x 64]
+ * (only the m-tiles that hold rows are loaded; rows past the group's
+ * count load as zeros and are not stored).  While a group's rows fit one pass
+ * (small batches) every weight byte is read once: the kernel runs at the
+ * memory's pace, which is what a denoising step at batch 1 is. */
+#include "kernels/moe-gemm.h"
+
+#include <cuda_bf16.h>
+
+#include "kernels/cuda-check.h"
+
+#ifndef GG_BN
+#define GG_BN 64
+#endif
+#ifndef GG_STAGES
+#define GG_STAGES 4
+#endif
+#define GG_BK 64
+#define GG_NW (GG_BN / 32) /* n-tiles of 8 a warp: GG_BN / 4 columns */
+#define GG_LD (GG_BK + 8) /* shared row stride: conflict-free ldmatrix */
+
+__device__ static inline uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared; zeros when !valid */
+__device__ static inline void cp16(void *dst, const void *src, int valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ static inline void cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ static inline void cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ static inline void ldsm4(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+__device__ static inline void mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ static inline void store2(float *p, float a, float b)
+{
+    *(float2 *)p = make_float2(a, b);
+}
+
+__device__ static inline void store2(__nv_bfloat16 *p, float a, float b)
+{
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+
+/* grid (N / 128, groups), 128 threads; MT m-tiles of 16 rows a pass */
+template <int MT, typename Out>
+__global__ static void __launch_bounds__(128)
+    grouped_gemm_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                        const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem;                 /* [STAGES][BN][LD] */
+    __nv_bfloat16 *Xs = Ws + GG_STAGES * GG_BN * GG_LD;          /* [STAGES][MT 16][LD] */
+    const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
+    const int count = counts[j];
+    const int64_t row0 = offsets[j];
+    const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
+    const int ksteps = (int)(K / GG_BK);
+
+    for (int p0 = 0; p0 < count; p0 += MT * 16) {
+        const int rows = min(MT * 16, count - p0);
+        const __nv_bfloat16 *Xp = X + (row0 + p0) * K;
+        const int mrows = (rows + 15) / 16 * 16; /* rows of the m-tiles in use */
+        float acc[MT][GG_NW][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int n = 0; n < GG_NW; n++)
+                acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+
+        /* stage s <- k step ks: weights GG_BN x 64 (pieces of 16 bytes),
+         * the rows of the m-tiles in use */
+        auto load = [&](int s, int ks) {
+            __nv_bfloat16 *ws = Ws + s * GG_BN * GG_LD, *xs = Xs + s * MT * 16 * GG_LD;
+            const int64_t k0 = (int64_t)ks * GG_BK;
+            for (int i = threadIdx.x; i < GG_BN * 8; i += 128) {
+                const int r = i >> 3, c = (i & 7) * 8;
+                cp16(ws + r * GG_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
+            }
+            for (int i = threadIdx.x; i < mrows * 8; i += 128) {
+                const int r = i >> 3, c = (i & 7) * 8;
+                const int ok = r < rows;
+                cp16(xs + r * GG_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
+            }
+        };
+
+        __syncthreads(); /* the stages are free (the previous pass) */
+#pragma unroll
+        for (int s = 0; s < GG_STAGES - 1; s++) {
+            if (s < ksteps)
+                load(s, s);
+            cp_commit();
+        }
+        for (int ks = 0; ks < ksteps; ks++) {
+            const int s = ks % GG_STAGES;
+            const __nv_bfloat16 *ws = Ws + s * GG_BN * GG_LD, *xs = Xs + s * MT * 16 * GG_LD;
+            cp_wait<GG_STAGES - 2>();
+            __syncthreads();
+            /* the stage the previous step read is free: fill it */
+            if (ks + GG_STAGES - 1 < ksteps)
+                load((ks + GG_STAGES - 1) % GG_STAGES, ks + GG_STAGES - 1);
+            cp_commit();
+#pragma unroll
+            for (int kk = 0; kk < GG_BK; kk += 16) {
+                uint32_t b[GG_NW / 2][4];
+#pragma unroll
+                for (int h = 0; h < GG_NW / 2; h++)
+                    ldsm4(b[h], ws + (warp * (GG_BN / 4) + h * 16 + (lane & 7) + (lane >> 4) * 8) *
+                                    GG_LD + kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint32_t a[4];
+                    if (m * 16 >= rows)
+                        break;
+                    ldsm4(a, xs + (m * 16 + (lane & 15)) * GG_LD + kk + (lane >> 4) * 8);
+#pragma unroll
+                    for (int h = 0; h < GG_NW / 2; h++) {
+                        mma16816(acc[m][2 * h], a, b[h][0], b[h][1]);
+                        mma16816(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
+                    }
+                }
+            }
+        }
+        cp_wait<0>();
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int n = 0; n < GG_NW; n++) {
+                const int r = m * 16 + gid;
+                const int64_t col = n0 + warp * (GG_BN / 4) + n * 8 + tig * 2;
+                if (r < rows)
+                    store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0], acc[m][n][1]);
+                if (r + 8 < rows)
+                    store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2], acc[m][n][3]);
+            }
+    }
+}
+
+extern "C" int dg_cuda_grouped_gemm_fits(int64_t N, int64_t K)
+{
+    return N > 0 && K > 0 && N % 128 == 0 && K % GG_BK == 0 && N / GG_BN <= 65535;
+}
+
+template <int MT, typename Out>
+static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
+                  const int32_t *counts, int groups, int64_t N, int64_t K, cudaStream_t st,
+                  int dev, struct dg_error *err)
+{
+    const size_t shared = sizeof(__nv_bfloat16) * GG_STAGES * (GG_BN + MT * 16) * GG_LD;
+    int rc = 0;
+    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, Out>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    grouped_gemm_kernel<MT, Out><<<dim3((unsigned)(N / GG_BN), (unsigned)groups), 128, shared,
+                                   st>>>(Y, X, W, offsets, counts, N, K);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const void *W,
+                                    const int32_t *offsets, const int32_t *counts, int groups,
+                                    int64_t N, int64_t K, int rows_hint, dg_stream_t stream,
+                                    int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)X, *w = (const __nv_bfloat16 *)W;
+    if (!dg_cuda_grouped_gemm_fits(N, K) || groups < 0 || groups > 65535)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: grouped GEMM: %d groups of [%lld x %lld]",
+                            dev, groups, (long long)N, (long long)K);
+    if (groups == 0)
+        return 0;
+    if (rows_hint > 64)
+        return y_f32 ? launch<8>((float *)Y, x, w, offsets, counts, groups, N, K, st, dev, err)
+                     : launch<8>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, st,
+                                 dev, err);
+    if (rows_hint > 16)
+        return y_f32 ? launch<4>((float *)Y, x, w, offsets, counts, groups, N, K, st, dev, err)
+                     : launch<4>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, st,
+                                 dev, err);
+    return y_f32 ? launch<2>((float *)Y, x, w, offsets, counts, groups, N, K, st, dev, err)
+                 : launch<2>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, st, dev,
+                             err);
+}

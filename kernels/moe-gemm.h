@@ -1,0 +1,37 @@
+/*
+ * moe-gemm.h - a grouped GEMM for the experts (moe.cu's two products when
+ * an expert's rows are few): per group j, the rows offsets[j] ..
+ * offsets[j] + counts[j] - 1 of X times W_j^T, each weight read once per
+ * pass of up to 128 rows.  bf16 X and W, fp32 accumulate, Y bf16 or fp32.
+ * Counts and offsets are read on the device, so a captured launch serves
+ * any routing.
+ */
+#ifndef DG_KERNELS_MOE_GEMM_H
+#define DG_KERNELS_MOE_GEMM_H
+
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "lib/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Whether [N, K] weights have a kernel: N a multiple of 128, K of 64. */
+int dg_cuda_grouped_gemm_fits(int64_t N, int64_t K);
+
+/* For j < groups: Y[r, :] = X[r, :] W_j^T for the group's rows r (device
+ * offsets, counts), W_j = W + j N K elements ([N, K] row-major); X rows
+ * of K, Y rows of N (fp32 when y_f32, else bf16).  rows_hint, the rows a
+ * group is expected to have, picks the rows per pass (64 or 128).
+ * Errors: DG_E_INVAL (shapes that do not fit), DG_E_CUDA. */
+int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const void *W, const int32_t *offsets,
+                         const int32_t *counts, int groups, int64_t N, int64_t K, int rows_hint,
+                         dg_stream_t stream, int dev, struct dg_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
