@@ -8,6 +8,7 @@
 #define DG_KERNELS_ELT_CUH
 
 #include <cuda_bf16.h>
+#include <stdint.h>
 
 __device__ static inline float dg_ld(const __nv_bfloat16 *p)
 {
@@ -27,6 +28,50 @@ __device__ static inline void dg_st(__nv_bfloat16 *p, float v)
 __device__ static inline void dg_st(float *p, float v)
 {
     *p = v;
+}
+
+/* Eight consecutive elements (16-byte aligned for bf16, 32 for fp32). */
+__device__ static inline void dg_ld8(const __nv_bfloat16 *p, float v[8])
+{
+    const uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+__device__ static inline void dg_ld8(const float *p, float v[8])
+{
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ static inline void dg_st8(__nv_bfloat16 *p, const float v[8])
+{
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+    for (int i = 0; i < 4; i++)
+        h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *(uint4 *)p = u;
+}
+
+__device__ static inline void dg_st8(float *p, const float v[8])
+{
+    ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+/* Whether rows of dim elements of esz bytes at every pointer given (NULL
+ * allowed) can be read eight at a time. */
+static inline bool dg_rows_by8(int dim, int esz, const void *a, const void *b = 0,
+                               const void *c = 0, const void *d = 0)
+{
+    const uintptr_t al = (uintptr_t)(8 * esz) - 1;
+    return dim % 8 == 0 && !((uintptr_t)a & al) && !((uintptr_t)b & al) &&
+           !((uintptr_t)c & al) && !((uintptr_t)d & al);
 }
 
 #endif
