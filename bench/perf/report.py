@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The performance harness's table (bench/perf/run.sh writes its inputs).
+
+usage: report.py OUTDIR
+
+Reads OUTDIR/tp1.json (and tp2.json if there), profile.json and hf.json;
+prints one table (per engine, TP and batch: the denoising and commit
+forwards, the roofline of the denoising forward measured in the same run,
+committed tokens/s without and with the prefill, GPU memory per rank, the
+ratio to Hugging Face at the same batch) and the sampler +
+self-conditioning share of a batch-1 denoising step; writes
+OUTDIR/perf.json (all of it) and OUTDIR/tokens_per_s.png (tokens/s against
+batch size, when matplotlib is there).
+"""
+import json
+import os
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def main():
+    out = sys.argv[1]
+    runs = {}
+    for tp in (1, 2, 4):
+        d = load(os.path.join(out, f"tp{tp}.json"))
+        if d:
+            runs[tp] = d
+    hf = load(os.path.join(out, "hf.json")) or {"runs": []}
+    prof = load(os.path.join(out, "profile.json"))
+    hf_by_b = {r["batch"]: r for r in hf["runs"]}
+    ceil = next(iter(runs.values()))["ceilings"] if runs else {}
+    print()
+    print(f"ceilings: copy {ceil.get('copy_gbps', 0):.0f} GB/s, bf16 GEMM "
+          f"{ceil.get('gemm_tflops', 0):.0f} TFLOP/s; prompt 512, 4 canvases of 256, 16 steps")
+    print()
+    print("| engine | TP | B | denoise ms | roofline ms | % of roofline | commit ms | "
+          "tok/s | tok/s with prefill | GiB/rank | x HF tok/s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    table = []
+    for tp, d in runs.items():
+        for r in d["runs"]:
+            h = hf_by_b.get(r["batch"])
+            ratio = r["tokens_per_s"] / h["tokens_per_s"] if h else None
+            row = dict(engine="dgemma", tp=tp, batch=r["batch"], denoise_ms=r["denoise_ms"],
+                       roofline_ms=r["roofline_denoise_ms"],
+                       pct_roofline=100 * r["roofline_denoise_ms"] / r["denoise_ms"],
+                       commit_ms=r["commit_ms"], tokens_per_s=r["tokens_per_s"],
+                       tokens_per_s_with_prefill=r["tokens_per_s_with_prefill"],
+                       gib_per_rank=max(r["gpu_gib_per_rank"]), ratio_hf=ratio)
+            table.append(row)
+            print(f"| dgemma | {tp} | {r['batch']} | {r['denoise_ms']:.2f} | "
+                  f"{r['roofline_denoise_ms']:.2f} | {row['pct_roofline']:.0f}% | "
+                  f"{r['commit_ms']:.2f} | {r['tokens_per_s']:.0f} | "
+                  f"{r['tokens_per_s_with_prefill']:.0f} | {row['gib_per_rank']:.1f} | "
+                  + (f"{ratio:.2f}" if ratio else "") + " |")
+    for h in hf["runs"]:
+        table.append(dict(engine="transformers", tp=1, batch=h["batch"],
+                          denoise_ms=h["denoise_ms"], commit_ms=h["commit_ms"],
+                          tokens_per_s=h["tokens_per_s"],
+                          tokens_per_s_with_prefill=h["tokens_per_s_with_prefill"],
+                          gib_per_rank=h["gpu_gib"]))
+        print(f"| transformers 5.17 | 1 | {h['batch']} | {h['denoise_ms']:.2f} | | | "
+              f"{h['commit_ms'] or 0:.2f} | {h['tokens_per_s']:.0f} | "
+              f"{h['tokens_per_s_with_prefill']:.0f} | {h['gpu_gib']:.1f} | 1.00 |")
+    share = None
+    if prof and prof["runs"] and "profile_ms_per_step" in prof["runs"][0]:
+        p = prof["runs"][0]["profile_ms_per_step"]
+        total = sum(p.values())
+        part = sum(v for k, v in p.items()
+                   if k.startswith("sampler") or k == "self-conditioning P.E")
+        share = 100 * part / total
+        print()
+        print(f"sampler + self-conditioning reduce: {part:.3f} of {total:.3f} ms per batch-1 "
+              f"denoising step at TP=1 (profiled, eager): {share:.1f}%")
+    with open(os.path.join(out, "perf.json"), "w") as f:
+        json.dump(dict(ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=share,
+                       profile=prof), f, indent=1)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report.py: no matplotlib: no plot", file=sys.stderr)
+        return 0
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for tp in runs:
+        rs = [r for r in table if r["engine"] == "dgemma" and r["tp"] == tp]
+        ax.plot([r["batch"] for r in rs], [r["tokens_per_s"] for r in rs], "o-",
+                label=f"dgemma TP={tp}")
+    hs = [r for r in table if r["engine"] == "transformers"]
+    ax.plot([r["batch"] for r in hs], [r["tokens_per_s"] for r in hs], "s--",
+            label="transformers 5.17 (TP=1)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (requests)")
+    ax.set_ylabel("committed tokens/s (excluding prefill)")
+    ax.set_title("DiffusionGemma 26B-A4B, random bf16 weights, H200")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "tokens_per_s.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

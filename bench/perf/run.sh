@@ -1,0 +1,36 @@
+#!/bin/bash
+# bench/perf/run.sh - the performance harness, on the GPU machine, over
+# binaries built beforehand (make bench-build): nothing is compiled here.
+#
+#   bench/perf/run.sh OUTDIR [BATCHES...]        (default batches 1 4 16 32)
+#
+# One run measures, in this order and on the same machine:
+#   - the ceilings (device copy bandwidth, bf16 GEMM rate) and dgemma's
+#     whole generations at TP=1 for every batch size (bench-generate:
+#     prompt 512, 4 canvases of 256, 16 denoising steps each, CUDA graphs);
+#   - the same at TP=2 where two GPUs are visible;
+#   - a profiled TP=1 run at batch 1 (each stage's time against its floor);
+#   - Hugging Face transformers on the same workload (bench/perf/hf_generate.py);
+# then bench/perf/report.py prints the table, with the ratios to Hugging
+# Face, and writes OUTDIR/perf.json and OUTDIR/tokens_per_s.png.
+# Keep NCCL's NVLink multicast off (the lent machines require it).
+set -o pipefail
+out=${1:?usage: bench/perf/run.sh OUTDIR [BATCHES...]}
+shift
+batches=${*:-1 4 16 32}
+build=${BUILD:-build}
+bin=$build/bench/gpu/bench-generate
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+mkdir -p "$out" || exit 1
+[ -x "$bin" ] || { echo "run.sh: $bin missing: make bench-build first" >&2; exit 1; }
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader \
+    > "$out/gpu.txt" 2>&1
+"$bin" --json "$out/tp1.json" $batches 2>&1 | tee "$out/tp1.log" || exit 1
+if [ "$ngpu" -ge 2 ]; then
+    "$bin" --tp 2 --json "$out/tp2.json" $batches 2>&1 | tee "$out/tp2.log" || exit 1
+fi
+"$bin" --profile --json "$out/profile.json" 1 2>&1 | tee "$out/profile.log" || exit 1
+python3 bench/perf/hf_generate.py tests/fixtures/released-26b-config.json "$out/hf.json" \
+    --batches $batches 2>&1 | tee "$out/hf.log" || exit 1
+python3 bench/perf/report.py "$out"
