@@ -82,7 +82,8 @@ __global__ static void ffn_combine_kernel(T *x, const float *dense, const float 
 }
 
 /* The same, one warp per row and eight values a load (dg_rows_by8), 4
- * rows per block of 128 threads; sums in the warp's order. */
+ * rows per block of 128 threads; sums in the warp's order (bf16 elements
+ * only: fp32 keeps the block kernel's order, as rmsnorm.cu does). */
 template <typename T>
 __global__ static void ffn_combine_warp_kernel(T *x, const float *dense, const float *moe,
                                                const T *w1, const T *w2, const T *w,
@@ -160,14 +161,10 @@ extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
     if (rows < 0 || dim < 1 || rows > 0x7fffffff)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: %lld rows of %d", dev,
                             (long long)rows, dim);
-    if (dg_rows_by8(dim, dg_elt_size(e), x, w1, w2, w) && dg_rows_by8(dim, 4, dense, moe)) {
-        const unsigned wblocks = (unsigned)((rows + 3) / 4);
-        if (e == DG_ELT_F32)
-            ffn_combine_warp_kernel<float><<<wblocks, 128, 0, (cudaStream_t)stream>>>(
-                (float *)x, dense, moe, (const float *)w1, (const float *)w2, (const float *)w,
-                rows, dim, eps, scale);
-        else
-            ffn_combine_warp_kernel<__nv_bfloat16><<<wblocks, 128, 0, (cudaStream_t)stream>>>(
+    if (e == DG_ELT_BF16 && dg_rows_by8(dim, 2, x, w1, w2, w) &&
+        dg_rows_by8(dim, 4, dense, moe)) {
+        ffn_combine_warp_kernel<__nv_bfloat16>
+            <<<(unsigned)((rows + 3) / 4), 128, 0, (cudaStream_t)stream>>>(
                 (__nv_bfloat16 *)x, dense, moe, (const __nv_bfloat16 *)w1,
                 (const __nv_bfloat16 *)w2, (const __nv_bfloat16 *)w, rows, dim, eps, scale);
         DG_LAUNCH_CHECK();

@@ -55,7 +55,9 @@ __global__ static void rmsnorm_kernel(T *y, const T *x, const T *w, int dim, flo
 
 /* The same, one warp per row and eight elements a load (dim a multiple
  * of 8, rows aligned: dg_rows_by8); rows per block of 128 threads: 4.  The
- * sum of squares is the warp's, in another order than the block's. */
+ * sum of squares is the warp's, in another order than the block's, so
+ * fp32 elements (the path held to the CPU's results) keep the block
+ * kernel. */
 template <bool ADD, typename T>
 __global__ static void rmsnorm_warp_kernel(T *y, const T *x, const T *w, int64_t rows, int dim,
                                            float eps, float scale)
@@ -99,14 +101,10 @@ static void rmsnorm_launch(enum dg_elt e, void *y, const void *x, const void *w,
                            int dim, float eps, float scale, dg_stream_t stream)
 {
     const unsigned wblocks = (unsigned)((rows + 3) / 4);
-    if (dg_rows_by8(dim, dg_elt_size(e), y, x, w)) {
-        if (e == DG_ELT_F32)
-            rmsnorm_warp_kernel<ADD, float><<<wblocks, 128, 0, (cudaStream_t)stream>>>(
-                (float *)y, (const float *)x, (const float *)w, rows, dim, eps, scale);
-        else
-            rmsnorm_warp_kernel<ADD, __nv_bfloat16><<<wblocks, 128, 0, (cudaStream_t)stream>>>(
-                (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, rows,
-                dim, eps, scale);
+    if (e == DG_ELT_BF16 && dg_rows_by8(dim, 2, y, x, w)) {
+        rmsnorm_warp_kernel<ADD, __nv_bfloat16><<<wblocks, 128, 0, (cudaStream_t)stream>>>(
+            (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, rows, dim,
+            eps, scale);
         return;
     }
     if (e == DG_ELT_F32)
