@@ -414,8 +414,11 @@ static void print_profile(const struct dg_model_config *c, const struct run_cfg 
         printf("| (q, k, v, o projections together) | | | %.3f | |\n", floor_ms(qkvo, ce));
         printf("| (attention, all layers) | | | %.3f | |\n", floor_ms(f.attention, ce));
     }
-    printf("| total | %.3f | 100%% | %.3f | %.1f |\n", total / steps, floor_ms(f.total, ce),
-           total / steps / floor_ms(f.total, ce));
+    if (ce)
+        printf("| total | %.3f | 100%% | %.3f | %.1f |\n", total / steps,
+               floor_ms(f.total, ce), total / steps / floor_ms(f.total, ce));
+    else
+        printf("| total | %.3f | 100%% | | |\n", total / steps);
 }
 
 static json_t *result_json(const struct run_cfg *rc, const struct batch_result *r, int n_ranks)
