@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lib/json-util.h"
+#include "lib/quant-config.h"
 #include "lib/log.h"
 
 /* Bounds that keep every later size computation far from overflow. */
@@ -436,6 +437,16 @@ int dg_model_config_parse(const char *buf, size_t len, const char *what,
         if ((rc = get_i(root, "self_conditioning_size", 1, MAX_WIDTH, ctx,
                         &c.self_conditioning_size, err)) < 0)
             goto out;
+        {
+            const json_t *qc = json_object_get(root, "quantization_config");
+            struct dg_quant_config q;
+            if (qc && !json_is_null(qc)) {
+                if ((rc = dg_quant_config_parse(qc, ctx, &q, err)) < 0)
+                    goto out;
+                c.fp8 = q.fp8;
+                c.fp8_act_per_token = q.act_per_token;
+            }
+        }
     } else if (strcmp(mt, "diffusion_gemma_text") == 0) {
         if ((rc = parse_text(root, ctx, &c, err)) < 0)
             goto out;
@@ -634,6 +645,20 @@ char *dg_model_config_to_json(const struct dg_model_config *c, int per_layer_for
         json_object_set_new(root, "self_conditioning_size",
                             json_integer(c->self_conditioning_size));
     json_object_set_new(root, "text_config", t);
+    if (c->fp8) {
+        /* the tensors left in bf16 that a Linear-targeting scheme would
+         * otherwise cover: the LM head and the routers */
+        const struct dg_quant_config q = {1, c->fp8_act_per_token};
+        char names[DG_MAX_LAYERS][48];
+        const char *ign[DG_MAX_LAYERS + 1];
+        ign[0] = "lm_head";
+        for (int l = 0; l < c->num_layers; l++) {
+            snprintf(names[l], sizeof names[l], "model.decoder.layers.%d.router.proj", l);
+            ign[l + 1] = names[l];
+        }
+        json_object_set_new(root, "quantization_config",
+                            dg_quant_config_json(&q, ign, c->num_layers + 1));
+    }
     s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(root);
     return s;

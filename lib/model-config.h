@@ -67,6 +67,10 @@ struct dg_model_config {
     /* wrapper */
     int canvas_length;
     int self_conditioning_size;   /* = intermediate_size unless the config says otherwise */
+    /* quantization_config (lib/quant-config.h): FP8 E4M3 weights with
+     * per-channel scales; activations quantized per token at run time */
+    int fp8;
+    int fp8_act_per_token;
 };
 
 struct dg_generation_config {
