@@ -540,7 +540,14 @@ int dg_cuda_model_upload_rank(struct dg_cuda_model *cm, const struct dg_model *m
                               struct dg_error *err)
 {
     struct plan p = {0};
-    int rc = prepare(cm, &m->cfg, m, elt, tp, rank, dev, &p, err);
+    int rc;
+    if (dg_model_has_fp8(m)) {
+        memset(cm, 0, sizeof *cm);
+        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: this checkpoint has FP8 (F8_E4M3) "
+                            "weights; the CUDA backend runs bf16 and fp32 weights (FP8 runs on "
+                            "the CPU backend for now)", dev);
+    }
+    rc = prepare(cm, &m->cfg, m, elt, tp, rank, dev, &p, err);
     if (rc == 0)
         rc = fill_upload(cm, &p, err);
     if (rc == 0)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/fp8.h"
 #include "lib/ref-ops.h"
 
 float dg_embed_scale(int hidden, enum dg_dtype t)
@@ -214,6 +215,7 @@ struct scratch {
     float *egate, *eup, *ein;
     int *members;
     float *row;
+    float *aq;                   /* [T, widest]: FP8-quantized activations (W8A8) */
     void *block;
     uint64_t bytes;
     struct dg_mem_ledger *ledger;
@@ -264,6 +266,7 @@ static int scratch_alloc(struct scratch *s, const struct dg_cpu_model *cm, int64
             {(void **)&s->egate, T * Im, 4}, {(void **)&s->eup, T * Im, 4},
             {(void **)&s->ein, T * H, 4},
             {(void **)&s->row, widest, 4},
+            {(void **)&s->aq, c->fp8_act_per_token ? T * widest : 0, 4},
             {(void **)&s->qpos, Tk, 8},      {(void **)&s->kpos, Tk, 8},
             {(void **)&s->ridx, K * T, sizeof(int)}, {(void **)&s->members, T, sizeof(int)},
         };
@@ -290,6 +293,21 @@ static int scratch_alloc(struct scratch *s, const struct dg_cpu_model *cm, int64
     }
     return 0;
 }
+
+/* The input a matmul with w takes: with per-token FP8 activations (W8A8,
+ * quant-config.h) and an F8_E4M3 w, each of the T rows of x (w->cols
+ * values: under tensor parallelism the columns this rank holds) quantized
+ * to E4M3 with its own scale and dequantized into s->aq (fp8.h); else x. */
+static const float *mm_in(const struct dg_cpu_model *cm, struct scratch *s, const float *x,
+                          int64_t T, const struct dg_weight *w)
+{
+    if (w->dtype != DG_DTYPE_F8_E4M3 || !cm->m->cfg.fp8_act_per_token)
+        return x;
+    dg_fp8_fake_quant_rows(s->aq, x, (size_t)T, (size_t)w->cols);
+    return s->aq;
+}
+
+#define MM_IN(x, T, w) mm_in(cm, s, (x), (T), (w))
 
 /* ---- the layer ----------------------------------------------------------- */
 
@@ -319,10 +337,10 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
 
     /* attention over this rank's heads */
     dg_ref_rmsnorm(s->a, s->x, L->input_norm, T, H, eps);
-    dg_ref_matmul(s->q, s->a, T, &L->q_proj, s->row);
-    dg_ref_matmul(s->kraw, s->a, T, &L->k_proj, s->row);
+    dg_ref_matmul(s->q, MM_IN(s->a, T, &L->q_proj), T, &L->q_proj, s->row);
+    dg_ref_matmul(s->kraw, MM_IN(s->a, T, &L->k_proj), T, &L->k_proj, s->row);
     if (sliding)
-        dg_ref_matmul(s->vraw, s->a, T, &L->v_proj, s->row);
+        dg_ref_matmul(s->vraw, MM_IN(s->a, T, &L->v_proj), T, &L->v_proj, s->row);
     else
         memcpy(s->vraw, s->kraw, sizeof(float) * (size_t)(T * kvdim)); /* V = raw K */
     dg_ref_rmsnorm(s->q, s->q, L->q_norm, T * nq, hd, eps);
@@ -346,7 +364,7 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
     if (mode == PASS_ENCODER && (rc = dg_kv_cache_append(kv_write, l, s->k, s->v, T, err)) < 0)
         return rc;
     /* o_proj over this rank's heads: a partial sum, reduced in double */
-    dg_ref_matmul_f64(s->pair64, s->o, T, &L->o_proj, s->row);
+    dg_ref_matmul_f64(s->pair64, MM_IN(s->o, T, &L->o_proj), T, &L->o_proj, s->row);
     if ((rc = dg_all_reduce(cm->coll, s->pair64, (size_t)(T * H), DG_COLL_F64, DG_COLL_SUM,
                             err)) < 0)
         return rc;
@@ -358,10 +376,10 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
 
     /* dense MLP (this rank's width): down(gelu(gate u) * up u), u = rms(h) */
     dg_ref_rmsnorm(s->a, s->h, L->pre_ffn_norm, T, H, eps);
-    dg_ref_matmul(s->gate, s->a, T, &L->mlp_gate, s->row);
-    dg_ref_matmul(s->up, s->a, T, &L->mlp_up, s->row);
+    dg_ref_matmul(s->gate, MM_IN(s->a, T, &L->mlp_gate), T, &L->mlp_gate, s->row);
+    dg_ref_matmul(s->up, MM_IN(s->a, T, &L->mlp_up), T, &L->mlp_up, s->row);
     dg_ref_gelu_mul(s->gate, s->gate, s->up, T * I);
-    dg_ref_matmul_f64(dense64, s->gate, T, &L->mlp_down, s->row);
+    dg_ref_matmul_f64(dense64, MM_IN(s->gate, T, &L->mlp_down), T, &L->mlp_down, s->row);
 
     /* router on the un-normed h (every rank: the same experts):
      * r = rms_noscale(h) * scale * H^-1/2 */
@@ -372,7 +390,8 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
             for (int i = 0; i < H; i++)
                 s->a[t * H + i] = s->a[t * H + i] * L->router_scale[i] * root;
         for (int64_t t = 0; t < T; t++) {
-            dg_ref_matmul(s->rlogits, s->a + t * H, 1, &w->router_proj, s->row);
+            dg_ref_matmul(s->rlogits, MM_IN(s->a + t * H, 1, &w->router_proj), 1, &w->router_proj,
+                          s->row);
             dg_ref_router_topk(s->ridx + t * K, s->rw + t * K, s->rlogits, E, K,
                                L->router_expert_scale);
         }
@@ -393,10 +412,11 @@ static int layer_forward(const struct dg_cpu_model *cm, int l, enum pass_mode mo
         for (int r = 0; r < n; r++)
             memcpy(s->ein + (int64_t)r * H, s->a + (int64_t)(s->members[r] / K) * H,
                    sizeof(float) * (size_t)H);
-        dg_ref_matmul(s->egate, s->ein, n, &L->exp_gate[e], s->row);
-        dg_ref_matmul(s->eup, s->ein, n, &L->exp_up[e], s->row);
+        dg_ref_matmul(s->egate, MM_IN(s->ein, n, &L->exp_gate[e]), n, &L->exp_gate[e], s->row);
+        dg_ref_matmul(s->eup, MM_IN(s->ein, n, &L->exp_up[e]), n, &L->exp_up[e], s->row);
         dg_ref_gelu_mul(s->egate, s->egate, s->eup, (int64_t)n * Im);
-        dg_ref_matmul_f64(s->eout64, s->egate, n, &L->exp_down[e], s->row);
+        dg_ref_matmul_f64(s->eout64, MM_IN(s->egate, n, &L->exp_down[e]), n, &L->exp_down[e],
+                          s->row);
         for (int r = 0; r < n; r++) {
             const int64_t t = s->members[r] / K;
             const double wt = s->rw[s->members[r]];
@@ -520,10 +540,10 @@ static void self_conditioning(const struct dg_cpu_model *cm, const float *soft, 
     const int64_t S = c->self_conditioning_size;
 
     dg_ref_rmsnorm(s->a, soft, cm->sc_pre_norm, CL, c->hidden_size, (float)c->rms_norm_eps);
-    dg_ref_matmul(s->gate, s->a, CL, &m->sc_gate, s->row);
-    dg_ref_matmul(s->up, s->a, CL, &m->sc_up, s->row);
+    dg_ref_matmul(s->gate, MM_IN(s->a, CL, &m->sc_gate), CL, &m->sc_gate, s->row);
+    dg_ref_matmul(s->up, MM_IN(s->a, CL, &m->sc_up), CL, &m->sc_up, s->row);
     dg_ref_gelu_mul(s->gate, s->gate, s->up, CL * S);
-    dg_ref_matmul(out, s->gate, CL, &m->sc_down, s->row);
+    dg_ref_matmul(out, MM_IN(s->gate, CL, &m->sc_down), CL, &m->sc_down, s->row);
 }
 
 int dg_cpu_decode_soft(const struct dg_cpu_model *cm, const struct dg_kv_cache *kv,

@@ -51,6 +51,11 @@ uint8_t dg_f32_to_e4m3(float f);
 void dg_fp8_quantize_rows(const float *x, size_t rows, size_t cols, size_t ld, uint8_t *q,
                           float *scale);
 
+/* y = each row of x quantized as dg_fp8_quantize_rows does and
+ * dequantized (q * scale): what a per-token FP8 activation carries.  rows
+ * of cols packed floats; y may be x. */
+void dg_fp8_fake_quant_rows(float *y, const float *x, size_t rows, size_t cols);
+
 /* The reference W8A8 linear layer: y[t, n] = sa[t] * sw[n] *
  * sum_k e4m3(qa[t, k]) * e4m3(qw[n, k]), qa [T, K] and qw [N, K] packed,
  * the sum in double (the oracle of FP8 GEMMs), y [T, N] fp32. */

@@ -244,9 +244,50 @@ static void set_view(struct dg_weight *w, const struct dg_st_tensor *t, const vo
     w->name = t->name;
 }
 
+/* An F8_E4M3 weight's "<name>_scale": [rows, 1] or [rows], a float
+ * dtype, every value finite and >= 0; marked used and set on w. */
+static int bind_scale(const struct dg_checkpoint *ck, const struct dg_cat_entry *e,
+                      const char *file, struct dg_weight *w, unsigned char *used,
+                      struct dg_error *err)
+{
+    char name[160];
+    const struct dg_ckpt_tensor *sc;
+    const struct dg_st_tensor *t;
+    const int64_t rows = e->shape[0];
+
+    snprintf(name, sizeof name, "%s_scale", e->name);
+    if (!(sc = dg_checkpoint_find(ck, name)))
+        return dg_error_set(err, DG_E_MISSING, "%s: tensor '%s' is F8_E4M3 but '%s' (its "
+                            "per-channel scales) is missing", file, e->name, name);
+    t = sc->t;
+    used[sc - ck->tensors] = 1;
+    if (!dg_dtype_is_float_weight(t->dtype))
+        return dg_error_set(err, DG_E_DTYPE, "%s: tensor '%s': dtype %s is not supported for "
+                            "scales (BF16, F16, F32)", dg_checkpoint_shard_name(ck, sc), name,
+                            dg_dtype_name(t->dtype));
+    if (!((t->ndim == 2 && t->shape[0] == rows && t->shape[1] == 1) ||
+          (t->ndim == 1 && t->shape[0] == rows))) {
+        char got[96];
+        format_shape(got, sizeof got, t->ndim, t->shape);
+        return dg_error_set(err, DG_E_SHAPE, "%s: tensor '%s': shape %s but '%s' needs [%lld, "
+                            "1] (a scale per output channel)", dg_checkpoint_shard_name(ck, sc),
+                            name, got, e->name, (long long)rows);
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        const float v = dg_load_f32(t->data, t->dtype, (size_t)i);
+        if (!isfinite(v) || v < 0)
+            return dg_error_set(err, DG_E_CONFIG, "%s: tensor '%s': scale %lld is %g (scales "
+                                "must be finite and >= 0)", dg_checkpoint_shard_name(ck, sc),
+                                name, (long long)i, (double)v);
+    }
+    w->scale = t->data;
+    w->scale_dtype = t->dtype;
+    return 0;
+}
+
 static int bind_entry(const struct dg_checkpoint *ck, struct dg_model *m,
                       const struct dg_cat_entry *e, const struct dg_ckpt_tensor *ct,
-                      struct dg_error *err)
+                      unsigned char *used, struct dg_error *err)
 {
     const struct dg_st_tensor *t = ct->t;
     const char *file = dg_checkpoint_shard_name(ck, ct);
@@ -262,15 +303,32 @@ static int bind_entry(const struct dg_checkpoint *ck, struct dg_model *m,
                             "%s: tensor '%s': shape %s but the config needs %s", file, e->name,
                             got, want);
     }
-    if (!dg_dtype_is_float_weight(t->dtype))
+    if (t->dtype == DG_DTYPE_F8_E4M3) {
+        /* a matrix of its own (not a packed bank, not the embedding: a
+         * gather table), in a checkpoint that says it is quantized */
+        if (e->role != DG_CAT_PLAIN || e->ndim != 2 || e->dst == &m->embed)
+            return dg_error_set(err, DG_E_DTYPE, "%s: tensor '%s': F8_E4M3 is supported for "
+                                "per-tensor matrices only (%s)", file, e->name,
+                                e->role != DG_CAT_PLAIN ? "experts as packed banks: store them "
+                                                          "per expert"
+                                : e->ndim != 2          ? "not a matrix"
+                                                        : "the embedding stays in bf16");
+        if (!m->cfg.fp8)
+            return dg_error_set(err, DG_E_CONFIG, "%s: tensor '%s' is F8_E4M3 but config.json "
+                                "has no FP8 quantization_config", file, e->name);
+    } else if (!dg_dtype_is_float_weight(t->dtype)) {
         return dg_error_set(err, DG_E_DTYPE,
                             "%s: tensor '%s': dtype %s is not supported for weights (BF16, F16, "
-                            "F32)", file, e->name, dg_dtype_name(t->dtype));
+                            "F32%s)", file, e->name, dg_dtype_name(t->dtype),
+                            m->cfg.fp8 ? ", F8_E4M3 with scales" : "");
+    }
 
     switch (e->role) {
     case DG_CAT_PLAIN:
         set_view(e->dst, t, t->data, e->ndim == 1 ? 1 : e->shape[0],
                  e->ndim == 1 ? e->shape[0] : e->shape[1]);
+        if (t->dtype == DG_DTYPE_F8_E4M3)
+            return bind_scale(ck, e, file, e->dst, used, err);
         break;
     case DG_CAT_BANK_GATE_UP: {
         struct dg_layer_weights *L = &m->layers[e->layer];
@@ -336,6 +394,12 @@ static int report_missing(const struct dg_checkpoint *ck, const struct dg_cat_en
                         ck->dir, e->name, want, n_missing);
 }
 
+static int is_scale_name(const char *name)
+{
+    const size_t n = strlen(name), k = strlen(".weight_scale");
+    return n > k && strcmp(name + n - k, ".weight_scale") == 0;
+}
+
 static void count_stats(struct dg_model *m, const struct dg_checkpoint *ck,
                         const unsigned char *used)
 {
@@ -351,8 +415,10 @@ static void count_stats(struct dg_model *m, const struct dg_checkpoint *ck,
             continue;
         }
         s->n_tensors++;
-        s->params_total += t->nelem;
         s->bytes_by_dtype[t->dtype] += t->end - t->begin;
+        if (is_scale_name(t->name))
+            continue; /* an FP8 weight's scales: not parameters */
+        s->params_total += t->nelem;
         if (strstr(t->name, ".experts."))
             experts += t->nelem;
     }
@@ -390,7 +456,7 @@ int dg_model_bind(const struct dg_checkpoint *ck, struct dg_model *m, struct dg_
             continue;
         }
         used[ct - ck->tensors] = 1;
-        if ((rc = bind_entry(ck, m, &cat.entries[i], ct, err)) < 0)
+        if ((rc = bind_entry(ck, m, &cat.entries[i], ct, used, err)) < 0)
             goto out;
     }
     if (n_missing) {
@@ -419,6 +485,29 @@ out:
     if (rc)
         dg_model_free(m);
     return rc;
+}
+
+int dg_model_has_fp8(const struct dg_model *m)
+{
+    const struct dg_weight *g[] = {&m->sc_gate, &m->sc_up, &m->sc_down};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        if (g[i]->dtype == DG_DTYPE_F8_E4M3)
+            return 1;
+    for (int l = 0; m->layers && l < m->cfg.num_layers; l++) {
+        const struct dg_layer_weights *L = &m->layers[l];
+        const struct dg_weight *w[] = {&L->q_proj,   &L->k_proj,   &L->v_proj,     &L->o_proj,
+                                       &L->mlp_gate, &L->mlp_up,   &L->mlp_down,
+                                       &L->router_proj};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            if (w[i]->dtype == DG_DTYPE_F8_E4M3)
+                return 1;
+        for (int x = 0; x < m->cfg.num_experts; x++)
+            if (L->expert_gate[x].dtype == DG_DTYPE_F8_E4M3 ||
+                L->expert_up[x].dtype == DG_DTYPE_F8_E4M3 ||
+                L->expert_down[x].dtype == DG_DTYPE_F8_E4M3)
+                return 1;
+    }
+    return 0;
 }
 
 void dg_model_free(struct dg_model *m)

@@ -27,13 +27,17 @@
 struct dg_checkpoint;
 
 /* A row-major matrix [rows, cols] (vectors: rows = 1) in checkpoint memory;
- * rows lie stride elements apart (0: cols; a column slice has more). */
+ * rows lie stride elements apart (0: cols; a column slice has more).  An
+ * F8_E4M3 matrix has a scale per row (its output channel): row j is
+ * e4m3(data[j, :]) * scale[j], scale of scale_dtype (BF16, F16, F32). */
 struct dg_weight {
     const void *data;    /* NULL when the tensor does not exist (v_proj of full layers) */
     enum dg_dtype dtype;
     int64_t rows, cols;
     int64_t stride;
     const char *name;    /* checkpoint tensor name (owned by the checkpoint) */
+    const void *scale;   /* F8_E4M3: [rows] scales, else NULL */
+    enum dg_dtype scale_dtype;
 };
 
 /* Views of rows [r0, r1) and of columns [c0, c1) of w. */
@@ -44,6 +48,9 @@ static inline struct dg_weight dg_weight_rows(const struct dg_weight *w, int64_t
     v.data = w->data ? (const unsigned char *)w->data +
                            (size_t)(r0 * stride) * dg_dtype_size(w->dtype)
                      : NULL;
+    v.scale = w->scale ? (const unsigned char *)w->scale +
+                             (size_t)r0 * dg_dtype_size(w->scale_dtype)
+                       : NULL;
     v.rows = r1 - r0;
     v.stride = stride;
     return v;
@@ -147,7 +154,11 @@ int dg_tensor_name_ignored(const char *name);
 
 /* Fill m from the checkpoint: every catalogue tensor must exist with a
  * float dtype (BF16, F16, F32) and exactly the catalogue's shape, and every
- * checkpoint tensor must be either catalogued or ignored.  Errors name the
+ * checkpoint tensor must be either catalogued or ignored.  Matrices other
+ * than the embedding, stored per tensor (not in packed expert banks), may
+ * be F8_E4M3 when config.json has an FP8 quantization_config
+ * (quant-config.h): "<x>.weight" then needs "<x>.weight_scale" of shape
+ * [rows, 1] or [rows], a float dtype, every value finite and >= 0.  Errors name the
  * file and tensor: DG_E_MISSING (with a hint when an unexpected tensor looks
  * like a misspelling of the missing one), DG_E_EXTRA, DG_E_SHAPE,
  * DG_E_DTYPE, DG_E_CONFIG (non-finite layer_scalar, mixed expert forms in
@@ -155,5 +166,8 @@ int dg_tensor_name_ignored(const char *name);
 int dg_model_bind(const struct dg_checkpoint *ck, struct dg_model *m, struct dg_error *err);
 
 void dg_model_free(struct dg_model *m);
+
+/* Whether any weight of m is FP8 (dtype F8_E4M3). */
+int dg_model_has_fp8(const struct dg_model *m);
 
 #endif

@@ -31,23 +31,40 @@ uint8_t dg_f32_to_e4m3(float f)
     return sign | (uint8_t)(((ex + 6) << 3) | ((int)q - 8));
 }
 
+/* A row's scale: max |x| / 448, 1 for a row of zeros, NaN if any is NaN. */
+static float row_scale(const float *xr, size_t cols)
+{
+    float amax = 0;
+    for (size_t i = 0; i < cols; i++) {
+        const float a = fabsf(xr[i]);
+        if (isnan(a))
+            return NAN;
+        if (a > amax)
+            amax = a;
+    }
+    return amax > 0 ? amax / DG_E4M3_MAX : 1.0f;
+}
+
 void dg_fp8_quantize_rows(const float *x, size_t rows, size_t cols, size_t ld, uint8_t *q,
                           float *scale)
 {
     for (size_t r = 0; r < rows; r++) {
         const float *xr = x + r * ld;
-        float amax = 0, s;
-        for (size_t i = 0; i < cols; i++) {
-            const float a = fabsf(xr[i]);
-            if (isnan(a) || a > amax)
-                amax = a;
-            if (isnan(a))
-                break;
-        }
-        s = isnan(amax) ? NAN : amax > 0 ? amax / DG_E4M3_MAX : 1.0f;
+        const float s = row_scale(xr, cols);
         scale[r] = s;
         for (size_t i = 0; i < cols; i++)
             q[r * cols + i] = dg_f32_to_e4m3(xr[i] / s);
+    }
+}
+
+void dg_fp8_fake_quant_rows(float *y, const float *x, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        const float s = row_scale(xr, cols);
+        for (size_t i = 0; i < cols; i++)
+            yr[i] = dg_e4m3_to_f32(dg_f32_to_e4m3(xr[i] / s)) * s;
     }
 }
 

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "lib/fp8.h"
+
 /* Row j of w as f32: the row itself for F32 weights, else converted into buf. */
 static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
 {
@@ -11,6 +13,13 @@ static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
 
     if (w->dtype == DG_DTYPE_F32)
         return (const float *)(const void *)base;
+    if (w->dtype == DG_DTYPE_F8_E4M3) {
+        /* e4m3 values times the row's (output channel's) scale */
+        const float sc = dg_load_f32(w->scale, w->scale_dtype, (size_t)j);
+        for (size_t i = 0; i < cols; i++)
+            buf[i] = dg_e4m3_to_f32(base[i]) * sc;
+        return buf;
+    }
     if (w->dtype == DG_DTYPE_BF16) {
         for (size_t i = 0; i < cols; i++) {
             uint16_t h;

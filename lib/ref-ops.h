@@ -63,8 +63,9 @@ void dg_rope_inv_freq(const struct dg_rope_config *rope, int hd, float *inv_freq
 void dg_ref_rope(float *x, int n_heads, int hd, const float *inv_freq, int64_t pos);
 
 /* y[t, j] = sum_i x[t, i] * W[j, i] for t < T, j < w->rows, i < w->cols
- * (y = x W^T, nn.Linear); W's rows lie w->stride elements apart (0: cols).
- * row_buf: scratch of w->cols floats. */
+ * (y = x W^T, nn.Linear); W's rows lie w->stride elements apart (0: cols);
+ * an F8_E4M3 W is dequantized row by row (e4m3 value times the row's
+ * scale).  row_buf: scratch of w->cols floats. */
 void dg_ref_matmul(float *y, const float *x, int64_t T, const struct dg_weight *w, float *row_buf);
 
 /* The same accumulated in double, into double: the form whose partial
