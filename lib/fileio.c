@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -132,4 +133,29 @@ int dg_file_exists(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int dg_write_text(const char *dir, const char *name, const char *text, struct dg_error *err)
+{
+    char *path = dg_path_join(dir, name);
+    FILE *f;
+    int ok;
+
+    if (!path)
+        return dg_error_set(err, DG_E_NOMEM, "out of memory");
+    f = fopen(path, "w");
+    if (!f) {
+        int rc = dg_error_set(err, DG_E_IO, "%s: cannot create: %s", path, strerror(errno));
+        free(path);
+        return rc;
+    }
+    ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) {
+        int rc = dg_error_set(err, DG_E_IO, "%s: write failed", path);
+        free(path);
+        return rc;
+    }
+    free(path);
+    return 0;
 }

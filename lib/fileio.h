@@ -33,6 +33,10 @@ void dg_file_unmap(struct dg_mapping *m);
  * allocation failure). */
 char *dg_path_join(const char *dir, const char *name);
 
+/* Write text and a newline to dir/name (created or truncated).  Errors:
+ * DG_E_NOMEM, DG_E_IO (naming the path). */
+int dg_write_text(const char *dir, const char *name, const char *text, struct dg_error *err);
+
 /* True if path names an existing regular file (following symlinks). */
 int dg_file_exists(const char *path);
 

@@ -161,30 +161,6 @@ static int fill_tensor(void *ud, size_t index, void *buf, size_t nbytes, struct 
     return 0;
 }
 
-static int write_text(const char *dir, const char *name, const char *text, struct dg_error *err)
-{
-    char *path = dg_path_join(dir, name);
-    FILE *f;
-    int ok;
-
-    if (!path)
-        return dg_error_set(err, DG_E_NOMEM, "out of memory");
-    f = fopen(path, "w");
-    if (!f) {
-        int rc = dg_error_set(err, DG_E_IO, "%s: cannot create: %s", path, strerror(errno));
-        free(path);
-        return rc;
-    }
-    ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) {
-        int rc = dg_error_set(err, DG_E_IO, "%s: write failed", path);
-        free(path);
-        return rc;
-    }
-    free(path);
-    return 0;
-}
 
 static int write_generation_config(const char *dir, const struct dg_model_config *cfg,
                                    const struct dg_generation_config *gen, struct dg_error *err)
@@ -216,7 +192,7 @@ static int write_generation_config(const char *dir, const struct dg_model_config
     json_decref(o);
     if (!s)
         return dg_error_set(err, DG_E_NOMEM, "out of memory");
-    rc = write_text(dir, "generation_config.json", s, err);
+    rc = dg_write_text(dir, "generation_config.json", s, err);
     free(s);
     return rc;
 }
@@ -274,7 +250,7 @@ int dg_synth_write(const char *dir, const struct dg_model_config *cfg,
     cfg_text = dg_model_config_to_json(cfg, opts->per_layer_config_form);
     if (!cfg_text)
         return dg_error_set(err, DG_E_NOMEM, "out of memory");
-    rc = write_text(dir, "config.json", cfg_text, err);
+    rc = dg_write_text(dir, "config.json", cfg_text, err);
     free(cfg_text);
     if (rc == 0)
         rc = write_generation_config(dir, cfg, gen, err);
@@ -329,7 +305,7 @@ int dg_synth_write(const char *dir, const struct dg_model_config *cfg,
         text = json_dumps(root, JSON_INDENT(2));
         json_decref(root);
         if (rc == 0)
-            rc = text ? write_text(dir, "model.safetensors.index.json", text, err)
+            rc = text ? dg_write_text(dir, "model.safetensors.index.json", text, err)
                       : dg_error_set(err, DG_E_NOMEM, "out of memory");
         free(text);
     }

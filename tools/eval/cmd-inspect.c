@@ -100,6 +100,9 @@ static void print_text(const char *dir, const struct dg_checkpoint *ck, const st
             printf(" %s %s", dg_dtype_name((enum dg_dtype)t),
                    bytes_str(a, sizeof a, s->bytes_by_dtype[t]));
     printf("\n");
+    if (c->fp8)
+        printf("quantized     FP8 E4M3 weights with per-channel scales; activations %s\n",
+               c->fp8_act_per_token ? "per token at run time (W8A8)" : "unquantized");
     if (s->ignored_tensors)
         printf("ignored       %llu vision tensors, %s\n",
                (unsigned long long)s->ignored_tensors, bytes_str(a, sizeof a, s->ignored_bytes));
@@ -139,6 +142,10 @@ static int print_json(const char *dir, const struct dg_checkpoint *ck, const str
     json_object_set_new(o, "params_embedding", json_integer((json_int_t)s->params_embedding));
     json_object_set_new(o, "params_experts", json_integer((json_int_t)s->params_experts));
     json_object_set_new(o, "bytes_by_dtype", bytes);
+    json_object_set_new(o, "quantization",
+                        !m->cfg.fp8              ? json_null()
+                        : m->cfg.fp8_act_per_token ? json_string("fp8-w8a8")
+                                                   : json_string("fp8-weights"));
     json_object_set_new(o, "ignored_tensors", json_integer((json_int_t)s->ignored_tensors));
     json_object_set_new(o, "ignored_bytes", json_integer((json_int_t)s->ignored_bytes));
     json_object_set_new(o, "layer_scalars", scal);

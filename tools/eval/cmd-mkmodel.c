@@ -25,6 +25,7 @@ static const char usage[] =
     "  --shards N           write N shards and an index (default 1: model.safetensors)\n"
     "  --per-expert         store experts as per-expert 2-D tensors, not packed banks\n"
     "  --per-layer-config   write config.json the way transformers 5.17 saves it\n"
+    "  --layers N           keep the first N layers (the last made a full-attention one)\n"
     "  --vision             add a few vision-tower tensors (the loader skips them)\n"
     "  --no-tokenizer       do not write tokenizer.json\n";
 
@@ -45,7 +46,7 @@ int cmd_mkmodel(int argc, char **argv)
     struct dg_synth_plan plan;
     struct dg_error err = {0};
     unsigned long long v;
-    int tokenizer = 1;
+    int tokenizer = 1, layers = 0;
 
     dg_synth_options_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -82,6 +83,13 @@ int cmd_mkmodel(int argc, char **argv)
                 return 2;
             }
             o.n_shards = (int)v, i++;
+        } else if (!strcmp(a, "--layers") && val) {
+            if (parse_u64(val, &v) || v < 1 || v > DG_MAX_LAYERS) {
+                eval_errorf("mkmodel: --layers needs an integer in [1, %d], not '%s'",
+                            DG_MAX_LAYERS, val);
+                return 2;
+            }
+            layers = (int)v, i++;
         } else if (!strcmp(a, "--per-expert")) {
             o.experts = DG_EXPERTS_PER_EXPERT;
         } else if (!strcmp(a, "--per-layer-config")) {
@@ -117,6 +125,11 @@ int cmd_mkmodel(int argc, char **argv)
     } else if (dg_model_config_preset(preset, &cfg, &err) != 0) {
         eval_errorf("mkmodel: %s", err.msg);
         return 2;
+    }
+    if (layers && layers < cfg.num_layers) {
+        /* (transformers requires the last layer to be a full one) */
+        cfg.num_layers = layers;
+        cfg.layer_kind[layers - 1] = DG_LAYER_FULL;
     }
     if (dg_synth_plan_build(&cfg, &o, &plan, &err) != 0 ||
         dg_synth_write(out, &cfg, NULL, &plan, &o, &err) != 0) {

@@ -11,6 +11,7 @@ int cmd_tokenize(int argc, char **argv);
 
 int cmd_generate(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 /* Print "dgemma-eval: <msg>" to stderr. */
 void eval_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -21,6 +21,7 @@ static const char usage[] =
     "  tokenize --tokenizer F    JSON lines of text or chat messages to token ids\n"
     "  generate --model DIR ...  generate text on the CPU backend\n"
     "  plan --preset NAME ...    tensor-parallel split: bytes per rank, collectives\n"
+    "  quantize --model DIR ...  write the model with FP8 weights (W8A8 layout)\n"
     "\n"
     "dgemma-eval COMMAND --help shows a command's options.\n";
 
@@ -60,6 +61,8 @@ int main(int argc, char **argv)
         return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "generate"))
         return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "quantize"))
+        return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan"))
         return cmd_plan(argc - 1, argv + 1);
     eval_errorf("unknown command '%s'", argv[1]);

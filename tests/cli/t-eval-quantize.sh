@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Description: dgemma-eval quantize, end to end on the CPU backend.  A
+# one-layer model of the small preset's shapes in f32 (A) and its bf16
+# rounding (B); A quantized with FP8 weights only (C) and W8A8 (D).  The
+# decoder's logits of B, C and D against A's (max|d| / max|ref| from
+# dgemma-eval compare): FP8 must differ more than bf16 does (the
+# quantization happened) and within the bounds derived from the formats:
+# an E4M3 step is 16 times a bf16 step (3 mantissa bits against 7), so
+# weights alone move the logits at most 16 times as far as bf16 rounding,
+# and weights plus per-token activations (two roundings of that size) at
+# most 32 times; every argmax but two of 32 kept.  Then: inspect reports
+# the quantization, a second quantization is refused, the default model
+# quantized generates (64 tokens at TP 1; at TP 2 until its length or a
+# stop id), with FP8 weights alone the same ids at TP 1 and 2, and usage
+# errors exit 2.
+set -u
+BUILD=${BUILD:-build}
+EVAL=$BUILD/bin/dgemma-eval
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-quantize-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+ok() { echo "ok t-eval-quantize/$1"; }
+bad() { echo "not ok t-eval-quantize/$1: $2"; fails=$((fails + 1)); }
+
+# run NAME WANT_STATUS CMD...
+run() {
+    local name=$1 want=$2; shift 2
+    "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
+    local st=$?
+    [ $st -eq "$want" ] && return 0
+    bad "$name" "exit $st, want $want: $(head -c 300 "$tmp/$name.err")"
+    return 1
+}
+has() { grep -qF -- "$3" "$tmp/$1.$2"; }
+# ratio and argmax agreement from a compare's output
+ratio() { sed -n 's/.*ratio \([0-9.e+-]*\).*/\1/p' "$tmp/$1.out"; }
+agree() { sed -n 's/.*argmax agree \([0-9]*\)\/.*/\1/p' "$tmp/$1.out"; }
+
+echo "2 5 363 364 6 7 8 9 10 11" >"$tmp/p.ids"
+seq 20 51 | tr '\n' ' ' >"$tmp/c.ids"
+if run mkA 0 "$EVAL" mkmodel --out "$tmp/A" --preset small --layers 1 &&
+   run mkB 0 "$EVAL" mkmodel --out "$tmp/B" --preset small --layers 1 --dtype bf16 &&
+   run qC 0 "$EVAL" quantize --model "$tmp/A" --out "$tmp/C" --weights-only &&
+   run qD 0 "$EVAL" quantize --model "$tmp/A" --out "$tmp/D" &&
+   has qD out "of them FP8 E4M3 with per-channel scales; activations per token (W8A8)" &&
+   has qC out "activations unquantized (weights only)"
+then ok quantize; else bad quantize "see above"; fi
+
+for m in A B C D; do
+    run "fwd$m" 0 "$EVAL" forward --model "$tmp/$m" --prompt-ids "$tmp/p.ids" \
+        --canvas-ids "$tmp/c.ids" --out "$tmp/$m.npy" || continue
+done
+for m in B C D; do
+    run "cmp$m" 0 "$EVAL" compare "$tmp/$m.npy" "$tmp/A.npy" --tol 1
+done
+rB=$(ratio cmpB) rC=$(ratio cmpC) rD=$(ratio cmpD)
+echo "# logits against f32, max|d| / max|ref|: bf16 $rB, FP8 weights $rC, FP8 W8A8 $rD;" \
+     "argmax agree $(agree cmpC)/32 and $(agree cmpD)/32"
+if [ -n "$rB" ] && [ -n "$rC" ] && [ -n "$rD" ] &&
+   awk -v b="$rB" -v c="$rC" -v d="$rD" 'BEGIN { exit !(b > 0 && c > b && d > b && c <= 16 * b && d <= 32 * b) }' &&
+   [ "$(agree cmpC)" -ge 30 ] && [ "$(agree cmpD)" -ge 30 ]
+then ok logits_within_format_bounds; else bad logits_within_format_bounds "bf16 $rB, weights $rC, W8A8 $rD"; fi
+
+if run insp 0 "$EVAL" inspect "$tmp/D" &&
+   has insp out "quantized     FP8 E4M3 weights with per-channel scales; activations per token at run time (W8A8)" &&
+   has insp out "F8_E4M3" &&
+   run inspj 0 "$EVAL" inspect "$tmp/C" --json && has inspj out '"quantization":"fp8-weights"'
+then ok inspect; else bad inspect "$(cat "$tmp/insp.out")"; fi
+
+if run again 1 "$EVAL" quantize --model "$tmp/D" --out "$tmp/E" && has again err "already quantized"
+then ok refuses_twice; else bad refuses_twice "$(cat "$tmp/again.err")"; fi
+
+# The default model quantized generates; with FP8 weights alone the ids do
+# not depend on the tensor-parallel split (dequantized weights, the CPU's
+# exact split sums); with W8A8 they may (a rank quantizes the activation
+# columns it holds), so there only the run is checked.
+M=$BUILD/model/default
+ids() { sed 's/.*"ids":\(\[[^]]*\]\).*/\1/' "$tmp/$1.out"; }
+if [ -f "$M/config.json" ] &&
+   run qdef 0 "$EVAL" quantize --model "$M" --out "$tmp/Q" &&
+   run qdefw 0 "$EVAL" quantize --model "$M" --out "$tmp/W" --weights-only &&
+   run gen1 0 "$EVAL" generate --model "$tmp/Q" --prompt "hello" --seed 3 --max-tokens 64 --json &&
+   run gen2 0 "$EVAL" generate --model "$tmp/Q" --prompt "hello" --seed 3 --max-tokens 64 --json --tp 2 &&
+   has gen1 out '"finish_reason":"length"' && has gen1 out '"completion_tokens":64' &&
+   has gen2 out '"finish_reason":' &&
+   run genw1 0 "$EVAL" generate --model "$tmp/W" --prompt "hello" --seed 3 --max-tokens 64 --json &&
+   run genw2 0 "$EVAL" generate --model "$tmp/W" --prompt "hello" --seed 3 --max-tokens 64 --json --tp 2 &&
+   [ "$(ids genw1)" = "$(ids genw2)" ]
+then ok default_model_generates; else bad default_model_generates "$(head -c 300 "$tmp/genw1.out" "$tmp/genw2.out" "$tmp/gen1.err" "$tmp/gen2.err")"; fi
+
+if run usage1 2 "$EVAL" quantize --model "$tmp/A" && run usage2 2 "$EVAL" quantize --out "$tmp/F" --bogus &&
+   run help 0 "$EVAL" quantize --help && has help out "usage: dgemma-eval quantize"
+then ok usage; else bad usage "see above"; fi
+
+if run missing 1 "$EVAL" quantize --model "$tmp/nonexistent" --out "$tmp/G"
+then ok missing_model; else bad missing_model "$(cat "$tmp/missing.err")"; fi
+
+exit $((fails > 0))
