@@ -95,10 +95,13 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
         }
     for (int j = 0; j < n_exp; j++) {
         const enum dg_dtype dt = f32 ? DG_DTYPE_F32 : DG_DTYPE_BF16;
-        wgu[j] = (struct dg_weight){(const unsigned char *)hgu + (size_t)j * 2 * I * H * esz, dt,
-                                    2 * (int64_t)I, H, H, "gate_up"};
-        wdn[j] = (struct dg_weight){(const unsigned char *)hdn + (size_t)j * H * I * esz, dt, H, I,
-                                    I, "down"};
+        wgu[j] = (struct dg_weight){.data = (const unsigned char *)hgu +
+                                            (size_t)j * 2 * I * H * esz,
+                                    .dtype = dt, .rows = 2 * (int64_t)I, .cols = H, .stride = H,
+                                    .name = "gate_up"};
+        wdn[j] = (struct dg_weight){.data = (const unsigned char *)hdn + (size_t)j * H * I * esz,
+                                    .dtype = dt, .rows = H, .cols = I, .stride = I,
+                                    .name = "down"};
     }
     CHECK(dg_ref_moe(ref, fx, T, H, idx, w, K, s->e0, n_exp, I, wgu, wdn) == 0);
 
