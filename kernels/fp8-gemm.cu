@@ -1,0 +1,286 @@
+/* fp8-gemm.cu - W8A8 products on the tensor cores (see fp8-gemm.h;
+ * references: dg_fp8_quantize_rows and dg_ref_fp8_linear in lib/ref-fp8.c).
+ *
+ * Quantize (one warp per row r of X, bf16 or fp32):
+ *   s_r = max_k |X[r, k]| / 448   (1 for a row of zeros, NaN with a NaN)
+ *   Q[r, k] = e4m3(X[r, k] / s_r)  (nearest even, saturating at 448)
+ *
+ * Product (per group j, its rows r = offsets[j] .. + counts[j] - 1, or one
+ * group of all rows):
+ *   Y[r, n] = sa[r] * sw_j[n] * sum_k Q[r, k] * QW_j[n, k]
+ * the sum in fp32 on the tensor cores (mma.sync m16n8k32, e4m3 x e4m3),
+ * the products of two E4M3 values exact.  Block (64 columns, group j), 4
+ * warps of 16 columns; the group's rows MT x 16 at a time; K in steps of 64
+ * bytes through a four-stage cp.async pipeline of the weight tile [64 x 64]
+ * and the row tile [MT 16 x 64]; rows past the group's count load as zeros
+ * and are not stored.  Each weight byte is read once per pass. */
+#include "kernels/fp8-gemm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <math.h>
+
+#include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
+
+#define F8_BN 64
+#define F8_BK 64 /* bytes = values */
+#define F8_STAGES 4
+#define F8_LD (F8_BK + 16) /* shared row stride in bytes: conflict-free ldmatrix */
+
+/* ---- quantize ---------------------------------------------------------------- */
+
+template <typename T>
+__global__ static void quantize_rows_kernel(uint8_t *Q, float *S, const T *X, int64_t rows,
+                                            int cols)
+{
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const T *xr = X + r * cols;
+    float amax = 0.0f, s;
+    int nan = 0;
+    if (r >= rows)
+        return;
+    for (int k = lane; k < cols; k += 32) {
+        const float a = fabsf(dg_ld(xr + k));
+        nan |= isnan(a);
+        amax = fmaxf(amax, a);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+    }
+    s = nan ? NAN : amax > 0.0f ? amax / 448.0f : 1.0f;
+    if (lane == 0)
+        S[r] = s;
+    for (int k = lane; k < cols; k += 32)
+        Q[r * cols + k] =
+            (uint8_t)__nv_cvt_float_to_fp8(dg_ld(xr + k) / s, __NV_SATFINITE, __NV_E4M3);
+}
+
+extern "C" int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale, const void *x,
+                                         int64_t rows, int cols, dg_stream_t stream, int dev,
+                                         struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    const unsigned blocks = (unsigned)((rows + 3) / 4);
+    int rc = 0;
+    if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || cols < 1 || rows < 0 ||
+        rows > 4 * (int64_t)0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 quantize: element type %d, %lld rows "
+                            "of %d", dev, (int)e, (long long)rows, cols);
+    if (rows == 0)
+        return 0;
+    if (e == DG_ELT_F32)
+        quantize_rows_kernel<float><<<blocks, 128, 0, st>>>(q, scale, (const float *)x, rows,
+                                                           cols);
+    else
+        quantize_rows_kernel<__nv_bfloat16><<<blocks, 128, 0, st>>>(
+            q, scale, (const __nv_bfloat16 *)x, rows, cols);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+/* ---- the product ------------------------------------------------------------- */
+
+__device__ static inline uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ static inline void cp16(void *dst, const void *src, int valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ static inline void cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ static inline void cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ static inline void ldsm4(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* d += a b: a 16x32 e4m3 (row), b 32x8 e4m3 (col), d 16x8 fp32 */
+__device__ static inline void mma_e4m3(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ static inline void store2(float *p, float a, float b)
+{
+    *(float2 *)p = make_float2(a, b);
+}
+
+__device__ static inline void store2(__nv_bfloat16 *p, float a, float b)
+{
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+
+/* grid (N / 64, groups), 128 threads; MT m-tiles of 16 rows a pass */
+template <int MT, typename Out>
+__global__ static void __launch_bounds__(128)
+    fp8_gemm_kernel(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
+                    const float *SW, const int32_t *offsets, const int32_t *counts,
+                    int64_t rows_all, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char *Ws = smem;                                  /* [STAGES][BN][LD] */
+    unsigned char *Xs = Ws + F8_STAGES * F8_BN * F8_LD;        /* [STAGES][MT 16][LD] */
+    const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * F8_BN;
+    const int64_t count = offsets ? counts[j] : rows_all;
+    const int64_t row0 = offsets ? offsets[j] : 0;
+    const uint8_t *Wj = QW + (int64_t)j * N * K + n0 * K;
+    const float *SWj = SW + (int64_t)j * N;
+    const int ksteps = (int)(K / F8_BK);
+
+    for (int64_t p0 = 0; p0 < count; p0 += MT * 16) {
+        const int rows = (int)min((int64_t)MT * 16, count - p0);
+        const int mrows = (rows + 15) / 16 * 16;
+        const uint8_t *Xp = QA + (row0 + p0) * K;
+        float acc[MT][2][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+                acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+
+        auto load = [&](int s, int ks) {
+            unsigned char *ws = Ws + s * F8_BN * F8_LD, *xs = Xs + s * MT * 16 * F8_LD;
+            const int64_t k0 = (int64_t)ks * F8_BK;
+            for (int i = threadIdx.x; i < F8_BN * 4; i += 128) {
+                const int r = i >> 2, c = (i & 3) * 16;
+                cp16(ws + r * F8_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
+            }
+            for (int i = threadIdx.x; i < mrows * 4; i += 128) {
+                const int r = i >> 2, c = (i & 3) * 16;
+                const int ok = r < rows;
+                cp16(xs + r * F8_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
+            }
+        };
+
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < F8_STAGES - 1; s++) {
+            if (s < ksteps)
+                load(s, s);
+            cp_commit();
+        }
+        for (int ks = 0; ks < ksteps; ks++) {
+            const int s = ks % F8_STAGES;
+            const unsigned char *ws = Ws + s * F8_BN * F8_LD, *xs = Xs + s * MT * 16 * F8_LD;
+            cp_wait<F8_STAGES - 2>();
+            __syncthreads();
+            if (ks + F8_STAGES - 1 < ksteps)
+                load((ks + F8_STAGES - 1) % F8_STAGES, ks + F8_STAGES - 1);
+            cp_commit();
+#pragma unroll
+            for (int kk = 0; kk < F8_BK; kk += 32) {
+                uint32_t b[4];
+                /* columns warp 16 .. +15: two n-tiles, k bytes kk .. kk+31 */
+                ldsm4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * F8_LD + kk +
+                             ((lane >> 3) & 1) * 16);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint32_t a[4];
+                    if (m * 16 >= rows)
+                        break;
+                    ldsm4(a, xs + (m * 16 + (lane & 15)) * F8_LD + kk + (lane >> 4) * 16);
+                    mma_e4m3(acc[m][0], a, b[0], b[1]);
+                    mma_e4m3(acc[m][1], a, b[2], b[3]);
+                }
+            }
+        }
+        cp_wait<0>();
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                const int r = m * 16 + gid;
+                const int64_t col = n0 + warp * 16 + n * 8 + tig * 2;
+                const float w0 = SWj[col], w1 = SWj[col + 1];
+                if (r < rows) {
+                    const float a = SA[row0 + p0 + r];
+                    store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0] * a * w0,
+                           acc[m][n][1] * a * w1);
+                }
+                if (r + 8 < rows) {
+                    const float a = SA[row0 + p0 + r + 8];
+                    store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2] * a * w0,
+                           acc[m][n][3] * a * w1);
+                }
+            }
+    }
+}
+
+extern "C" int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K)
+{
+    return N > 0 && K > 0 && N % F8_BN == 0 && K % F8_BK == 0 && N / F8_BN <= 0x7fffffff;
+}
+
+template <int MT, typename Out>
+static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
+                  const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
+                  int64_t N, int64_t K, cudaStream_t st, int dev, struct dg_error *err)
+{
+    const size_t shared = (size_t)F8_STAGES * (F8_BN + MT * 16) * F8_LD;
+    int rc = 0;
+    DG_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<MT, Out>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
+    fp8_gemm_kernel<MT, Out><<<dim3((unsigned)(N / F8_BN), (unsigned)groups), 128, shared, st>>>(
+        Y, QA, SA, QW, SW, offsets, counts, rows_all, N, K);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+template <typename Out>
+static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
+                const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
+                int64_t N, int64_t K, int rows_hint, cudaStream_t st, int dev,
+                struct dg_error *err)
+{
+    if (rows_hint > 32)
+        return launch<8>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, st, dev, err);
+    if (rows_hint > 16)
+        return launch<4>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, st, dev, err);
+    return launch<2>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, st, dev, err);
+}
+
+extern "C" int dg_cuda_fp8_gemm(void *Y, int y_f32, const uint8_t *qa, const float *sa,
+                                const uint8_t *qw, const float *sw, const int32_t *offsets,
+                                const int32_t *counts, int groups, int64_t rows, int64_t N,
+                                int64_t K, int rows_hint, dg_stream_t stream, int dev,
+                                struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (!dg_cuda_fp8_gemm_fits(N, K) || groups < 1 || groups > 65535 ||
+        (!offsets && (groups != 1 || rows < 0)) || (!offsets != !counts))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 GEMM: %d group(s) of [%lld x %lld]%s",
+                            dev, groups, (long long)N, (long long)K,
+                            dg_cuda_fp8_gemm_fits(N, K) ? "" : " (N a multiple of 64, K of 64)");
+    if (!offsets && rows == 0)
+        return 0;
+    if (y_f32)
+        return pick((float *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K, rows_hint,
+                    st, dev, err);
+    return pick((__nv_bfloat16 *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K,
+                rows_hint, st, dev, err);
+}

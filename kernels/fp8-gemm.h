@@ -1,0 +1,49 @@
+/*
+ * fp8-gemm.h - W8A8 on the tensor cores: activations quantized per row
+ * (token) to E4M3, and the product of E4M3 rows with E4M3 weights that
+ * carry a scale per output channel, fp32 accumulation (lib/fp8.h says the
+ * format and the quantization; lib/ref-fp8.c holds the references).  The
+ * product takes groups of rows as the experts' grouped GEMM does
+ * (moe-gemm.h): group j's rows against weights j; or one group of all
+ * rows (a projection).
+ */
+#ifndef DG_KERNELS_FP8_GEMM_H
+#define DG_KERNELS_FP8_GEMM_H
+
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "lib/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* For r < rows: scale[r] = max|x[r, :]| / 448 (1 for zeros, NaN with a
+ * NaN), q[r, k] = e4m3(x[r, k] / scale[r]) (nearest even, saturating);
+ * x of type e, rows of cols packed, q rows of cols bytes.  The same bytes
+ * and scales as dg_fp8_quantize_rows.  Errors: DG_E_INVAL, DG_E_CUDA. */
+int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale, const void *x,
+                              int64_t rows, int cols, dg_stream_t stream, int dev,
+                              struct dg_error *err);
+
+/* Whether [N, K] weights have a kernel: N and K multiples of 64. */
+int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K);
+
+/* Y[r, n] = sa[r] * sw_j[n] * sum_k qa[r, k] * qw_j[n, k] for group j's
+ * rows r (device offsets and counts, groups of them), qw_j = qw + j N K
+ * bytes, sw_j = sw + j N; with offsets and counts NULL, one group of rows
+ * 0 .. rows-1.  qa rows of K bytes, Y rows of N, fp32 when y_f32 else
+ * bf16; rows outside every group are not written.  rows_hint, the rows a
+ * group is expected to have, picks the rows per pass (32, 64 or 128).
+ * Errors: DG_E_INVAL (shapes that do not fit), DG_E_CUDA. */
+int dg_cuda_fp8_gemm(void *Y, int y_f32, const uint8_t *qa, const float *sa, const uint8_t *qw,
+                     const float *sw, const int32_t *offsets, const int32_t *counts, int groups,
+                     int64_t rows, int64_t N, int64_t K, int rows_hint, dg_stream_t stream,
+                     int dev, struct dg_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

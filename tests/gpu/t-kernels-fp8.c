@@ -1,0 +1,272 @@
+/*
+ * Description: the FP8 kernels (kernels/fp8-gemm.cu) against their plain-C
+ * references on fresh random inputs.  Quantize: bf16 and fp32 rows (64,
+ * 704, 2816 and 130 wide; a row of zeros, a row holding a NaN, values past
+ * 448 times the scale's reach) to exactly dg_fp8_quantize_rows's bytes and
+ * scales.  Product: one group of all rows (1 x 64 x 64, 37 x 128 x 2816,
+ * 5 x 2112 x 704, 64 x 1024 x 2816) and eight groups with 0, 1, 17, 33, 64,
+ * 150 (two passes of 128), 3 and 16 rows at offsets with gaps between,
+ * against dg_ref_fp8_linear (the sum in double): fp32 output within 1e-5
+ * relative, bf16 output within 8e-3; rows in the gaps left as poisoned,
+ * guard bytes after every output; shapes that do not fit refused.  Exit 77
+ * where there is no GPU.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/devmem.h"
+#include "kernels/fp8-gemm.h"
+#include "lib/dtype.h"
+#include "lib/fp8.h"
+#include "tests/gpu/gpu-util.h"
+#include "tests/harness.h"
+
+#define GUARD_BYTES 512
+#define GUARD_BYTE 0x5a
+
+static int guard_intact(const unsigned char *h, size_t bytes)
+{
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        if (h[bytes + i] != GUARD_BYTE)
+            return 0;
+    return 1;
+}
+
+/* ---- quantize ------------------------------------------------------------- */
+
+static int quantize_one(enum dg_elt e, int64_t rows, int cols)
+{
+    const size_t n = (size_t)(rows * cols), es = (size_t)dg_elt_size(e);
+    struct dg_error err = {0};
+    void *hx = NULL;
+    float *fx = NULL, *sref = malloc(sizeof(float) * (size_t)rows);
+    uint8_t *qref = malloc(n), *hq = malloc(n + GUARD_BYTES);
+    float *hs = malloc(sizeof(float) * (size_t)rows + GUARD_BYTES);
+    void *dx, *dq, *ds;
+    CHECK(sref && qref && hq && hs && gt_rand_elts(e, n, 3.0f, &hx, &fx) == 0);
+    /* row 0 zeros; row 1 a NaN; row 2 one large value among small ones */
+    for (int k = 0; k < cols; k++) {
+        fx[k] = 0.0f;
+        if (rows > 2)
+            fx[2 * cols + k] = k == cols / 2 ? 5000.0f : fx[2 * cols + k] * 1e-3f;
+    }
+    if (rows > 1)
+        fx[cols + cols / 3] = NAN;
+    for (size_t i = 0; i < n; i++) {
+        if (e == DG_ELT_F32) {
+            memcpy((unsigned char *)hx + 4 * i, &fx[i], 4);
+        } else {
+            const uint16_t h = dg_f32_to_bf16(fx[i]);
+            fx[i] = dg_bf16_to_f32(h);
+            memcpy((unsigned char *)hx + 2 * i, &h, 2);
+        }
+    }
+    dg_fp8_quantize_rows(fx, (size_t)rows, (size_t)cols, (size_t)cols, qref, sref);
+    dx = gt_upload(hx, n * es, &err);
+    dq = gt_out_alloc(n, GUARD_BYTES, GUARD_BYTE, &err);
+    ds = gt_out_alloc(sizeof(float) * (size_t)rows, GUARD_BYTES, GUARD_BYTE, &err);
+    CHECK(dx && dq && ds);
+    CHECK_OK(dg_cuda_fp8_quantize_rows(e, dq, ds, dx, rows, cols, NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(hq, dq, n + GUARD_BYTES, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(hs, ds, sizeof(float) * (size_t)rows + GUARD_BYTES, 0, &err), &err);
+    CHECK(guard_intact(hq, n) && guard_intact((unsigned char *)hs, sizeof(float) * (size_t)rows));
+    for (int64_t r = 0; r < rows; r++) {
+        CHECKF(hs[r] == sref[r] || (isnan(hs[r]) && isnan(sref[r])), "row %lld: scale %g, want %g",
+               (long long)r, (double)hs[r], (double)sref[r]);
+        for (int k = 0; k < cols; k++) {
+            const size_t i = (size_t)(r * cols + k);
+            const int nan_both = isnan(dg_e4m3_to_f32(hq[i])) && isnan(dg_e4m3_to_f32(qref[i]));
+            CHECKF(hq[i] == qref[i] || nan_both, "row %lld col %d: 0x%02x, want 0x%02x",
+                   (long long)r, k, hq[i], qref[i]);
+        }
+    }
+    printf("# quantize %s %lld x %d: every byte and scale equal to the reference\n",
+           e == DG_ELT_F32 ? "fp32" : "bf16", (long long)rows, cols);
+    dg_cuda_free(dx), dg_cuda_free(dq), dg_cuda_free(ds);
+    free(hx), free(fx), free(sref), free(qref), free(hq), free(hs);
+    return 0;
+}
+
+static int quantize(void)
+{
+    static const int shapes[][2] = {{3, 64}, {9, 704}, {33, 2816}, {300, 130}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int e = 0; e < 2; e++)
+            CHECK(quantize_one((enum dg_elt)e, shapes[i][0], shapes[i][1]) == 0);
+    return 0;
+}
+
+/* ---- the product ------------------------------------------------------------ */
+
+/* quantized random operands: qa [rows, K] with sa, qw [groups, N, K] with sw */
+struct operands {
+    uint8_t *qa, *qw;
+    float *sa, *sw;
+};
+
+static int make_operands(struct operands *o, int64_t rows, int groups, int64_t N, int64_t K)
+{
+    float *x = malloc(sizeof(float) * (size_t)(rows * K));
+    float *w = malloc(sizeof(float) * (size_t)(groups * N * K));
+    o->qa = malloc((size_t)(rows * K) + 1);
+    o->qw = malloc((size_t)(groups * N * K));
+    o->sa = malloc(sizeof(float) * (size_t)rows + 4);
+    o->sw = malloc(sizeof(float) * (size_t)(groups * N));
+    if (!x || !w || !o->qa || !o->qw || !o->sa || !o->sw)
+        return -1;
+    for (int64_t i = 0; i < rows * K; i++)
+        x[i] = gt_uniform() * (i % 7 == 0 ? 6.0f : 1.0f);
+    for (int64_t i = 0; i < groups * N * K; i++)
+        w[i] = gt_uniform() * 0.05f;
+    dg_fp8_quantize_rows(x, (size_t)rows, (size_t)K, (size_t)K, o->qa, o->sa);
+    dg_fp8_quantize_rows(w, (size_t)(groups * N), (size_t)K, (size_t)K, o->qw, o->sw);
+    free(x);
+    free(w);
+    return 0;
+}
+
+static void free_operands(struct operands *o)
+{
+    free(o->qa), free(o->qw), free(o->sa), free(o->sw);
+}
+
+/* One call: groups (offsets/counts on the host, NULL: one group of all
+ * rows) against the oracle; y_f32 or bf16 out; rows of no group must stay
+ * poisoned. */
+static int product(const char *what, int64_t rows, int groups, const int32_t *offsets,
+                   const int32_t *counts, int64_t N, int64_t K, int y_f32)
+{
+    const size_t es = y_f32 ? 4 : 2, ybytes = (size_t)(rows * N) * es;
+    struct operands o;
+    struct dg_error err = {0};
+    unsigned char *hy = malloc(ybytes + GUARD_BYTES);
+    float *ref = malloc(sizeof(float) * (size_t)(rows * N) + 4);
+    unsigned char *covered = calloc((size_t)rows + 1, 1);
+    void *dqa, *dsa, *dqw, *dsw, *dy, *doff = NULL, *dcnt = NULL;
+    double num = 0, den = 0, rel;
+    int hint = 0;
+    CHECK(hy && ref && covered && make_operands(&o, rows, groups, N, K) == 0);
+    dqa = gt_upload(o.qa, (size_t)(rows * K), &err);
+    dsa = gt_upload(o.sa, sizeof(float) * (size_t)rows, &err);
+    dqw = gt_upload(o.qw, (size_t)(groups * N * K), &err);
+    dsw = gt_upload(o.sw, sizeof(float) * (size_t)(groups * N), &err);
+    dy = gt_out_alloc(ybytes, GUARD_BYTES, GUARD_BYTE, &err);
+    CHECK(dqa && dsa && dqw && dsw && dy);
+    if (offsets) {
+        int64_t total = 0;
+        doff = gt_upload(offsets, sizeof(int32_t) * (size_t)groups, &err);
+        dcnt = gt_upload(counts, sizeof(int32_t) * (size_t)groups, &err);
+        CHECK(doff && dcnt);
+        for (int j = 0; j < groups; j++)
+            total += counts[j];
+        hint = (int)(total / groups);
+    } else {
+        hint = (int)rows;
+    }
+    CHECK_OK(dg_cuda_fp8_gemm(dy, y_f32, dqa, dsa, dqw, dsw, doff, dcnt, groups, rows, N, K,
+                              hint, NULL, 0, &err), &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(hy, dy, ybytes + GUARD_BYTES, 0, &err), &err);
+    CHECK(guard_intact(hy, ybytes));
+    for (int j = 0; j < groups; j++) {
+        const int64_t r0 = offsets ? offsets[j] : 0, n = offsets ? counts[j] : rows;
+        if (n)
+            dg_ref_fp8_linear(ref + r0 * N, o.qa + r0 * K, o.sa + r0, o.qw + (int64_t)j * N * K,
+                              o.sw + (int64_t)j * N, (size_t)n, (size_t)N, (size_t)K);
+        memset(covered + r0, 1, (size_t)n);
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < N; c++) {
+            const size_t i = (size_t)(r * N + c);
+            float g;
+            if (y_f32)
+                memcpy(&g, hy + 4 * i, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, hy + 2 * i, 2);
+                g = dg_bf16_to_f32(h);
+            }
+            if (!covered[r]) {
+                CHECKF(isnan(g), "%s: row %lld is in no group but was written", what,
+                       (long long)r);
+                continue;
+            }
+            CHECKF(!isnan(g), "%s: row %lld col %lld is NaN", what, (long long)r, (long long)c);
+            num += ((double)g - ref[i]) * ((double)g - ref[i]);
+            den += (double)ref[i] * ref[i];
+        }
+    rel = den > 0 ? sqrt(num / den) : 0;
+    printf("# fp8 GEMM %s, %s out: relative error %.2e\n", what, y_f32 ? "fp32" : "bf16", rel);
+    CHECK(rel <= (y_f32 ? 1e-5 : 8e-3));
+    dg_cuda_free(dqa), dg_cuda_free(dsa), dg_cuda_free(dqw), dg_cuda_free(dsw), dg_cuda_free(dy);
+    dg_cuda_free(doff), dg_cuda_free(dcnt);
+    free_operands(&o);
+    free(hy), free(ref), free(covered);
+    return 0;
+}
+
+static int gemm_one_group(void)
+{
+    static const int64_t shapes[][3] = {{1, 64, 64}, {37, 128, 2816}, {5, 2112, 704},
+                                        {64, 1024, 2816}};
+    char what[96];
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int f = 0; f < 2; f++) {
+            snprintf(what, sizeof what, "%lld x %lld x %lld", (long long)shapes[i][0],
+                     (long long)shapes[i][1], (long long)shapes[i][2]);
+            CHECK(product(what, shapes[i][0], 1, NULL, NULL, shapes[i][1], shapes[i][2], f) == 0);
+        }
+    return 0;
+}
+
+static int gemm_groups(void)
+{
+    static const int32_t counts[8] = {0, 1, 17, 33, 64, 150, 3, 16};
+    int32_t offsets[8];
+    int64_t rows = 0;
+    for (int j = 0; j < 8; j++) {
+        rows += 5; /* a gap of 5 rows before each group: never written */
+        offsets[j] = (int32_t)rows;
+        rows += counts[j];
+    }
+    for (int f = 0; f < 2; f++)
+        CHECK(product("8 groups (0-150 rows), N 128, K 704", rows + 3, 8, offsets, counts, 128,
+                      704, f) == 0);
+    return 0;
+}
+
+static int refusals(void)
+{
+    struct dg_error err = {0};
+    int32_t dummy[2] = {0, 0};
+    CHECK(!dg_cuda_fp8_gemm_fits(100, 64) && !dg_cuda_fp8_gemm_fits(64, 100) &&
+          dg_cuda_fp8_gemm_fits(2112, 704));
+    CHECK_FAILS(dg_cuda_fp8_gemm(NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, 1, 4, 100, 64, 4,
+                                 NULL, 0, &err), &err, DG_E_INVAL, "N a multiple of 64");
+    CHECK_FAILS(dg_cuda_fp8_gemm(NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, 2, 4, 64, 64, 4,
+                                 NULL, 0, &err), &err, DG_E_INVAL, "2 group(s)");
+    CHECK_FAILS(dg_cuda_fp8_gemm(NULL, 1, NULL, NULL, NULL, NULL, dummy, NULL, 1, 4, 64, 64, 4,
+                                 NULL, 0, &err), &err, DG_E_INVAL, "fp8 GEMM");
+    CHECK_FAILS(dg_cuda_fp8_quantize_rows((enum dg_elt)7, NULL, NULL, NULL, 2, 8, NULL, 0, &err),
+                &err, DG_E_INVAL, "element type 7");
+    CHECK(dg_cuda_fp8_gemm(NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 64, 64, 4, NULL, 0,
+                           &err) == 0); /* no rows: nothing to do */
+    return 0;
+}
+
+int main(void)
+{
+    const int rc = gt_setup("t-kernels-fp8");
+    if (rc)
+        return rc;
+    gt_seed(0x3c6ef372fe94f82bull);
+    TEST_CASE(quantize);
+    TEST_CASE(gemm_one_group);
+    TEST_CASE(gemm_groups);
+    TEST_CASE(refusals);
+    return test_finish();
+}
