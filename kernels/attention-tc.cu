@@ -36,38 +36,11 @@
 #include <stdint.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/mma.cuh"
 
 #define TC_ROWS 64
 #define TC_KEYS 32
 #define TC_PAD 8 /* elements after each shared row: conflict-free ldmatrix */
-
-__device__ static inline uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ static inline void ldsm_x4(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-__device__ static inline void ldsm_x4_t(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-/* d += a b: a 16x16 (row), b 16x8 (col), d 16x8 fp32 */
-__device__ static inline void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ static inline uint32_t pack_bf16(float lo, float hi)
 {
@@ -193,14 +166,14 @@ __global__ static void __launch_bounds__(128)
             /* S = Q K^T over the whole head */
             for (int k0 = 0; k0 < hd; k0 += 16) {
                 uint32_t a[4];
-                ldsm_x4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
+                dg_ldsm4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
 #pragma unroll
                 for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
                     uint32_t b[4];
-                    ldsm_x4(b, Ks + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
+                    dg_ldsm4(b, Ks + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
                                    ((lane >> 3) & 1) * 8);
-                    mma_bf16(sc[n0 / 8], a, b[0], b[1]);
-                    mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
+                    dg_mma_bf16(sc[n0 / 8], a, b[0], b[1]);
+                    dg_mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
                 }
             }
             /* mask, online softmax */
@@ -251,10 +224,10 @@ __global__ static void __launch_bounds__(128)
 #pragma unroll
                 for (int d0 = 0; d0 < DV; d0 += 16) {
                     uint32_t b[4];
-                    ldsm_x4_t(b, Vs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs + d0 +
+                    dg_ldsm4_t(b, Vs + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs + d0 +
                                      (lane >> 4) * 8);
-                    mma_bf16(o[d0 / 8], a, b[0], b[1]);
-                    mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
+                    dg_mma_bf16(o[d0 / 8], a, b[0], b[1]);
+                    dg_mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
                 }
             }
         }

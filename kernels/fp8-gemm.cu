@@ -22,6 +22,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/mma.cuh"
 
 #define F8_BN 64
 #define F8_BK 64 /* bytes = values */
@@ -84,54 +85,6 @@ out:
 
 /* ---- the product ------------------------------------------------------------- */
 
-__device__ static inline uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ static inline void cp16(void *dst, const void *src, int valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ static inline void cp_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-__device__ static inline void cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ static inline void ldsm4(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-/* d += a b: a 16x32 e4m3 (row), b 32x8 e4m3 (col), d 16x8 fp32 */
-__device__ static inline void mma_e4m3(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ static inline void store2(float *p, float a, float b)
-{
-    *(float2 *)p = make_float2(a, b);
-}
-
-__device__ static inline void store2(__nv_bfloat16 *p, float a, float b)
-{
-    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
-}
-
 /* grid (N / 64, groups), 128 threads; MT m-tiles of 16 rows a pass */
 template <int MT, typename Out>
 __global__ static void __launch_bounds__(128)
@@ -167,12 +120,12 @@ __global__ static void __launch_bounds__(128)
             const int64_t k0 = (int64_t)ks * F8_BK;
             for (int i = threadIdx.x; i < F8_BN * 4; i += 128) {
                 const int r = i >> 2, c = (i & 3) * 16;
-                cp16(ws + r * F8_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
+                dg_cp16(ws + r * F8_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
             }
             for (int i = threadIdx.x; i < mrows * 4; i += 128) {
                 const int r = i >> 2, c = (i & 3) * 16;
                 const int ok = r < rows;
-                cp16(xs + r * F8_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
+                dg_cp16(xs + r * F8_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
             }
         };
 
@@ -181,34 +134,34 @@ __global__ static void __launch_bounds__(128)
         for (int s = 0; s < F8_STAGES - 1; s++) {
             if (s < ksteps)
                 load(s, s);
-            cp_commit();
+            dg_cp_commit();
         }
         for (int ks = 0; ks < ksteps; ks++) {
             const int s = ks % F8_STAGES;
             const unsigned char *ws = Ws + s * F8_BN * F8_LD, *xs = Xs + s * MT * 16 * F8_LD;
-            cp_wait<F8_STAGES - 2>();
+            dg_cp_wait<F8_STAGES - 2>();
             __syncthreads();
             if (ks + F8_STAGES - 1 < ksteps)
                 load((ks + F8_STAGES - 1) % F8_STAGES, ks + F8_STAGES - 1);
-            cp_commit();
+            dg_cp_commit();
 #pragma unroll
             for (int kk = 0; kk < F8_BK; kk += 32) {
                 uint32_t b[4];
                 /* columns warp 16 .. +15: two n-tiles, k bytes kk .. kk+31 */
-                ldsm4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * F8_LD + kk +
+                dg_ldsm4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * F8_LD + kk +
                              ((lane >> 3) & 1) * 16);
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     uint32_t a[4];
                     if (m * 16 >= rows)
                         break;
-                    ldsm4(a, xs + (m * 16 + (lane & 15)) * F8_LD + kk + (lane >> 4) * 16);
-                    mma_e4m3(acc[m][0], a, b[0], b[1]);
-                    mma_e4m3(acc[m][1], a, b[2], b[3]);
+                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * F8_LD + kk + (lane >> 4) * 16);
+                    dg_mma_e4m3(acc[m][0], a, b[0], b[1]);
+                    dg_mma_e4m3(acc[m][1], a, b[2], b[3]);
                 }
             }
         }
-        cp_wait<0>();
+        dg_cp_wait<0>();
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -218,12 +171,12 @@ __global__ static void __launch_bounds__(128)
                 const float w0 = SWj[col], w1 = SWj[col + 1];
                 if (r < rows) {
                     const float a = SA[row0 + p0 + r];
-                    store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0] * a * w0,
+                    dg_store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0] * a * w0,
                            acc[m][n][1] * a * w1);
                 }
                 if (r + 8 < rows) {
                     const float a = SA[row0 + p0 + r + 8];
-                    store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2] * a * w0,
+                    dg_store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2] * a * w0,
                            acc[m][n][3] * a * w1);
                 }
             }

@@ -20,66 +20,15 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/mma.cuh"
 
-#ifndef GG_BN
 #define GG_BN 64
-#endif
-#ifndef GG_STAGES
 #define GG_STAGES 4
-#endif
 #define GG_BK 64
 #define GG_NW (GG_BN / 32) /* n-tiles of 8 a warp: GG_BN / 4 columns */
 #define GG_LD (GG_BK + 8) /* shared row stride: conflict-free ldmatrix */
 
-__device__ static inline uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared; zeros when !valid */
-__device__ static inline void cp16(void *dst, const void *src, int valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ static inline void cp_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-__device__ static inline void cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ static inline void ldsm4(uint32_t r[4], const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-__device__ static inline void mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ static inline void store2(float *p, float a, float b)
-{
-    *(float2 *)p = make_float2(a, b);
-}
-
-__device__ static inline void store2(__nv_bfloat16 *p, float a, float b)
-{
-    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
-}
-
-/* grid (N / 128, groups), 128 threads; MT m-tiles of 16 rows a pass */
+/* grid (N / GG_BN, groups), 128 threads; MT m-tiles of 16 rows a pass */
 template <int MT, typename Out>
 __global__ static void __launch_bounds__(128)
     grouped_gemm_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
@@ -114,12 +63,12 @@ __global__ static void __launch_bounds__(128)
             const int64_t k0 = (int64_t)ks * GG_BK;
             for (int i = threadIdx.x; i < GG_BN * 8; i += 128) {
                 const int r = i >> 3, c = (i & 7) * 8;
-                cp16(ws + r * GG_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
+                dg_cp16(ws + r * GG_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
             }
             for (int i = threadIdx.x; i < mrows * 8; i += 128) {
                 const int r = i >> 3, c = (i & 7) * 8;
                 const int ok = r < rows;
-                cp16(xs + r * GG_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
+                dg_cp16(xs + r * GG_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
             }
         };
 
@@ -128,39 +77,39 @@ __global__ static void __launch_bounds__(128)
         for (int s = 0; s < GG_STAGES - 1; s++) {
             if (s < ksteps)
                 load(s, s);
-            cp_commit();
+            dg_cp_commit();
         }
         for (int ks = 0; ks < ksteps; ks++) {
             const int s = ks % GG_STAGES;
             const __nv_bfloat16 *ws = Ws + s * GG_BN * GG_LD, *xs = Xs + s * MT * 16 * GG_LD;
-            cp_wait<GG_STAGES - 2>();
+            dg_cp_wait<GG_STAGES - 2>();
             __syncthreads();
             /* the stage the previous step read is free: fill it */
             if (ks + GG_STAGES - 1 < ksteps)
                 load((ks + GG_STAGES - 1) % GG_STAGES, ks + GG_STAGES - 1);
-            cp_commit();
+            dg_cp_commit();
 #pragma unroll
             for (int kk = 0; kk < GG_BK; kk += 16) {
                 uint32_t b[GG_NW / 2][4];
 #pragma unroll
                 for (int h = 0; h < GG_NW / 2; h++)
-                    ldsm4(b[h], ws + (warp * (GG_BN / 4) + h * 16 + (lane & 7) + (lane >> 4) * 8) *
+                    dg_ldsm4(b[h], ws + (warp * (GG_BN / 4) + h * 16 + (lane & 7) + (lane >> 4) * 8) *
                                     GG_LD + kk + ((lane >> 3) & 1) * 8);
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     uint32_t a[4];
                     if (m * 16 >= rows)
                         break;
-                    ldsm4(a, xs + (m * 16 + (lane & 15)) * GG_LD + kk + (lane >> 4) * 8);
+                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * GG_LD + kk + (lane >> 4) * 8);
 #pragma unroll
                     for (int h = 0; h < GG_NW / 2; h++) {
-                        mma16816(acc[m][2 * h], a, b[h][0], b[h][1]);
-                        mma16816(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
+                        dg_mma_bf16(acc[m][2 * h], a, b[h][0], b[h][1]);
+                        dg_mma_bf16(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
                     }
                 }
             }
         }
-        cp_wait<0>();
+        dg_cp_wait<0>();
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -168,9 +117,9 @@ __global__ static void __launch_bounds__(128)
                 const int r = m * 16 + gid;
                 const int64_t col = n0 + warp * (GG_BN / 4) + n * 8 + tig * 2;
                 if (r < rows)
-                    store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0], acc[m][n][1]);
+                    dg_store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0], acc[m][n][1]);
                 if (r + 8 < rows)
-                    store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2], acc[m][n][3]);
+                    dg_store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2], acc[m][n][3]);
             }
     }
 }

@@ -1,0 +1,93 @@
+/*
+ * mma.cuh - the tensor-core and async-copy instructions the hand-written
+ * kernels share (attention-tc.cu, moe-gemm.cu, fp8-gemm.cu), as PTX.
+ *
+ * Fragments of mma.sync m16n8kK (K = 16 for bf16, 32 for e4m3), lane l,
+ * gid = l / 4, tig = l % 4:
+ *   A (16 x K, row-major): a0 row gid, a1 row gid+8, the first half of K;
+ *                          a2, a3 the same rows, the second half
+ *   B (K x 8, column):     b0 the first half of K, b1 the second, column gid
+ *   C/D (16 x 8, fp32):    d0, d1 row gid, columns 2 tig, 2 tig + 1;
+ *                          d2, d3 row gid + 8
+ * ldmatrix x4 loads four 8x8 tiles of 16-bit words (8 rows of 16 bytes,
+ * rows addressed by lanes 0-7, 8-15, 16-23, 24-31): for a row-major tile
+ * that is an A fragment, or two B fragments of a tile stored one column of
+ * B per row; .trans gives the B fragments of a tile stored one row of B
+ * per row.
+ */
+#ifndef DG_KERNELS_MMA_CUH
+#define DG_KERNELS_MMA_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+__device__ static inline uint32_t dg_smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ static inline void dg_ldsm4(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(dg_smem_u32(p)));
+}
+
+__device__ static inline void dg_ldsm4_t(uint32_t r[4], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(dg_smem_u32(p)));
+}
+
+/* d += a b: bf16 a 16x16, b 16x8, fp32 d 16x8 */
+__device__ static inline void dg_mma_bf16(float d[4], const uint32_t a[4], uint32_t b0,
+                                          uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d += a b: e4m3 a 16x32, b 32x8, fp32 d 16x8 */
+__device__ static inline void dg_mma_e4m3(float d[4], const uint32_t a[4], uint32_t b0,
+                                          uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16 bytes global -> shared, asynchronously; zeros when !valid */
+__device__ static inline void dg_cp16(void *dst, const void *src, int valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dg_smem_u32(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ static inline void dg_cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* wait until at most N groups of copies are in flight */
+template <int N>
+__device__ static inline void dg_cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* two adjacent outputs */
+__device__ static inline void dg_store2(float *p, float a, float b)
+{
+    *(float2 *)p = make_float2(a, b);
+}
+
+__device__ static inline void dg_store2(__nv_bfloat16 *p, float a, float b)
+{
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+
+#endif
