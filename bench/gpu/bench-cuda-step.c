@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/gpu/bench-util.h"
 #include "kernels/cuda-backend.h"
 #include "kernels/devmem.h"
 #include "lib/model-config.h"
@@ -32,33 +33,8 @@
 #define MAX_B 64
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static uint64_t rng = 88172645463325252ull;
-static int32_t rand_id(int64_t V)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (int32_t)(rng % (uint64_t)V);
-}
 
 /* Per rank: the collectives between two snapshots. */
 static void coll_delta(const struct dg_coll_stats *a, const struct dg_coll_stats *b,
@@ -98,16 +74,16 @@ static int run_batch(struct dg_backend *b, int B, int64_t P, int reps)
         if (b->ops->slot_open(b, i, P + (int64_t)(reps + 1) * CL, CL, &err) < 0)
             goto fail;
     for (int64_t i = 0; i < P * B; i++)
-        prompt[i] = rand_id(V);
+        prompt[i] = bench_rand_id(&rng, V);
     for (int i = 0; i < B; i++)
         enc[i] = (struct dg_encode_item){i, prompt + (int64_t)i * P, P};
-    t0 = now_ms();
+    t0 = bench_now_ms();
     if (b->ops->encode(b, enc, B, &err) < 0)
         goto fail;
-    t_prefill = now_ms() - t0;
+    t_prefill = bench_now_ms() - t0;
     for (int r = 0; r < reps; r++) {
         for (int i = 0; i < B * CL; i++)
-            canvas[i] = rand_id(V);
+            canvas[i] = bench_rand_id(&rng, V);
         for (int i = 0; i < B; i++) {
             den[i] = (struct dg_denoise_item){0};
             den[i].slot = i;
@@ -127,29 +103,29 @@ static int run_batch(struct dg_backend *b, int B, int64_t P, int reps)
         }
         for (int q = 0; q < n_ranks && q < 8; q++)
             dg_cuda_backend_rank_usage(b, q, &before[q]);
-        t0 = now_ms();
+        t0 = bench_now_ms();
         if (b->ops->denoise(b, den, B, &err) < 0)
             goto fail;
-        t_den[r] = now_ms() - t0;
+        t_den[r] = bench_now_ms() - t0;
         for (int q = 0; q < n_ranks && q < 8; q++)
             dg_cuda_backend_rank_usage(b, q, &after[q]);
-        t0 = now_ms();
+        t0 = bench_now_ms();
         if (b->ops->condition(b, which, B, &err) < 0)
             goto fail;
-        t_cond[r] = now_ms() - t0;
+        t_cond[r] = bench_now_ms() - t0;
         for (int i = 0; i < B; i++)
             enc[i] = (struct dg_encode_item){i, out + 2 * i * CL, CL};
-        t0 = now_ms();
+        t0 = bench_now_ms();
         if (b->ops->encode(b, enc, B, &err) < 0)
             goto fail;
-        t_commit[r] = now_ms() - t0;
+        t_commit[r] = bench_now_ms() - t0;
     }
     dg_cuda_backend_bytes(b, &wbytes, &obytes);
     if (dg_cuda_mem_info(&dfree, &dtotal, 0, &err) < 0)
         goto fail;
     printf("| %2d | %6d | %9.1f | %10.2f | %12.2f | %10.2f | %11.0f | %7.2f | %9.2f | %9.2f |\n",
-           B, B * CL, t_prefill, median(t_den, reps), median(t_cond, reps),
-           median(t_commit, reps), (double)(B * CL) / (median(t_den, reps) / 1e3),
+           B, B * CL, t_prefill, bench_median(t_den, reps), bench_median(t_cond, reps),
+           bench_median(t_commit, reps), (double)(B * CL) / (bench_median(t_den, reps) / 1e3),
            (double)wbytes / GIB, (double)obytes / GIB, (double)(dtotal - dfree) / GIB);
     for (int q = 0; n_ranks > 1 && q < n_ranks && q < 8; q++) {
         struct dg_coll_stats d;
@@ -237,7 +213,7 @@ int main(int argc, char **argv)
     o.max_slots = MAX_B;
     o.cfg = &cfg;
     o.seed = 1;
-    t0 = now_ms();
+    t0 = bench_now_ms();
     if (dg_cuda_backend_create(&o, &b, &err) < 0) {
         fprintf(stderr, "bench-cuda-step: %s\n", err.msg);
         return 1;
@@ -245,7 +221,7 @@ int main(int argc, char **argv)
     printf("tp %d, CUDA graphs %s; preset %s: %d layers, hidden %d, vocabulary %lld, %d experts (top %d), canvas %d; "
            "random bf16 weights made on the GPU in %.0f ms; prompt %lld, %d rounds\n\n",
            tp, graphs ? "on" : "off", preset, cfg.num_layers, cfg.hidden_size, (long long)cfg.vocab_size, cfg.num_experts,
-           cfg.top_k_experts, cfg.canvas_length, now_ms() - t0, (long long)P, reps);
+           cfg.top_k_experts, cfg.canvas_length, bench_now_ms() - t0, (long long)P, reps);
     printf("| B  | tokens | prefill ms | denoise ms | condition ms | commit ms | positions/s  |"
            " weights GiB | other GiB | device GiB |\n");
     printf("|----|--------|-----------:|-----------:|-------------:|----------:|-------------:|"

@@ -46,6 +46,7 @@
 #include <time.h>
 
 #include "kernels/ceilings.h"
+#include "bench/gpu/bench-util.h"
 #include "kernels/cuda-backend.h"
 #include "kernels/devmem.h"
 #include "lib/engine.h"
@@ -56,26 +57,6 @@
 #define MAX_CALLS 65536
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    if (n < 1)
-        return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- the backend's calls, timed -------------------------------------------------- */
 
@@ -100,31 +81,31 @@ static void add_time(struct call_times *c, double ms)
 static int timed_encode(struct dg_backend *b, const struct dg_encode_item *items, int n,
                         struct dg_error *err)
 {
-    const double t0 = now_ms();
+    const double t0 = bench_now_ms();
     const int rc = tm.orig->encode(b, items, n, err);
-    add_time(tm.denoised ? &tm.commit : &tm.prefill, now_ms() - t0);
+    add_time(tm.denoised ? &tm.commit : &tm.prefill, bench_now_ms() - t0);
     return rc;
 }
 
 static int timed_denoise(struct dg_backend *b, struct dg_denoise_item *items, int n,
                          struct dg_error *err)
 {
-    const double t0 = now_ms();
+    const double t0 = bench_now_ms();
     int rc;
     if (!tm.denoised) {
         tm.denoised = 1;
         tm.first_denoise_ms = t0;
     }
     rc = tm.orig->denoise(b, items, n, err);
-    add_time(&tm.denoise, now_ms() - t0);
+    add_time(&tm.denoise, bench_now_ms() - t0);
     return rc;
 }
 
 static int timed_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
 {
-    const double t0 = now_ms();
+    const double t0 = bench_now_ms();
     const int rc = tm.orig->condition(b, which, n, err);
-    add_time(&tm.condition, now_ms() - t0);
+    add_time(&tm.condition, bench_now_ms() - t0);
     return rc;
 }
 
@@ -237,13 +218,6 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
 }
 
 static uint64_t rng = 88172645463325252ull;
-static int32_t rand_id(int64_t V)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (int32_t)(rng % (uint64_t)V);
-}
 
 static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
                      const struct dg_ceilings *ce, struct batch_result *r)
@@ -281,13 +255,6 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
         fprintf(stderr, "bench-generate: settings: %s\n", err.msg);
         goto out;
     }
-    memset(&tm.prefill, 0, sizeof tm.prefill);
-    memset(&tm.denoise, 0, sizeof tm.denoise);
-    memset(&tm.condition, 0, sizeof tm.condition);
-    memset(&tm.commit, 0, sizeof tm.commit);
-    if (rc->profile)
-        for (int w = 0; w < 2; w++)
-            dg_cuda_backend_profile(b, w, NULL, 0, 1);
     /* a first round unrecorded (kernels load, cuBLAS picks, graphs are
      * captured), then reps rounds */
     for (int rep = -1; rep < rc->reps; rep++) {
@@ -296,10 +263,8 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
         double t0;
         tm.denoised = 0;
         if (rep == 0) {
-            memset(&tm.prefill, 0, sizeof tm.prefill);
-            memset(&tm.denoise, 0, sizeof tm.denoise);
-            memset(&tm.condition, 0, sizeof tm.condition);
-            memset(&tm.commit, 0, sizeof tm.commit);
+            /* the timings and profiles of the recorded rounds only */
+            tm.prefill.n = tm.denoise.n = tm.condition.n = tm.commit.n = 0;
             if (rc->profile)
                 for (int w = 0; w < 2; w++)
                     dg_cuda_backend_profile(b, w, NULL, 0, 1);
@@ -308,11 +273,11 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
             fprintf(stderr, "bench-generate: engine: %s\n", err.msg);
             goto out;
         }
-        t0 = now_ms();
+        t0 = bench_now_ms();
         for (int i = 0; i < B; i++) {
             uint64_t id;
             for (int64_t j = 0; j < P; j++)
-                prompt[j] = rand_id(V);
+                prompt[j] = bench_rand_id(&rng, V);
             s.seed = 1000 + (uint64_t)i + 100 * (uint64_t)(rep + 1);
             if (dg_engine_submit(e, prompt, P, &s, NULL, &id, &err) < 0) {
                 fprintf(stderr, "bench-generate: submit: %s\n", err.msg);
@@ -329,18 +294,18 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
             goto out;
         }
         if (rep >= 0) {
-            walls[rep] = now_ms() - t0;
+            walls[rep] = bench_now_ms() - t0;
             prefills[rep] = tm.first_denoise_ms - t0;
             r->tokens = g.tokens;
         }
     }
-    r->wall_ms = median(walls, rc->reps);
-    r->prefill_ms = median(prefills, rc->reps);
+    r->wall_ms = bench_median(walls, rc->reps);
+    r->prefill_ms = bench_median(prefills, rc->reps);
     r->n_steps = tm.denoise.n / rc->reps;
-    r->den_ms = median(tm.denoise.v, tm.denoise.n);
-    r->cond_ms = median(tm.condition.v, tm.condition.n);
-    r->commit_ms = median(tm.commit.v, tm.commit.n);
-    r->prefill_call_ms = median(tm.prefill.v, tm.prefill.n);
+    r->den_ms = bench_median(tm.denoise.v, tm.denoise.n);
+    r->cond_ms = bench_median(tm.condition.v, tm.condition.n);
+    r->commit_ms = bench_median(tm.commit.v, tm.commit.n);
+    r->prefill_call_ms = bench_median(tm.prefill.v, tm.prefill.n);
     r->tps_excl = (double)r->tokens / ((r->wall_ms - r->prefill_ms) * 1e-3);
     r->tps_incl = (double)r->tokens / (r->wall_ms * 1e-3);
     if (ce) {
@@ -541,7 +506,7 @@ int main(int argc, char **argv)
     o.max_slots = maxb;
     o.cfg = &cfg;
     o.seed = 1;
-    t0 = now_ms();
+    t0 = bench_now_ms();
     if (dg_cuda_backend_create(&o, &b, &err) < 0) {
         fprintf(stderr, "bench-generate: %s\n", err.msg);
         return 1;
@@ -549,7 +514,7 @@ int main(int argc, char **argv)
     printf("tp %d, CUDA graphs %s%s; preset %s, random bf16 weights made in %.0f ms; prompt "
            "%lld, %d canvases of %d, %d steps each; %d rep(s) after one unrecorded\n\n",
            rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
-           preset, now_ms() - t0, (long long)rc.prompt, rc.canvases, cfg.canvas_length,
+           preset, bench_now_ms() - t0, (long long)rc.prompt, rc.canvases, cfg.canvas_length,
            rc.steps, rc.reps);
     tm.orig = b->ops;
     ops = *b->ops;

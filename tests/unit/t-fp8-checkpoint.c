@@ -306,20 +306,25 @@ static void nan_scale(struct rw *r)
 
 static void int_scale(struct rw *r) { find(r, QS)->dtype = DG_DTYPE_I32; }
 
-static void f8_embedding(struct rw *r)
+/* a new F32 "<of>_scale" [rows of of, 1] of zeros, after the last */
+static void add_scale(struct rw *r, const struct rw_tensor *of)
 {
-    struct rw_tensor *e = find(r, "model.decoder.embed_tokens.weight"), *s;
-    const size_t n = e->nbytes / 2;
-    e->dtype = DG_DTYPE_F8_E4M3;
-    e->nbytes = n; /* (the first n bytes: any values will do) */
-    s = &r->t[r->n++];
-    snprintf(s->name, sizeof s->name, "model.decoder.embed_tokens.weight_scale");
+    struct rw_tensor *s = &r->t[r->n++];
+    snprintf(s->name, sizeof s->name, "%s_scale", of->name);
     s->dtype = DG_DTYPE_F32;
     s->ndim = 2;
-    s->shape[0] = e->shape[0];
+    s->shape[0] = of->shape[0];
     s->shape[1] = 1;
-    s->nbytes = 4 * (size_t)e->shape[0];
+    s->nbytes = 4 * (size_t)of->shape[0];
     s->data = calloc(s->nbytes, 1);
+}
+
+static void f8_embedding(struct rw *r)
+{
+    struct rw_tensor *e = find(r, "model.decoder.embed_tokens.weight");
+    e->dtype = DG_DTYPE_F8_E4M3;
+    e->nbytes /= 2; /* (the first bytes: any values will do) */
+    add_scale(r, e);
 }
 
 static void f8_norm(struct rw *r)
@@ -338,15 +343,7 @@ static void f8_bank(struct rw *r)
 
 static void orphan_scale(struct rw *r)
 {
-    struct rw_tensor *p = find(r, "model.decoder.layers.0.router.proj.weight"), *s;
-    s = &r->t[r->n++];
-    snprintf(s->name, sizeof s->name, "model.decoder.layers.0.router.proj.weight_scale");
-    s->dtype = DG_DTYPE_F32;
-    s->ndim = 2;
-    s->shape[0] = p->shape[0];
-    s->shape[1] = 1;
-    s->nbytes = 4 * (size_t)p->shape[0];
-    s->data = calloc(s->nbytes, 1);
+    add_scale(r, find(r, "model.decoder.layers.0.router.proj.weight"));
 }
 
 static void nothing(struct rw *r) { (void)r; }
