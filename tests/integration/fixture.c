@@ -1,5 +1,6 @@
 /* fixture.c - a real dgemmad for integration tests (see fixture.h). */
 #include "tests/integration/fixture.h"
+#include "tests/sql-peek.h"
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -153,48 +154,11 @@ int fixture_cl_send(struct fixture_cl *c, const char *s)
     return 0;
 }
 
-int64_t fixture_q_int(const char *db, const char *fmt, ...)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    int64_t v = -1;
-    va_list ap;
-    char *sql;
-    va_start(ap, fmt);
-    sql = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    if (sql && sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
-            v = sqlite3_column_int64(st, 0);
-    }
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    sqlite3_free(sql);
-    return v;
-}
-
-char *fixture_q_text(const char *db, const char *sql)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    char *v = NULL;
-    if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK) {
-        sqlite3_busy_timeout(h, 2000);
-        if (sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
-            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-            v = strdup((const char *)sqlite3_column_text(st, 0));
-    }
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return v;
-}
 
 int fixture_wait_count(const char *db, int64_t want, double limit_s, const char *sql)
 {
     const double end = fixture_now_ms() + limit_s * 1e3;
-    while (fixture_q_int(db, "%s", sql) != want) {
+    while (test_sql_int(db, "%s", sql) != want) {
         if (fixture_now_ms() > end)
             return -1;
         usleep(20000);

@@ -47,13 +47,9 @@ struct fixture_cl *fixture_cl_open(const char *sock);
 void fixture_cl_close(struct fixture_cl *c);
 int fixture_cl_send(struct fixture_cl *c, const char *s);
 
-/* The metrics database, read from the test: one integer from a formatted
- * query on a fresh read-only connection (-1 on error or a NULL value);
- * the text of the first column of the first row (malloc'd; NULL on error),
- * e.g. of "PRAGMA integrity_check"; wait up to limit_s seconds until the
- * query gives want (0, or -1 at the limit). */
-int64_t fixture_q_int(const char *db, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-char *fixture_q_text(const char *db, const char *sql);
+/* The metrics database, read from the test (tests/sql-peek.h reads one
+ * value): wait up to limit_s seconds until the query gives want (0, or -1
+ * at the limit). */
 int fixture_wait_count(const char *db, int64_t want, double limit_s, const char *sql);
 
 #endif

@@ -52,6 +52,7 @@
 #include "client/dgemma.h"
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
+#include "tests/sql-peek.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -263,8 +264,8 @@ static int write_file(const char *path, const char *text)
     return fclose(f);
 }
 
-#define q_int fixture_q_int
-#define integrity(db) fixture_q_text(db, "PRAGMA integrity_check")
+#define q_int test_sql_int
+#define integrity(db) test_sql_text(db, 1, "PRAGMA integrity_check")
 #define wait_count fixture_wait_count
 
 /* Print the lines of the daemon's log that contain needle, as comments;

@@ -26,6 +26,7 @@
 #include "client/dgemma.h"
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
+#include "tests/sql-peek.h"
 
 #define WAIT_MS FIXTURE_WAIT_MS
 
@@ -67,8 +68,8 @@ static int stop_daemon(void)
 
 /* ---- reading the database from here ----------------------------------------- */
 
-#define q_int fixture_q_int
-#define q_text fixture_q_text
+#define q_int test_sql_int
+#define q_text(db, sql) test_sql_text(db, 1, sql)
 #define wait_count fixture_wait_count
 
 /* ---- the daemon's side ---------------------------------------------------------- */

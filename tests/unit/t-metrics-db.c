@@ -18,6 +18,7 @@
 
 #include "lib/metrics-db.h"
 #include "tests/harness.h"
+#include "tests/sql-peek.h"
 
 static unsigned rng_state;
 
@@ -27,34 +28,9 @@ static unsigned rnd(void)
     return (rng_state >> 8) & 0xffffff;
 }
 
-/* One integer from sql on a fresh connection to path (the writer's view
- * is not trusted); -1 on error. */
-static int64_t peek(const char *path, const char *sql)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    int64_t v = -1;
-    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-        sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return v;
-}
-
-static char *peek_text(const char *path, const char *sql)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    char *v = NULL;
-    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-        sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-        v = strdup((const char *)sqlite3_column_text(st, 0));
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return v;
-}
+/* (a fresh connection each: the writer's view is not trusted) */
+#define peek(path, sql) test_sql_int(path, "%s", sql)
+#define peek_text(path, sql) test_sql_text(path, 0, sql)
 
 static int raw_exec(const char *path, const char *sql)
 {

@@ -19,6 +19,7 @@
 #include "daemon/metrics.h"
 #include "lib/metrics-db.h"
 #include "tests/harness.h"
+#include "tests/sql-peek.h"
 
 static unsigned rng_state = 12345;
 
@@ -35,33 +36,9 @@ static double mono(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* One integer from sql on a fresh read-only connection; -1 on error. */
-static int64_t peek(const char *path, const char *sql)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    int64_t v = -1;
-    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-        sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return v;
-}
-
-static char *peek_text(const char *path, const char *sql)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    char *v = NULL;
-    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-        sqlite3_prepare_v2(h, sql, -1, &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
-        v = strdup((const char *)sqlite3_column_text(st, 0));
-    sqlite3_finalize(st);
-    sqlite3_close(h);
-    return v;
-}
+/* (a fresh connection each: the writer's view is not trusted) */
+#define peek(path, sql) test_sql_int(path, "%s", sql)
+#define peek_text(path, sql) test_sql_text(path, 0, sql)
 
 static struct dmetrics_options options(const char *path, size_t q, double flush)
 {
