@@ -5,27 +5,7 @@
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-cli-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-
-ok() { echo "ok t-eval-cli/$1"; }
-bad() { echo "not ok t-eval-cli/$1: $2"; fails=$((fails + 1)); }
-
-# run NAME WANT_STATUS CMD...: runs CMD, keeps stdout/stderr in $tmp/NAME.{out,err}
-run() {
-    local name=$1 want=$2; shift 2
-    "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
-    local st=$?
-    if [ $st -ne "$want" ]; then
-        bad "$name" "exit $st, want $want; stderr: $(head -c 400 "$tmp/$name.err")"
-        return 1
-    fi
-    return 0
-}
-
-# has NAME STREAM TEXT: the output contains TEXT
-has() { grep -qF -- "$3" "$tmp/$1.$2"; }
+. "${0%/*}/cli-lib.sh" t-eval-cli
 
 if run mkmodel 0 "$EVAL" mkmodel --out "$tmp/m" --seed 7 &&
    has mkmodel out "wrote $tmp/m: 74 tensors in 1 file"; then ok mkmodel; else bad mkmodel "output: $(cat "$tmp/mkmodel.out")"; fi

@@ -9,22 +9,7 @@ set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
 G=tests/golden/golden-a
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-forward-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-eval-forward/$1"; }
-bad() { echo "not ok t-eval-forward/$1: $2"; fails=$((fails + 1)); }
-
-# run NAME WANT_STATUS CMD...
-run() {
-    local name=$1 want=$2; shift 2
-    "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
-    local st=$?
-    [ $st -eq "$want" ] && return 0
-    bad "$name" "exit $st, want $want: $(head -c 300 "$tmp/$name.err")"
-    return 1
-}
-has() { grep -qF -- "$3" "$tmp/$1.$2"; }
+. "${0%/*}/cli-lib.sh" t-eval-forward
 
 if run enc 0 "$EVAL" forward --model $G/checkpoint --prompt-ids $G/prompt.ids --out "$tmp/h.npy" &&
    has enc out "hidden states [21, 64]" &&

@@ -9,11 +9,7 @@ set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
 MODEL=$BUILD/model/default
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-generate-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-eval-generate/$1"; }
-bad() { echo "not ok t-eval-generate/$1: $2"; fails=$((fails + 1)); }
+. "${0%/*}/cli-lib.sh" t-eval-generate
 ids_of() { grep -o '"ids":\[[^]]*\]' "$1"; }
 fast=(--max-denoising-steps 4)
 

@@ -7,11 +7,7 @@
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-plan-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-eval-plan/$1"; }
-bad() { echo "not ok t-eval-plan/$1: $2"; fails=$((fails + 1)); }
+. "${0%/*}/cli-lib.sh" t-eval-plan
 
 "$EVAL" plan --preset 26b >"$tmp/p.out" 2>&1; st=$?
 total() { awk -v t="$1" '$1 == t && NF == 9 { print $7; exit }' "$tmp/p.out"; }

@@ -16,22 +16,8 @@
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-quantize-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-eval-quantize/$1"; }
-bad() { echo "not ok t-eval-quantize/$1: $2"; fails=$((fails + 1)); }
+. "${0%/*}/cli-lib.sh" t-eval-quantize
 
-# run NAME WANT_STATUS CMD...
-run() {
-    local name=$1 want=$2; shift 2
-    "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
-    local st=$?
-    [ $st -eq "$want" ] && return 0
-    bad "$name" "exit $st, want $want: $(head -c 300 "$tmp/$name.err")"
-    return 1
-}
-has() { grep -qF -- "$3" "$tmp/$1.$2"; }
 # ratio and argmax agreement from a compare's output
 ratio() { sed -n 's/.*ratio \([0-9.e+-]*\).*/\1/p' "$tmp/$1.out"; }
 agree() { sed -n 's/.*argmax agree \([0-9]*\)\/.*/\1/p' "$tmp/$1.out"; }

@@ -8,11 +8,7 @@ set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
 TOK=$BUILD/model/default/tokenizer.json
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-eval-tokenize-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-eval-tokenize/$1"; }
-bad() { echo "not ok t-eval-tokenize/$1: $2"; fails=$((fails + 1)); }
+. "${0%/*}/cli-lib.sh" t-eval-tokenize
 
 printf '%s\n' '{"text": "the cat", "add_special_tokens": true}' \
     '{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true}' \

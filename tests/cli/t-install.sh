@@ -15,12 +15,9 @@ case "$BUILD" in *asan*|*tsan*)
     echo "skip t-install: a sanitizer build is not installed (its libraries need the runtime)"
     exit 77 ;;
 esac
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-install-XXXXXX")
+. "${0%/*}/cli-lib.sh" t-install
 d=0
 trap '[ $d -gt 0 ] && kill $d 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-install/$1"; }
-bad() { echo "not ok t-install/$1: $2"; fails=$((fails + 1)); }
 root=$tmp/root
 mk() { make -s --no-print-directory BUILD="$BUILD" DESTDIR="$root" PREFIX=/usr "$@" 2>&1 | grep -v '^dgemma:'; }
 

@@ -8,11 +8,7 @@
 set -u
 BUILD=${BUILD:-build}
 BIN=$BUILD/bin
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-man-XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-man/$1"; }
-bad() { echo "not ok t-man/$1: $2"; fails=$((fails + 1)); }
+. "${0%/*}/cli-lib.sh" t-man
 if ! command -v man >/dev/null 2>&1; then
     echo "skip t-man: man(1) is not installed"
     exit 77

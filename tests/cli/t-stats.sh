@@ -18,12 +18,9 @@ if [ ! -x "$BIN/dgemmad" ] || [ ! -x "$BIN/dgemma-client" ] ||
     echo "skip t-stats: $BIN/dgemmad, $BIN/dgemma-client or $BUILD/model/default missing"
     exit 77
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-t-stats-XXXXXX")
+. "${0%/*}/cli-lib.sh" t-stats
 d=0
 trap '[ $d -gt 0 ] && kill $d 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-ok() { echo "ok t-stats/$1"; }
-bad() { echo "not ok t-stats/$1: $2"; fails=$((fails + 1)); }
 C=$BIN/dgemma-client
 db=$tmp/m.db
 have_python=0
