@@ -222,7 +222,7 @@ $(CLIENT_BIN): $(CLIENT_SRC:%.c=$(BUILD)/%.o) $(LIBDGEMMA_A) $(LIBCORE)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
-$(EVAL_BIN): $(EVAL_OBJ) $(LIBCORE)
+$(EVAL_BIN): $(EVAL_OBJ) $(LIBDGEMMA_A) $(LIBCORE)
 	$(call say,LINK,$@)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@

@@ -40,7 +40,7 @@ check_flags flags_dgemmad dgemmad.8 "$BIN/dgemmad"
 for c in generate chat batch status cancel stats; do
     check_flags "flags_client_$c" dgemma-client.1 "$BIN/dgemma-client" "$c"
 done
-for c in inspect mkmodel forward compare tokenize generate plan quantize; do
+for c in inspect mkmodel forward compare tokenize generate plan quantize accuracy; do
     check_flags "flags_eval_$c" dgemma-eval.1 "$BIN/dgemma-eval" "$c"
 done
 

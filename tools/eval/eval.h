@@ -1,5 +1,6 @@
 /* eval.h - dgemma-eval's subcommands.  Each returns the process exit code:
- * 0 success, 1 failure (message already printed), 2 usage error. */
+ * 0 success, 1 failure (message already printed), 2 usage error; accuracy
+ * also 3 (the daemon unreachable or gone). */
 #ifndef DG_EVAL_H
 #define DG_EVAL_H
 
@@ -12,6 +13,8 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+/* Exact-match accuracy of a running daemon over a problems file. */
+int cmd_accuracy(int argc, char **argv);
 
 /* Print "dgemma-eval: <msg>" to stderr. */
 void eval_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

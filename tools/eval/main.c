@@ -1,7 +1,8 @@
 /*
  * dgemma-eval - offline tools over the dgemma engine: inspect a
  * checkpoint, write a random-weight one, run the CPU forward pass, compare
- * arrays, tokenize, generate.  See man/dgemma-eval.1.
+ * arrays, tokenize, generate; and measure a running daemon's exact-match
+ * accuracy.  See man/dgemma-eval.1.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@ static const char usage[] =
     "  generate --model DIR ...  generate text on the CPU backend\n"
     "  plan --preset NAME ...    tensor-parallel split: bytes per rank, collectives\n"
     "  quantize --model DIR ...  write the model with FP8 weights (W8A8 layout)\n"
+    "  accuracy --problems FILE  exact-match accuracy of a running daemon\n"
     "\n"
     "dgemma-eval COMMAND --help shows a command's options.\n";
 
@@ -65,6 +67,8 @@ int main(int argc, char **argv)
         return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan"))
         return cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "accuracy"))
+        return cmd_accuracy(argc - 1, argv + 1);
     eval_errorf("unknown command '%s'", argv[1]);
     fputs(usage, stderr);
     return 2;
