@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Train the small DiffusionGemma that dgemma ships as its default model.
+
+Runs on the GPU machine (PyTorch and transformers 5.17.0's DiffusionGemma
+classes).  The task and the tokenizer are tools/task/task.py's.
+
+The recipe (DiffusionGemma's published one, at toy scale):
+  - a problem is [<bos>] prompt, then its answer, <eos>, and <pad> up to a
+    whole number of canvases of CANVAS;
+  - one response block b of the answer is drawn; the encoder reads the
+    clean context (prompt and answer blocks before b) causally, writing the
+    KV cache the decoder reads, as generation does;
+  - the block is corrupted with uniform noise: each position is replaced by
+    a uniformly drawn id with probability t, t ~ U(0.001, 1) per example
+    (there is no mask token);
+  - loss = cross-entropy over every position of the block (flat) + the
+    encoder's causal-LM cross-entropy on the whole clean sequence (prompt
+    and every answer block; the decoder still reads only the context's KV);
+  - self-conditioning in two passes for half of the examples: a first
+    decoder pass without it (no gradient) gives logits, which, divided by a
+    temperature T ~ U(0.4, 0.8) as generation divides them, condition the
+    second pass.
+Every batch holds problems of one kind and size, so the prompts have one
+length and need no padding.
+
+Initialisation: Hugging Face's (embedding std 0.02) leaves the scaled
+embedding at RMS 0.02*sqrt(hidden) = 0.23 for hidden 128, against the
+unit-RMS output every normed sub-layer adds to the residual; the default
+here is std hidden^-1/2 (unit RMS, as the 26B-A4B's 0.02*sqrt(2816) is),
+and q_norm/k_norm weights head_dim^-1/4 (attention logits of standard
+deviation 1 at init, the query scaling being 1.0).  docs/notes.md
+("Training the default model") has what each choice did.  Prompts reserved for evaluation (task.py's
+hash) are never trained on.
+
+usage:
+  train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
+                 [--qk-norm-init X] [--embed-std X] [--print-every N]
+  train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
+  train.py plot --log CSV --png FILE
+"""
+
+import argparse
+import csv
+import inspect
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "task"))
+import task  # noqa: E402
+
+CL = task.CANVAS
+V = task.VOCAB
+
+# The model: the "small" preset's shape, wider.  A sliding window of 128
+# covers the longest sequence the task makes (57 prompt + 64 answer ids),
+# so training (which attends to the whole context) and generation agree.
+TEXT_CONFIG = dict(
+    vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+    num_global_key_value_heads=1, sliding_window=128, num_experts=8, top_k_experts=2,
+    moe_intermediate_size=64, max_position_embeddings=4096,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    pad_token_id=task.PAD, eos_token_id=task.EOS, bos_token_id=task.BOS)
+GENERATION_CONFIG = {
+    "confidence_threshold": 0.005, "eos_token_id": [task.EOS, 6], "max_denoising_steps": 48,
+    "max_new_tokens": 64, "pad_token_id": task.PAD,
+    "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1},
+    "stability_threshold": 1, "t_max": 0.8, "t_min": 0.4,
+}
+
+
+def ids_of(text, device):
+    return torch.tensor([task.char_id(c) for c in text], dtype=torch.long, device=device)
+
+
+class Sampler:
+    """Batches of one kind and size, drawn on the device."""
+
+    def __init__(self, device, gen):
+        self.dev, self.g = device, gen
+        self.a = task.char_id("a")
+        self.zero = task.char_id("0")
+
+    def randint(self, lo, hi, shape):
+        return torch.randint(lo, hi, shape, device=self.dev, generator=self.g)
+
+    def const(self, text, B):
+        return ids_of(text, self.dev).expand(B, -1)
+
+    def digits_number(self, B, nd):
+        """[B, nd] digits of numbers with nd digits (no leading zero)."""
+        d = self.randint(0, 10, (B, nd))
+        if nd > 1:
+            d[:, 0] = self.randint(1, 10, (B,))
+        return d
+
+    def batch(self, kind, B):
+        """(prompt ids [B, P] with <bos>, answer ids [B, A] padded with <pad>, answer lengths [B])."""
+        bos = torch.full((B, 1), task.BOS, dtype=torch.long, device=self.dev)
+        if kind in ("reverse", "sort"):
+            n = int(self.randint(4, 49, (1,)))
+            if kind == "reverse":
+                x = self.randint(0, 26, (B, n)) + self.a
+                ans = x.flip(1)
+            else:
+                x = self.randint(0, 10, (B, n)) + self.zero
+                ans = x.sort(dim=1).values
+            prompt = torch.cat([bos, self.const(kind + " ", B), x], 1)
+            return prompt, ans, torch.full((B,), n, device=self.dev)
+        if kind == "add":
+            na, nb = (int(v) for v in self.randint(1, 11, (2,)))
+            da, db = self.digits_number(B, na), self.digits_number(B, nb)
+            pw = lambda n: 10 ** torch.arange(n - 1, -1, -1, device=self.dev)  # noqa: E731
+            s = (da * pw(na)).sum(1) + (db * pw(nb)).sum(1)
+            k = max(na, nb) + 1
+            sd = (s[:, None] // pw(k)) % 10                          # [B, k], leading zeros
+            lead = torch.clamp((sd.cumsum(1) == 0).sum(1), max=k - 1)  # zeros to drop
+            idx = torch.arange(k, device=self.dev)[None, :] + lead[:, None]
+            ans = torch.gather(sd, 1, idx.clamp(max=k - 1)) + self.zero
+            length = k - lead
+            ans[idx >= k] = task.PAD
+            prompt = torch.cat([bos, self.const("add ", B), da + self.zero, self.const("+", B),
+                                db + self.zero], 1)
+            return prompt, ans, length
+        if kind == "get":
+            n, w = int(self.randint(3, 9, (1,))), int(self.randint(1, 5, (1,)))
+            keys = torch.rand((B, 26), device=self.dev, generator=self.g).argsort(1)[:, :n] + self.a
+            vals = self.randint(0, 10, (B, n, w)) + self.zero
+            q = self.randint(0, n, (B,))
+            parts = [bos, self.const("get ", B), keys.gather(1, q[:, None]), self.const(" ", B)]
+            for i in range(n):
+                parts += [keys[:, i:i + 1], self.const("=", B), vals[:, i]]
+                if i + 1 < n:
+                    parts.append(self.const(",", B))
+            ans = vals[torch.arange(B, device=self.dev), q]
+            return torch.cat(parts, 1), ans, torch.full((B,), w, device=self.dev)
+        raise ValueError(kind)
+
+
+def reserved_rows(prompt):
+    """task.reserved over each row of prompt ids, in torch."""
+    h = torch.zeros(prompt.shape[0], dtype=torch.long, device=prompt.device)
+    for j in range(prompt.shape[1]):
+        h = (h * 31 + prompt[:, j]) % task.HASH_P
+    return h % task.HOLDOUT_MOD == 0
+
+
+def canvases(ans, length):
+    """[B, nblk*CL]: the answer, <eos> at its length, <pad> after."""
+    B, A = ans.shape
+    nblk = (A + 1 + CL - 1) // CL
+    out = torch.full((B, nblk * CL), task.PAD, dtype=torch.long, device=ans.device)
+    out[:, :A] = ans
+    pos = torch.arange(nblk * CL, device=ans.device)[None, :]
+    out[pos == length[:, None]] = task.EOS
+    out[pos > length[:, None]] = task.PAD
+    return out
+
+
+def draw(sampler, kinds, B):
+    """One training batch with no reserved prompt (a reserved row is
+    replaced by a copy of a kept one)."""
+    kind = kinds[int(sampler.randint(0, len(kinds), (1,)))]
+    prompt, ans, length = sampler.batch(kind, B)
+    res = reserved_rows(prompt)
+    keep = (~res).nonzero().flatten()
+    if keep.numel() == 0:
+        return draw(sampler, kinds, B)
+    if res.any():
+        fill = keep[torch.arange(int(res.sum()), device=prompt.device) % keep.numel()]
+        prompt[res], ans[res], length[res] = prompt[fill], ans[fill], length[fill]
+    return kind, prompt, canvases(ans, length)
+
+
+def self_check(device):
+    """The torch sampler against task.py's plain-Python answers."""
+    g = torch.Generator(device=device).manual_seed(7)
+    s = Sampler(device, g)
+    n = 0
+    for kind in task.TASKS:
+        for _ in range(40):
+            _, prompt, canv = draw(s, [kind], 16)
+            for p, c in zip(prompt.tolist(), canv.tolist()):
+                text = task.decode(p[1:])
+                assert p == task.encode(text), (kind, text)
+                assert not task.reserved(text), text
+                assert task.decode(c) == task.solve(text), (text, task.decode(c))
+                eos = c.index(task.EOS)
+                assert all(v == task.PAD for v in c[eos + 1:]), c
+                n += 1
+    return n
+
+
+def make_model():
+    from transformers import Gemma4VisionConfig
+    from transformers.models.diffusion_gemma import (DiffusionGemmaConfig,
+                                                     DiffusionGemmaForBlockDiffusion)
+    vision = Gemma4VisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                num_attention_heads=1, num_key_value_heads=1, head_dim=8,
+                                position_embedding_size=8, patch_size=4)
+    cfg = DiffusionGemmaConfig(text_config=dict(TEXT_CONFIG), vision_config=vision.to_dict(),
+                               canvas_length=CL)
+    cfg.eos_token_id = [task.EOS, 6]
+    return DiffusionGemmaForBlockDiffusion(cfg)
+
+
+def check_tied(model):
+    """The encoder's text stack must be the decoder's (and the head the
+    embedding): training updates one set of weights."""
+    dec = dict(model.model.decoder.named_parameters())
+    n = 0
+    for name, p in model.model.encoder.language_model.named_parameters():
+        if name in dec:
+            assert p.data_ptr() == dec[name].data_ptr(), "encoder %s is not tied" % name
+            n += 1
+    assert model.lm_head.weight.data_ptr() == model.model.decoder.embed_tokens.weight.data_ptr()
+    return n
+
+
+def init_scales(model, qk_norm_init, embed_std):
+    """Optional initial values: q_norm and k_norm weights (with query
+    scaling 1.0 the attention logits of unit-RMS q and k have a standard
+    deviation of sqrt(head_dim) at init; head_dim^-1/4 on both brings it to
+    1), and the embedding's standard deviation (1/sqrt(hidden) makes the
+    scaled embedding unit RMS).  0 keeps Hugging Face's initialisation.
+    The embedding's <pad> row is made trainable either way."""
+    # the <pad> row trains like any other: it is predicted after every
+    # <eos>, and a row held at its initial value pins <pad>'s logit
+    model.model.decoder.embed_tokens.padding_idx = None
+    model.model.encoder.language_model.embed_tokens.padding_idx = None
+    with torch.no_grad():
+        for layer in model.model.decoder.layers:
+            att = layer.self_attn
+            if qk_norm_init:
+                v = att.head_dim ** -0.25 if qk_norm_init < 0 else qk_norm_init
+                att.q_norm.weight.fill_(v)
+                att.k_norm.weight.fill_(v)
+        if embed_std:
+            w = model.model.decoder.embed_tokens.weight
+            w.normal_(0.0, embed_std if embed_std > 0 else w.shape[1] ** -0.5)
+
+
+def softcap(model, logits):
+    c = model.config.text_config.final_logit_softcapping
+    return torch.tanh(logits.float() / c) * c
+
+
+def train(args):
+    from transformers import DynamicCache
+    import transformers
+    dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(args.seed)
+    print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
+    print("sampler self-check:", self_check(dev), "problems agree with task.py", flush=True)
+
+    model = make_model().to(dev).train()
+    n_tied = check_tied(model)
+    init_scales(model, args.qk_norm_init, args.embed_std)
+    n_params = sum(p.numel() for p in model.parameters())
+    print("parameters %d (%d encoder tensors tied to the decoder's)" % (n_params, n_tied), flush=True)
+    sig = inspect.signature(model.forward).parameters
+    per_example_sc = "self_conditioning_mask" in sig
+    print("per-example self-conditioning mask:", per_example_sc, flush=True)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    g = torch.Generator(device=dev).manual_seed(args.seed)
+    s = Sampler(dev, g)
+    B = args.batch
+    budget = args.minutes * 60.0
+    warm = 200
+    log = open(args.log, "w", newline="")
+    w = csv.writer(log)
+    w.writerow(["step", "seconds", "lr", "loss", "canvas_loss", "encoder_loss", "canvas_acc"])
+    t0 = time.time()
+    step, acc_sum = 0, {}
+    run = [0.0, 0.0, 0.0, 0]
+    while True:
+        el = time.time() - t0
+        if el >= budget:
+            break
+        frac = el / budget
+        lr = args.lr * min(1.0, (step + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+
+        kind, prompt, canv = draw(s, task.TASKS, B)
+        nblk = canv.shape[1] // CL
+        b = int(s.randint(0, nblk, (1,)))
+        ctx = torch.cat([prompt, canv[:, :b * CL]], 1)
+        target = canv[:, b * CL:(b + 1) * CL]
+        t = 0.001 + 0.999 * torch.rand((B, 1), device=dev, generator=g)
+        noisy = torch.where(torch.rand((B, CL), device=dev, generator=g) < t,
+                            s.randint(0, V, (B, CL)), target)
+        P = ctx.shape[1]
+        pos = torch.arange(P, P + CL, device=dev)[None].expand(B, -1)
+
+        # the encoder reads the whole clean sequence (its causal-LM loss covers
+        # the answer too); the decoder reads only the context's KV, as in
+        # generation, where block b sees the prompt and blocks before it
+        full = torch.cat([prompt, canv], 1)
+        assert full.shape[1] < TEXT_CONFIG["sliding_window"], "the sliding cache would drop keys"
+        full_cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+        enc = model.model.encoder(input_ids=full, past_key_values=full_cache,
+                                  position_ids=torch.arange(full.shape[1], device=dev)[None].expand(B, -1))
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+        for li, layer in enumerate(full_cache.layers):
+            cache.update(layer.keys[:, :, :P], layer.values[:, :, :P], li)
+        if step == 0:
+            print("cached keys carry gradients:", cache.layers[0].keys.requires_grad,
+                  "context", P, "of", full.shape[1], flush=True)
+        enc_logits = softcap(model, model.lm_head(enc.last_hidden_state[:, :-1]))
+        enc_loss = F.cross_entropy(enc_logits.reshape(-1, V), full[:, 1:].reshape(-1))
+
+        kw = {}
+        use_sc = torch.rand((B,), device=dev, generator=g) < 0.5
+        if per_example_sc or bool(use_sc[0]):
+            with torch.no_grad():
+                z1 = model(decoder_input_ids=noisy, past_key_values=cache,
+                           decoder_position_ids=pos).logits
+            temp = 0.4 + 0.4 * torch.rand((B, 1, 1), device=dev, generator=g)
+            kw["self_conditioning_logits"] = z1 / temp
+            if per_example_sc:
+                kw["self_conditioning_mask"] = use_sc
+        z = model(decoder_input_ids=noisy, past_key_values=cache, decoder_position_ids=pos,
+                  **kw).logits
+        canvas_loss = F.cross_entropy(z.reshape(-1, V), target.reshape(-1))
+        loss = canvas_loss + enc_loss
+
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+        with torch.no_grad():
+            acc = (z.argmax(-1) == target).float().mean()
+        run[0] += loss.item()
+        run[1] += canvas_loss.item()
+        run[2] += enc_loss.item()
+        run[3] += 1
+        acc_sum[kind] = 0.9 * acc_sum.get(kind, float(acc)) + 0.1 * float(acc)
+        step += 1
+        if step % 50 == 0:
+            n = run[3]
+            w.writerow([step, "%.1f" % (time.time() - t0), "%.3g" % lr, "%.4f" % (run[0] / n),
+                        "%.4f" % (run[1] / n), "%.4f" % (run[2] / n), "%.4f" % float(acc)])
+            log.flush()
+            if step % args.print_every == 0:
+                print("step %d %.0fs lr %.2e loss %.4f (canvas %.4f, encoder %.4f) acc %s" %
+                      (step, time.time() - t0, lr, run[0] / n, run[1] / n, run[2] / n,
+                       " ".join("%s %.3f" % kv for kv in sorted(acc_sum.items()))), flush=True)
+            run = [0.0, 0.0, 0.0, 0]
+    log.close()
+    print("trained %d steps of %d in %.0f s" % (step, B, time.time() - t0), flush=True)
+    save(model, args.out)
+
+
+def save(model, out):
+    model = model.eval().to(torch.bfloat16)
+    model.save_pretrained(out)
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(GENERATION_CONFIG, f, indent=2, sort_keys=True)
+        f.write("\n")
+    task.write_tokenizer(out)
+    print("saved", out, sorted(os.listdir(out)), flush=True)
+
+
+def evaluate(args):
+    """Hugging Face's generate over the problems: exact match per task."""
+    from transformers.models.diffusion_gemma import DiffusionGemmaForBlockDiffusion
+    import transformers.models.diffusion_gemma as G
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.model).float().to(dev).eval()
+    probs = [json.loads(x) for x in open(args.problems)][:args.limit or None]
+    groups = {}
+    for p in probs:
+        groups.setdefault(len(task.encode(p["prompt"])), []).append(p)
+    gc = GENERATION_CONFIG
+    torch.manual_seed(args.seed)
+    results, t0 = {}, time.time()
+    for plen, ps in sorted(groups.items()):
+        x = torch.tensor([task.encode(p["prompt"]) for p in ps], device=dev)
+        with torch.no_grad():
+            out = model.generate(
+                x, disable_compile=True, max_new_tokens=gc["max_new_tokens"],
+                max_denoising_steps=gc["max_denoising_steps"], t_max=gc["t_max"], t_min=gc["t_min"],
+                stability_threshold=gc["stability_threshold"],
+                confidence_threshold=gc["confidence_threshold"],
+                sampler_config=G.EntropyBoundSamplerConfig(
+                    entropy_bound=gc["sampler_config"]["entropy_bound"]),
+                eos_token_id=gc["eos_token_id"], pad_token_id=gc["pad_token_id"])
+        seqs = out.sequences if hasattr(out, "sequences") else out
+        for p, row in zip(ps, seqs.tolist()):
+            results[p["id"]] = task.decode(row[plen:])
+    per, lines = {}, []
+    for p in probs:
+        ok = results[p["id"]] == p["answer"]
+        c = per.setdefault(p["task"], [0, 0])
+        c[0] += ok
+        c[1] += 1
+        lines.append(json.dumps({"id": p["id"], "text": results[p["id"]], "ok": ok}))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    total = sum(c[0] for c in per.values())
+    for k, (ok, n) in sorted(per.items()):
+        print("%-8s %d/%d" % (k, ok, n))
+    print("hf-generate exact match %d/%d = %.4f (%.0f s)" %
+          (total, len(probs), total / max(1, len(probs)), time.time() - t0), flush=True)
+
+
+def plot(args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = list(csv.DictReader(open(args.log)))
+    step = [int(r["step"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("canvas_loss", "canvas cross-entropy"),
+                       ("encoder_loss", "encoder causal-LM cross-entropy")):
+        ax.plot(step, [float(r[key]) for r in rows], label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("step (batch %s)" % args.batch)
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title("Training the default model (tools/train/train.py)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["train", "eval", "plot"])
+    ap.add_argument("--out")
+    ap.add_argument("--minutes", type=float, default=7.0)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--log", default="train-log.csv")
+    ap.add_argument("--model")
+    ap.add_argument("--problems")
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--png")
+    ap.add_argument("--qk-norm-init", type=float, default=-1.0,
+                    help="initial q_norm/k_norm weight (-1: head_dim^-1/4; 0: HF's)")
+    ap.add_argument("--embed-std", type=float, default=-1.0,
+                    help="initial embedding std (-1: hidden^-1/2; 0: HF's)")
+    ap.add_argument("--print-every", type=int, default=500)
+    args = ap.parse_args()
+    {"train": train, "eval": evaluate, "plot": plot}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
