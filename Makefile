@@ -8,6 +8,9 @@
 #   make test-tsan       the threaded tests under ThreadSanitizer (build-tsan/)
 #   make test-gpu        build the GPU suite; run it where a GPU is present
 #   make fuzz            run every fuzz target for FUZZ_SECONDS each
+#   make eval            exact-match accuracy of the default model over the 500
+#                        held-out problems, through the daemon (CPU backend;
+#                        EVAL_ARGS="--backend cuda --tp 2 --limit 50 ..." to vary)
 #   make check           what CI runs: every build, test, test-asan, test-tsan; ends
 #                        with the total "N passed, N failed"
 #   make deps            install the Debian/Ubuntu packages the build needs
@@ -153,7 +156,7 @@ endif
 
 .SECONDARY:
 .PHONY: bench-build
-.PHONY: all test test-asan test-tsan test-gpu fuzz check check-cpu-only deps install uninstall clean
+.PHONY: all test test-asan test-tsan test-gpu fuzz eval check check-cpu-only deps install uninstall clean
 .DEFAULT_GOAL := all
 
 all: $(LIBCORE) $(BINS) $(LIBS_OUT) $(DEFAULT_MODEL)/config.json $(GPU_ALL)
@@ -327,6 +330,10 @@ endif
 
 fuzz: $(FUZZ_BIN)
 	$(Q)FUZZ_DIR=$(BUILD)/fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/t-fuzz-smoke.sh
+
+EVAL_ARGS ?=
+eval: all
+	$(Q)BUILD=$(BUILD) tests/eval/run-eval.sh $(EVAL_ARGS)
 
 check-cpu-only:
 	$(Q)$(MAKE) --no-print-directory BUILD=build-cpu-only CUDA=0 all
