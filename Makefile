@@ -281,6 +281,8 @@ FUZZ_DAEMON_SRC := daemon/protocol.c daemon/shm-ring.c
 # (a target that needs more, e.g. a client parser: FUZZ_EXTRA_<target>)
 FUZZ_EXTRA_fuzz-batch-input := client/batch-input.c
 $(BUILD)/fuzz/fuzz-batch-input: $(FUZZ_EXTRA_fuzz-batch-input) client/batch-input.h
+FUZZ_EXTRA_fuzz-problems := tools/eval/problems.c
+$(BUILD)/fuzz/fuzz-problems: $(FUZZ_EXTRA_fuzz-problems) tools/eval/problems.h tools/eval/eval.h
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h daemon/*.h tests/fuzz/*.h)
 	$(call say,FUZZ,$@)
 	@mkdir -p $(@D)

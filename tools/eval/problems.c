@@ -148,6 +148,20 @@ static int is_blank(const char *s, size_t n)
 int eval_problems_load(const char *path, struct eval_problems *out)
 {
     FILE *f = fopen(path, "r");
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (!f) {
+        eval_errorf("accuracy: %s: %s", path, strerror(errno));
+        return -1;
+    }
+    rc = eval_problems_read(f, path, out);
+    fclose(f);
+    return rc;
+}
+
+int eval_problems_read(FILE *f, const char *path, struct eval_problems *out)
+{
     struct eval_problems ps = {0};
     size_t cap = 0, line_cap = 0;
     char *text = NULL, why[1200] = "";
@@ -156,10 +170,6 @@ int eval_problems_load(const char *path, struct eval_problems *out)
     long long dup_id = 0;
 
     memset(out, 0, sizeof *out);
-    if (!f) {
-        eval_errorf("accuracy: %s: %s", path, strerror(errno));
-        return -1;
-    }
     /* read up to the first bad line; the ids before it are checked after */
     while (rc == 0 && (n = getline(&text, &line_cap, f)) >= 0) {
         line++;
@@ -188,7 +198,6 @@ int eval_problems_load(const char *path, struct eval_problems *out)
         rc = -1;
     }
     free(text);
-    fclose(f);
     switch (find_duplicate(&ps, &dup_line, &first_line, &dup_id)) {
     case 1: /* a duplicate comes before any bad line (only lines before one were kept) */
         snprintf(why, sizeof why, "%s:%d: id %lld is a duplicate (first on line %d)", path,

@@ -5,6 +5,7 @@
 #define DG_EVAL_PROBLEMS_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 struct eval_problem {
     long long id;       /* >= 1, unique in the file */
@@ -29,6 +30,10 @@ struct eval_problems {
  * "accuracy: PATH: why") and -1 returned, with *out empty.  Returns 0 on
  * success. */
 int eval_problems_load(const char *path, struct eval_problems *out);
+
+/* The same over an open stream f (read to its end or its first bad line;
+ * not closed), path naming it in messages. */
+int eval_problems_read(FILE *f, const char *path, struct eval_problems *out);
 
 /* Free what eval_problems_load filled in (an empty *p is fine). */
 void eval_problems_free(struct eval_problems *p);
