@@ -8,12 +8,15 @@
  * Product (per group j, its rows r = offsets[j] .. + counts[j] - 1, or one
  * group of all rows):
  *   Y[r, n] = sa[r] * sw_j[n] * sum_k Q[r, k] * QW_j[n, k]
+ * (accumulating: Y[r, n] += that, the sum rounded to Y's type once)
  * the sum in fp32 on the tensor cores (mma.sync m16n8k32, e4m3 x e4m3),
  * the products of two E4M3 values exact.  Block (64 columns, group j), 4
  * warps of 16 columns; the group's rows MT x 16 at a time; K in steps of 64
  * bytes through a four-stage cp.async pipeline of the weight tile [64 x 64]
  * and the row tile [MT 16 x 64]; rows past the group's count load as zeros
- * and are not stored.  Each weight byte is read once per pass. */
+ * and are not stored.  Each weight byte is read once per pass.  One group
+ * of many rows (a projection at a large batch) spreads its passes over
+ * grid.z, so that N / 64 blocks do not leave most of the GPU idle. */
 #include "kernels/fp8-gemm.h"
 
 #include <cuda_bf16.h>
@@ -90,7 +93,7 @@ template <int MT, typename Out>
 __global__ static void __launch_bounds__(128)
     fp8_gemm_kernel(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
                     const float *SW, const int32_t *offsets, const int32_t *counts,
-                    int64_t rows_all, int64_t N, int64_t K)
+                    int64_t rows_all, int64_t N, int64_t K, int accumulate)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char *Ws = smem;                                  /* [STAGES][BN][LD] */
@@ -104,7 +107,9 @@ __global__ static void __launch_bounds__(128)
     const float *SWj = SW + (int64_t)j * N;
     const int ksteps = (int)(K / F8_BK);
 
-    for (int64_t p0 = 0; p0 < count; p0 += MT * 16) {
+    /* passes of MT x 16 rows, spread over gridDim.z blocks */
+    for (int64_t p0 = (int64_t)blockIdx.z * MT * 16; p0 < count;
+         p0 += (int64_t)gridDim.z * MT * 16) {
         const int rows = (int)min((int64_t)MT * 16, count - p0);
         const int mrows = (rows + 15) / 16 * 16;
         const uint8_t *Xp = QA + (row0 + p0) * K;
@@ -169,15 +174,18 @@ __global__ static void __launch_bounds__(128)
                 const int r = m * 16 + gid;
                 const int64_t col = n0 + warp * 16 + n * 8 + tig * 2;
                 const float w0 = SWj[col], w1 = SWj[col + 1];
-                if (r < rows) {
-                    const float a = SA[row0 + p0 + r];
-                    dg_store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0] * a * w0,
-                           acc[m][n][1] * a * w1);
-                }
-                if (r + 8 < rows) {
-                    const float a = SA[row0 + p0 + r + 8];
-                    dg_store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2] * a * w0,
-                           acc[m][n][3] * a * w1);
+                for (int h = 0; h < 2; h++) {
+                    const int rr = r + 8 * h;
+                    if (rr < rows) {
+                        const float a = SA[row0 + p0 + rr];
+                        Out *y = Y + (row0 + p0 + rr) * N + col;
+                        float v0 = acc[m][n][2 * h] * a * w0, v1 = acc[m][n][2 * h + 1] * a * w1;
+                        if (accumulate) {
+                            v0 += dg_ld(y);
+                            v1 += dg_ld(y + 1);
+                        }
+                        dg_store2(y, v0, v1);
+                    }
                 }
             }
     }
@@ -191,14 +199,22 @@ extern "C" int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K)
 template <int MT, typename Out>
 static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
                   const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
-                  int64_t N, int64_t K, cudaStream_t st, int dev, struct dg_error *err)
+                  int64_t N, int64_t K, int accumulate, cudaStream_t st, int dev,
+                  struct dg_error *err)
 {
     const size_t shared = (size_t)F8_STAGES * (F8_BN + MT * 16) * F8_LD;
+    /* one group: its passes over z, enough blocks for about two waves of
+     * 132 SMs (grouped calls keep z = 1: the groups spread the work) */
+    const int64_t passes = (rows_all + MT * 16 - 1) / (MT * 16), nb = N / F8_BN;
+    const unsigned z = offsets ? 1u
+                               : (unsigned)(passes < 1 ? 1
+                                            : passes < (264 + nb - 1) / nb ? passes
+                                            : (264 + nb - 1) / nb);
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<MT, Out>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    fp8_gemm_kernel<MT, Out><<<dim3((unsigned)(N / F8_BN), (unsigned)groups), 128, shared, st>>>(
-        Y, QA, SA, QW, SW, offsets, counts, rows_all, N, K);
+    fp8_gemm_kernel<MT, Out><<<dim3((unsigned)(N / F8_BN), (unsigned)groups, z), 128, shared, st>>>(
+        Y, QA, SA, QW, SW, offsets, counts, rows_all, N, K, accumulate);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -207,21 +223,24 @@ out:
 template <typename Out>
 static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
                 const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
-                int64_t N, int64_t K, int rows_hint, cudaStream_t st, int dev,
+                int64_t N, int64_t K, int rows_hint, int accumulate, cudaStream_t st, int dev,
                 struct dg_error *err)
 {
     if (rows_hint > 32)
-        return launch<8>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, st, dev, err);
+        return launch<8>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate,
+                         st, dev, err);
     if (rows_hint > 16)
-        return launch<4>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, st, dev, err);
-    return launch<2>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, st, dev, err);
+        return launch<4>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate,
+                         st, dev, err);
+    return launch<2>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate, st,
+                     dev, err);
 }
 
-extern "C" int dg_cuda_fp8_gemm(void *Y, int y_f32, const uint8_t *qa, const float *sa,
-                                const uint8_t *qw, const float *sw, const int32_t *offsets,
-                                const int32_t *counts, int groups, int64_t rows, int64_t N,
-                                int64_t K, int rows_hint, dg_stream_t stream, int dev,
-                                struct dg_error *err)
+extern "C" int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const uint8_t *qa,
+                                    const float *sa, const uint8_t *qw, const float *sw,
+                                    const int32_t *offsets, const int32_t *counts, int groups,
+                                    int64_t rows, int64_t N, int64_t K, int rows_hint,
+                                    dg_stream_t stream, int dev, struct dg_error *err)
 {
     const cudaStream_t st = (cudaStream_t)stream;
     if (!dg_cuda_fp8_gemm_fits(N, K) || groups < 1 || groups > 65535 ||
@@ -233,7 +252,17 @@ extern "C" int dg_cuda_fp8_gemm(void *Y, int y_f32, const uint8_t *qa, const flo
         return 0;
     if (y_f32)
         return pick((float *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K, rows_hint,
-                    st, dev, err);
+                    !!accumulate, st, dev, err);
     return pick((__nv_bfloat16 *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K,
-                rows_hint, st, dev, err);
+                rows_hint, !!accumulate, st, dev, err);
+}
+
+extern "C" int dg_cuda_fp8_gemm(void *Y, int y_f32, const uint8_t *qa, const float *sa,
+                                const uint8_t *qw, const float *sw, const int32_t *offsets,
+                                const int32_t *counts, int groups, int64_t rows, int64_t N,
+                                int64_t K, int rows_hint, dg_stream_t stream, int dev,
+                                struct dg_error *err)
+{
+    return dg_cuda_fp8_gemm_acc(Y, y_f32, 0, qa, sa, qw, sw, offsets, counts, groups, rows, N, K,
+                                rows_hint, stream, dev, err);
 }

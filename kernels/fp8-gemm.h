@@ -42,6 +42,13 @@ int dg_cuda_fp8_gemm(void *Y, int y_f32, const uint8_t *qa, const float *sa, con
                      int64_t rows, int64_t N, int64_t K, int rows_hint, dg_stream_t stream,
                      int dev, struct dg_error *err);
 
+/* The same, adding the product to Y when accumulate (Y = Y + product,
+ * rounded once to Y's type): the residual add of a projection. */
+int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const uint8_t *qa, const float *sa,
+                         const uint8_t *qw, const float *sw, const int32_t *offsets,
+                         const int32_t *counts, int groups, int64_t rows, int64_t N, int64_t K,
+                         int rows_hint, dg_stream_t stream, int dev, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

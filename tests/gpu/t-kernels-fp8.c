@@ -136,9 +136,11 @@ static void free_operands(struct operands *o)
 
 /* One call: groups (offsets/counts on the host, NULL: one group of all
  * rows) against the oracle; y_f32 or bf16 out; rows of no group must stay
- * poisoned. */
+ * poisoned.  acc: Y starts as random values (base) and the call adds to
+ * them (dg_cuda_fp8_gemm_acc): the oracle is base + product, and rows of
+ * no group must keep their base. */
 static int product(const char *what, int64_t rows, int groups, const int32_t *offsets,
-                   const int32_t *counts, int64_t N, int64_t K, int y_f32)
+                   const int32_t *counts, int64_t N, int64_t K, int y_f32, int acc)
 {
     const size_t es = y_f32 ? 4 : 2, ybytes = (size_t)(rows * N) * es;
     struct operands o;
@@ -146,16 +148,31 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
     unsigned char *hy = malloc(ybytes + GUARD_BYTES);
     float *ref = malloc(sizeof(float) * (size_t)(rows * N) + 4);
     unsigned char *covered = calloc((size_t)rows + 1, 1);
+    float *base = calloc((size_t)(rows * N) + 1, sizeof(float));
     void *dqa, *dsa, *dqw, *dsw, *dy, *doff = NULL, *dcnt = NULL;
     double num = 0, den = 0, rel;
     int hint = 0;
-    CHECK(hy && ref && covered && make_operands(&o, rows, groups, N, K) == 0);
+    CHECK(hy && ref && covered && base && make_operands(&o, rows, groups, N, K) == 0);
     dqa = gt_upload(o.qa, (size_t)(rows * K), &err);
     dsa = gt_upload(o.sa, sizeof(float) * (size_t)rows, &err);
     dqw = gt_upload(o.qw, (size_t)(groups * N * K), &err);
     dsw = gt_upload(o.sw, sizeof(float) * (size_t)(groups * N), &err);
     dy = gt_out_alloc(ybytes, GUARD_BYTES, GUARD_BYTE, &err);
     CHECK(dqa && dsa && dqw && dsw && dy);
+    if (acc) {
+        /* the starting Y, exact in the output type */
+        for (int64_t i = 0; i < rows * N; i++) {
+            const float v = gt_uniform() * 4.0f;
+            base[i] = y_f32 ? v : dg_bf16_to_f32(dg_f32_to_bf16(v));
+            if (y_f32)
+                memcpy(hy + 4 * i, &base[i], 4);
+            else {
+                const uint16_t h = dg_f32_to_bf16(base[i]);
+                memcpy(hy + 2 * i, &h, 2);
+            }
+        }
+        CHECK_OK(dg_cuda_upload(dy, hy, ybytes, 0, &err), &err);
+    }
     if (offsets) {
         int64_t total = 0;
         doff = gt_upload(offsets, sizeof(int32_t) * (size_t)groups, &err);
@@ -167,8 +184,12 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
     } else {
         hint = (int)rows;
     }
-    CHECK_OK(dg_cuda_fp8_gemm(dy, y_f32, dqa, dsa, dqw, dsw, doff, dcnt, groups, rows, N, K,
-                              hint, NULL, 0, &err), &err);
+    if (acc)
+        CHECK_OK(dg_cuda_fp8_gemm_acc(dy, y_f32, 1, dqa, dsa, dqw, dsw, doff, dcnt, groups, rows,
+                                      N, K, hint, NULL, 0, &err), &err);
+    else
+        CHECK_OK(dg_cuda_fp8_gemm(dy, y_f32, dqa, dsa, dqw, dsw, doff, dcnt, groups, rows, N, K,
+                                  hint, NULL, 0, &err), &err);
     CHECK_OK(dg_cuda_sync(0, &err), &err);
     CHECK_OK(dg_cuda_download(hy, dy, ybytes + GUARD_BYTES, 0, &err), &err);
     CHECK(guard_intact(hy, ybytes));
@@ -179,6 +200,9 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
                               o.sw + (int64_t)j * N, (size_t)n, (size_t)N, (size_t)K);
         memset(covered + r0, 1, (size_t)n);
     }
+    for (int64_t i = 0; acc && i < rows * N; i++)
+        if (covered[i / N])
+            ref[i] += base[i];
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < N; c++) {
             const size_t i = (size_t)(r * N + c);
@@ -191,8 +215,8 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
                 g = dg_bf16_to_f32(h);
             }
             if (!covered[r]) {
-                CHECKF(isnan(g), "%s: row %lld is in no group but was written", what,
-                       (long long)r);
+                CHECKF(acc ? g == base[i] : isnan(g), "%s: row %lld is in no group but was "
+                       "written", what, (long long)r);
                 continue;
             }
             CHECKF(!isnan(g), "%s: row %lld col %lld is NaN", what, (long long)r, (long long)c);
@@ -200,25 +224,28 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
             den += (double)ref[i] * ref[i];
         }
     rel = den > 0 ? sqrt(num / den) : 0;
-    printf("# fp8 GEMM %s, %s out: relative error %.2e\n", what, y_f32 ? "fp32" : "bf16", rel);
+    printf("# fp8 GEMM %s, %s out%s: relative error %.2e\n", what, y_f32 ? "fp32" : "bf16",
+           acc ? ", accumulating" : "", rel);
     CHECK(rel <= (y_f32 ? 1e-5 : 8e-3));
     dg_cuda_free(dqa), dg_cuda_free(dsa), dg_cuda_free(dqw), dg_cuda_free(dsw), dg_cuda_free(dy);
     dg_cuda_free(doff), dg_cuda_free(dcnt);
     free_operands(&o);
-    free(hy), free(ref), free(covered);
+    free(hy), free(ref), free(covered), free(base);
     return 0;
 }
 
 static int gemm_one_group(void)
 {
+    /* (600 rows at N 128: one group's passes spread over grid.z) */
     static const int64_t shapes[][3] = {{1, 64, 64}, {37, 128, 2816}, {5, 2112, 704},
-                                        {64, 1024, 2816}};
+                                        {64, 1024, 2816}, {600, 128, 256}};
     char what[96];
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int f = 0; f < 2; f++) {
             snprintf(what, sizeof what, "%lld x %lld x %lld", (long long)shapes[i][0],
                      (long long)shapes[i][1], (long long)shapes[i][2]);
-            CHECK(product(what, shapes[i][0], 1, NULL, NULL, shapes[i][1], shapes[i][2], f) == 0);
+            CHECK(product(what, shapes[i][0], 1, NULL, NULL, shapes[i][1], shapes[i][2], f,
+                          0) == 0);
         }
     return 0;
 }
@@ -235,7 +262,19 @@ static int gemm_groups(void)
     }
     for (int f = 0; f < 2; f++)
         CHECK(product("8 groups (0-150 rows), N 128, K 704", rows + 3, 8, offsets, counts, 128,
-                      704, f) == 0);
+                      704, f, 0) == 0);
+    return 0;
+}
+
+/* Y += product: a projection's residual add (one group, and groups) */
+static int gemm_accumulate(void)
+{
+    static const int32_t counts[3] = {7, 0, 40};
+    static const int32_t offsets[3] = {2, 9, 12};
+    for (int f = 0; f < 2; f++) {
+        CHECK(product("37 x 128 x 2816", 37, 1, NULL, NULL, 128, 2816, f, 1) == 0);
+        CHECK(product("3 groups, N 64, K 192", 55, 3, offsets, counts, 64, 192, f, 1) == 0);
+    }
     return 0;
 }
 
@@ -267,6 +306,7 @@ int main(void)
     TEST_CASE(quantize);
     TEST_CASE(gemm_one_group);
     TEST_CASE(gemm_groups);
+    TEST_CASE(gemm_accumulate);
     TEST_CASE(refusals);
     return test_finish();
 }
