@@ -260,8 +260,8 @@ static int rank_init(struct grank *R, struct dg_error *err)
     rc = o->model ? dg_cuda_model_upload_rank(&R->model, o->model,
                                               o->fp32 ? DG_ELT_F32 : DG_ELT_BF16, plan, R->index,
                                               R->dev, err)
-                  : dg_cuda_model_random_rank(&R->model, o->cfg, o->seed, plan, R->index, R->dev,
-                                              err);
+                  : dg_cuda_model_random_q_rank(&R->model, o->cfg, o->seed, o->fp8, plan,
+                                                R->index, R->dev, err);
     return rc;
 }
 
@@ -1437,11 +1437,14 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
     int rc;
 
     *out = NULL;
-    if (o->max_slots < 1 || !cfg || (!o->model && o->fp32) || n > DG_TP_MAX ||
+    if (o->max_slots < 1 || !cfg || (!o->model && o->fp32) || (o->model && o->fp8) ||
+        n > DG_TP_MAX ||
         o->timeout_ms < 0 || (mp && o->process_rank >= n))
         return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %d ranks%s, %s",
                             o->max_slots, n, mp ? " (one in this process)" : "",
-                            o->model ? "a model"
+                            o->model ? (o->fp8 ? "a model with option fp8 (a checkpoint's "
+                                                 "own dtypes say which matrices are FP8)"
+                                               : "a model")
                             : !o->cfg ? "no model and no config"
                             : o->fp32 ? "random weights are bf16 only" : "a config");
     cb = calloc(1, sizeof *cb);

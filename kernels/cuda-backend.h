@@ -89,6 +89,9 @@ struct dg_cuda_backend_options {
     const struct dg_model_config *cfg;   /*   random weights of this shape */
     uint64_t seed;                       /*   made from this seed */
     int fp32;                            /* with model: fp32 elements (else bf16) */
+    int fp8;                             /* random weights: FP8 (W8A8) projections and
+                                            experts (cuda-model.h); a model's own dtypes
+                                            decide for it */
     int pin;                             /* pin each worker to a CPU near its GPU */
     int timeout_ms;                      /* watchdog per call; 0: none */
     int graphs;                          /* capture steps in CUDA graphs (see above) */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/devmem.h"
+#include "kernels/fp8-gemm.h"
 #include "kernels/nccl.h"
 #include "kernels/prof.h"
 
@@ -139,6 +140,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
                              ? cx->cm->mlp_w : c->self_conditioning_size;
     int64_t qmax = 0, kvmax = 0;
     const size_t es = (size_t)dg_elt_size(cx->cm->elt);
+    const int fp8 = cx->cm->fp8;
     size_t total = 0, off = 0, ws = 0;
     unsigned char *b;
     int rc;
@@ -177,8 +179,14 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             {(void **)&cx->soft_src, (size_t)T * sizeof(void *)},
             {(void **)&cx->pos, (size_t)T * 8},
             {(void **)&cx->moe_scratch,
-             dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, cx->cm->exp_w,
-                                   cx->cm->n_exp)},
+             fp8 ? dg_cuda_moe_scratch_q(T, (int)K, (int)H, cx->cm->exp_w, cx->cm->n_exp)
+                 : dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, cx->cm->exp_w,
+                                         cx->cm->n_exp)},
+            /* FP8: a projection's input rows quantized, the widest input */
+            {(void **)&cx->qa, fp8 ? (size_t)(T * (H > qmax ? (H > wide ? H : wide)
+                                                           : (qmax > wide ? qmax : wide)))
+                                   : 0},
+            {(void **)&cx->sa, fp8 ? (size_t)T * 4 : 0},
         };
         const size_t n_plan = sizeof plan / sizeof plan[0];
         for (size_t i = 0; i < n_plan; i++)
@@ -370,6 +378,25 @@ static int reduce(struct dg_cuda_ctx *cx, void *buf, int64_t n, enum dg_nccl_typ
 
 /* x [T, H] -> x' for layer l.  Each sequence's K/V rows go into its cache
  * at rows length..; encoder: causal, decoder: bidirectional. */
+/* y[T, N] = x[T, K] W^T (+ y when accumulate), W [N, K] nn.Linear: bf16
+ * or fp32 through cuBLAS (Ws NULL), or E4M3 with row scales Ws, x then
+ * quantized per row first (W8A8, fp8-gemm.h); y of the model's type, or
+ * fp32 when y_f32. */
+static int proj(struct dg_cuda_ctx *cx, void *y, int y_f32, int accumulate, const void *x,
+                int64_t T, const void *W, const float *Ws, int64_t N, int64_t K,
+                struct dg_error *err)
+{
+    int rc;
+    if (!Ws)
+        return dg_blas_gemm_e(cx->blas, cx->cm->elt, y, y_f32, x, T, W, 0, N, K, K, 1.0f,
+                              accumulate ? 1.0f : 0.0f, err);
+    TRY(dg_cuda_fp8_quantize_rows(cx->cm->elt, cx->qa, cx->sa, x, T, (int)K, cx->stream, cx->dev,
+                                  err));
+    return dg_cuda_fp8_gemm_acc(y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W, Ws,
+                                NULL, NULL, 1, T, N, K, (int)(T < 0x7fffffff ? T : 0x7fffffff),
+                                cx->stream, cx->dev, err);
+}
+
 static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                          struct dg_error *err)
 {
@@ -393,12 +420,10 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     /* attention: q, k, v projections, their norms and RoPE for every token */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
     MARK("norms");
-    TRY(dg_blas_gemm_e(cx->blas, e, cx->q, 0, cx->a, T, L->q_proj, 0, qdim, H, H, 1, 0, err));
-    TRY(dg_blas_gemm_e(cx->blas, e, cx->kraw, 0, cx->a, T, L->k_proj, 0, kvdim, H, H, 1, 0,
-                       err));
+    TRY(proj(cx, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, err));
+    TRY(proj(cx, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, err));
     if (L->sliding)
-        TRY(dg_blas_gemm_e(cx->blas, e, cx->vraw, 0, cx->a, T, L->v_proj, 0, kvdim, H, H, 1, 0,
-                           err));
+        TRY(proj(cx, cx->vraw, 0, 0, cx->a, T, L->v_proj, L->v_proj_s, kvdim, H, err));
     MARK("qkv projection");
     TRY(dg_cuda_rmsnorm_e(e, cx->q, cx->q, L->q_norm, T * nh, hd, eps, st, dev, err));
     TRY(dg_cuda_rmsnorm_e(e, cx->k, cx->kraw, L->k_norm, T * nkv, hd, eps, st, dev, err));
@@ -424,8 +449,7 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
      * is a partial sum, reduced in the element type */
-    TRY(dg_blas_gemm_e(cx->blas, e, cx->attn, 0, cx->o, T, L->o_proj, 0, H, qdim, qdim, 1, 0,
-                       err));
+    TRY(proj(cx, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, err));
     MARK("o projection");
     TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
     MARK("all-reduce");
@@ -436,12 +460,10 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     /* dense MLP: down(gelu(gate u) * up u), u = rms(h) */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm, T, H, eps, st, dev, err));
     MARK("norms");
-    TRY(dg_blas_gemm_e(cx->blas, e, cx->gu, 0, cx->a, T, L->mlp_gu, 0, 2 * (int64_t)I, H, H, 1,
-                       0, err));
+    TRY(proj(cx, cx->gu, 0, 0, cx->a, T, L->mlp_gu, L->mlp_gu_s, 2 * (int64_t)I, H, err));
     TRY(dg_cuda_gelu_mul_e(e, cx->act, I, cx->gu, 2 * (int64_t)I, at(cx->gu, I, e),
                            2 * (int64_t)I, T, I, st, dev, err));
-    TRY(dg_blas_gemm_e(cx->blas, e, cx->dense, 1, cx->act, T, L->mlp_down, 0, H, I, I, 1, 0,
-                       err));
+    TRY(proj(cx, cx->dense, 1, 0, cx->act, T, L->mlp_down, L->mlp_down_s, H, I, err));
     MARK("dense mlp");
 
     /* router: softmax(rms(h) * scale * H^-1/2 . W_r^T), top-K */
@@ -456,8 +478,14 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     /* experts on v = rms(h), then x' = (h + rms(rms(d) + rms(m))) * s */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm_2, T, H, eps, st, dev, err));
     MARK("norms");
-    TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp, Im,
-                      L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
+    if (L->exp_gu_s)
+        TRY(dg_cuda_moe_q(cx->blas, moe, (const uint16_t *)cx->a, T, H, cx->ridx, cx->rw, K,
+                          cm->e0, cm->n_exp, Im, (const uint8_t *)L->exp_gu, L->exp_gu_s,
+                          (const uint8_t *)L->exp_down, L->exp_down_s, cx->moe_scratch, st,
+                          err));
+    else
+        TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp,
+                          Im, L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
     MARK("experts");
     /* both partial sums (adjacent, fp32) in one all-reduce */
     TRY(reduce(cx, cx->dense, 2 * T * H, DG_NCCL_F32, err));
@@ -523,12 +551,10 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
         TRY(dg_cuda_rows_gather_e(e, cx->soft, (const void *const *)cx->soft_src, T, H, st, dev,
                                   err));
         TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
-        TRY(dg_blas_gemm_e(cx->blas, e, cx->gu, 0, cx->a, T, cm->sc_gu, 0, 2 * (int64_t)S, H, H,
-                           1, 0, err));
+        TRY(proj(cx, cx->gu, 0, 0, cx->a, T, cm->sc_gu, cm->sc_gu_s, 2 * (int64_t)S, H, err));
         TRY(dg_cuda_gelu_mul_e(e, cx->act, S, cx->gu, 2 * (int64_t)S, at(cx->gu, S, e),
                                2 * (int64_t)S, T, S, st, dev, err));
-        TRY(dg_blas_gemm_e(cx->blas, e, cx->x, 0, cx->act, T, cm->sc_down, 0, H, S, S, 1.0f,
-                           1.0f, err));
+        TRY(proj(cx, cx->x, 0, 1, cx->act, T, cm->sc_down, cm->sc_down_s, H, S, err));
         /* the weight-free post-norm applies on every step */
         TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
         MARK("self-conditioning mlp");

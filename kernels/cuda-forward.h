@@ -96,6 +96,8 @@ struct dg_cuda_ctx {
     int32_t *ridx, *ids;
     int64_t *pos;
     void *moe_scratch;
+    uint8_t *qa;              /* FP8 models: activations quantized per token (E4M3) */
+    float *sa;                /*   and their scales */
     void *attn_ws;            /* the attention's split keys (ops.h) */
     size_t attn_ws_bytes;
     /* the batch's sequences: per layer a table of their caches and the

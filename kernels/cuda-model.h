@@ -18,6 +18,15 @@
  *   RoPE inverse frequencies fp32 for both layer kinds
  * Layer scalars stay on the host.
  *
+ * FP8 (W8A8, the FP8-dynamic layout): the projections and the expert banks
+ * (q, k, v, o, the dense MLP, the experts, the self-conditioning MLP) are
+ * E4M3 bytes with an fp32 scale per row held (the *_s vectors, in the
+ * order the rows are held), activations quantized per token as they are
+ * used; embedding, norms and router stay bf16.  A matrix whose *_s is NULL
+ * is bf16.  From a checkpoint a matrix is FP8 where its tensors are
+ * F8_E4M3; random weights are FP8 throughout when asked for (each row
+ * drawn as the bf16 model's, then quantized).
+ *
  * As rank r of a tensor-parallel plan each of those holds only its slice
  * (the fields below say which), laid out the same way: embed [nv, H],
  * q_proj [nq*hd, H], k/v_proj [nkv*hd, H] (the KV heads its query heads
@@ -49,6 +58,9 @@ struct dg_cuda_layer {
     void *q_proj, *k_proj, *v_proj, *o_proj;      /* v_proj NULL on full layers */
     void *mlp_gu, *mlp_down, *router_proj;
     void *exp_gu, *exp_down;
+    /* FP8: each matrix's row scales (NULL: that matrix is bf16) */
+    float *q_proj_s, *k_proj_s, *v_proj_s, *o_proj_s, *mlp_gu_s, *mlp_down_s;
+    float *exp_gu_s, *exp_down_s;
     const float *inv_freq;                         /* the layer kind's table */
     float scalar_encoder, scalar_decoder;
 };
@@ -67,6 +79,8 @@ struct dg_cuda_model {
     enum dg_elt elt;             /* every weight's element type */
     float embed_scale;           /* sqrt(H) rounded to the checkpoint's dtype (bf16) */
     void *embed, *final_norm, *sc_pre_norm, *sc_gu, *sc_down;
+    float *sc_gu_s, *sc_down_s;  /* FP8 row scales, or NULL */
+    int fp8;                     /* some matrix is FP8 (activations quantized per token) */
     float *inv_freq_sliding, *inv_freq_full;
     struct dg_cuda_layer *layers;
     void *arena;                 /* behind every pointer above */
@@ -84,7 +98,17 @@ int dg_cuda_model_upload(struct dg_cuda_model *cm, const struct dg_model *m, enu
 int dg_cuda_model_random(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
                          uint64_t seed, int dev, struct dg_error *err);
 
-/* Rank `rank` of plan only (plan NULL: the whole model, as above). */
+/* Random FP8 weights (fp8 non-zero: every projection and expert matrix
+ * E4M3 with row scales, see the top of this file) or bf16 ones. */
+int dg_cuda_model_random_q_rank(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
+                                uint64_t seed, int fp8, const struct dg_tp_plan *plan, int rank,
+                                int dev, struct dg_error *err);
+
+/* Rank `rank` of plan only (plan NULL: the whole model, as above).  An FP8
+ * checkpoint uploads as FP8 (elt must be bf16); it needs per-token
+ * activation quantization (W8A8), and every FP8 matrix as held here must
+ * fit the FP8 GEMM (rows and columns multiples of 64): else
+ * DG_E_UNSUPPORTED. */
 int dg_cuda_model_upload_rank(struct dg_cuda_model *cm, const struct dg_model *m,
                               enum dg_elt elt, const struct dg_tp_plan *plan, int rank, int dev,
                               struct dg_error *err);
@@ -97,6 +121,9 @@ int dg_cuda_model_random_rank(struct dg_cuda_model *cm, const struct dg_model_co
 uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt);
 uint64_t dg_cuda_model_bytes_rank(const struct dg_model_config *cfg, enum dg_elt elt,
                                   const struct dg_tp_plan *plan, int rank);
+/* The same for FP8 weights throughout (fp8 non-zero) or bf16. */
+uint64_t dg_cuda_model_bytes_q_rank(const struct dg_model_config *cfg, int fp8,
+                                    const struct dg_tp_plan *plan, int rank);
 
 void dg_cuda_model_free(struct dg_cuda_model *cm);
 

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/fp8-gemm.h"
 #include "kernels/moe-gemm.h"
 
 #define ALIGN(x) (((x) + 255) & ~(size_t)255)
@@ -41,11 +42,13 @@ static int64_t max_tiles(int64_t picks, int n_exp, int ts)
 struct moe_layout {
     int ts;
     int64_t tiles, rows;         /* tile bound, padded rows (tiles x ts) */
-    size_t counts, cursor, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys, total;
+    size_t counts, cursor, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys;
+    size_t q, qs, total;         /* FP8: the quantized rows (of H or I bytes) and their scales */
 };
 
-/* esz: bytes of one element of the gathered rows and the intermediates */
-static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_t esz)
+/* esz: bytes of one element of the gathered rows and the intermediates;
+ * fp8: room for the rows quantized to E4M3 */
+static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_t esz, int fp8)
 {
     const int64_t S = T * K;
     struct moe_layout l;
@@ -63,7 +66,9 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
     l.ys = l.hh + ALIGN(esz * (size_t)l.rows * (size_t)I);
     l.dummy_gu = l.ys + ALIGN(4 * (size_t)l.rows * (size_t)H);
     l.dummy_ys = l.dummy_gu + ALIGN(esz * (size_t)l.ts * 2 * (size_t)I);
-    l.total = l.dummy_ys + ALIGN(4 * (size_t)l.ts * (size_t)H);
+    l.q = l.dummy_ys + ALIGN(4 * (size_t)l.ts * (size_t)H);
+    l.qs = l.q + (fp8 ? ALIGN((size_t)l.rows * (size_t)(H > I ? H : I)) : 0);
+    l.total = l.qs + (fp8 ? ALIGN(4 * (size_t)l.rows) : 0);
     return l;
 }
 
@@ -72,7 +77,12 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
 extern "C" size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I,
                                         int n_exp)
 {
-    return layout(T > 0 ? T : 1, K, H, I, n_exp, (size_t)dg_elt_size(e)).total;
+    return layout(T > 0 ? T : 1, K, H, I, n_exp, (size_t)dg_elt_size(e), 0).total;
+}
+
+extern "C" size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp)
+{
+    return layout(T > 0 ? T : 1, K, H, I, n_exp, 2, 1).total;
 }
 
 extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
@@ -206,10 +216,10 @@ __global__ static void combine_kernel(float *out, const float *ys, const int32_t
  * the host computes depends on the routing: the launches and their shapes
  * are a function of (T, K, H, I, n_exp) alone, so the sequence can be
  * captured in a CUDA graph. */
-extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x,
-                             int64_t T, int H, const int32_t *idx, const float *w, int K, int e0,
-                             int n_exp, int I, const void *W_gu, const void *W_down,
-                             void *scratch, dg_stream_t stream, struct dg_error *err)
+static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
+               const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+               const void *W_gu, const float *S_gu, const void *W_down, const float *S_down,
+               void *scratch, dg_stream_t stream, struct dg_error *err)
 {
     const int dev = dg_blas_device(b);
     const int64_t esz = dg_elt_size(e);
@@ -221,14 +231,18 @@ extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const
     void **ptrs;
     int rc = 0;
 
-    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: element type %d", dev, (int)e);
+    if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || (S_gu && e != DG_ELT_BF16) || !S_gu != !S_down)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: element type %d%s", dev, (int)e,
+                            S_gu || S_down ? " with FP8 experts" : "");
+    if (S_gu && (!dg_cuda_fp8_gemm_fits(2 * (int64_t)I, H) || !dg_cuda_fp8_gemm_fits(H, I)))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: FP8 experts of width %d over %d "
+                            "(the FP8 GEMM needs multiples of 64)", dev, I, H);
     if (T <= 0)
         return 0;
     if (H < 1 || I < 1 || K < 1 || n_exp < 1 || n_exp > 1024 || e0 < 0 || picks > 0x7fffffff)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: %lld tokens x top-%d, H %d, I %d, "
                             "%d experts", dev, (long long)T, K, H, I, n_exp);
-    l = layout(T, K, H, I, n_exp, (size_t)esz);
+    l = layout(T, K, H, I, n_exp, (size_t)esz, S_gu != NULL);
     counts = (int32_t *)(sc + l.counts);
     cursor = (int32_t *)(sc + l.cursor);
     offsets = (int32_t *)(sc + l.offsets);
@@ -262,8 +276,26 @@ extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const
                 (__nv_bfloat16 *)(sc + l.xs), (const __nv_bfloat16 *)x, slot_of, K, H);
         DG_LAUNCH_CHECK();
     }
-    if (e == DG_ELT_BF16 && picks <= 128 * (int64_t)n_exp && dg_cuda_grouped_gemm_fits(2 * I, H) &&
-        dg_cuda_grouped_gemm_fits(H, I)) {
+    if (S_gu) {
+        /* FP8 (W8A8): each expert's rows quantized per row, the grouped
+         * E4M3 GEMM with the weights' row scales, the gelu output quantized
+         * again for the down projection (fp8-gemm.h) */
+        const int hint = (int)((picks + n_exp - 1) / n_exp);
+        uint8_t *q = (uint8_t *)(sc + l.q);
+        float *qs = (float *)(sc + l.qs);
+        if ((rc = dg_cuda_fp8_quantize_rows(e, q, qs, sc + l.xs, l.rows, H, stream, dev, err)) < 0 ||
+            (rc = dg_cuda_fp8_gemm(sc + l.gu, 0, q, qs, (const uint8_t *)W_gu, S_gu, offsets,
+                                   counts, n_exp, l.rows, 2 * (int64_t)I, H, hint, stream, dev,
+                                   err)) < 0 ||
+            (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, 2 * (int64_t)I,
+                                     sc + l.gu + I * esz, 2 * (int64_t)I, l.rows, I, stream, dev,
+                                     err)) < 0 ||
+            (rc = dg_cuda_fp8_quantize_rows(e, q, qs, sc + l.hh, l.rows, I, stream, dev, err)) < 0 ||
+            (rc = dg_cuda_fp8_gemm(sc + l.ys, 1, q, qs, (const uint8_t *)W_down, S_down, offsets,
+                                   counts, n_exp, l.rows, H, I, hint, stream, dev, err)) < 0)
+            goto out;
+    } else if (e == DG_ELT_BF16 && picks <= 128 * (int64_t)n_exp &&
+               dg_cuda_grouped_gemm_fits(2 * I, H) && dg_cuda_grouped_gemm_fits(H, I)) {
         /* few rows an expert: one grouped GEMM each, every weight read
          * once (moe-gemm.h) */
         const int hint = (int)((picks + n_exp - 1) / n_exp);
@@ -296,6 +328,28 @@ extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const
     DG_LAUNCH_CHECK();
 out:
     return rc;
+}
+
+extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x,
+                             int64_t T, int H, const int32_t *idx, const float *w, int K, int e0,
+                             int n_exp, int I, const void *W_gu, const void *W_down,
+                             void *scratch, dg_stream_t stream, struct dg_error *err)
+{
+    return moe(b, e, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, NULL, W_down, NULL, scratch,
+               stream, err);
+}
+
+extern "C" int dg_cuda_moe_q(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
+                             const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+                             const uint8_t *W_gu, const float *S_gu, const uint8_t *W_down,
+                             const float *S_down, void *scratch, dg_stream_t stream,
+                             struct dg_error *err)
+{
+    if (!S_gu || !S_down)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: FP8 experts without their scales",
+                            dg_blas_device(b));
+    return moe(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, S_gu, W_down, S_down,
+               scratch, stream, err);
 }
 
 extern "C" int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,

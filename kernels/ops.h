@@ -317,6 +317,17 @@ int dg_blas_gemm_batched_e(struct dg_blas *b, enum dg_elt e, void *const *y, int
                            int64_t K, int64_t ldw, int64_t count, struct dg_error *err);
 /* x, W_gu, W_down and the intermediates of type e. */
 size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I, int n_exp);
+/* FP8 experts (W8A8, fp8-gemm.h): W_gu [n_exp, 2I, H] and W_down
+ * [n_exp, H, I] E4M3 bytes with fp32 scales per row, S_gu [n_exp * 2I] and
+ * S_down [n_exp * H]; each expert's gathered rows, then the gelu output,
+ * quantized per row; bf16 x; otherwise as dg_cuda_moe_e, with the scratch
+ * dg_cuda_moe_scratch_q gives.  2I and H, H and I must fit the FP8 GEMM
+ * (DG_E_INVAL). */
+size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp);
+int dg_cuda_moe_q(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
+                  const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+                  const uint8_t *W_gu, const float *S_gu, const uint8_t *W_down,
+                  const float *S_down, void *scratch, dg_stream_t stream, struct dg_error *err);
 int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
                   const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
                   const void *W_gu, const void *W_down, void *scratch, dg_stream_t stream,

@@ -24,6 +24,18 @@
  *     its own; the batch against a sequence run alone on the GPU (prefilled
  *     in two chunks) within 1e-3; refused batches change nothing.
  *   out of memory: 4 TiB of device memory is DG_E_NOMEM, and not sticky.
+ *   fp8: a small model whose every matrix fits the FP8 GEMM, quantized by
+ *     dgemma-eval quantize's code (W8A8), on the GPU against the CPU's W8A8
+ *     reference.  The two quantize activations that differ by bf16
+ *     rounding, so an E4M3 rounding can go the other way: about one
+ *     element in 2^-9 / 2^-4 = 32 sits that close to a rounding boundary,
+ *     and it moves by one E4M3 step (2^-3 of itself); that is about
+ *     2^-3 / sqrt(32) = 2.2% of a projection's output.  Bound: 0.1
+ *     relative and 90% of argmax rows after one layer with every expert,
+ *     the whole model shown.  A weights-only FP8 checkpoint and one whose
+ *     matrices do not fit are refused (DG_E_UNSUPPORTED); random FP8
+ *     weights are the random bf16 weights of the same seed quantized,
+ *     byte for byte (dg_fp8_quantize_rows).
  * Exit 77 where there is no GPU.
  */
 #include <math.h>
@@ -43,7 +55,9 @@
 #include "lib/kv-cache.h"
 #include "lib/model-synth.h"
 #include "lib/model-weights.h"
+#include "lib/fp8.h"
 #include "lib/npy.h"
+#include "lib/quantize.h"
 #include "lib/ref-ops.h"
 #include "lib/sampler.h"
 #include "tests/gpu/gpu-util.h"
@@ -51,6 +65,11 @@
 
 #define REL_BOUND 2e-2
 #define ARGMAX_BOUND 0.99
+#define FP8_REL_BOUND 0.1
+#define FP8_ARGMAX_BOUND 0.9
+
+/* the bounds depth_profile checks (the FP8 case loosens them) */
+static double rel_bound = REL_BOUND, argmax_bound = ARGMAX_BOUND;
 
 /* ||g - r|| / ||r|| over n values (inf when g holds a NaN); *agree gets
  * the rows (of cols) whose argmax is the same. */
@@ -138,20 +157,28 @@ static int gpu_soft(struct dg_cuda_ctx *cx, const float *z, int64_t CL, void *so
 }
 
 /* the "small" preset with bf16 random weights (so both sides read the
- * same weight values) in the test's scratch directory */
-static const char *small_bf16(struct dg_error *err, int full_first)
+ * same weight values) in the test's scratch directory; variant 1: a full
+ * layer first; 2: every matrix a multiple of 64 each way (heads of 32,
+ * full heads of 64, experts of 64), which the FP8 GEMM needs */
+static const char *small_bf16(struct dg_error *err, int variant)
 {
-    static int made[2];
+    static const char *const names[3] = {"small-bf16", "small-bf16-full-first",
+                                         "small-bf16-fp8-shapes"};
+    static int made[3];
     struct dg_model_config c;
     struct dg_synth_options o;
     struct dg_synth_plan p;
-    const char *dir = test_path(full_first ? "small-bf16-full-first" : "small-bf16");
-    if (made[full_first])
+    const char *dir = test_path(names[variant]);
+    if (made[variant])
         return dir;
     dg_model_config_preset("small", &c, NULL);
-    if (full_first) {
+    if (variant == 1) {
         /* a full-attention layer first (shapes: global head size, KV heads) */
         c.layer_kind[0] = DG_LAYER_FULL;
+    } else if (variant == 2) {
+        c.head_dim = 32;
+        c.global_head_dim = 64;
+        c.moe_intermediate_size = 64;
     }
     dg_synth_options_default(&o);
     o.dtype = DG_DTYPE_BF16;
@@ -163,7 +190,7 @@ static const char *small_bf16(struct dg_error *err, int full_first)
         return NULL;
     }
     dg_synth_plan_free(&p);
-    made[full_first] = 1;
+    made[variant] = 1;
     return dir;
 }
 
@@ -524,7 +551,7 @@ static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int
                    (long long)agree, (long long)CL, (long long)wr, worst);
         }
         if (d <= check_upto)
-            bad += e > REL_BOUND || (double)agree < ARGMAX_BOUND * (double)CL;
+            bad += e > rel_bound || (double)agree < argmax_bound * (double)CL;
         dg_cuda_kv_free(&gkv);
         dg_cuda_ctx_free(&cx);
         dg_cuda_model_free(&gm);
@@ -680,6 +707,106 @@ static int case_rounding(void)
 
 /* Asking for more device memory than the GPU has is DG_E_NOMEM with the
  * sizes, and not sticky: the next allocation and pass work. */
+/* ---- FP8 ------------------------------------------------------------------------- */
+
+static int case_fp8(void)
+{
+    struct dg_error err = {0};
+    struct dg_quantize_report rep;
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_cuda_model gm, b16, q8;
+    const char *src = small_bf16(&err, 2), *w8a8 = test_path("small-w8a8");
+    const char *wonly = test_path("small-fp8-weights-only");
+    const char *nofit = test_path("small-fp8-misfit");
+    int bad = 0;
+
+    CHECK_OK(src ? 0 : -1, &err);
+    CHECK_OK(dg_quantize_dir(src, w8a8, 0, &rep, &err), &err);
+    CHECK(rep.fp8_tensors > 0);
+    CHECK_OK(dg_quantize_dir(src, wonly, 1, &rep, &err), &err);
+    /* the GPU against the CPU's W8A8 reference */
+    rel_bound = FP8_REL_BOUND;
+    argmax_bound = FP8_ARGMAX_BOUND;
+    bad += depth_profile(w8a8, "small-w8a8", DG_ELT_BF16, 100, 100, 1, 1) != 0;
+    bad += depth_profile(w8a8, "small-w8a8", DG_ELT_BF16, 100, 30, 0, -1) != 0;
+    rel_bound = REL_BOUND;
+    argmax_bound = ARGMAX_BOUND;
+    CHECK(bad == 0);
+
+    /* refusals: weights only; fp32 elements; matrices the GEMM does not fit */
+    CHECK_OK(dg_model_load(wonly, &ck, &m, &err), &err);
+    CHECK_FAILS(dg_cuda_model_upload(&gm, &m, DG_ELT_BF16, 0, &err), &err, DG_E_UNSUPPORTED,
+                "weights only");
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    CHECK_OK(dg_model_load(w8a8, &ck, &m, &err), &err);
+    CHECK_FAILS(dg_cuda_model_upload(&gm, &m, DG_ELT_F32, 0, &err), &err, DG_E_UNSUPPORTED,
+                "beside fp32");
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    {
+        const char *sm = small_bf16(&err, 0); /* experts of 32 */
+        CHECK_OK(sm ? 0 : -1, &err);
+        CHECK_OK(dg_quantize_dir(sm, nofit, 0, &rep, &err), &err);
+        CHECK_OK(dg_model_load(nofit, &ck, &m, &err), &err);
+        CHECK_FAILS(dg_cuda_model_upload(&gm, &m, DG_ELT_BF16, 0, &err), &err,
+                    DG_E_UNSUPPORTED, "multiples of 64");
+        dg_model_free(&m);
+        dg_checkpoint_close(&ck);
+    }
+
+    /* random FP8 weights: the random bf16 ones of the same seed, quantized */
+    CHECK_OK(dg_model_load(src, &ck, &m, &err), &err);
+    CHECK_OK(dg_cuda_model_random_q_rank(&b16, &m.cfg, 77, 0, NULL, 0, 0, &err), &err);
+    CHECK_OK(dg_cuda_model_random_q_rank(&q8, &m.cfg, 77, 1, NULL, 0, 0, &err), &err);
+    CHECK(q8.fp8 && !b16.fp8 && q8.bytes < b16.bytes);
+    {
+        const struct dg_cuda_layer *Lb = &b16.layers[1], *Lq = &q8.layers[1];
+        const struct {
+            const void *b, *q;
+            const float *s;
+            int64_t rows, cols;
+            const char *name;
+        } mats[] = {
+            {Lb->q_proj, Lq->q_proj, Lq->q_proj_s, (int64_t)q8.nq * Lq->hd, m.cfg.hidden_size,
+             "q_proj"},
+            {Lb->exp_down, Lq->exp_down, Lq->exp_down_s,
+             (int64_t)q8.n_exp * m.cfg.hidden_size, q8.exp_w, "expert down"},
+            {b16.sc_gu, q8.sc_gu, q8.sc_gu_s, 2 * (int64_t)m.cfg.self_conditioning_size,
+             m.cfg.hidden_size, "self-conditioning gate/up"},
+        };
+        CHECK(Lq->q_proj_s && Lq->exp_down_s && q8.sc_gu_s && !Lb->q_proj_s);
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            const int64_t n = mats[i].rows * mats[i].cols;
+            uint16_t *hb = malloc(sizeof *hb * (size_t)n);
+            float *f = malloc(sizeof *f * (size_t)n), *hs = malloc(sizeof *hs * (size_t)mats[i].rows);
+            float *rs = malloc(sizeof *rs * (size_t)mats[i].rows);
+            uint8_t *hq = malloc((size_t)n), *rq = malloc((size_t)n);
+            CHECK(hb && f && hs && rs && hq && rq);
+            CHECK_OK(dg_cuda_download(hb, mats[i].b, sizeof *hb * (size_t)n, 0, &err), &err);
+            CHECK_OK(dg_cuda_download(hq, mats[i].q, (size_t)n, 0, &err), &err);
+            CHECK_OK(dg_cuda_download(hs, mats[i].s, sizeof *hs * (size_t)mats[i].rows, 0, &err),
+                     &err);
+            for (int64_t j = 0; j < n; j++)
+                f[j] = dg_bf16_to_f32(hb[j]);
+            dg_fp8_quantize_rows(f, (size_t)mats[i].rows, (size_t)mats[i].cols,
+                                 (size_t)mats[i].cols, rq, rs);
+            CHECKF(memcmp(hq, rq, (size_t)n) == 0 &&
+                   memcmp(hs, rs, sizeof *hs * (size_t)mats[i].rows) == 0,
+                   "random FP8 %s is not the bf16 one quantized", mats[i].name);
+            printf("# random FP8 %s: %lld bytes and %lld scales equal to the bf16 one "
+                   "quantized\n", mats[i].name, (long long)n, (long long)mats[i].rows);
+            free(hb), free(f), free(hs), free(rs), free(hq), free(rq);
+        }
+    }
+    dg_cuda_model_free(&b16);
+    dg_cuda_model_free(&q8);
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    return 0;
+}
+
 static int case_out_of_memory(void)
 {
     struct dg_error err = {0};
@@ -712,6 +839,7 @@ int main(void)
         test_run(cur, case_golden);
     }
     TEST_CASE(case_batch);
+    TEST_CASE(case_fp8);
     TEST_CASE(case_out_of_memory);
     return test_finish();
 }
