@@ -3,7 +3,7 @@
  * CUDA backend, at the full 26B-A4B shapes with random bf16 weights made
  * on the GPU: the workload of the performance harness (bench/perf/).
  *
- * usage: bench-generate [--tp N] [--eager] [--profile] [--no-ceilings]
+ * usage: bench-generate [--tp N] [--fp8] [--eager] [--profile] [--no-ceilings]
  *                       [--json FILE] [--prompt P] [--canvases C] [--steps S]
  *                       [--reps R] [--preset NAME] BATCH...
  *   (defaults: tp 1, CUDA graphs on, prompt 512, 4 canvases, 16 steps, 1
@@ -30,6 +30,12 @@
  * (2 x multiply-adds of the projections, experts, LM head and attention)
  * over the measured bf16 GEMM rate; the larger is the floor.  At batch 1
  * the denoising step is bandwidth-bound by a factor of about 5.
+ *
+ * --fp8: the projections and experts in E4M3 with per-row scales and
+ * activations quantized per token (W8A8, kernels/cuda-model.h), made from
+ * the same random values; the floor counts those weights at one byte
+ * (the operations still at the measured bf16 rate: the batch-1 step is
+ * bandwidth-bound).
  *
  * --profile: the backend runs eagerly and times every stage of rank 0's
  * passes on the device (kernels/prof.h); a table per batch gives each
@@ -125,8 +131,11 @@ struct pass_floor {
 };
 
 static struct pass_floor pass_floor(const struct dg_model_config *c, int B, int64_t ctx,
-                                    int decoder, int tp)
+                                    int decoder, int tp, int fp8)
 {
+    /* bytes of a projection or expert weight: E4M3 with FP8 (the row
+     * scales are 4 / K of that), else bf16 */
+    const double wb = fp8 ? 1.0 : 2.0;
     const double H = c->hidden_size, V = (double)c->vocab_size, E = c->num_experts;
     const double K = c->top_k_experts, Im = c->moe_intermediate_size, I = c->intermediate_size;
     const double CL = c->canvas_length, T = B * CL, S = c->self_conditioning_size;
@@ -141,21 +150,21 @@ static struct pass_floor pass_floor(const struct dg_model_config *c, int B, int6
         /* keys each query sees: the committed window and its own block */
         const double keys = (full ? (double)ctx : fmin((double)ctx, W - 1)) + CL;
         const double touched = E * (1.0 - pow(1.0 - K / E, T));
-        f.attn_proj.bytes += 2.0 * (qkv + o);
+        f.attn_proj.bytes += wb * (qkv + o);
         f.attn_proj.flops += 2.0 * T * (qkv + o);
         f.attention.bytes += B * keys * nkv * hd * 2.0 * 2.0;
         f.attention.flops += 4.0 * T * keys * nh * hd;
-        f.dense.bytes += 2.0 * 3.0 * I * H;
+        f.dense.bytes += wb * 3.0 * I * H;
         f.dense.flops += 2.0 * T * 3.0 * I * H;
         f.router.bytes += 2.0 * E * H;
         f.router.flops += 2.0 * T * E * H;
-        f.experts.bytes += touched * 2.0 * 3.0 * Im * H;
+        f.experts.bytes += touched * wb * 3.0 * Im * H;
         f.experts.flops += 2.0 * T * K * 3.0 * Im * H;
     }
     if (decoder) {
         f.lm_head.bytes = 2.0 * V * H + 4.0 * T * V;
         f.lm_head.flops = 2.0 * T * V * H;
-        f.sc_mlp.bytes = 2.0 * 3.0 * S * H;
+        f.sc_mlp.bytes = wb * 3.0 * S * H;
         f.sc_mlp.flops = 2.0 * T * 3.0 * S * H;
         f.sampler.bytes = 4.0 * T * V;          /* the logits read once */
         f.probs_pe.bytes = 4.0 * T * V + 2.0 * V * H; /* logits, embedding */
@@ -185,6 +194,7 @@ static double floor_ms(struct floor_parts p, const struct dg_ceilings *ce)
 struct run_cfg {
     int tp, graphs, profile, canvases, steps, reps;
     int64_t prompt;
+    int fp8;
 };
 
 struct batch_result {
@@ -313,8 +323,8 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
         double den = 0, com = 0;
         for (int k = 0; k < rc->canvases; k++) {
             const int64_t ctx = P + (int64_t)k * CL;
-            struct pass_floor fd = pass_floor(c, B, ctx, 1, rc->tp);
-            struct pass_floor fe = pass_floor(c, B, ctx, 0, rc->tp);
+            struct pass_floor fd = pass_floor(c, B, ctx, 1, rc->tp, rc->fp8);
+            struct pass_floor fe = pass_floor(c, B, ctx, 0, rc->tp, rc->fp8);
             den += floor_ms(fd.total, ce) / rc->canvases;
             com += floor_ms(fe.total, ce) / rc->canvases;
         }
@@ -343,7 +353,7 @@ static void print_profile(const struct dg_model_config *c, const struct run_cfg 
 {
     const struct pass_floor f = pass_floor(c, r->B, rc->prompt + (int64_t)(rc->canvases - 1) *
                                                                   c->canvas_length / 2,
-                                           1, rc->tp);
+                                           1, rc->tp, rc->fp8);
     const double steps = (double)r->n_steps * rc->reps;
     double total = 0;
     printf("\nprofile, batch %d: device ms per denoising step (eager, rank 0), mean over %d "
@@ -399,6 +409,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
                           "tokens_per_s_with_prefill", r->tps_incl, "steps_per_canvas",
                           r->n_steps / (rc->canvases ? rc->canvases : 1));
     json_t *mem = json_array(), *prof = json_object();
+    json_object_set_new(o, "weights", json_string(rc->fp8 ? "fp8" : "bf16"));
     for (int q = 0; q < n_ranks && q < 8; q++)
         json_array_append_new(mem, json_real(r->gib_rank[q]));
     json_object_set_new(o, "gpu_gib_per_rank", mem);
@@ -414,7 +425,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: bench-generate [--tp N] [--eager] [--profile] [--no-ceilings] "
+    fprintf(stderr, "usage: bench-generate [--tp N] [--fp8] [--eager] [--profile] [--no-ceilings] "
                     "[--json FILE] [--prompt P] [--canvases C] [--steps S] [--reps R] "
                     "[--preset NAME] BATCH...\n");
     return 2;
@@ -422,7 +433,7 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512};
+    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0};
     const char *json_path = NULL, *preset = "26b";
     int ceilings = 1, batches[16], nb = 0, maxb = 1, status = 0;
     struct dg_model_config cfg;
@@ -442,6 +453,8 @@ int main(int argc, char **argv)
             rc.graphs = 0;
         } else if (!strcmp(a, "--profile")) {
             rc.profile = 1;
+        } else if (!strcmp(a, "--fp8")) {
+            rc.fp8 = 1;
         } else if (!strcmp(a, "--no-ceilings")) {
             ceilings = 0;
         } else if (v && !strcmp(a, "--tp")) {
@@ -503,6 +516,7 @@ int main(int argc, char **argv)
     o.pin = 1;
     o.graphs = rc.graphs;
     o.profile = rc.profile;
+    o.fp8 = rc.fp8;
     o.max_slots = maxb;
     o.cfg = &cfg;
     o.seed = 1;
@@ -511,10 +525,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-generate: %s\n", err.msg);
         return 1;
     }
-    printf("tp %d, CUDA graphs %s%s; preset %s, random bf16 weights made in %.0f ms; prompt "
+    printf("tp %d, CUDA graphs %s%s; preset %s, random %s weights made in %.0f ms; prompt "
            "%lld, %d canvases of %d, %d steps each; %d rep(s) after one unrecorded\n\n",
            rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
-           preset, bench_now_ms() - t0, (long long)rc.prompt, rc.canvases, cfg.canvas_length,
+           preset, rc.fp8 ? "FP8 (W8A8)" : "bf16", bench_now_ms() - t0, (long long)rc.prompt,
+           rc.canvases, cfg.canvas_length,
            rc.steps, rc.reps);
     tm.orig = b->ops;
     ops = *b->ops;
@@ -534,6 +549,7 @@ int main(int argc, char **argv)
             }
             json_array_append_new(rows, result_json(&rc, &res[i], rc.tp));
         }
+        printf("%s weights\n", rc.fp8 ? "FP8 (W8A8)" : "bf16");
         printf("| TP | B | tokens | denoise ms | roofline ms | x roofline | condition ms | "
                "commit ms | roofline ms | prefill ms | tok/s | tok/s with prefill | GiB/rank |\n");
         printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");

@@ -3,7 +3,8 @@
 
 usage: report.py OUTDIR
 
-Reads OUTDIR/tp1.json (and tp2.json if there), profile.json and hf.json;
+Reads OUTDIR/tp1.json (and tp1-fp8.json, tp2.json if there), profile.json
+and hf.json;
 prints one table (per engine, TP and batch: the denoising and commit
 forwards, the roofline of the denoising forward measured in the same run,
 committed tokens/s without and with the prefill, GPU memory per rank, the
@@ -27,48 +28,55 @@ def load(path):
 
 def main():
     out = sys.argv[1]
-    runs = {}
+    runs = {}  # (tp, weights) -> bench-generate's JSON
     for tp in (1, 2, 4):
-        d = load(os.path.join(out, f"tp{tp}.json"))
-        if d:
-            runs[tp] = d
+        for w, suffix in (("bf16", ""), ("fp8", "-fp8")):
+            d = load(os.path.join(out, f"tp{tp}{suffix}.json"))
+            if d:
+                runs[(tp, w)] = d
     hf = load(os.path.join(out, "hf.json")) or {"runs": []}
     prof = load(os.path.join(out, "profile.json"))
     hf_by_b = {r["batch"]: r for r in hf["runs"]}
-    ceil = next(iter(runs.values()))["ceilings"] if runs else {}
+    ceil = next((d["ceilings"] for d in runs.values() if "ceilings" in d), {})
+    bf16_tps = {(tp, r["batch"]): r["tokens_per_s"]
+                for (tp, w), d in runs.items() if w == "bf16" for r in d["runs"]}
     print()
     print(f"ceilings: copy {ceil.get('copy_gbps', 0):.0f} GB/s, bf16 GEMM "
           f"{ceil.get('gemm_tflops', 0):.0f} TFLOP/s; prompt 512, 4 canvases of 256, 16 steps")
     print()
-    print("| engine | TP | B | denoise ms | roofline ms | % of roofline | commit ms | "
-          "tok/s | tok/s with prefill | GiB/rank | x HF tok/s |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| engine | weights | TP | B | denoise ms | roofline ms | % of roofline | commit ms | "
+          "tok/s | tok/s with prefill | GiB/rank | x HF tok/s | x bf16 tok/s |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     table = []
-    for tp, d in runs.items():
+    for (tp, w), d in runs.items():
         for r in d["runs"]:
             h = hf_by_b.get(r["batch"])
             ratio = r["tokens_per_s"] / h["tokens_per_s"] if h else None
-            row = dict(engine="dgemma", tp=tp, batch=r["batch"], denoise_ms=r["denoise_ms"],
+            base = bf16_tps.get((tp, r["batch"])) if w == "fp8" else None
+            row = dict(engine="dgemma", weights=w, tp=tp, batch=r["batch"],
+                       denoise_ms=r["denoise_ms"],
                        roofline_ms=r["roofline_denoise_ms"],
                        pct_roofline=100 * r["roofline_denoise_ms"] / r["denoise_ms"],
                        commit_ms=r["commit_ms"], tokens_per_s=r["tokens_per_s"],
                        tokens_per_s_with_prefill=r["tokens_per_s_with_prefill"],
-                       gib_per_rank=max(r["gpu_gib_per_rank"]), ratio_hf=ratio)
+                       gib_per_rank=max(r["gpu_gib_per_rank"]), ratio_hf=ratio,
+                       ratio_bf16=r["tokens_per_s"] / base if base else None)
             table.append(row)
-            print(f"| dgemma | {tp} | {r['batch']} | {r['denoise_ms']:.2f} | "
+            print(f"| dgemma | {w} | {tp} | {r['batch']} | {r['denoise_ms']:.2f} | "
                   f"{r['roofline_denoise_ms']:.2f} | {row['pct_roofline']:.0f}% | "
                   f"{r['commit_ms']:.2f} | {r['tokens_per_s']:.0f} | "
                   f"{r['tokens_per_s_with_prefill']:.0f} | {row['gib_per_rank']:.1f} | "
-                  + (f"{ratio:.2f}" if ratio else "") + " |")
+                  + (f"{ratio:.2f}" if ratio else "") + " | "
+                  + (f"{row['ratio_bf16']:.2f}" if row["ratio_bf16"] else "") + " |")
     for h in hf["runs"]:
-        table.append(dict(engine="transformers", tp=1, batch=h["batch"],
+        table.append(dict(engine="transformers", weights="bf16", tp=1, batch=h["batch"],
                           denoise_ms=h["denoise_ms"], commit_ms=h["commit_ms"],
                           tokens_per_s=h["tokens_per_s"],
                           tokens_per_s_with_prefill=h["tokens_per_s_with_prefill"],
                           gib_per_rank=h["gpu_gib"]))
-        print(f"| transformers 5.17 | 1 | {h['batch']} | {h['denoise_ms']:.2f} | | | "
+        print(f"| transformers 5.17 | bf16 | 1 | {h['batch']} | {h['denoise_ms']:.2f} | | | "
               f"{h['commit_ms'] or 0:.2f} | {h['tokens_per_s']:.0f} | "
-              f"{h['tokens_per_s_with_prefill']:.0f} | {h['gpu_gib']:.1f} | 1.00 |")
+              f"{h['tokens_per_s_with_prefill']:.0f} | {h['gpu_gib']:.1f} | 1.00 | |")
     share = None
     if prof and prof["runs"] and "profile_ms_per_step" in prof["runs"][0]:
         p = prof["runs"][0]["profile_ms_per_step"]
@@ -90,10 +98,11 @@ def main():
         print("report.py: no matplotlib: no plot", file=sys.stderr)
         return 0
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for tp in runs:
-        rs = [r for r in table if r["engine"] == "dgemma" and r["tp"] == tp]
-        ax.plot([r["batch"] for r in rs], [r["tokens_per_s"] for r in rs], "o-",
-                label=f"dgemma TP={tp}")
+    for (tp, w) in runs:
+        rs = [r for r in table
+              if r["engine"] == "dgemma" and r["tp"] == tp and r["weights"] == w]
+        ax.plot([r["batch"] for r in rs], [r["tokens_per_s"] for r in rs],
+                "o-" if w == "bf16" else "^-", label=f"dgemma TP={tp} {w}")
     hs = [r for r in table if r["engine"] == "transformers"]
     ax.plot([r["batch"] for r in hs], [r["tokens_per_s"] for r in hs], "s--",
             label="transformers 5.17 (TP=1)")
@@ -101,7 +110,7 @@ def main():
     ax.set_yscale("log")
     ax.set_xlabel("batch (requests)")
     ax.set_ylabel("committed tokens/s (excluding prefill)")
-    ax.set_title("DiffusionGemma 26B-A4B, random bf16 weights, H200")
+    ax.set_title("DiffusionGemma 26B-A4B, random weights, H200")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -8,6 +8,7 @@
 #   - the ceilings (device copy bandwidth, bf16 GEMM rate) and dgemma's
 #     whole generations at TP=1 for every batch size (bench-generate:
 #     prompt 512, 4 canvases of 256, 16 denoising steps each, CUDA graphs);
+#   - the same with FP8 weights (W8A8: --fp8), TP=1;
 #   - the same at TP=2 where two GPUs are visible;
 #   - a profiled TP=1 run at batch 1 (each stage's time against its floor);
 #   - Hugging Face transformers on the same workload (bench/perf/hf_generate.py);
@@ -27,6 +28,8 @@ ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader \
     > "$out/gpu.txt" 2>&1
 "$bin" --json "$out/tp1.json" $batches 2>&1 | tee "$out/tp1.log" || exit 1
+"$bin" --fp8 --json "$out/tp1-fp8.json" $batches 2>&1 | tee "$out/tp1-fp8.log" ||
+    exit 1
 if [ "$ngpu" -ge 2 ]; then
     "$bin" --tp 2 --json "$out/tp2.json" $batches 2>&1 | tee "$out/tp2.log" || exit 1
 fi
