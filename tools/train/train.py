@@ -34,7 +34,7 @@ hash) are never trained on.
 
 usage:
   train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
-                 [--qk-norm-init X] [--embed-std X] [--print-every N]
+                 [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
   train.py plot --log CSV --png FILE
 """
@@ -246,6 +246,32 @@ def init_scales(model, qk_norm_init, embed_std):
             w.normal_(0.0, embed_std if embed_std > 0 else w.shape[1] ** -0.5)
 
 
+def pick_experts(model, impl, dev):
+    """transformers' experts backend (eager loops over the experts with a
+    host synchronisation each; grouped_mm runs them as one grouped GEMM):
+    impl if it is there and a forward and backward run with it, else eager."""
+    if impl == "eager":
+        return
+    try:
+        model.set_experts_implementation(impl)
+        from transformers import DynamicCache
+        ids = torch.randint(0, V, (2, 16), device=dev)
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+        enc = model.model.encoder(input_ids=ids, past_key_values=cache,
+                                  position_ids=torch.arange(16, device=dev)[None].expand(2, -1))
+        z = model(decoder_input_ids=ids, past_key_values=cache,
+                  decoder_position_ids=torch.arange(16, 32, device=dev)[None].expand(2, -1)).logits
+        (z.float().sum() + enc.last_hidden_state.float().sum()).backward()
+        model.zero_grad(set_to_none=True)
+        print("experts implementation:", impl, flush=True)
+    except Exception as e:  # noqa: BLE001 (any failure means: not this one)
+        print("experts implementation %s not usable (%s: %s): eager" %
+              (impl, type(e).__name__, str(e)[:200]), flush=True)
+        model.zero_grad(set_to_none=True)
+        if hasattr(model, "set_experts_implementation"):
+            model.set_experts_implementation("eager")
+
+
 def softcap(model, logits):
     c = model.config.text_config.final_logit_softcapping
     return torch.tanh(logits.float() / c) * c
@@ -266,6 +292,7 @@ def train(args):
     init_scales(model, args.qk_norm_init, args.embed_std)
     n_params = sum(p.numel() for p in model.parameters())
     print("parameters %d (%d encoder tensors tied to the decoder's)" % (n_params, n_tied), flush=True)
+    pick_experts(model, args.experts, dev)
     sig = inspect.signature(model.forward).parameters
     per_example_sc = "self_conditioning_mask" in sig
     print("per-example self-conditioning mask:", per_example_sc, flush=True)
@@ -454,6 +481,8 @@ def main():
     ap.add_argument("--embed-std", type=float, default=-1.0,
                     help="initial embedding std (-1: hidden^-1/2; 0: HF's)")
     ap.add_argument("--print-every", type=int, default=500)
+    ap.add_argument("--experts", default="grouped_mm",
+                    help="transformers' experts backend (eager, grouped_mm, batched_mm)")
     args = ap.parse_args()
     {"train": train, "eval": evaluate, "plot": plot}[args.mode](args)
 
