@@ -577,7 +577,7 @@ uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt)
 
 /* Shapes, the arena, every pointer; then the RoPE tables and scalars. */
 /* An FP8 matrix as this rank holds it must fit the FP8 GEMM (each call's
- * N and K multiples of 64). */
+ * N a multiple of 64, K of 16). */
 static int fits(const char *what, int l, int64_t N, int64_t K, const void *scales, int dev,
                 struct dg_error *err)
 {
@@ -587,8 +587,9 @@ static int fits(const char *what, int l, int64_t N, int64_t K, const void *scale
     if (l >= 0)
         snprintf(where, sizeof where, " of layer %d", l);
     return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: FP8 %s%s is [%lld x %lld] here; the "
-                        "FP8 GEMM needs both multiples of 64 (this model or split runs FP8 on "
-                        "the CPU backend)", dev, what, where, (long long)N, (long long)K);
+                        "FP8 GEMM needs rows a multiple of 64 and columns of 16 (this model or "
+                        "split runs FP8 on the CPU backend)", dev, what, where, (long long)N,
+                        (long long)K);
 }
 
 static int check_fp8_shapes(const struct dg_cuda_model *cm, struct dg_error *err)

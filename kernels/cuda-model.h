@@ -107,7 +107,7 @@ int dg_cuda_model_random_q_rank(struct dg_cuda_model *cm, const struct dg_model_
 /* Rank `rank` of plan only (plan NULL: the whole model, as above).  An FP8
  * checkpoint uploads as FP8 (elt must be bf16); it needs per-token
  * activation quantization (W8A8), and every FP8 matrix as held here must
- * fit the FP8 GEMM (rows and columns multiples of 64): else
+ * fit the FP8 GEMM (rows a multiple of 64, columns of 16): else
  * DG_E_UNSUPPORTED. */
 int dg_cuda_model_upload_rank(struct dg_cuda_model *cm, const struct dg_model *m,
                               enum dg_elt elt, const struct dg_tp_plan *plan, int rank, int dev,

@@ -13,8 +13,10 @@
  * the products of two E4M3 values exact.  Block (64 columns, group j), 4
  * warps of 16 columns; the group's rows MT x 16 at a time; K in steps of 64
  * bytes through a four-stage cp.async pipeline of the weight tile [64 x 64]
- * and the row tile [MT 16 x 64]; rows past the group's count load as zeros
- * and are not stored.  Each weight byte is read once per pass.  One group
+ * and the row tile [MT 16 x 64]; rows past the group's count, and bytes
+ * past K in the last step (K a multiple of 16, not necessarily of 64: a
+ * rank's share of a width), load as zeros and add nothing; those rows are
+ * not stored.  Each weight byte is read once per pass.  One group
  * of many rows (a projection at a large batch) spreads its passes over
  * grid.z, so that N / 64 blocks do not leave most of the GPU idle. */
 #include "kernels/fp8-gemm.h"
@@ -105,7 +107,7 @@ __global__ static void __launch_bounds__(128)
     const int64_t row0 = offsets ? offsets[j] : 0;
     const uint8_t *Wj = QW + (int64_t)j * N * K + n0 * K;
     const float *SWj = SW + (int64_t)j * N;
-    const int ksteps = (int)(K / F8_BK);
+    const int ksteps = (int)((K + F8_BK - 1) / F8_BK);
 
     /* passes of MT x 16 rows, spread over gridDim.z blocks */
     for (int64_t p0 = (int64_t)blockIdx.z * MT * 16; p0 < count;
@@ -125,12 +127,13 @@ __global__ static void __launch_bounds__(128)
             const int64_t k0 = (int64_t)ks * F8_BK;
             for (int i = threadIdx.x; i < F8_BN * 4; i += 128) {
                 const int r = i >> 2, c = (i & 3) * 16;
-                dg_cp16(ws + r * F8_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
+                const int in_k = k0 + c < K;
+                dg_cp16(ws + r * F8_LD + c, Wj + (int64_t)r * K + (in_k ? k0 + c : 0), in_k);
             }
             for (int i = threadIdx.x; i < mrows * 4; i += 128) {
                 const int r = i >> 2, c = (i & 3) * 16;
-                const int ok = r < rows;
-                dg_cp16(xs + r * F8_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
+                const int ok = r < rows && k0 + c < K;
+                dg_cp16(xs + r * F8_LD + c, Xp + (ok ? (int64_t)r * K + k0 + c : 0), ok);
             }
         };
 
@@ -193,7 +196,8 @@ __global__ static void __launch_bounds__(128)
 
 extern "C" int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K)
 {
-    return N > 0 && K > 0 && N % F8_BN == 0 && K % F8_BK == 0 && N / F8_BN <= 0x7fffffff;
+    /* K: whole 16-byte copies (cp.async), the last 64-byte step padded */
+    return N > 0 && K > 0 && N % F8_BN == 0 && K % 16 == 0 && N / F8_BN <= 0x7fffffff;
 }
 
 template <int MT, typename Out>
@@ -247,7 +251,7 @@ extern "C" int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const ui
         (!offsets && (groups != 1 || rows < 0)) || (!offsets != !counts))
         return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 GEMM: %d group(s) of [%lld x %lld]%s",
                             dev, groups, (long long)N, (long long)K,
-                            dg_cuda_fp8_gemm_fits(N, K) ? "" : " (N a multiple of 64, K of 64)");
+                            dg_cuda_fp8_gemm_fits(N, K) ? "" : " (N a multiple of 64, K of 16)");
     if (!offsets && rows == 0)
         return 0;
     if (y_f32)

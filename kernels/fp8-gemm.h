@@ -27,7 +27,7 @@ int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale, const voi
                               int64_t rows, int cols, dg_stream_t stream, int dev,
                               struct dg_error *err);
 
-/* Whether [N, K] weights have a kernel: N and K multiples of 64. */
+/* Whether [N, K] weights have a kernel: N a multiple of 64, K of 16. */
 int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K);
 
 /* Y[r, n] = sa[r] * sw_j[n] * sum_k qa[r, k] * qw_j[n, k] for group j's

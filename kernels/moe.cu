@@ -236,7 +236,8 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                             S_gu || S_down ? " with FP8 experts" : "");
     if (S_gu && (!dg_cuda_fp8_gemm_fits(2 * (int64_t)I, H) || !dg_cuda_fp8_gemm_fits(H, I)))
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: FP8 experts of width %d over %d "
-                            "(the FP8 GEMM needs multiples of 64)", dev, I, H);
+                            "(the FP8 GEMM needs rows a multiple of 64, columns of 16)", dev, I,
+                            H);
     if (T <= 0)
         return 0;
     if (H < 1 || I < 1 || K < 1 || n_exp < 1 || n_exp > 1024 || e0 < 0 || picks > 0x7fffffff)

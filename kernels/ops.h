@@ -321,7 +321,7 @@ size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I, int 
  * [n_exp, H, I] E4M3 bytes with fp32 scales per row, S_gu [n_exp * 2I] and
  * S_down [n_exp * H]; each expert's gathered rows, then the gelu output,
  * quantized per row; bf16 x; otherwise as dg_cuda_moe_e, with the scratch
- * dg_cuda_moe_scratch_q gives.  2I and H, H and I must fit the FP8 GEMM
+ * dg_cuda_moe_scratch_q gives.  [2I, H] and [H, I] must fit the FP8 GEMM
  * (DG_E_INVAL). */
 size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp);
 int dg_cuda_moe_q(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,

@@ -33,7 +33,8 @@
  *     2^-3 / sqrt(32) = 2.2% of a projection's output.  Bound: 0.1
  *     relative and 90% of argmax rows after one layer with every expert,
  *     the whole model shown.  A weights-only FP8 checkpoint and one whose
- *     matrices do not fit are refused (DG_E_UNSUPPORTED); random FP8
+ *     matrices do not fit (rows a multiple of 64, columns of 16) are
+ *     refused (DG_E_UNSUPPORTED); random FP8
  *     weights are the random bf16 weights of the same seed quantized,
  *     byte for byte (dg_fp8_quantize_rows).
  * Exit 77 where there is no GPU.
@@ -746,12 +747,12 @@ static int case_fp8(void)
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     {
-        const char *sm = small_bf16(&err, 0); /* experts of 32 */
+        const char *sm = small_bf16(&err, 0); /* KV projections of 2 x 16 rows */
         CHECK_OK(sm ? 0 : -1, &err);
         CHECK_OK(dg_quantize_dir(sm, nofit, 0, &rep, &err), &err);
         CHECK_OK(dg_model_load(nofit, &ck, &m, &err), &err);
         CHECK_FAILS(dg_cuda_model_upload(&gm, &m, DG_ELT_BF16, 0, &err), &err,
-                    DG_E_UNSUPPORTED, "multiples of 64");
+                    DG_E_UNSUPPORTED, "rows a multiple of 64");
         dg_model_free(&m);
         dg_checkpoint_close(&ck);
     }

@@ -236,9 +236,12 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
 
 static int gemm_one_group(void)
 {
-    /* (600 rows at N 128: one group's passes spread over grid.z) */
-    static const int64_t shapes[][3] = {{1, 64, 64}, {37, 128, 2816}, {5, 2112, 704},
-                                        {64, 1024, 2816}, {600, 128, 256}};
+    /* (600 rows at N 128: one group's passes spread over grid.z; K 1056,
+     * 352 and 48: a last step of 32 or 48 bytes, as a rank's share of the
+     * 26B-A4B's widths at TP=2 has) */
+    static const int64_t shapes[][3] = {{1, 64, 64},      {37, 128, 2816}, {5, 2112, 704},
+                                        {64, 1024, 2816}, {600, 128, 256}, {3, 2816, 1056},
+                                        {40, 64, 352},    {9, 128, 48}};
     char what[96];
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int f = 0; f < 2; f++) {
@@ -283,7 +286,8 @@ static int refusals(void)
     struct dg_error err = {0};
     int32_t dummy[2] = {0, 0};
     CHECK(!dg_cuda_fp8_gemm_fits(100, 64) && !dg_cuda_fp8_gemm_fits(64, 100) &&
-          dg_cuda_fp8_gemm_fits(2112, 704));
+          !dg_cuda_fp8_gemm_fits(32, 64) && dg_cuda_fp8_gemm_fits(2112, 704) &&
+          dg_cuda_fp8_gemm_fits(2816, 1056) && dg_cuda_fp8_gemm_fits(64, 48));
     CHECK_FAILS(dg_cuda_fp8_gemm(NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, 1, 4, 100, 64, 4,
                                  NULL, 0, &err), &err, DG_E_INVAL, "N a multiple of 64");
     CHECK_FAILS(dg_cuda_fp8_gemm(NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, 2, 4, 64, 64, 4,
