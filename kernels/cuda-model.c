@@ -541,33 +541,20 @@ static int shape(struct dg_cuda_model *cm, const struct dg_model_config *cfg,
     return take_share(cm, tp, rank, err);
 }
 
-static uint64_t plan_bytes(const struct dg_model_config *cfg, enum dg_elt elt, int fp8,
-                           const struct dg_tp_plan *tp, int rank)
+uint64_t dg_cuda_model_bytes_rank(const struct dg_model_config *cfg, enum dg_elt elt,
+                                  const struct dg_tp_plan *tp, int rank)
 {
     struct dg_cuda_model cm;
     struct plan p = {0};
     uint64_t bytes = 0;
     memset(&cm, 0, sizeof cm);
     p.elt_size = dg_elt_size(elt);
-    p.fp8_all = fp8;
     if (shape(&cm, cfg, tp, rank, NULL) == 0 && build_plan(&cm, NULL, &p, NULL) == 0)
         bytes = p.bytes;
     free(p.e);
     free(p.rects);
     free(cm.layers);
     return bytes;
-}
-
-uint64_t dg_cuda_model_bytes_rank(const struct dg_model_config *cfg, enum dg_elt elt,
-                                  const struct dg_tp_plan *tp, int rank)
-{
-    return plan_bytes(cfg, elt, 0, tp, rank);
-}
-
-uint64_t dg_cuda_model_bytes_q_rank(const struct dg_model_config *cfg, int fp8,
-                                    const struct dg_tp_plan *tp, int rank)
-{
-    return plan_bytes(cfg, DG_ELT_BF16, fp8, tp, rank);
 }
 
 uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt)
@@ -726,14 +713,15 @@ int dg_cuda_model_random_q_rank(struct dg_cuda_model *cm, const struct dg_model_
     float *ones = NULL;
     void *tmp = NULL;          /* FP8: one rectangle's bf16 values before quantization */
     uint64_t tmp_bytes = 0;
-    uint32_t tid = 0;          /* the tensor's id: its place among the non-scale entries, */
-    uint32_t next_tid = 0;     /* so that FP8 draws the bf16 model's values */
+    uint32_t next_tid = 0;     /* tensor ids: places among the non-scale entries, so that
+                                  FP8 draws the bf16 model's values */
     int rc = prepare(cm, cfg, NULL, DG_ELT_BF16, fp8, tp, rank, dev, &p, err);
 
     for (int i = 0; i < p.n && rc == 0; i++) {
         const struct entry *e = &p.e[i];
         unsigned char *dst = (unsigned char *)cm->arena + e->off;
         float *scales;
+        uint32_t tid;
         if (e->scales_of)
             continue; /* written with its matrix */
         tid = next_tid++;

@@ -121,9 +121,6 @@ int dg_cuda_model_random_rank(struct dg_cuda_model *cm, const struct dg_model_co
 uint64_t dg_cuda_model_bytes(const struct dg_model_config *cfg, enum dg_elt elt);
 uint64_t dg_cuda_model_bytes_rank(const struct dg_model_config *cfg, enum dg_elt elt,
                                   const struct dg_tp_plan *plan, int rank);
-/* The same for FP8 weights throughout (fp8 non-zero) or bf16. */
-uint64_t dg_cuda_model_bytes_q_rank(const struct dg_model_config *cfg, int fp8,
-                                    const struct dg_tp_plan *plan, int rank);
 
 void dg_cuda_model_free(struct dg_cuda_model *cm);
 
