@@ -141,6 +141,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
     int64_t qmax = 0, kvmax = 0;
     const size_t es = (size_t)dg_elt_size(cx->cm->elt);
     const int fp8 = cx->cm->fp8;
+    int64_t kmax;             /* the widest projection input */
     size_t total = 0, off = 0, ws = 0;
     unsigned char *b;
     int rc;
@@ -162,6 +163,9 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
                 ws = w;
         }
     }
+    kmax = H > qmax ? H : qmax;
+    if (wide > kmax)
+        kmax = wide;
     {
         const struct { void **ptr; size_t bytes; } plan[] = {
             {&cx->x, (size_t)(T * H) * es},        {&cx->a, (size_t)(T * H) * es},
@@ -182,10 +186,8 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
              fp8 ? dg_cuda_moe_scratch_q(T, (int)K, (int)H, cx->cm->exp_w, cx->cm->n_exp)
                  : dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, cx->cm->exp_w,
                                          cx->cm->n_exp)},
-            /* FP8: a projection's input rows quantized, the widest input */
-            {(void **)&cx->qa, fp8 ? (size_t)(T * (H > qmax ? (H > wide ? H : wide)
-                                                           : (qmax > wide ? qmax : wide)))
-                                   : 0},
+            /* FP8: a projection's input rows quantized */
+            {(void **)&cx->qa, fp8 ? (size_t)(T * kmax) : 0},
             {(void **)&cx->sa, fp8 ? (size_t)T * 4 : 0},
         };
         const size_t n_plan = sizeof plan / sizeof plan[0];
@@ -380,21 +382,27 @@ static int reduce(struct dg_cuda_ctx *cx, void *buf, int64_t n, enum dg_nccl_typ
  * at rows length..; encoder: causal, decoder: bidirectional. */
 /* y[T, N] = x[T, K] W^T (+ y when accumulate), W [N, K] nn.Linear: bf16
  * or fp32 through cuBLAS (Ws NULL), or E4M3 with row scales Ws, x then
- * quantized per row first (W8A8, fp8-gemm.h); y of the model's type, or
+ * quantized per row first (W8A8, fp8-gemm.h) into cx->qa / cx->sa, unless
+ * *x_in_qa says a projection before this one already put this x there
+ * (then set; x_in_qa NULL: always quantize); y of the model's type, or
  * fp32 when y_f32. */
 static int proj(struct dg_cuda_ctx *cx, void *y, int y_f32, int accumulate, const void *x,
-                int64_t T, const void *W, const float *Ws, int64_t N, int64_t K,
+                int64_t T, const void *W, const float *Ws, int64_t N, int64_t K, int *x_in_qa,
                 struct dg_error *err)
 {
     int rc;
     if (!Ws)
         return dg_blas_gemm_e(cx->blas, cx->cm->elt, y, y_f32, x, T, W, 0, N, K, K, 1.0f,
                               accumulate ? 1.0f : 0.0f, err);
-    TRY(dg_cuda_fp8_quantize_rows(cx->cm->elt, cx->qa, cx->sa, x, T, (int)K, cx->stream, cx->dev,
-                                  err));
+    if (!x_in_qa || !*x_in_qa)
+        TRY(dg_cuda_fp8_quantize_rows(cx->cm->elt, cx->qa, cx->sa, x, T, (int)K, cx->stream,
+                                      cx->dev, err));
+    if (x_in_qa)
+        *x_in_qa = 1;
+    /* (the hint only picks the rows a pass takes: 32, 64 or 128) */
     return dg_cuda_fp8_gemm_acc(y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W, Ws,
-                                NULL, NULL, 1, T, N, K, (int)(T < 0x7fffffff ? T : 0x7fffffff),
-                                cx->stream, cx->dev, err);
+                                NULL, NULL, 1, T, N, K, T > 128 ? 128 : (int)T, cx->stream,
+                                cx->dev, err);
 }
 
 static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
@@ -420,10 +428,15 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     /* attention: q, k, v projections, their norms and RoPE for every token */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
     MARK("norms");
-    TRY(proj(cx, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, err));
-    TRY(proj(cx, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, err));
-    if (L->sliding)
-        TRY(proj(cx, cx->vraw, 0, 0, cx->a, T, L->v_proj, L->v_proj_s, kvdim, H, err));
+    {
+        int a_in_qa = 0; /* q, k and v read one input: quantized once */
+        TRY(proj(cx, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, &a_in_qa, err));
+        TRY(proj(cx, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, &a_in_qa,
+                 err));
+        if (L->sliding)
+            TRY(proj(cx, cx->vraw, 0, 0, cx->a, T, L->v_proj, L->v_proj_s, kvdim, H, &a_in_qa,
+                     err));
+    }
     MARK("qkv projection");
     TRY(dg_cuda_rmsnorm_e(e, cx->q, cx->q, L->q_norm, T * nh, hd, eps, st, dev, err));
     TRY(dg_cuda_rmsnorm_e(e, cx->k, cx->kraw, L->k_norm, T * nkv, hd, eps, st, dev, err));
@@ -449,7 +462,7 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
      * is a partial sum, reduced in the element type */
-    TRY(proj(cx, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, err));
+    TRY(proj(cx, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, NULL, err));
     MARK("o projection");
     TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
     MARK("all-reduce");
@@ -460,10 +473,11 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     /* dense MLP: down(gelu(gate u) * up u), u = rms(h) */
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm, T, H, eps, st, dev, err));
     MARK("norms");
-    TRY(proj(cx, cx->gu, 0, 0, cx->a, T, L->mlp_gu, L->mlp_gu_s, 2 * (int64_t)I, H, err));
+    TRY(proj(cx, cx->gu, 0, 0, cx->a, T, L->mlp_gu, L->mlp_gu_s, 2 * (int64_t)I, H, NULL,
+             err));
     TRY(dg_cuda_gelu_mul_e(e, cx->act, I, cx->gu, 2 * (int64_t)I, at(cx->gu, I, e),
                            2 * (int64_t)I, T, I, st, dev, err));
-    TRY(proj(cx, cx->dense, 1, 0, cx->act, T, L->mlp_down, L->mlp_down_s, H, I, err));
+    TRY(proj(cx, cx->dense, 1, 0, cx->act, T, L->mlp_down, L->mlp_down_s, H, I, NULL, err));
     MARK("dense mlp");
 
     /* router: softmax(rms(h) * scale * H^-1/2 . W_r^T), top-K */
@@ -551,10 +565,11 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
         TRY(dg_cuda_rows_gather_e(e, cx->soft, (const void *const *)cx->soft_src, T, H, st, dev,
                                   err));
         TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
-        TRY(proj(cx, cx->gu, 0, 0, cx->a, T, cm->sc_gu, cm->sc_gu_s, 2 * (int64_t)S, H, err));
+        TRY(proj(cx, cx->gu, 0, 0, cx->a, T, cm->sc_gu, cm->sc_gu_s, 2 * (int64_t)S, H, NULL,
+                 err));
         TRY(dg_cuda_gelu_mul_e(e, cx->act, S, cx->gu, 2 * (int64_t)S, at(cx->gu, S, e),
                                2 * (int64_t)S, T, S, st, dev, err));
-        TRY(proj(cx, cx->x, 0, 1, cx->act, T, cm->sc_down, cm->sc_down_s, H, S, err));
+        TRY(proj(cx, cx->x, 0, 1, cx->act, T, cm->sc_down, cm->sc_down_s, H, S, NULL, err));
         /* the weight-free post-norm applies on every step */
         TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
         MARK("self-conditioning mlp");
