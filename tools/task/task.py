@@ -5,7 +5,7 @@ Four kinds of problem, each with one exact answer, in plain text:
 
   reverse <letters>        reverse hello         -> olleh      4..48 letters
   sort <digits>            sort 93715            -> 13579      4..48 digits
-  add <a>+<b>              add 4821+933          -> 5754       1..10 digits each
+  add <a>+<b>              add 4821+933          -> 5754       1..6 digits each
   get <k> <k=v,...>        get c a=17,b=42,c=99  -> 99         3..8 pairs, 1..4 digits
 
 A reversed or sorted sequence of 32 or more characters does not fit one
@@ -47,6 +47,12 @@ HASH_P = 1_000_003
 TASKS = ("reverse", "sort", "add", "get")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 DIGITS = "0123456789"
+# the sizes drawn (inclusive ranges); tools/train/train.py draws the same
+REVERSE_LEN = (4, 48)
+SORT_LEN = (4, 48)
+ADD_DIGITS = (1, 6)
+GET_PAIRS = (3, 8)
+GET_WIDTH = (1, 4)
 
 
 def pieces():
@@ -129,13 +135,14 @@ def number(rng, ndig):
 def sample(rng, kind):
     """One prompt of a kind, sizes drawn as the training sampler draws them."""
     if kind == "reverse":
-        return "reverse " + "".join(rng.choice(LETTERS) for _ in range(rng.randint(4, 48)))
+        return "reverse " + "".join(rng.choice(LETTERS) for _ in range(rng.randint(*REVERSE_LEN)))
     if kind == "sort":
-        return "sort " + "".join(rng.choice(DIGITS) for _ in range(rng.randint(4, 48)))
+        return "sort " + "".join(rng.choice(DIGITS) for _ in range(rng.randint(*SORT_LEN)))
     if kind == "add":
-        return "add %s+%s" % (number(rng, rng.randint(1, 10)), number(rng, rng.randint(1, 10)))
+        return "add %s+%s" % (number(rng, rng.randint(*ADD_DIGITS)),
+                              number(rng, rng.randint(*ADD_DIGITS)))
     if kind == "get":
-        n, width = rng.randint(3, 8), rng.randint(1, 4)
+        n, width = rng.randint(*GET_PAIRS), rng.randint(*GET_WIDTH)
         keys = rng.sample(LETTERS, n)
         pairs = ",".join("%s=%s" % (k, "".join(rng.choice(DIGITS) for _ in range(width)))
                          for k in keys)
