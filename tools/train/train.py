@@ -35,6 +35,9 @@ hash) are never trained on.
 usage:
   train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
+                 [--warmup N] [--init DIR-state.pt] [--engine lean|hf]
+    (writes the model to DIR and its fp32 weights to DIR-state.pt, which
+    --init continues from)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
   train.py plot --log CSV --png FILE
 """
@@ -45,6 +48,7 @@ import inspect
 import json
 import math
 import os
+import random
 import sys
 import time
 
@@ -53,6 +57,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "task"))
 import task  # noqa: E402
+from lean import Lean, check  # noqa: E402
 
 CL = task.CANVAS
 V = task.VOCAB
@@ -75,15 +80,23 @@ GENERATION_CONFIG = {
 }
 
 
+# the lean forward is used only if it agrees with transformers' to this
+# (largest absolute difference of keys, values and decoder logits, fp32)
+LEAN_TOLERANCE = 2e-3
+
+
 def ids_of(text, device):
     return torch.tensor([task.char_id(c) for c in text], dtype=torch.long, device=device)
 
 
 class Sampler:
-    """Batches of one kind and size, drawn on the device."""
+    """Batches of one kind and size.  Sizes and kinds come from a host RNG
+    and the contents from a device generator, so drawing a batch never
+    waits for the GPU."""
 
-    def __init__(self, device, gen):
+    def __init__(self, device, gen, seed):
         self.dev, self.g = device, gen
+        self.r = random.Random(seed)
         self.a = task.char_id("a")
         self.zero = task.char_id("0")
 
@@ -104,7 +117,7 @@ class Sampler:
         """(prompt ids [B, P] with <bos>, answer ids [B, A] padded with <pad>, answer lengths [B])."""
         bos = torch.full((B, 1), task.BOS, dtype=torch.long, device=self.dev)
         if kind in ("reverse", "sort"):
-            n = int(self.randint(4, 49, (1,)))
+            n = self.r.randint(*(task.REVERSE_LEN if kind == "reverse" else task.SORT_LEN))
             if kind == "reverse":
                 x = self.randint(0, 26, (B, n)) + self.a
                 ans = x.flip(1)
@@ -114,7 +127,7 @@ class Sampler:
             prompt = torch.cat([bos, self.const(kind + " ", B), x], 1)
             return prompt, ans, torch.full((B,), n, device=self.dev)
         if kind == "add":
-            na, nb = (int(v) for v in self.randint(1, 11, (2,)))
+            na, nb = self.r.randint(*task.ADD_DIGITS), self.r.randint(*task.ADD_DIGITS)
             da, db = self.digits_number(B, na), self.digits_number(B, nb)
             pw = lambda n: 10 ** torch.arange(n - 1, -1, -1, device=self.dev)  # noqa: E731
             s = (da * pw(na)).sum(1) + (db * pw(nb)).sum(1)
@@ -129,7 +142,7 @@ class Sampler:
                                 db + self.zero], 1)
             return prompt, ans, length
         if kind == "get":
-            n, w = int(self.randint(3, 9, (1,))), int(self.randint(1, 5, (1,)))
+            n, w = self.r.randint(*task.GET_PAIRS), self.r.randint(*task.GET_WIDTH)
             keys = torch.rand((B, 26), device=self.dev, generator=self.g).argsort(1)[:, :n] + self.a
             vals = self.randint(0, 10, (B, n, w)) + self.zero
             q = self.randint(0, n, (B,))
@@ -164,32 +177,27 @@ def canvases(ans, length):
 
 
 def draw(sampler, kinds, B):
-    """One training batch with no reserved prompt (a reserved row is
-    replaced by a copy of a kept one)."""
-    kind = kinds[int(sampler.randint(0, len(kinds), (1,)))]
+    """One training batch: (kind, prompt ids, answer canvases, weight [B]).
+    A row whose prompt is reserved for evaluation has weight 0: it passes
+    through the model but adds nothing to the loss (rows do not interact)."""
+    kind = sampler.r.choice(kinds)
     prompt, ans, length = sampler.batch(kind, B)
-    res = reserved_rows(prompt)
-    keep = (~res).nonzero().flatten()
-    if keep.numel() == 0:
-        return draw(sampler, kinds, B)
-    if res.any():
-        fill = keep[torch.arange(int(res.sum()), device=prompt.device) % keep.numel()]
-        prompt[res], ans[res], length[res] = prompt[fill], ans[fill], length[fill]
-    return kind, prompt, canvases(ans, length)
+    weight = (~reserved_rows(prompt)).float()
+    return kind, prompt, canvases(ans, length), weight
 
 
 def self_check(device):
-    """The torch sampler against task.py's plain-Python answers."""
+    """The torch sampler against task.py's plain-Python answers and hash."""
     g = torch.Generator(device=device).manual_seed(7)
-    s = Sampler(device, g)
+    s = Sampler(device, g, 7)
     n = 0
     for kind in task.TASKS:
         for _ in range(40):
-            _, prompt, canv = draw(s, [kind], 16)
-            for p, c in zip(prompt.tolist(), canv.tolist()):
+            _, prompt, canv, weight = draw(s, [kind], 16)
+            for p, c, wt in zip(prompt.tolist(), canv.tolist(), weight.tolist()):
                 text = task.decode(p[1:])
                 assert p == task.encode(text), (kind, text)
-                assert not task.reserved(text), text
+                assert task.reserved(text) == (wt == 0.0), text
                 assert task.decode(c) == task.solve(text), (text, task.decode(c))
                 eos = c.index(task.EOS)
                 assert all(v == task.PAD for v in c[eos + 1:]), c
@@ -277,6 +285,14 @@ def softcap(model, logits):
     return torch.tanh(logits.float() / c) * c
 
 
+def weighted_ce(logits, target, weight):
+    """Cross-entropy averaged over the positions of the rows of weight 1.
+    logits [B, L, V], target [B, L], weight [B]."""
+    ce = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), reduction="none")
+    ce = ce.view(target.shape).mean(1)
+    return (ce * weight).sum() / weight.sum().clamp(min=1.0)
+
+
 def train(args):
     from transformers import DynamicCache
     import transformers
@@ -290,43 +306,67 @@ def train(args):
     model = make_model().to(dev).train()
     n_tied = check_tied(model)
     init_scales(model, args.qk_norm_init, args.embed_std)
+    if args.init:
+        model.load_state_dict(torch.load(args.init, map_location=dev))
+        print("weights from", args.init, flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print("parameters %d (%d encoder tensors tied to the decoder's)" % (n_params, n_tied), flush=True)
     pick_experts(model, args.experts, dev)
     sig = inspect.signature(model.forward).parameters
     per_example_sc = "self_conditioning_mask" in sig
     print("per-example self-conditioning mask:", per_example_sc, flush=True)
+    lean = None
+    if args.engine == "lean":
+        lean = Lean(model)
+        if not per_example_sc:
+            print("lean forward not checked (no per-example self-conditioning): transformers'",
+                  flush=True)
+            lean = None
+        else:
+            try:
+                worst, diffs = check(model, lean, V, dev)
+            except Exception as e:  # noqa: BLE001 (any failure: not trusted)
+                worst, diffs = math.inf, {"error %s: %s" % (type(e).__name__, str(e)[:300]): math.inf}
+            print("lean forward against transformers' (max abs difference):",
+                  ", ".join("%s %.2e" % kv for kv in diffs.items()), flush=True)
+            gated = max(v for k, v in diffs.items() if k != "encoder logits")
+            if not gated <= LEAN_TOLERANCE:
+                print("lean forward disagrees (%.3g > %g): transformers' forward instead" %
+                      (gated, LEAN_TOLERANCE), flush=True)
+                lean = None
+    print("forward:", "lean" if lean else "transformers", flush=True)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01,
+                            fused=True)
     g = torch.Generator(device=dev).manual_seed(args.seed)
-    s = Sampler(dev, g)
+    s = Sampler(dev, g, args.seed)
     B = args.batch
     budget = args.minutes * 60.0
-    warm = 200
     log = open(args.log, "w", newline="")
     w = csv.writer(log)
     w.writerow(["step", "seconds", "lr", "loss", "canvas_loss", "encoder_loss", "canvas_acc"])
     t0 = time.time()
-    step, acc_sum = 0, {}
-    run = [0.0, 0.0, 0.0, 0]
+    step = 0
+    zero = lambda: torch.zeros((), device=dev)  # noqa: E731
+    run = [zero(), zero(), zero(), 0]         # summed on the device: no wait per step
+    acc_ema = {k: zero() for k in task.TASKS}
     while True:
         el = time.time() - t0
         if el >= budget:
             break
         frac = el / budget
-        lr = args.lr * min(1.0, (step + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         for grp in opt.param_groups:
             grp["lr"] = lr
 
-        kind, prompt, canv = draw(s, task.TASKS, B)
+        kind, prompt, canv, weight = draw(s, task.TASKS, B)
         nblk = canv.shape[1] // CL
-        b = int(s.randint(0, nblk, (1,)))
-        ctx = torch.cat([prompt, canv[:, :b * CL]], 1)
+        b = s.r.randrange(nblk)
         target = canv[:, b * CL:(b + 1) * CL]
         t = 0.001 + 0.999 * torch.rand((B, 1), device=dev, generator=g)
         noisy = torch.where(torch.rand((B, CL), device=dev, generator=g) < t,
                             s.randint(0, V, (B, CL)), target)
-        P = ctx.shape[1]
+        P = prompt.shape[1] + b * CL
         pos = torch.arange(P, P + CL, device=dev)[None].expand(B, -1)
 
         # the encoder reads the whole clean sequence (its causal-LM loss covers
@@ -334,31 +374,38 @@ def train(args):
         # generation, where block b sees the prompt and blocks before it
         full = torch.cat([prompt, canv], 1)
         assert full.shape[1] < TEXT_CONFIG["sliding_window"], "the sliding cache would drop keys"
-        full_cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-        enc = model.model.encoder(input_ids=full, past_key_values=full_cache,
-                                  position_ids=torch.arange(full.shape[1], device=dev)[None].expand(B, -1))
-        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-        for li, layer in enumerate(full_cache.layers):
-            cache.update(layer.keys[:, :, :P], layer.values[:, :, :P], li)
-        if step == 0:
-            print("cached keys carry gradients:", cache.layers[0].keys.requires_grad,
-                  "context", P, "of", full.shape[1], flush=True)
-        enc_logits = softcap(model, model.lm_head(enc.last_hidden_state[:, :-1]))
-        enc_loss = F.cross_entropy(enc_logits.reshape(-1, V), full[:, 1:].reshape(-1))
-
-        kw = {}
-        use_sc = torch.rand((B,), device=dev, generator=g) < 0.5
-        if per_example_sc or bool(use_sc[0]):
+        if per_example_sc:
+            use_sc = torch.rand((B,), device=dev, generator=g) < 0.5
+        else:
+            use_sc = s.r.random() < 0.5
+        temp = 0.4 + 0.4 * torch.rand((B, 1, 1), device=dev, generator=g)
+        if lean is not None:
+            x, kv = lean.encode(full)
+            enc_loss = weighted_ce(lean.logits(x[:, :-1]), full[:, 1:], weight)
+            ctx_kv = [(k[:, :, :P], v[:, :, :P]) for k, v in kv]
             with torch.no_grad():
-                z1 = model(decoder_input_ids=noisy, past_key_values=cache,
-                           decoder_position_ids=pos).logits
-            temp = 0.4 + 0.4 * torch.rand((B, 1, 1), device=dev, generator=g)
-            kw["self_conditioning_logits"] = z1 / temp
-            if per_example_sc:
-                kw["self_conditioning_mask"] = use_sc
-        z = model(decoder_input_ids=noisy, past_key_values=cache, decoder_position_ids=pos,
-                  **kw).logits
-        canvas_loss = F.cross_entropy(z.reshape(-1, V), target.reshape(-1))
+                z1 = lean.decode(noisy, ctx_kv, P)
+            z = lean.decode(noisy, ctx_kv, P, z1 / temp, use_sc)
+        else:
+            full_cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+            enc = model.model.encoder(input_ids=full, past_key_values=full_cache,
+                                      position_ids=torch.arange(full.shape[1], device=dev)[None].expand(B, -1))
+            cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+            for li, layer in enumerate(full_cache.layers):
+                cache.update(layer.keys[:, :, :P], layer.values[:, :, :P], li)
+            enc_logits = softcap(model, model.lm_head(enc.last_hidden_state[:, :-1]))
+            enc_loss = weighted_ce(enc_logits, full[:, 1:], weight)
+            kw = {}
+            if per_example_sc or use_sc:
+                with torch.no_grad():
+                    z1 = model(decoder_input_ids=noisy, past_key_values=cache,
+                               decoder_position_ids=pos).logits
+                kw["self_conditioning_logits"] = z1 / temp
+                if per_example_sc:
+                    kw["self_conditioning_mask"] = use_sc
+            z = model(decoder_input_ids=noisy, past_key_values=cache, decoder_position_ids=pos,
+                      **kw).logits
+        canvas_loss = weighted_ce(z, target, weight)
         loss = canvas_loss + enc_loss
 
         opt.zero_grad(set_to_none=True)
@@ -368,24 +415,28 @@ def train(args):
 
         with torch.no_grad():
             acc = (z.argmax(-1) == target).float().mean()
-        run[0] += loss.item()
-        run[1] += canvas_loss.item()
-        run[2] += enc_loss.item()
+            run[0] += loss.detach()
+            run[1] += canvas_loss.detach()
+            run[2] += enc_loss.detach()
+            acc_ema[kind].mul_(0.9).add_(0.1 * acc)
         run[3] += 1
-        acc_sum[kind] = 0.9 * acc_sum.get(kind, float(acc)) + 0.1 * float(acc)
         step += 1
         if step % 50 == 0:
             n = run[3]
-            w.writerow([step, "%.1f" % (time.time() - t0), "%.3g" % lr, "%.4f" % (run[0] / n),
-                        "%.4f" % (run[1] / n), "%.4f" % (run[2] / n), "%.4f" % float(acc)])
+            tot, cv, en = (float(x) / n for x in run[:3])
+            w.writerow([step, "%.1f" % (time.time() - t0), "%.3g" % lr, "%.4f" % tot,
+                        "%.4f" % cv, "%.4f" % en, "%.4f" % float(acc)])
             log.flush()
             if step % args.print_every == 0:
                 print("step %d %.0fs lr %.2e loss %.4f (canvas %.4f, encoder %.4f) acc %s" %
-                      (step, time.time() - t0, lr, run[0] / n, run[1] / n, run[2] / n,
-                       " ".join("%s %.3f" % kv for kv in sorted(acc_sum.items()))), flush=True)
-            run = [0.0, 0.0, 0.0, 0]
+                      (step, time.time() - t0, lr, tot, cv, en,
+                       " ".join("%s %.3f" % (k, float(v)) for k, v in sorted(acc_ema.items()))),
+                      flush=True)
+            run = [zero(), zero(), zero(), 0]
+    torch.cuda.synchronize()
     log.close()
     print("trained %d steps of %d in %.0f s" % (step, B, time.time() - t0), flush=True)
+    torch.save(model.state_dict(), args.out.rstrip("/") + "-state.pt")
     save(model, args.out)
 
 
@@ -481,6 +532,11 @@ def main():
     ap.add_argument("--embed-std", type=float, default=-1.0,
                     help="initial embedding std (-1: hidden^-1/2; 0: HF's)")
     ap.add_argument("--print-every", type=int, default=500)
+    ap.add_argument("--engine", choices=["lean", "hf"], default="lean",
+                    help="the training forward: lean (tools/train/lean.py, checked against "
+                         "transformers' first) or transformers' own")
+    ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
+    ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a model)")
     ap.add_argument("--experts", default="grouped_mm",
                     help="transformers' experts backend (eager, grouped_mm, batched_mm)")
     args = ap.parse_args()
