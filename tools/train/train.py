@@ -36,6 +36,7 @@ usage:
   train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
                  [--warmup N] [--init DIR-state.pt] [--engine lean|hf]
+                 [--compile 0|1] [--profile N]
     (writes the model to DIR and its fp32 weights to DIR-state.pt, which
     --init continues from)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
@@ -285,6 +286,31 @@ def softcap(model, logits):
     return torch.tanh(logits.float() / c) * c
 
 
+PROFILE_FROM = 30      # steps before --profile starts recording
+
+
+def compile_lean(lean):
+    """lean.encode and lean.decode through torch.compile (shapes dynamic:
+    every batch has its own lengths); a call whose compilation fails runs
+    eagerly from then on."""
+    for name in ("encode", "decode"):
+        eager = getattr(lean, name)
+        compiled = torch.compile(eager, dynamic=True)
+        state = {"ok": True}
+
+        def call(*a, _c=compiled, _e=eager, _s=state, _n=name, **k):
+            if _s["ok"]:
+                try:
+                    return _c(*a, **k)
+                except Exception as e:  # noqa: BLE001 (eager is always right)
+                    _s["ok"] = False
+                    print("compiled %s failed (%s: %s): eager from now on" %
+                          (_n, type(e).__name__, str(e)[:300]), flush=True)
+            return _e(*a, **k)
+        setattr(lean, name, call)
+    print("lean forward compiled (torch.compile, dynamic shapes)", flush=True)
+
+
 def weighted_ce(logits, target, weight):
     """Cross-entropy averaged over the positions of the rows of weight 1.
     logits [B, L, V], target [B, L], weight [B]."""
@@ -335,6 +361,8 @@ def train(args):
                       (gated, LEAN_TOLERANCE), flush=True)
                 lean = None
     print("forward:", "lean" if lean else "transformers", flush=True)
+    if lean is not None and args.compile:
+        compile_lean(lean)
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01,
                             fused=True)
@@ -412,6 +440,18 @@ def train(args):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if args.profile and step == PROFILE_FROM:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+            t_prof = time.time()
+        if args.profile and step == PROFILE_FROM + args.profile:
+            torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            print("profile: %d steps in %.1f ms each (wall)" %
+                  (args.profile, (time.time() - t_prof) * 1e3 / args.profile), flush=True)
+            for key in ("self_cuda_time_total", "self_cpu_time_total"):
+                print(prof.key_averages().table(sort_by=key, row_limit=18), flush=True)
 
         with torch.no_grad():
             acc = (z.argmax(-1) == target).float().mean()
@@ -535,6 +575,10 @@ def main():
     ap.add_argument("--engine", choices=["lean", "hf"], default="lean",
                     help="the training forward: lean (tools/train/lean.py, checked against "
                          "transformers' first) or transformers' own")
+    ap.add_argument("--compile", type=int, default=0,
+                    help="1: run the lean forward through torch.compile")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="N: profile N steps (from step %d) and print the heaviest operations" % PROFILE_FROM)
     ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
     ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a model)")
     ap.add_argument("--experts", default="grouped_mm",
