@@ -92,7 +92,7 @@ ALL_NVCCFLAGS = -std=c++17 -I. -MMD -MP $(NVCCFLAGS) \
     -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
     -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH) \
     --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl \
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lnccl \
              -lcudart_static -lrt -lstdc++
 
 # ---- sources ---------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include "kernels/cuda-model.h"
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
+#include "kernels/fp8-lt.h"
 #include "kernels/graph.h"
 #include "kernels/prof.h"
 #include "kernels/nccl.h"
@@ -262,6 +263,8 @@ static int rank_init(struct grank *R, struct dg_error *err)
                                               R->dev, err)
                   : dg_cuda_model_random_q_rank(&R->model, o->cfg, o->seed, o->fp8, plan,
                                                 R->index, R->dev, err);
+    if (rc >= 0 && R->model.fp8 && !o->fp8_own_gemm)
+        rc = dg_fp8_lt_create(R->dev, R->cx.stream, &R->cx.lt, err);
     return rc;
 }
 

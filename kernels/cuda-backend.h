@@ -96,6 +96,8 @@ struct dg_cuda_backend_options {
     int timeout_ms;                      /* watchdog per call; 0: none */
     int graphs;                          /* capture steps in CUDA graphs (see above) */
     int profile;                         /* time rank 0's stages on its GPU (no graphs) */
+    int fp8_own_gemm;                    /* FP8: the projections on fp8-gemm.cu's kernel
+                                            only, not cuBLASLt (fp8-lt.h): to compare */
     /* multi-process mode (with nccl_id): this process holds rank
      * process_rank of n_ranks on GPU `device` (or devices[0]); the other
      * ranks run in other processes (dg_cuda_backend_serve) joined by the

@@ -8,6 +8,7 @@
 
 #include "kernels/devmem.h"
 #include "kernels/fp8-gemm.h"
+#include "kernels/fp8-lt.h"
 #include "kernels/nccl.h"
 #include "kernels/prof.h"
 
@@ -119,6 +120,7 @@ void dg_cuda_ctx_free(struct dg_cuda_ctx *cx)
         dg_cuda_stream_sync(cx->stream, cx->dev, &ignored);
     }
     dg_blas_destroy(cx->blas);
+    dg_fp8_lt_destroy(cx->lt);
     dg_cuda_stream_destroy(cx->stream);
     dg_cuda_free(cx->scratch);
     dg_cuda_free(cx->seq_tab);
@@ -384,8 +386,10 @@ static int reduce(struct dg_cuda_ctx *cx, void *buf, int64_t n, enum dg_nccl_typ
  * or fp32 through cuBLAS (Ws NULL), or E4M3 with row scales Ws, x then
  * quantized per row first (W8A8, fp8-gemm.h) into cx->qa / cx->sa, unless
  * *x_in_qa says a projection before this one already put this x there
- * (then set; x_in_qa NULL: always quantize); y of the model's type, or
- * fp32 when y_f32. */
+ * (then set; x_in_qa NULL: always quantize), the product through
+ * cuBLASLt (cx->lt, fp8-lt.h) where it has an algorithm for the shape and
+ * fp8-gemm.cu's kernel otherwise; y of the model's type, or fp32 when
+ * y_f32. */
 static int proj(struct dg_cuda_ctx *cx, void *y, int y_f32, int accumulate, const void *x,
                 int64_t T, const void *W, const float *Ws, int64_t N, int64_t K, int *x_in_qa,
                 struct dg_error *err)
@@ -399,6 +403,13 @@ static int proj(struct dg_cuda_ctx *cx, void *y, int y_f32, int accumulate, cons
                                       cx->dev, err));
     if (x_in_qa)
         *x_in_qa = 1;
+    if (cx->lt) {
+        /* cuBLASLt where it has an algorithm for the shape, else the kernel */
+        rc = dg_fp8_lt_gemm(cx->lt, y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W,
+                            Ws, T, N, K, err);
+        if (rc != -DG_E_UNSUPPORTED)
+            return rc;
+    }
     /* (the hint only picks the rows a pass takes: 32, 64 or 128) */
     return dg_cuda_fp8_gemm_acc(y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W, Ws,
                                 NULL, NULL, 1, T, N, K, T > 128 ? 128 : (int)T, cx->stream,

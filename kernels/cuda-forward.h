@@ -46,6 +46,8 @@
 #include "kernels/ops.h"
 #include "lib/error.h"
 
+struct dg_fp8_lt;
+
 struct dg_nccl;
 struct dg_prof;
 
@@ -98,6 +100,9 @@ struct dg_cuda_ctx {
     void *moe_scratch;
     uint8_t *qa;              /* FP8 models: activations quantized per token (E4M3) */
     float *sa;                /*   and their scales */
+    struct dg_fp8_lt *lt;     /* FP8 models: cuBLASLt for the projections (fp8-lt.h), or
+                                 NULL: fp8-gemm.cu's kernel; set by the caller, freed
+                                 with the context */
     void *attn_ws;            /* the attention's split keys (ops.h) */
     size_t attn_ws_bytes;
     /* the batch's sequences: per layer a table of their caches and the

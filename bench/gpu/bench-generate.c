@@ -3,7 +3,7 @@
  * CUDA backend, at the full 26B-A4B shapes with random bf16 weights made
  * on the GPU: the workload of the performance harness (bench/perf/).
  *
- * usage: bench-generate [--tp N] [--fp8] [--eager] [--profile] [--no-ceilings]
+ * usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] [--no-ceilings]
  *                       [--json FILE] [--prompt P] [--canvases C] [--steps S]
  *                       [--reps R] [--preset NAME] BATCH...
  *   (defaults: tp 1, CUDA graphs on, prompt 512, 4 canvases, 16 steps, 1
@@ -35,7 +35,9 @@
  * activations quantized per token (W8A8, kernels/cuda-model.h), made from
  * the same random values; the floor counts those weights at one byte
  * (the operations still at the measured bf16 rate: the batch-1 step is
- * bandwidth-bound).
+ * bandwidth-bound).  The projections go through cuBLASLt's FP8 matmul
+ * where it has an algorithm (kernels/fp8-lt.h); --fp8-own keeps them on
+ * the project's own kernel (kernels/fp8-gemm.h), to compare the two.
  *
  * --profile: the backend runs eagerly and times every stage of rank 0's
  * passes on the device (kernels/prof.h); a table per batch gives each
@@ -195,6 +197,7 @@ struct run_cfg {
     int tp, graphs, profile, canvases, steps, reps;
     int64_t prompt;
     int fp8;
+    int fp8_own;      /* FP8 projections on the own GEMM, not cuBLASLt */
 };
 
 struct batch_result {
@@ -410,6 +413,9 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
                           r->n_steps / (rc->canvases ? rc->canvases : 1));
     json_t *mem = json_array(), *prof = json_object();
     json_object_set_new(o, "weights", json_string(rc->fp8 ? "fp8" : "bf16"));
+    if (rc->fp8)
+        json_object_set_new(o, "fp8_projections",
+                            json_string(rc->fp8_own ? "own GEMM" : "cuBLASLt"));
     for (int q = 0; q < n_ranks && q < 8; q++)
         json_array_append_new(mem, json_real(r->gib_rank[q]));
     json_object_set_new(o, "gpu_gib_per_rank", mem);
@@ -425,7 +431,8 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: bench-generate [--tp N] [--fp8] [--eager] [--profile] [--no-ceilings] "
+    fprintf(stderr, "usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] "
+                    "[--no-ceilings] "
                     "[--json FILE] [--prompt P] [--canvases C] [--steps S] [--reps R] "
                     "[--preset NAME] BATCH...\n");
     return 2;
@@ -433,7 +440,7 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0};
+    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0, 0};
     const char *json_path = NULL, *preset = "26b";
     int ceilings = 1, batches[16], nb = 0, maxb = 1, status = 0;
     struct dg_model_config cfg;
@@ -455,6 +462,9 @@ int main(int argc, char **argv)
             rc.profile = 1;
         } else if (!strcmp(a, "--fp8")) {
             rc.fp8 = 1;
+        } else if (!strcmp(a, "--fp8-own")) {
+            rc.fp8 = 1;
+            rc.fp8_own = 1;
         } else if (!strcmp(a, "--no-ceilings")) {
             ceilings = 0;
         } else if (v && !strcmp(a, "--tp")) {
@@ -517,6 +527,7 @@ int main(int argc, char **argv)
     o.graphs = rc.graphs;
     o.profile = rc.profile;
     o.fp8 = rc.fp8;
+    o.fp8_own_gemm = rc.fp8_own;
     o.max_slots = maxb;
     o.cfg = &cfg;
     o.seed = 1;
@@ -528,7 +539,8 @@ int main(int argc, char **argv)
     printf("tp %d, CUDA graphs %s%s; preset %s, random %s weights made in %.0f ms; prompt "
            "%lld, %d canvases of %d, %d steps each; %d rep(s) after one unrecorded\n\n",
            rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
-           preset, rc.fp8 ? "FP8 (W8A8)" : "bf16", bench_now_ms() - t0, (long long)rc.prompt,
+           preset, !rc.fp8 ? "bf16" : rc.fp8_own ? "FP8 (W8A8, own GEMM)" : "FP8 (W8A8)",
+           bench_now_ms() - t0, (long long)rc.prompt,
            rc.canvases, cfg.canvas_length,
            rc.steps, rc.reps);
     tm.orig = b->ops;
@@ -549,7 +561,9 @@ int main(int argc, char **argv)
             }
             json_array_append_new(rows, result_json(&rc, &res[i], rc.tp));
         }
-        printf("%s weights\n", rc.fp8 ? "FP8 (W8A8)" : "bf16");
+        printf("%s weights\n", !rc.fp8      ? "bf16"
+                               : rc.fp8_own ? "FP8 (W8A8), projections on the own GEMM"
+                                            : "FP8 (W8A8), projections through cuBLASLt");
         printf("| TP | B | tokens | denoise ms | roofline ms | x roofline | condition ms | "
                "commit ms | roofline ms | prefill ms | tok/s | tok/s with prefill | GiB/rank |\n");
         printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");

@@ -32,7 +32,8 @@
  *     and it moves by one E4M3 step (2^-3 of itself); that is about
  *     2^-3 / sqrt(32) = 2.2% of a projection's output.  Bound: 0.1
  *     relative and 90% of argmax rows after one layer with every expert,
- *     the whole model shown.  A weights-only FP8 checkpoint and one whose
+ *     the whole model shown; with the projections on the project's FP8
+ *     kernel, then through cuBLASLt (fp8-lt.h).  A weights-only FP8 checkpoint and one whose
  *     matrices do not fit (rows a multiple of 64, columns of 16) are
  *     refused (DG_E_UNSUPPORTED); random FP8
  *     weights are the random bf16 weights of the same seed quantized,
@@ -47,6 +48,7 @@
 #include "kernels/cuda-forward.h"
 #include "kernels/cuda-model.h"
 #include "kernels/devmem.h"
+#include "kernels/fp8-lt.h"
 #include "kernels/ops.h"
 #include "lib/checkpoint.h"
 #include "lib/cpu-forward.h"
@@ -482,6 +484,9 @@ static int case_batch(void)
  * model directory, prompt P encoded in chunks: every depth printed, depths
  * up to check_upto checked against REL_BOUND.  (Deeper, these random
  * models amplify any rounding: case_rounding.) */
+/* FP8 models: give the context a cuBLASLt handle for the projections */
+static int fp8_lt;
+
 static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int64_t P,
                          int64_t chunk, int all_experts, int check_upto)
 {
@@ -525,6 +530,8 @@ static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int
         CHECK_OK(dg_kv_cache_init(&ckv, &m.cfg, P + CL, &err), &err);
         CHECK_OK(dg_cuda_model_upload(&gm, &m, elt, 0, &err), &err);
         CHECK_OK(dg_cuda_ctx_init(&cx, &gm, &err), &err);
+        if (fp8_lt && gm.fp8)
+            CHECK_OK(dg_fp8_lt_create(0, cx.stream, &cx.lt, &err), &err);
         CHECK_OK(dg_cuda_kv_init(&gkv, &gm, P + CL, (int)CL, &err), &err);
         CHECK_OK(dg_cpu_encode(&cpu, &ckv, prompt, P, NULL, &err), &err);
         for (int64_t t = 0; t < P; t += chunk) {
@@ -545,10 +552,11 @@ static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int
                     worst = a2;
                     wr = r;
                 }
-            printf("# %s %s (prompt %lld in chunks of %lld%s) cut after %d layers: relative "
-                   "error %.3g, row argmax agree %lld/%lld; worst row %lld: %.3g\n", name,
-                   elt == DG_ELT_F32 ? "f32" : "bf16", (long long)P, (long long)chunk,
-                   all_experts ? ", every expert" : "", d, e,
+            printf("# %s %s%s (prompt %lld in chunks of %lld%s) cut after %d layers: "
+                   "relative error %.3g, row argmax agree %lld/%lld; worst row %lld: %.3g\n",
+                   name, elt == DG_ELT_F32 ? "f32" : "bf16",
+                   gm.fp8 ? (cx.lt ? ", projections through cuBLASLt" : ", own FP8 GEMM") : "",
+                   (long long)P, (long long)chunk, all_experts ? ", every expert" : "", d, e,
                    (long long)agree, (long long)CL, (long long)wr, worst);
         }
         if (d <= check_upto)
@@ -729,8 +737,13 @@ static int case_fp8(void)
     /* the GPU against the CPU's W8A8 reference */
     rel_bound = FP8_REL_BOUND;
     argmax_bound = FP8_ARGMAX_BOUND;
-    bad += depth_profile(w8a8, "small-w8a8", DG_ELT_BF16, 100, 100, 1, 1) != 0;
-    bad += depth_profile(w8a8, "small-w8a8", DG_ELT_BF16, 100, 30, 0, -1) != 0;
+    /* (the projections on fp8-gemm.cu's kernel, then through cuBLASLt where
+     * it has an algorithm: fp8-lt.h) */
+    for (fp8_lt = 0; fp8_lt < 2; fp8_lt++) {
+        bad += depth_profile(w8a8, "small-w8a8", DG_ELT_BF16, 100, 100, 1, 1) != 0;
+        bad += depth_profile(w8a8, "small-w8a8", DG_ELT_BF16, 100, 30, 0, -1) != 0;
+    }
+    fp8_lt = 0;
     rel_bound = REL_BOUND;
     argmax_bound = ARGMAX_BOUND;
     CHECK(bad == 0);

@@ -8,8 +8,9 @@
  * 150 (two passes of 128), 3 and 16 rows at offsets with gaps between,
  * against dg_ref_fp8_linear (the sum in double): fp32 output within 1e-5
  * relative, bf16 output within 8e-3; rows in the gaps left as poisoned,
- * guard bytes after every output; shapes that do not fit refused.  Exit 77
- * where there is no GPU.
+ * guard bytes after every output; shapes that do not fit refused.  The
+ * same product through cuBLASLt (kernels/fp8-lt.h) at the projections'
+ * shapes, to the same bounds.  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -19,6 +20,7 @@
 
 #include "kernels/devmem.h"
 #include "kernels/fp8-gemm.h"
+#include "kernels/fp8-lt.h"
 #include "lib/dtype.h"
 #include "lib/fp8.h"
 #include "tests/gpu/gpu-util.h"
@@ -139,8 +141,9 @@ static void free_operands(struct operands *o)
  * poisoned.  acc: Y starts as random values (base) and the call adds to
  * them (dg_cuda_fp8_gemm_acc): the oracle is base + product, and rows of
  * no group must keep their base. */
-static int product(const char *what, int64_t rows, int groups, const int32_t *offsets,
-                   const int32_t *counts, int64_t N, int64_t K, int y_f32, int acc)
+static int product_by(struct dg_fp8_lt *lt, const char *what, int64_t rows, int groups,
+                      const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K,
+                      int y_f32, int acc, int *unsupported)
 {
     const size_t es = y_f32 ? 4 : 2, ybytes = (size_t)(rows * N) * es;
     struct operands o;
@@ -184,7 +187,15 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
     } else {
         hint = (int)rows;
     }
-    if (acc)
+    if (lt) {
+        const int r = dg_fp8_lt_gemm(lt, dy, y_f32, acc, dqa, dsa, dqw, dsw, rows, N, K, &err);
+        if (r == -DG_E_UNSUPPORTED) {
+            printf("# %s: %s\n", what, err.msg);
+            *unsupported = 1;
+            goto done;
+        }
+        CHECK_OK(r, &err);
+    } else if (acc)
         CHECK_OK(dg_cuda_fp8_gemm_acc(dy, y_f32, 1, dqa, dsa, dqw, dsw, doff, dcnt, groups, rows,
                                       N, K, hint, NULL, 0, &err), &err);
     else
@@ -224,14 +235,24 @@ static int product(const char *what, int64_t rows, int groups, const int32_t *of
             den += (double)ref[i] * ref[i];
         }
     rel = den > 0 ? sqrt(num / den) : 0;
-    printf("# fp8 GEMM %s, %s out%s: relative error %.2e\n", what, y_f32 ? "fp32" : "bf16",
-           acc ? ", accumulating" : "", rel);
+    printf("# fp8 GEMM%s %s, %s out%s: relative error %.2e\n", lt ? " (cuBLASLt)" : "", what,
+           y_f32 ? "fp32" : "bf16", acc ? ", accumulating" : "", rel);
     CHECK(rel <= (y_f32 ? 1e-5 : 8e-3));
+done:
     dg_cuda_free(dqa), dg_cuda_free(dsa), dg_cuda_free(dqw), dg_cuda_free(dsw), dg_cuda_free(dy);
     dg_cuda_free(doff), dg_cuda_free(dcnt);
     free_operands(&o);
     free(hy), free(ref), free(covered), free(base);
     return 0;
+}
+
+/* fp8-gemm.cu's kernel */
+static int product(const char *what, int64_t rows, int groups, const int32_t *offsets,
+                   const int32_t *counts, int64_t N, int64_t K, int y_f32, int acc)
+{
+    int unsupported = 0;
+    return product_by(NULL, what, rows, groups, offsets, counts, N, K, y_f32, acc,
+                      &unsupported);
 }
 
 static int gemm_one_group(void)
@@ -281,6 +302,49 @@ static int gemm_accumulate(void)
     return 0;
 }
 
+/* cuBLASLt's FP8 matmul with per-row and per-token scales (fp8-lt.h), one
+ * group of all rows, against the same oracle and bounds: the projections'
+ * shapes at batch 1 (256 canvas rows: q, k and o of a sliding layer, o of
+ * a full one, the dense MLP's gate and down), odd row counts, K of 48 and
+ * 1,056, and the accumulating form.  Shapes cuBLASLt has no algorithm for
+ * are listed; the case is skipped if it has none at all. */
+static int lt_gemm(void)
+{
+    static const int64_t shapes[][3] = {
+        {256, 4096, 2816}, {256, 2048, 2816}, {256, 2816, 4096}, {256, 2816, 8192},
+        {256, 2112, 2816}, {256, 2816, 2112}, {1, 64, 64},       {37, 128, 2816},
+        {600, 128, 256},   {3, 2816, 1056},   {9, 128, 48}};
+    struct dg_fp8_lt *lt = NULL;
+    struct dg_error err = {0};
+    int tried = 0, none = 0;
+    char what[96];
+    CHECK_OK(dg_fp8_lt_create(0, NULL, &lt, &err), &err);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int f = 0; f < 2; f++)
+            for (int acc = 0; acc < 2; acc++) {
+                int unsupported = 0;
+                if (acc && i % 3)
+                    continue; /* accumulating: every third shape */
+                snprintf(what, sizeof what, "%lld x %lld x %lld", (long long)shapes[i][0],
+                         (long long)shapes[i][1], (long long)shapes[i][2]);
+                CHECK(product_by(lt, what, shapes[i][0], 1, NULL, NULL, shapes[i][1],
+                                 shapes[i][2], f, acc, &unsupported) == 0);
+                tried++;
+                none += unsupported;
+            }
+    /* refusals of its own */
+    CHECK_FAILS(dg_fp8_lt_gemm(lt, NULL, 1, 0, NULL, NULL, NULL, NULL, 4, 64, 40, &err), &err,
+                DG_E_INVAL, "K a multiple of 16");
+    CHECK_FAILS(dg_fp8_lt_gemm(lt, NULL, 1, 0, NULL, NULL, NULL, NULL, 4, 60, 64, &err), &err,
+                DG_E_INVAL, "N of 8");
+    CHECK(dg_fp8_lt_gemm(lt, NULL, 1, 0, NULL, NULL, NULL, NULL, 0, 64, 64, &err) == 0);
+    dg_fp8_lt_destroy(lt);
+    printf("# cuBLASLt: %d of %d calls had an algorithm\n", tried - none, tried);
+    if (none == tried)
+        return test_skip("cuBLASLt has no FP8 algorithm with per-row scales on this GPU");
+    return 0;
+}
+
 static int refusals(void)
 {
     struct dg_error err = {0};
@@ -311,6 +375,7 @@ int main(void)
     TEST_CASE(gemm_one_group);
     TEST_CASE(gemm_groups);
     TEST_CASE(gemm_accumulate);
+    TEST_CASE(lt_gemm);
     TEST_CASE(refusals);
     return test_finish();
 }

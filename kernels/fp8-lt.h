@@ -1,0 +1,50 @@
+/*
+ * fp8-lt.h - the single-group W8A8 product through cuBLASLt's FP8 matmul,
+ * which runs on Hopper's FP8 tensor-core path (wgmma) that fp8-gemm.cu's
+ * mma.sync kernel does not reach.  The weights carry an fp32 scale per
+ * output row and the activations one per token, which cuBLASLt takes as
+ * "outer vector" scales:
+ *
+ *   Y[t, n] (+)= sa[t] * sw[n] * sum_k qa[t, k] * qw[n, k]
+ *
+ * the same product as dg_cuda_fp8_gemm_acc with one group (fp8-gemm.h),
+ * accumulated in fp32 and rounded once to Y's type.  Where cuBLASLt offers
+ * no algorithm for a shape (or this scaling on this GPU), the call says
+ * DG_E_UNSUPPORTED and the caller uses fp8-gemm.cu's kernel instead.
+ */
+#ifndef DG_FP8_LT_H
+#define DG_FP8_LT_H
+
+#include <stdint.h>
+
+#include "kernels/devmem.h"
+#include "lib/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct dg_fp8_lt;
+
+/* A cuBLASLt handle on GPU dev issuing on stream, with a workspace of its
+ * own (no call allocates, so calls can be captured in CUDA graphs).
+ * Errors: DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */
+int dg_fp8_lt_create(int dev, dg_stream_t stream, struct dg_fp8_lt **out, struct dg_error *err);
+void dg_fp8_lt_destroy(struct dg_fp8_lt *lt);
+
+/* Y [T, N] (row-major, fp32 when y_f32 else bf16) = or += (accumulate) the
+ * product above; qa [T, K] and qw [N, K] E4M3 bytes (row-major, 16-byte
+ * aligned), sa [T] and sw [N] fp32, all on the device.  K must be a
+ * multiple of 16 and N of 8.  The first call for a shape picks cuBLASLt's
+ * algorithm and keeps it (a few dozen shapes are kept; a replaced one is
+ * picked again when it comes back).  Errors: DG_E_INVAL (shapes),
+ * DG_E_UNSUPPORTED (no algorithm: use dg_cuda_fp8_gemm_acc), DG_E_CUBLAS. */
+int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accumulate, const uint8_t *qa,
+                   const float *sa, const uint8_t *qw, const float *sw, int64_t T, int64_t N,
+                   int64_t K, struct dg_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
