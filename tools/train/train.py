@@ -36,7 +36,7 @@ usage:
   train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
                  [--warmup N] [--init DIR-state.pt] [--engine lean|hf]
-                 [--compile 0|1] [--profile N]
+                 [--compile 0|1] [--profile N] [--hidden H]
     (writes the model to DIR and its fp32 weights to DIR-state.pt, which
     --init continues from)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
@@ -206,14 +206,25 @@ def self_check(device):
     return n
 
 
-def make_model():
+def text_config(hidden):
+    """TEXT_CONFIG at another width: the widths in the same proportions
+    (MLP 2x, heads of hidden/4, full-layer heads and experts hidden/2)."""
+    c = dict(TEXT_CONFIG)
+    if hidden != c["hidden_size"]:
+        assert hidden % 64 == 0, "hidden a multiple of 64 (FP8 and TP shapes)"
+        c.update(hidden_size=hidden, intermediate_size=2 * hidden, head_dim=hidden // 4,
+                 global_head_dim=hidden // 2, moe_intermediate_size=hidden // 2)
+    return c
+
+
+def make_model(hidden=TEXT_CONFIG["hidden_size"]):
     from transformers import Gemma4VisionConfig
     from transformers.models.diffusion_gemma import (DiffusionGemmaConfig,
                                                      DiffusionGemmaForBlockDiffusion)
     vision = Gemma4VisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                 num_attention_heads=1, num_key_value_heads=1, head_dim=8,
                                 position_embedding_size=8, patch_size=4)
-    cfg = DiffusionGemmaConfig(text_config=dict(TEXT_CONFIG), vision_config=vision.to_dict(),
+    cfg = DiffusionGemmaConfig(text_config=text_config(hidden), vision_config=vision.to_dict(),
                                canvas_length=CL)
     cfg.eos_token_id = [task.EOS, 6]
     return DiffusionGemmaForBlockDiffusion(cfg)
@@ -329,7 +340,7 @@ def train(args):
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
     print("sampler self-check:", self_check(dev), "problems agree with task.py", flush=True)
 
-    model = make_model().to(dev).train()
+    model = make_model(args.hidden).to(dev).train()
     n_tied = check_tied(model)
     init_scales(model, args.qk_norm_init, args.embed_std)
     if args.init:
@@ -579,6 +590,8 @@ def main():
                     help="1: run the lean forward through torch.compile")
     ap.add_argument("--profile", type=int, default=0,
                     help="N: profile N steps (from step %d) and print the heaviest operations" % PROFILE_FROM)
+    ap.add_argument("--hidden", type=int, default=TEXT_CONFIG["hidden_size"],
+                    help="model width (the other widths follow it: text_config)")
     ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
     ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a model)")
     ap.add_argument("--experts", default="grouped_mm",
