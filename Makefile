@@ -146,10 +146,12 @@ FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 BINS := $(EVAL_BIN) $(DAEMON_BIN) $(CLIENT_BIN)
 LIBS_OUT := $(LIBDGEMMA_A) $(LIBDGEMMA_SO) $(LIBDGEMMA_PC)
 
-# The embedded default model: the "small" preset with random weights and its
-# own tokenizer, generated deterministically at build time (its output is
-# noise until a trained model replaces it).
+# The embedded default model: model/default/ (trained, with its tokenizer)
+# copied into the build tree.
 DEFAULT_MODEL := $(BUILD)/model/default
+# random weights of the small preset: the daemon tests' model (its
+# generations run to their length; tests/integration/fixture.h)
+RANDOM_MODEL  := $(BUILD)/model/random
 ifeq ($(HAVE_CUDA),1)
 GPU_ALL := $(LIBCUDA)
 endif
@@ -159,7 +161,8 @@ endif
 .PHONY: all test test-asan test-tsan test-gpu fuzz eval check check-cpu-only deps install uninstall clean
 .DEFAULT_GOAL := all
 
-all: $(LIBCORE) $(BINS) $(LIBS_OUT) $(DEFAULT_MODEL)/config.json $(GPU_ALL)
+all: $(LIBCORE) $(BINS) $(LIBS_OUT) $(DEFAULT_MODEL)/config.json $(RANDOM_MODEL)/config.json \
+     $(GPU_ALL)
 
 # ---- rules -----------------------------------------------------------------
 $(BUILD)/%.o: %.c
@@ -230,10 +233,18 @@ $(EVAL_BIN): $(EVAL_OBJ) $(LIBDGEMMA_A) $(LIBCORE)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
-$(DEFAULT_MODEL)/config.json: $(EVAL_BIN)
+# the embedded default model: the checkpoint tools/train/train.py trained
+# (model/default/, docs/notes.md "Training the default model")
+DEFAULT_MODEL_SRC := $(wildcard model/default/*)
+$(DEFAULT_MODEL)/config.json: $(DEFAULT_MODEL_SRC)
 	$(call say,MODEL,$(DEFAULT_MODEL))
-	$(Q)rm -rf $(DEFAULT_MODEL) && mkdir -p $(dir $(DEFAULT_MODEL))
-	$(Q)$(EVAL_BIN) mkmodel --preset small --seed 1 --out $(DEFAULT_MODEL) >/dev/null
+	$(Q)rm -rf $(DEFAULT_MODEL) && mkdir -p $(DEFAULT_MODEL)
+	$(Q)cp $(DEFAULT_MODEL_SRC) $(DEFAULT_MODEL)/
+
+$(RANDOM_MODEL)/config.json: $(EVAL_BIN)
+	$(call say,MODEL,$(RANDOM_MODEL))
+	$(Q)rm -rf $(RANDOM_MODEL) && mkdir -p $(dir $(RANDOM_MODEL))
+	$(Q)$(EVAL_BIN) mkmodel --preset small --seed 1 --out $(RANDOM_MODEL) >/dev/null
 
 $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(DAEMON_LIB) $(LIBCORE)
 	$(call say,LINK,$@)
@@ -291,7 +302,8 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h
 
 # ---- test targets ----------------------------------------------------------
 test: all $(UNIT_BIN) $(INTEG_BIN)
-	$(Q)BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(INTEG_BIN) $(CLI_TESTS)
+	$(Q)BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(INTEG_BIN) $(CLI_TESTS) \
+	    tests/eval/t-eval-default.sh
 
 # The same suite built with ASan + UBSan, plus every fuzz target for
 # FUZZ_SMOKE_SECONDS, in one runner call.

@@ -38,7 +38,7 @@ then ok compare_detects_difference; else bad compare_detects_difference "$(cat "
 
 M=$BUILD/model/default
 if [ -f $M/tokenizer.json ] && run inspect_default 0 "$EVAL" inspect $M &&
-   has inspect_default out "layers        6 (5 sliding, 1 full), hidden 64, vocab 512" &&
+   has inspect_default out "layers        6 (4 sliding, 2 full), hidden 128, vocab 384" &&
    echo "2 5 363 364 6" | run fwd_default 0 "$EVAL" forward --model $M --prompt-ids - --out "$tmp/d.npy"
 then ok default_model; else bad default_model "$(cat "$tmp/inspect_default.err" "$tmp/fwd_default.err" 2>/dev/null)"; fi
 

@@ -24,6 +24,14 @@ const char *fixture_bin(const char *name)
     return buf[slot];
 }
 
+const char *fixture_random_model(void)
+{
+    static char buf[600];
+    const char *b = getenv("BUILD");
+    snprintf(buf, sizeof buf, "%s/model/random", b && *b ? b : "build");
+    return buf;
+}
+
 double fixture_now_ms(void)
 {
     struct timespec ts;
@@ -33,7 +41,7 @@ double fixture_now_ms(void)
 
 pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra)
 {
-    char o_sock[700], o_log[700];
+    char o_sock[700], o_log[700], o_model[700];
     const char *argv[64];
     const char *bin = fixture_bin("dgemmad");
     int n = 0;
@@ -46,6 +54,9 @@ pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra)
     argv[n++] = o_sock;
     argv[n++] = "-o";
     argv[n++] = o_log;
+    snprintf(o_model, sizeof o_model, "model=%s", fixture_random_model());
+    argv[n++] = "-o";
+    argv[n++] = o_model;
     /* (CI runs as root; the daemon refuses root unless told) */
     if (geteuid() == 0) {
         argv[n++] = "-o";

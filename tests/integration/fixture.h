@@ -15,9 +15,15 @@ const char *fixture_bin(const char *name);
 
 double fixture_now_ms(void);
 
-/* Start dgemmad on socket sock, logging to log, with "-o KEY=VALUE" for
- * each string of extra (NULL-terminated; may be NULL), and allow_root=true
- * when the test runs as root.  Returns the pid. */
+/* $BUILD/model/random: the small preset with random weights (dgemma-eval
+ * mkmodel), which almost never emits a stop id, so its generations run to
+ * their length (the trained default model answers in a few tokens). */
+const char *fixture_random_model(void);
+
+/* Start dgemmad on socket sock, logging to log, on fixture_random_model()
+ * (an extra "model=..." overrides it), with "-o KEY=VALUE" for each string
+ * of extra (NULL-terminated; may be NULL), and allow_root=true when the
+ * test runs as root.  Returns the pid. */
 pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra);
 
 /* Connect to a UNIX socket; -1 if nobody answers. */

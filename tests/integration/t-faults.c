@@ -846,7 +846,7 @@ static int bad_start(void)
 
     /* a truncated checkpoint */
     snprintf(trunc_dir, sizeof trunc_dir, "%s", test_path("trunc-model"));
-    snprintf(cmd, sizeof cmd, "cp -r '%s/model/default' '%s'", b && *b ? b : "build", trunc_dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/model/random' '%s'", b && *b ? b : "build", trunc_dir);
     CHECK(system(cmd) == 0);
     snprintf(cmd, sizeof cmd, "%s/model.safetensors", trunc_dir);
     CHECK(stat(cmd, &sb) == 0 && truncate(cmd, sb.st_size / 2) == 0);
@@ -856,7 +856,7 @@ static int bad_start(void)
 
     /* a tensor of the wrong shape: [512, 64] written as [64, 512] (the same bytes) */
     snprintf(shape_dir, sizeof shape_dir, "%s", test_path("shape-model"));
-    snprintf(cmd, sizeof cmd, "cp -r '%s/model/default' '%s'", b && *b ? b : "build", shape_dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/model/random' '%s'", b && *b ? b : "build", shape_dir);
     CHECK(system(cmd) == 0);
     {
         static char head[1 << 16];
