@@ -127,8 +127,10 @@ class Lean:
         m = rms(m, L.post_feedforward_layernorm_2.weight)
         return rms(d + m, L.post_feedforward_layernorm.weight)
 
-    def layer(self, l, x, cs, ctx_kv, causal, scalar):
-        """One layer: x [B, T, H] -> (x', (k, v) of these rows)."""
+    def layer(self, l, x, cs, ctx_kv, causal, scalar, mask=None):
+        """One layer: x [B, T, H] -> (x', (k, v) of these rows).  mask
+        (bool [B, 1, T, keys], true: may attend), if given, replaces the
+        causal or all-visible pattern."""
         L = self.dec.layers[l]
         a = rms(x, L.input_layernorm.weight)
         q, k, v = self.qkv(l, a, cs)
@@ -137,7 +139,8 @@ class Lean:
             vv = torch.cat([ctx_kv[1], v], 2)
         else:
             kk, vv = k, v
-        o = F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=1.0,
+        o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask,
+                                           is_causal=causal and mask is None, scale=1.0,
                                            enable_gqa=True)
         B, T, _ = x.shape
         o = o.transpose(1, 2).reshape(B, T, -1) @ L.self_attn.o_proj.weight.t()
@@ -151,29 +154,39 @@ class Lean:
 
     # -- the two modes --------------------------------------------------------
 
-    def encode(self, ids):
+    def encode(self, ids, pos=None, mask=None):
         """Encoder mode over ids [B, T] at positions 0..T-1 (causal):
         (final hidden states [B, T, H] before the final norm, per-layer
-        (k, v) [B, nkv, T, D])."""
+        (k, v) [B, nkv, T, D]).  Padded rows: positions pos [B, T] and an
+        attention mask [B, 1, T, T] instead."""
         B, T = ids.shape
         assert T < self.window, "sequence longer than the sliding window"
-        pos = torch.arange(T, device=ids.device)[None].expand(B, -1)
+        if pos is None:
+            pos = torch.arange(T, device=ids.device)[None].expand(B, -1)
         tabs = self.tables(pos)
         x = self.dec.embed_tokens.weight[ids] * self.emb_scale
         kv = []
         for l, kind in enumerate(self.kinds):
-            x, kvl = self.layer(l, x, tabs[kind], None, True, self.enc_layers[l].layer_scalar)
+            x, kvl = self.layer(l, x, tabs[kind], None, True, self.enc_layers[l].layer_scalar,
+                                mask)
             kv.append(kvl)
         return x, kv
 
-    def decode(self, ids, ctx_kv, start, sc_logits=None, sc_mask=None):
+    def decode(self, ids, ctx_kv, start, sc_logits=None, sc_mask=None, pos=None, ctx_mask=None):
         """Decoder mode over canvas ids [B, CL] at positions start.., reading
         the context's per-layer (k, v); sc_logits [B, CL, V] (the previous
         pass's logits over its temperature) condition rows where sc_mask
-        [B] is true.  Returns the canvas logits [B, CL, V]."""
+        [B] is true.  Returns the canvas logits [B, CL, V].  Padded rows:
+        positions pos [B, CL] and ctx_mask [B, 1, 1, keys] (true: a context
+        key the canvas may read; every canvas key is read) instead."""
         B, T = ids.shape
-        assert start + T < self.window, "context longer than the sliding window"
-        pos = torch.arange(start, start + T, device=ids.device)[None].expand(B, -1)
+        if pos is None:
+            assert start + T < self.window, "context longer than the sliding window"
+            pos = torch.arange(start, start + T, device=ids.device)[None].expand(B, -1)
+        mask = None
+        if ctx_mask is not None:
+            mask = torch.cat([ctx_mask.expand(B, 1, T, ctx_mask.shape[-1]),
+                              torch.ones((B, 1, T, T), dtype=torch.bool, device=ids.device)], -1)
         tabs = self.tables(pos)
         E = self.dec.embed_tokens.weight
         x = E[ids] * self.emb_scale
@@ -187,7 +200,8 @@ class Lean:
                      (u @ sc.up_proj.weight.t())) @ sc.down_proj.weight.t()
         x = rms(x)
         for l, kind in enumerate(self.kinds):
-            x, _ = self.layer(l, x, tabs[kind], ctx_kv[l], False, self.dec.layers[l].layer_scalar)
+            x, _ = self.layer(l, x, tabs[kind], ctx_kv[l], False, self.dec.layers[l].layer_scalar,
+                              mask)
         return self.logits(x)
 
 

@@ -20,8 +20,11 @@ The recipe (DiffusionGemma's published one, at toy scale):
     decoder pass without it (no gradient) gives logits, which, divided by a
     temperature T ~ U(0.4, 0.8) as generation divides them, condition the
     second pass.
-Every batch holds problems of one kind and size, so the prompts have one
-length and need no padding.
+A draw is problems of one kind and size.  With the lean forward
+(tools/train/lean.py, checked against transformers' at start) a step's
+batch holds several draws laid out in one fixed shape (tools/train/fixed.py,
+checked against unpadded batches at start) and runs as one CUDA graph;
+otherwise (--engine hf, --fixed 0) a batch is one draw, unpadded.
 
 Initialisation: Hugging Face's (embedding std 0.02) leaves the scaled
 embedding at RMS 0.02*sqrt(hidden) = 0.23 for hidden 128, against the
@@ -36,7 +39,8 @@ usage:
   train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
                  [--warmup N] [--init DIR-state.pt] [--engine lean|hf]
-                 [--compile 0|1] [--profile N] [--hidden H]
+                 [--compile 0|1] [--profile N] [--hidden H] [--fixed 0|1] [--parts N]
+                 [--graph 0|1]
     (writes the model to DIR and its fp32 weights to DIR-state.pt, which
     --init continues from)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
@@ -59,6 +63,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "task"))
 import task  # noqa: E402
 from lean import Lean, check  # noqa: E402
+import fixed  # noqa: E402
 
 CL = task.CANVAS
 V = task.VOCAB
@@ -158,11 +163,13 @@ class Sampler:
 
 
 def reserved_rows(prompt):
-    """task.reserved over each row of prompt ids, in torch."""
-    h = torch.zeros(prompt.shape[0], dtype=torch.long, device=prompt.device)
-    for j in range(prompt.shape[1]):
-        h = (h * 31 + prompt[:, j]) % task.HASH_P
-    return h % task.HOLDOUT_MOD == 0
+    """task.reserved over each row of prompt ids, in torch: the hash
+    h = (h * 31 + id) mod P over a row is sum_j id_j 31^(T-1-j) mod P
+    (each term below 384 * P, the sum far inside int64)."""
+    T = prompt.shape[1]
+    pw = torch.tensor([pow(31, T - 1 - j, task.HASH_P) for j in range(T)], dtype=torch.long,
+                      device=prompt.device)
+    return (prompt * pw).sum(1) % task.HASH_P % task.HOLDOUT_MOD == 0
 
 
 def canvases(ans, length):
@@ -372,14 +379,60 @@ def train(args):
                       (gated, LEAN_TOLERANCE), flush=True)
                 lean = None
     print("forward:", "lean" if lean else "transformers", flush=True)
-    if lean is not None and args.compile:
+    if lean is not None and args.compile and not args.fixed:
         compile_lean(lean)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01,
-                            fused=True)
     g = torch.Generator(device=dev).manual_seed(args.seed)
     s = Sampler(dev, g, args.seed)
     B = args.batch
+    use_fixed = lean is not None and args.fixed
+    if use_fixed:
+        assert B % args.parts == 0, "--batch a multiple of --parts"
+        b_part = B // args.parts
+
+        def draw_parts(n, rows):
+            out = []
+            for _ in range(n):
+                kind, prompt, canv, weight = draw(s, task.TASKS, rows)
+                out.append((task.TASKS.index(kind), prompt, canv, weight))
+            return out
+
+        # padded against unpadded: a two-canvas reversal, a lookup, a sum and
+        # a sort, 4 rows each
+        probe = []
+        for kind, blocks in (("reverse", 2), ("get", 1), ("add", 1), ("sort", 0)):
+            for _ in range(200):
+                _, prompt, canv, weight = draw(s, [kind], 4)
+                if not blocks or canv.shape[1] == blocks * CL:
+                    break
+            probe.append((task.TASKS.index(kind), prompt, canv, weight))
+        try:
+            worst, diffs = fixed.check(lean, probe, CL, V, dev)
+        except Exception as e:  # noqa: BLE001 (any failure: not trusted)
+            worst, diffs = math.inf, {"error %s: %s" % (type(e).__name__, str(e)[:300]): math.inf}
+        print("fixed-shape batches against unpadded (max abs difference):",
+              ", ".join("%s %.2e" % kv for kv in diffs.items()), flush=True)
+        if not worst <= LEAN_TOLERANCE:
+            print("fixed-shape batches disagree: batches of one shape each instead", flush=True)
+            use_fixed = False
+    if use_fixed:
+        lr_t = torch.tensor(args.lr, device=dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr_t, betas=(0.9, 0.98),
+                                weight_decay=0.01, capturable=True)
+        gstep = None
+        if args.graph:
+            try:
+                gstep = fixed.GraphStep(model, lean, opt, fixed.assemble(
+                    draw_parts(args.parts, b_part), CL, V, g, dev), V, 1.0)
+            except Exception as e:  # noqa: BLE001 (eager steps are always right)
+                print("CUDA graph capture failed (%s: %s): eager steps" %
+                      (type(e).__name__, str(e)[:300]), flush=True)
+                opt.zero_grad(set_to_none=True)
+        print("fixed-shape batches of %d parts of %d, %s" %
+              (args.parts, b_part, "one CUDA graph a step" if gstep else "eager"), flush=True)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
+                                weight_decay=0.01, fused=True)
     budget = args.minutes * 60.0
     log = open(args.log, "w", newline="")
     w = csv.writer(log)
@@ -389,12 +442,56 @@ def train(args):
     zero = lambda: torch.zeros((), device=dev)  # noqa: E731
     run = [zero(), zero(), zero(), 0]         # summed on the device: no wait per step
     acc_ema = {k: zero() for k in task.TASKS}
+
+    def log_step(step, lr, acc):
+        """Every 50 steps a CSV row (the means since the last), every
+        print_every a line; the only waits for the GPU."""
+        if step % 50:
+            return
+        n = run[3]
+        tot, cv, en = (float(x) / n for x in run[:3])
+        w.writerow([step, "%.1f" % (time.time() - t0), "%.3g" % lr, "%.4f" % tot,
+                    "%.4f" % cv, "%.4f" % en, "%.4f" % float(acc)])
+        log.flush()
+        if step % args.print_every == 0:
+            print("step %d %.0fs lr %.2e loss %.4f (canvas %.4f, encoder %.4f) acc %s" %
+                  (step, time.time() - t0, lr, tot, cv, en,
+                   " ".join("%s %.3f" % (k, float(v)) for k, v in sorted(acc_ema.items()))),
+                  flush=True)
+        run[:] = [zero(), zero(), zero(), 0]
     while True:
         el = time.time() - t0
         if el >= budget:
             break
         frac = el / budget
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        if use_fixed:
+            lr_t.fill_(lr)
+            S = fixed.assemble(draw_parts(args.parts, b_part), CL, V, g, dev)
+            if gstep:
+                gstep.S.copy_(S)
+                canvas_loss, enc_loss, acc_rows = gstep.step()
+            else:
+                opt.zero_grad(set_to_none=True)
+                canvas_loss, enc_loss, acc_rows = fixed.losses(lean, S, V)
+                (canvas_loss + enc_loss).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+            with torch.no_grad():
+                run[0] += canvas_loss + enc_loss
+                run[1] += canvas_loss
+                run[2] += enc_loss
+                acc = acc_rows.mean()
+                for k, name in enumerate(task.TASKS):
+                    m = (S.kind == k).float()
+                    cnt = m.sum()
+                    val = (acc_rows * m).sum() / cnt.clamp(min=1.0)
+                    acc_ema[name].copy_(torch.where(cnt > 0, 0.9 * acc_ema[name] + 0.1 * val,
+                                                    acc_ema[name]))
+            run[3] += 1
+            step += 1
+            log_step(step, lr, acc)
+            continue
         for grp in opt.param_groups:
             grp["lr"] = lr
 
@@ -472,18 +569,7 @@ def train(args):
             acc_ema[kind].mul_(0.9).add_(0.1 * acc)
         run[3] += 1
         step += 1
-        if step % 50 == 0:
-            n = run[3]
-            tot, cv, en = (float(x) / n for x in run[:3])
-            w.writerow([step, "%.1f" % (time.time() - t0), "%.3g" % lr, "%.4f" % tot,
-                        "%.4f" % cv, "%.4f" % en, "%.4f" % float(acc)])
-            log.flush()
-            if step % args.print_every == 0:
-                print("step %d %.0fs lr %.2e loss %.4f (canvas %.4f, encoder %.4f) acc %s" %
-                      (step, time.time() - t0, lr, tot, cv, en,
-                       " ".join("%s %.3f" % (k, float(v)) for k, v in sorted(acc_ema.items()))),
-                      flush=True)
-            run = [zero(), zero(), zero(), 0]
+        log_step(step, lr, acc)
     torch.cuda.synchronize()
     log.close()
     print("trained %d steps of %d in %.0f s" % (step, B, time.time() - t0), flush=True)
@@ -587,11 +673,18 @@ def main():
                     help="the training forward: lean (tools/train/lean.py, checked against "
                          "transformers' first) or transformers' own")
     ap.add_argument("--compile", type=int, default=0,
-                    help="1: run the lean forward through torch.compile")
+                    help="1: run the lean forward through torch.compile (with --fixed 0)")
     ap.add_argument("--profile", type=int, default=0,
                     help="N: profile N steps (from step %d) and print the heaviest operations" % PROFILE_FROM)
     ap.add_argument("--hidden", type=int, default=TEXT_CONFIG["hidden_size"],
                     help="model width (the other widths follow it: text_config)")
+    ap.add_argument("--fixed", type=int, default=1,
+                    help="1 (with the lean forward): fixed-shape batches of mixed kinds "
+                         "(tools/train/fixed.py), checked against unpadded ones first")
+    ap.add_argument("--parts", type=int, default=8,
+                    help="draws (one kind and size each) a fixed-shape batch holds")
+    ap.add_argument("--graph", type=int, default=1,
+                    help="1: with --fixed, each step one CUDA graph replay")
     ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
     ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a model)")
     ap.add_argument("--experts", default="grouped_mm",
