@@ -642,7 +642,7 @@ def plot(args):
                        ("encoder_loss", "encoder causal-LM cross-entropy")):
         ax.plot(step, [float(r[key]) for r in rows], label=label)
     ax.set_yscale("log")
-    ax.set_xlabel("step (batch %s)" % args.batch)
+    ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per token)")
     ax.set_title("Training the default model (tools/train/train.py)")
     ax.grid(True, which="both", alpha=0.3)
