@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Description: dgemma-eval accuracy against a running dgemmad (CPU backend,
-# the embedded default model, whose random weights answer wrongly): on the
+# the embedded default model, right or wrong as it happens: what is checked
+# is the scoring, against the texts the daemon returned): on the
 # first 6 problems of tests/eval/heldout.jsonl it prints a line per task
 # in order of first appearance, the total (N=6) and the steps per canvas,
 # and --results has the 6 problems in id order with an "ok" that says
