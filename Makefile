@@ -149,8 +149,8 @@ LIBS_OUT := $(LIBDGEMMA_A) $(LIBDGEMMA_SO) $(LIBDGEMMA_PC)
 # The embedded default model: model/default/ (trained, with its tokenizer)
 # copied into the build tree.
 DEFAULT_MODEL := $(BUILD)/model/default
-# random weights of the small preset: the daemon tests' model (its
-# generations run to their length; tests/integration/fixture.h)
+# random weights of the small preset: the daemon tests' model (its random
+# generations run long; tests/integration/fixture.h)
 RANDOM_MODEL  := $(BUILD)/model/random
 ifeq ($(HAVE_CUDA),1)
 GPU_ALL := $(LIBCUDA)

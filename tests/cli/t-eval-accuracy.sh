@@ -11,7 +11,9 @@
 # returned counts as correct, one off by a byte as wrong, and one the
 # daemon refuses as wrong with its error on stderr.  A bad key type or a
 # duplicate id is exit 2 naming the line, before any connection; no
-# daemon at the socket is exit 3; usage errors are exit 2.
+# daemon at the socket is exit 3; usage errors are exit 2; a daemon that
+# keeps refusing a problem as busy (one long request generating, no
+# queue) ends the run after --busy-timeout (exit 3).
 # (To keep the test fast, the daemon's own defaults are made small - one
 # canvas of at most 8 steps: default_max_tokens 32, max_denoising_steps 8;
 # the requests themselves carry no setting but the seed.)
@@ -143,5 +145,29 @@ fi
 
 kill -TERM $d; wait $d; st=$?; d=0
 [ $st -eq 0 ] && ok daemon_exit || bad daemon_exit "status $st: $(tail -3 "$tmp/d.log")"
+
+# ---- a daemon that stays busy: one long request generating, no queue; --busy-timeout 1
+# gives up after a second of busy refusals (exit 3) --------------------------------------
+if [ -e "$BUILD/model/random/config.json" ]; then
+    "$BIN/dgemmad" $ROOT_OK -o backend=cpu -o model="$BUILD/model/random" \
+        -o socket="$tmp/busy.sock" -o log_file="$tmp/busy.log" -o pin_workers=false \
+        -o max_batch=1 -o queue_max=0 &
+    d=$!
+    "$BIN/dgemma-client" -s "$tmp/busy.sock" --wait 15 --max-tokens 4000 --stop-id 300 x \
+        >/dev/null 2>&1 &
+    long=$!
+    for _ in $(seq 100); do
+        "$BIN/dgemma-client" -s "$tmp/busy.sock" status 2>/dev/null | grep -q "^running  *1" && break
+        sleep 0.1
+    done
+    if run busy 3 "$E" accuracy --problems "$HELDOUT" -s "$tmp/busy.sock" --limit 2 \
+           --busy-timeout 1 &&
+       has busy err "has refused problem 1 as busy for" && has busy err "0 of 2 problems done"
+    then ok busy_timeout; else bad busy_timeout "$(cat "$tmp/busy.err")"; fi
+    kill $long 2>/dev/null; wait $long 2>/dev/null
+    kill -TERM $d; wait $d; d=0
+else
+    echo "skip t-eval-accuracy/busy_timeout: $BUILD/model/random is not built"
+fi
 
 [ $fails -eq 0 ]

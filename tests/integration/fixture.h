@@ -16,8 +16,9 @@ const char *fixture_bin(const char *name);
 double fixture_now_ms(void);
 
 /* $BUILD/model/random: the small preset with random weights (dgemma-eval
- * mkmodel), which almost never emits a stop id, so its generations run to
- * their length (the trained default model answers in a few tokens). */
+ * mkmodel): the model these tests were written against, whose random
+ * generations run long (a stop id is 2 of its 512 ids), where the trained
+ * default model answers in a few tokens. */
 const char *fixture_random_model(void);
 
 /* Start dgemmad on socket sock, logging to log, on fixture_random_model()

@@ -20,6 +20,8 @@ enum state { ST_TODO = 0, ST_SENT, ST_DONE };
 struct item {
     enum state state;
     double retry_at;        /* busy: not before this (monotonic seconds) */
+    double busy_since;      /* refused as busy since then, without being accepted
+                               in between (0: not refused) */
     uint64_t id;            /* the daemon's request id, once accepted */
 };
 
@@ -32,6 +34,7 @@ struct run {
     size_t *queue;          /* sent lines not yet answered (a ring of `parallel`) */
     size_t q_head, q_len;
     int progress;
+    double busy_limit_s;    /* give up when one problem stays refused this long */
 };
 
 static double now_s(void)
@@ -164,11 +167,21 @@ static int on_answer(struct run *r, const dgemma_event_t *ev)
     r->q_len--;
     if (ev->kind == DGEMMA_EV_ACCEPTED) {
         r->it[i].id = ev->id;
+        r->it[i].busy_since = 0;
         return 0;
     }
     if (ev->code && !strcmp(ev->code, "busy")) {
+        const double t = now_s();
+        if (r->it[i].busy_since == 0)
+            r->it[i].busy_since = t;
+        else if (r->busy_limit_s > 0 && t - r->it[i].busy_since >= r->busy_limit_s) {
+            eval_errorf("accuracy: the daemon has refused problem %lld as busy for %.0f s "
+                        "(--busy-timeout); %zu of %zu problems done", (long long)r->v[i].id,
+                        t - r->it[i].busy_since, r->done, r->n);
+            return -1;
+        }
         r->it[i].state = ST_TODO;
-        r->it[i].retry_at = now_s() + BUSY_RETRY_S;
+        r->it[i].retry_at = t + BUSY_RETRY_S;
         r->sent--;
         return 0;
     }
@@ -217,10 +230,10 @@ static int on_done(struct run *r, const dgemma_event_t *ev)
 }
 
 int eval_accuracy_run(dgemma_t *c, const struct eval_problem *v, size_t n, int parallel,
-                      int progress, struct eval_outcome *out)
+                      double busy_limit_s, int progress, struct eval_outcome *out)
 {
     struct run r = {.c = c, .v = v, .out = out, .n = n, .parallel = (size_t)parallel,
-                    .progress = progress};
+                    .progress = progress, .busy_limit_s = busy_limit_s};
     size_t first_open = 0;
     int rc = 0;
 

@@ -25,15 +25,17 @@ struct eval_outcome {
 
 /* Send problems v[0..n) over c, at most parallel (>= 1) in flight, and
  * fill out[0..n) (zeroed by the caller).  A request the daemon refuses as
- * busy is sent again half a second later; any other refusal or failure is
+ * busy is sent again half a second later, until the daemon has refused it
+ * for busy_limit_s seconds in a row (0: no limit), which ends the run;
+ * any other refusal or failure is
  * the problem's outcome (wrong), printed to standard error with the
  * problem's id.  progress: show a progress line on standard error.
  * Returns 0 when every problem has an outcome; -1 after printing why when
  * the daemon went away or cannot go on with this run (the connection lost
- * or broken, the daemon shutting down or cancelling a request, out of
- * memory). */
+ * or broken, the daemon shutting down or cancelling a request, busy past
+ * busy_limit_s, out of memory). */
 int eval_accuracy_run(dgemma_t *c, const struct eval_problem *v, size_t n, int parallel,
-                      int progress, struct eval_outcome *out);
+                      double busy_limit_s, int progress, struct eval_outcome *out);
 
 /* Free an outcome's strings (and leave it zeroed). */
 void eval_outcome_free(struct eval_outcome *o);

@@ -20,13 +20,13 @@ enum {
     ACC_PASS = 0,    /* accuracy >= --min */
     ACC_BELOW = 1,   /* below --min (or the results not written, out of memory) */
     ACC_USAGE = 2,   /* usage, or a bad problems file */
-    ACC_LOST = 3,    /* the daemon is unreachable or went away */
+    ACC_LOST = 3,    /* the daemon is unreachable, went away or stayed busy */
 };
 
 static const char usage[] =
     "usage: dgemma-eval accuracy --problems FILE [-s SOCKET] [--wait SECONDS]\n"
     "                            [--limit N] [--parallel N] [--min FRACTION]\n"
-    "                            [--results FILE]\n"
+    "                            [--results FILE] [--busy-timeout SECONDS]\n"
     "Send each problem of FILE (JSON lines {\"id\": N, \"task\": \"...\", \"prompt\":\n"
     "\"...\", \"answer\": \"...\"}) to the running daemon as a text request (seed =\n"
     "its id, the model's default settings) and compare the text with the answer\n"
@@ -35,12 +35,15 @@ static const char usage[] =
     "else " DGEMMA_DEFAULT_SOCKET "; --wait (default 0) waits that long for it.\n"
     "--limit: only the first N problems.  --parallel (default 8): requests in\n"
     "flight at once.  --results: one JSON line per problem, in id order.\n"
+    "--busy-timeout (default 600; 0: none): give up when the daemon has refused\n"
+    "one problem as busy for that long.\n"
     "Exit status: 0 accuracy >= --min (default 0), 1 below it, 2 usage or a bad\n"
-    "problems file (nothing is sent), 3 the daemon is unreachable or went away.\n";
+    "problems file (nothing is sent), 3 the daemon is unreachable, went away or\n"
+    "stayed busy.\n";
 
 struct acc_opts {
     const char *problems, *socket, *results;
-    double wait_s, min;
+    double wait_s, min, busy_s;
     long long limit;     /* 0: all */
     int parallel;
 };
@@ -74,7 +77,7 @@ static int number_arg(int argc, char **argv, int *i, double lo, double hi, int i
  * a usage error: 2, printed). */
 static int parse_options(int argc, char **argv, struct acc_opts *o)
 {
-    *o = (struct acc_opts){.parallel = 8};
+    *o = (struct acc_opts){.parallel = 8, .busy_s = 600};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         double x;
@@ -107,6 +110,9 @@ static int parse_options(int argc, char **argv, struct acc_opts *o)
                 return ACC_USAGE;
         } else if (!strcmp(a, "--wait")) {
             if (number_arg(argc, argv, &i, 0, 3600, 0, &o->wait_s) < 0)
+                return ACC_USAGE;
+        } else if (!strcmp(a, "--busy-timeout")) {
+            if (number_arg(argc, argv, &i, 0, 86400, 0, &o->busy_s) < 0)
                 return ACC_USAGE;
         } else {
             eval_errorf("accuracy: unexpected argument '%s'", a);
@@ -238,7 +244,7 @@ int cmd_accuracy(int argc, char **argv)
         rc = ACC_BELOW;
     } else if (dgemma_connect(c, o.socket, o.wait_s) < 0) {
         eval_errorf("accuracy: cannot reach the daemon: %s", dgemma_errmsg(c));
-    } else if (eval_accuracy_run(c, ps.v, n, o.parallel, isatty(2), out) == 0) {
+    } else if (eval_accuracy_run(c, ps.v, n, o.parallel, o.busy_s, isatty(2), out) == 0) {
         double acc = report(ps.v, out, n);
         rc = acc >= o.min ? ACC_PASS : ACC_BELOW;
         if (rc == ACC_BELOW)
