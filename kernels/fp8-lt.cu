@@ -187,12 +187,14 @@ extern "C" int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accu
                                                    &sa, sizeof sa));
     s = cublasLtMatmul(lt->h, p->op, &alpha, qw, p->a, qa, p->b, &beta, y, p->c, y, p->c,
                        &p->algo, lt->ws, LT_WORKSPACE, lt->stream);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
-        /* (the heuristic offered it, the call refuses it: never again) */
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+        /* the heuristic offered it and the call refuses it (cuBLASLt says
+         * INVALID_VALUE for a scale mode it does not take with these
+         * types): this shape never again */
         p->ok = 0;
         return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: cuBLASLt refused its FP8 algorithm "
-                            "for [%lld x %lld] by [%lld x %lld]", dev, (long long)T,
-                            (long long)K, (long long)N, (long long)K);
+                            "for [%lld x %lld] by [%lld x %lld] (%s)", dev, (long long)T,
+                            (long long)K, (long long)N, (long long)K, cublasGetStatusName(s));
     }
     DG_CUBLAS_CHECK(s);
 out:
