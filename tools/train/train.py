@@ -416,9 +416,9 @@ def train(args):
             print("fixed-shape batches disagree: batches of one shape each instead", flush=True)
             use_fixed = False
     if use_fixed:
-        lr_t = torch.tensor(args.lr, device=dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr_t, betas=(0.9, 0.98),
-                                weight_decay=0.01, capturable=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=dev),
+                                betas=(0.9, 0.98), weight_decay=0.01, capturable=True)
+        lr_t = opt.param_groups[0]["lr"]   # (the tensor the optimizer, and its graph, read)
         gstep = None
         if args.graph:
             try:
