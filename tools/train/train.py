@@ -38,7 +38,7 @@ hash) are never trained on.
 usage:
   train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
-                 [--warmup N] [--init DIR-state.pt] [--engine lean|hf]
+                 [--warmup N] [--init DIR-state.pt|MODEL_DIR] [--engine lean|hf]
                  [--compile 0|1] [--profile N] [--hidden H] [--fixed 0|1] [--parts N]
                  [--graph 0|1]
     (writes the model to DIR and its fp32 weights to DIR-state.pt, which
@@ -351,7 +351,15 @@ def train(args):
     n_tied = check_tied(model)
     init_scales(model, args.qk_norm_init, args.embed_std)
     if args.init:
-        model.load_state_dict(torch.load(args.init, map_location=dev))
+        if os.path.isdir(args.init):
+            # a saved model (bf16, as shipped in model/default): its weights in fp32
+            from transformers.models.diffusion_gemma import DiffusionGemmaForBlockDiffusion
+            src = DiffusionGemmaForBlockDiffusion.from_pretrained(args.init).float()
+            state = src.state_dict()
+            del src
+        else:
+            state = torch.load(args.init, map_location=dev)
+        model.load_state_dict(state)
         print("weights from", args.init, flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print("parameters %d (%d encoder tensors tied to the decoder's)" % (n_params, n_tied), flush=True)
@@ -686,7 +694,8 @@ def main():
     ap.add_argument("--graph", type=int, default=1,
                     help="1: with --fixed, each step one CUDA graph replay")
     ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
-    ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a model)")
+    ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a "
+                                   "model) or a saved model's directory (model/default)")
     ap.add_argument("--experts", default="grouped_mm",
                     help="transformers' experts backend (eager, grouped_mm, batched_mm)")
     args = ap.parse_args()
