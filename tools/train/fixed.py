@@ -98,19 +98,28 @@ def assemble(parts, CL, V, g, dev):
     return out
 
 
-def losses(lean, S, V):
-    """(canvas loss, encoder loss, per-row canvas accuracy [B]) of batch S:
-    the same per-row means, weighted by S.weight, as the unpadded step."""
+def passes(lean, S, V):
+    """The passes of a training step on batch S: (encoder cross-entropy per
+    row [B], mean over its real positions; the decoder's first-pass logits
+    z1, without gradient; the self-conditioned logits z [B, CL, V])."""
     B, L = S.ids.shape
     x, kv = lean.encode(S.ids, S.pos, S.enc_mask)
     ce = F.cross_entropy(lean.logits(x[:, :-1]).reshape(-1, V), S.ids[:, 1:].reshape(-1),
                          reduction="none").view(B, L - 1)
     enc_row = (ce * S.enc_w).sum(1) / S.enc_w.sum(1).clamp(min=1.0)
-    wsum = S.weight.sum().clamp(min=1.0)
-    enc_loss = (enc_row * S.weight).sum() / wsum
     with torch.no_grad():
         z1 = lean.decode(S.noisy, kv, 0, pos=S.dec_pos, ctx_mask=S.ctx_mask)
     z = lean.decode(S.noisy, kv, 0, z1 / S.temp, S.use_sc, pos=S.dec_pos, ctx_mask=S.ctx_mask)
+    return enc_row, z1, z
+
+
+def losses(lean, S, V):
+    """(canvas loss, encoder loss, per-row canvas accuracy [B]) of batch S:
+    the same per-row means, weighted by S.weight, as the unpadded step."""
+    B = S.ids.shape[0]
+    enc_row, _, z = passes(lean, S, V)
+    wsum = S.weight.sum().clamp(min=1.0)
+    enc_loss = (enc_row * S.weight).sum() / wsum
     cl = F.cross_entropy(z.reshape(-1, V), S.target.reshape(-1), reduction="none")
     canvas_loss = (cl.view(B, -1).mean(1) * S.weight).sum() / wsum
     acc = (z.argmax(-1) == S.target).float().mean(1)
@@ -128,14 +137,7 @@ def check(lean, parts, CL, V, dev):
         with torch.no_grad():
             g = torch.Generator(device=dev).manual_seed(11)
             S = assemble(parts, CL, V, g, dev)
-            B, L = S.ids.shape
-            x, kv = lean.encode(S.ids, S.pos, S.enc_mask)
-            ce = F.cross_entropy(lean.logits(x[:, :-1]).reshape(-1, V), S.ids[:, 1:].reshape(-1),
-                                 reduction="none").view(B, L - 1)
-            enc_row = (ce * S.enc_w).sum(1) / S.enc_w.sum(1).clamp(min=1.0)
-            z1 = lean.decode(S.noisy, kv, 0, pos=S.dec_pos, ctx_mask=S.ctx_mask)
-            z2 = lean.decode(S.noisy, kv, 0, z1 / S.temp, S.use_sc, pos=S.dec_pos,
-                             ctx_mask=S.ctx_mask)
+            enc_row, z1, z2 = passes(lean, S, V)
             d = {"canvas logits": 0.0, "canvas logits, self-conditioned": 0.0,
                  "encoder loss per row": 0.0}
             r0 = 0
