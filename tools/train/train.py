@@ -81,7 +81,7 @@ TEXT_CONFIG = dict(
 GENERATION_CONFIG = {
     "confidence_threshold": 0.005, "eos_token_id": [task.EOS, 6], "max_denoising_steps": 48,
     "max_new_tokens": 64, "pad_token_id": task.PAD,
-    "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1},
+    "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.001},
     "stability_threshold": 1, "t_max": 0.8, "t_min": 0.4,
 }
 
