@@ -264,7 +264,7 @@ static int rank_init(struct grank *R, struct dg_error *err)
                   : dg_cuda_model_random_q_rank(&R->model, o->cfg, o->seed, o->fp8, plan,
                                                 R->index, R->dev, err);
     if (rc >= 0 && R->model.fp8 && !o->fp8_own_gemm)
-        rc = dg_fp8_lt_create(R->dev, R->cx.stream, &R->cx.lt, err);
+        rc = dg_fp8_lt_create(R->dev, R->cx.stream, 0, &R->cx.lt, err);
     return rc;
 }
 

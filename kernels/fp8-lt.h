@@ -2,15 +2,16 @@
  * fp8-lt.h - the single-group W8A8 product through cuBLASLt's FP8 matmul,
  * which runs on Hopper's FP8 tensor-core path (wgmma) that fp8-gemm.cu's
  * mma.sync kernel does not reach.  The weights carry an fp32 scale per
- * output row and the activations one per token, which cuBLASLt takes as
- * "outer vector" scales:
+ * output row and the activations one per token:
  *
  *   Y[t, n] (+)= sa[t] * sw[n] * sum_k qa[t, k] * qw[n, k]
  *
  * the same product as dg_cuda_fp8_gemm_acc with one group (fp8-gemm.h),
- * accumulated in fp32 and rounded once to Y's type.  Where cuBLASLt offers
- * no algorithm for a shape (or this scaling on this GPU), the call says
- * DG_E_UNSUPPORTED and the caller uses fp8-gemm.cu's kernel instead.
+ * accumulated in fp32 and rounded once to Y's type.  cuBLASLt applies the
+ * scales itself where it offers its "outer vector" scale modes; else the
+ * product goes through FP8 with unit scales into an fp32 scratch and a
+ * scaling pass (fp8-lt.cu).  Where cuBLASLt offers neither for a shape,
+ * the call says DG_E_UNSUPPORTED and the caller uses fp8-gemm.cu's kernel.
  */
 #ifndef DG_FP8_LT_H
 #define DG_FP8_LT_H
@@ -26,10 +27,15 @@ extern "C" {
 
 struct dg_fp8_lt;
 
-/* A cuBLASLt handle on GPU dev issuing on stream, with a workspace of its
- * own (no call allocates, so calls can be captured in CUDA graphs).
- * Errors: DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */
-int dg_fp8_lt_create(int dev, dg_stream_t stream, struct dg_fp8_lt **out, struct dg_error *err);
+/* flags for dg_fp8_lt_create: never the outer-vector modes (to test the
+ * unit-scale way where both exist) */
+#define DG_FP8_LT_UNIT_SCALES 1u
+
+/* A cuBLASLt handle on GPU dev issuing on stream, with a workspace and a
+ * 64 MB scratch of its own (no call allocates, so calls can be captured
+ * in CUDA graphs).  Errors: DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */
+int dg_fp8_lt_create(int dev, dg_stream_t stream, unsigned flags, struct dg_fp8_lt **out,
+                     struct dg_error *err);
 void dg_fp8_lt_destroy(struct dg_fp8_lt *lt);
 
 /* Y [T, N] (row-major, fp32 when y_f32 else bf16) = or += (accumulate) the
@@ -42,6 +48,12 @@ void dg_fp8_lt_destroy(struct dg_fp8_lt *lt);
 int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accumulate, const uint8_t *qa,
                    const float *sa, const uint8_t *qw, const float *sw, int64_t T, int64_t N,
                    int64_t K, struct dg_error *err);
+
+/* How the shape's calls go: "outer-vector scales", "unit scales and a
+ * scaling pass", "none" (DG_E_UNSUPPORTED) or "not tried" (no call yet, or
+ * its plan was replaced).  A static string. */
+const char *dg_fp8_lt_mode(struct dg_fp8_lt *lt, int64_t T, int64_t N, int64_t K, int y_f32,
+                           int accumulate);
 
 #ifdef __cplusplus
 }

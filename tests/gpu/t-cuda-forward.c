@@ -531,7 +531,7 @@ static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int
         CHECK_OK(dg_cuda_model_upload(&gm, &m, elt, 0, &err), &err);
         CHECK_OK(dg_cuda_ctx_init(&cx, &gm, &err), &err);
         if (fp8_lt && gm.fp8)
-            CHECK_OK(dg_fp8_lt_create(0, cx.stream, &cx.lt, &err), &err);
+            CHECK_OK(dg_fp8_lt_create(0, cx.stream, 0, &cx.lt, &err), &err);
         CHECK_OK(dg_cuda_kv_init(&gkv, &gm, P + CL, (int)CL, &err), &err);
         CHECK_OK(dg_cpu_encode(&cpu, &ckv, prompt, P, NULL, &err), &err);
         for (int64_t t = 0; t < P; t += chunk) {
