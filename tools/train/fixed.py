@@ -167,19 +167,28 @@ def check(lean, parts, CL, V, dev):
     return max(d.values()), d
 
 
+def autocast(amp):
+    """The forward's autocast context: bf16 matrix products (fp32 weights,
+    fp32 losses) when amp, else none.  No cast cache, so it can be
+    captured in a CUDA graph."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=bool(amp), cache_enabled=False)
+
+
 class GraphStep:
     """The whole training step on the static batch S, captured in a CUDA
     graph after three warm-up steps at learning rate 0 on a side stream
-    (the optimizer must be capturable, its learning rate a device tensor).
-    step() replays it and returns (canvas loss, encoder loss, row accuracy)
-    tensors, overwritten by the next step."""
+    (the optimizer must be capturable, its learning rate a device tensor),
+    the forward under autocast(amp).  step() replays it and returns (canvas
+    loss, encoder loss, row accuracy) tensors, overwritten by the next
+    step."""
 
-    def __init__(self, model, lean, opt, S, V, clip):
+    def __init__(self, model, lean, opt, S, V, clip, amp=False):
         self.S = S
         params = [p for p in model.parameters() if p.requires_grad]
 
         def body():
-            cl, el, acc = losses(lean, S, V)
+            with autocast(amp):
+                cl, el, acc = losses(lean, S, V)
             (cl + el).backward()
             torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()

@@ -40,7 +40,7 @@ usage:
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
                  [--warmup N] [--init DIR-state.pt|MODEL_DIR] [--engine lean|hf]
                  [--compile 0|1] [--profile N] [--hidden H] [--fixed 0|1] [--parts N]
-                 [--graph 0|1]
+                 [--graph 0|1] [--amp 0|1]
     (writes the model to DIR and its fp32 weights to DIR-state.pt, which
     --init continues from)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
@@ -91,8 +91,18 @@ GENERATION_CONFIG = {
 LEAN_TOLERANCE = 2e-3
 
 
+_IDS = {}
+
+
 def ids_of(text, device):
-    return torch.tensor([task.char_id(c) for c in text], dtype=torch.long, device=device)
+    """text's ids [len] on device, made once per text: a tensor built from a
+    host list is a copy from pageable memory, which waits for the stream
+    (and so for the step the GPU is running) before it starts."""
+    key = (text, str(device))
+    if key not in _IDS:
+        _IDS[key] = torch.tensor([task.char_id(c) for c in text], dtype=torch.long,
+                                 device=device)
+    return _IDS[key]
 
 
 class Sampler:
@@ -143,7 +153,7 @@ class Sampler:
             idx = torch.arange(k, device=self.dev)[None, :] + lead[:, None]
             ans = torch.gather(sd, 1, idx.clamp(max=k - 1)) + self.zero
             length = k - lead
-            ans[idx >= k] = task.PAD
+            ans = torch.where(idx >= k, task.PAD, ans)   # (a masked store would wait for the GPU)
             prompt = torch.cat([bos, self.const("add ", B), da + self.zero, self.const("+", B),
                                 db + self.zero], 1)
             return prompt, ans, length
@@ -162,14 +172,19 @@ class Sampler:
         raise ValueError(kind)
 
 
+_POWERS = {}
+
+
 def reserved_rows(prompt):
     """task.reserved over each row of prompt ids, in torch: the hash
     h = (h * 31 + id) mod P over a row is sum_j id_j 31^(T-1-j) mod P
     (each term below 384 * P, the sum far inside int64)."""
     T = prompt.shape[1]
-    pw = torch.tensor([pow(31, T - 1 - j, task.HASH_P) for j in range(T)], dtype=torch.long,
-                      device=prompt.device)
-    return (prompt * pw).sum(1) % task.HASH_P % task.HOLDOUT_MOD == 0
+    key = (T, str(prompt.device))
+    if key not in _POWERS:   # (made once per length: see ids_of)
+        _POWERS[key] = torch.tensor([pow(31, T - 1 - j, task.HASH_P) for j in range(T)],
+                                    dtype=torch.long, device=prompt.device)
+    return (prompt * _POWERS[key]).sum(1) % task.HASH_P % task.HOLDOUT_MOD == 0
 
 
 def canvases(ans, length):
@@ -179,9 +194,8 @@ def canvases(ans, length):
     out = torch.full((B, nblk * CL), task.PAD, dtype=torch.long, device=ans.device)
     out[:, :A] = ans
     pos = torch.arange(nblk * CL, device=ans.device)[None, :]
-    out[pos == length[:, None]] = task.EOS
-    out[pos > length[:, None]] = task.PAD
-    return out
+    out = torch.where(pos == length[:, None], task.EOS, out)
+    return torch.where(pos > length[:, None], task.PAD, out)
 
 
 def draw(sampler, kinds, B):
@@ -428,16 +442,20 @@ def train(args):
                                 betas=(0.9, 0.98), weight_decay=0.01, capturable=True)
         lr_t = opt.param_groups[0]["lr"]   # (the tensor the optimizer, and its graph, read)
         gstep = None
-        if args.graph:
+        amp = bool(args.amp)
+        for try_amp in ([True, False] if amp else [False]) if args.graph else []:
             try:
                 gstep = fixed.GraphStep(model, lean, opt, fixed.assemble(
-                    draw_parts(args.parts, b_part), CL, V, g, dev), V, 1.0)
+                    draw_parts(args.parts, b_part), CL, V, g, dev), V, 1.0, try_amp)
+                amp = try_amp
+                break
             except Exception as e:  # noqa: BLE001 (eager steps are always right)
-                print("CUDA graph capture failed (%s: %s): eager steps" %
-                      (type(e).__name__, str(e)[:300]), flush=True)
+                print("CUDA graph capture%s failed (%s: %s)" % (" with bf16 autocast" if try_amp
+                      else "", type(e).__name__, str(e)[:300]), flush=True)
                 opt.zero_grad(set_to_none=True)
-        print("fixed-shape batches of %d parts of %d, %s" %
-              (args.parts, b_part, "one CUDA graph a step" if gstep else "eager"), flush=True)
+        print("fixed-shape batches of %d parts of %d, %s, %s" %
+              (args.parts, b_part, "one CUDA graph a step" if gstep else "eager",
+               "bf16 autocast" if amp else "fp32 (TF32 products)"), flush=True)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
                                 weight_decay=0.01, fused=True)
@@ -449,6 +467,10 @@ def train(args):
     step = 0
     zero = lambda: torch.zeros((), device=dev)  # noqa: E731
     run = [zero(), zero(), zero(), 0]         # summed on the device: no wait per step
+    # (fixed-shape path) the host's time preparing batches, and the GPU's
+    # for the last step (events around it), printed with each line
+    timing = {"host": 0.0, "steps": 0,
+              "ev": [torch.cuda.Event(enable_timing=True) for _ in range(2)]}
     acc_ema = {k: zero() for k in task.TASKS}
 
     def log_step(step, lr, acc):
@@ -466,6 +488,12 @@ def train(args):
                   (step, time.time() - t0, lr, tot, cv, en,
                    " ".join("%s %.3f" % (k, float(v)) for k, v in sorted(acc_ema.items()))),
                   flush=True)
+            if timing["steps"]:
+                timing["ev"][1].synchronize()
+                print("  a step: batch preparation on the host %.1f ms, the GPU's step %.1f ms" %
+                      (timing["host"] * 1e3 / timing["steps"],
+                       timing["ev"][0].elapsed_time(timing["ev"][1])), flush=True)
+                timing["host"], timing["steps"] = 0.0, 0
         run[:] = [zero(), zero(), zero(), 0]
     while True:
         el = time.time() - t0
@@ -474,17 +502,23 @@ def train(args):
         frac = el / budget
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         if use_fixed:
+            t_host = time.perf_counter()
             lr_t.fill_(lr)
             S = fixed.assemble(draw_parts(args.parts, b_part), CL, V, g, dev)
+            timing["host"] += time.perf_counter() - t_host
+            timing["steps"] += 1
+            timing["ev"][0].record()
             if gstep:
                 gstep.S.copy_(S)
                 canvas_loss, enc_loss, acc_rows = gstep.step()
             else:
                 opt.zero_grad(set_to_none=True)
-                canvas_loss, enc_loss, acc_rows = fixed.losses(lean, S, V)
+                with fixed.autocast(amp):
+                    canvas_loss, enc_loss, acc_rows = fixed.losses(lean, S, V)
                 (canvas_loss + enc_loss).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
+            timing["ev"][1].record()
             with torch.no_grad():
                 run[0] += canvas_loss + enc_loss
                 run[1] += canvas_loss
@@ -693,6 +727,9 @@ def main():
                     help="draws (one kind and size each) a fixed-shape batch holds")
     ap.add_argument("--graph", type=int, default=1,
                     help="1: with --fixed, each step one CUDA graph replay")
+    ap.add_argument("--amp", type=int, default=0,
+                    help="1: with --fixed, the forward under bf16 autocast (fp32 weights and "
+                         "losses); if its graph fails to capture, fp32")
     ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
     ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a "
                                    "model) or a saved model's directory (model/default)")
