@@ -11,12 +11,13 @@
  * (accumulating: Y[r, n] += that, the sum rounded to Y's type once)
  * the sum in fp32 on the tensor cores (mma.sync m16n8k32, e4m3 x e4m3),
  * the products of two E4M3 values exact.  Block (64 columns, group j), 4
- * warps of 16 columns; the group's rows MT x 16 at a time; K in steps of 64
- * bytes through a four-stage cp.async pipeline of the weight tile [64 x 64]
- * and the row tile [MT 16 x 64]; rows past the group's count, and bytes
- * past K in the last step (K a multiple of 16, not necessarily of 64: a
- * rank's share of a width), load as zeros and add nothing; those rows are
- * not stored.  Each weight byte is read once per pass.  One group
+ * warps of 16 columns; the group's rows MT x 16 at a time; K in steps of BK
+ * bytes through an ST-stage cp.async pipeline of the weight tile [64 x BK]
+ * and the row tile [MT 16 x BK] (BK and ST: a configuration, fp8-gemm.h;
+ * the default, 64 bytes and 4 stages, is the one measured so far); rows past
+ * the group's count, and bytes past K in the last step (K a multiple of
+ * 16, not necessarily of BK: a rank's share of a width), load as zeros
+ * and add nothing; those rows are not stored.  Each weight byte is read once per pass.  One group
  * of many rows (a projection at a large batch) spreads its passes over
  * grid.z, so that N / 64 blocks do not leave most of the GPU idle. */
 #include "kernels/fp8-gemm.h"
@@ -30,9 +31,15 @@
 #include "kernels/mma.cuh"
 
 #define F8_BN 64
-#define F8_BK 64 /* bytes = values */
-#define F8_STAGES 4
-#define F8_LD (F8_BK + 16) /* shared row stride in bytes: conflict-free ldmatrix */
+
+/* The configurations' names (fp8-gemm.h), in launch_config's order: K
+ * step in bytes (= values) and pipeline stages.  The shared row stride is
+ * BK + 16 bytes, 16 modulo 128: ldmatrix's eight rows fall in distinct
+ * banks. */
+static const char *const CONFIGS[] = {"K step 64 bytes, 4 stages", "K step 128 bytes, 4 stages",
+                                      "K step 128 bytes, 3 stages", "K step 256 bytes, 3 stages",
+                                      "K step 64 bytes, 8 stages"};
+#define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
 /* ---- quantize ---------------------------------------------------------------- */
 
@@ -90,16 +97,19 @@ out:
 
 /* ---- the product ------------------------------------------------------------- */
 
-/* grid (N / 64, groups), 128 threads; MT m-tiles of 16 rows a pass */
-template <int MT, typename Out>
+/* grid (N / 64, groups), 128 threads; MT m-tiles of 16 rows a pass, K in
+ * steps of BK bytes through ST stages */
+template <int MT, int BK, int ST, typename Out>
 __global__ static void __launch_bounds__(128)
     fp8_gemm_kernel(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
                     const float *SW, const int32_t *offsets, const int32_t *counts,
                     int64_t rows_all, int64_t N, int64_t K, int accumulate)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    unsigned char *Ws = smem;                                  /* [STAGES][BN][LD] */
-    unsigned char *Xs = Ws + F8_STAGES * F8_BN * F8_LD;        /* [STAGES][MT 16][LD] */
+    constexpr int LD = BK + 16;                  /* shared row stride, bytes */
+    constexpr int CH = BK / 16;                  /* 16-byte copies a row a step */
+    unsigned char *Ws = smem;                    /* [ST][BN][LD] */
+    unsigned char *Xs = Ws + ST * F8_BN * LD;    /* [ST][MT 16][LD] */
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * F8_BN;
@@ -107,7 +117,7 @@ __global__ static void __launch_bounds__(128)
     const int64_t row0 = offsets ? offsets[j] : 0;
     const uint8_t *Wj = QW + (int64_t)j * N * K + n0 * K;
     const float *SWj = SW + (int64_t)j * N;
-    const int ksteps = (int)((K + F8_BK - 1) / F8_BK);
+    const int ksteps = (int)((K + BK - 1) / BK);
 
     /* passes of MT x 16 rows, spread over gridDim.z blocks */
     for (int64_t p0 = (int64_t)blockIdx.z * MT * 16; p0 < count;
@@ -123,47 +133,47 @@ __global__ static void __launch_bounds__(128)
                 acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
         auto load = [&](int s, int ks) {
-            unsigned char *ws = Ws + s * F8_BN * F8_LD, *xs = Xs + s * MT * 16 * F8_LD;
-            const int64_t k0 = (int64_t)ks * F8_BK;
-            for (int i = threadIdx.x; i < F8_BN * 4; i += 128) {
-                const int r = i >> 2, c = (i & 3) * 16;
+            unsigned char *ws = Ws + s * F8_BN * LD, *xs = Xs + s * MT * 16 * LD;
+            const int64_t k0 = (int64_t)ks * BK;
+            for (int i = threadIdx.x; i < F8_BN * CH; i += 128) {
+                const int r = i / CH, c = (i % CH) * 16;
                 const int in_k = k0 + c < K;
-                dg_cp16(ws + r * F8_LD + c, Wj + (int64_t)r * K + (in_k ? k0 + c : 0), in_k);
+                dg_cp16(ws + r * LD + c, Wj + (int64_t)r * K + (in_k ? k0 + c : 0), in_k);
             }
-            for (int i = threadIdx.x; i < mrows * 4; i += 128) {
-                const int r = i >> 2, c = (i & 3) * 16;
+            for (int i = threadIdx.x; i < mrows * CH; i += 128) {
+                const int r = i / CH, c = (i % CH) * 16;
                 const int ok = r < rows && k0 + c < K;
-                dg_cp16(xs + r * F8_LD + c, Xp + (ok ? (int64_t)r * K + k0 + c : 0), ok);
+                dg_cp16(xs + r * LD + c, Xp + (ok ? (int64_t)r * K + k0 + c : 0), ok);
             }
         };
 
         __syncthreads();
 #pragma unroll
-        for (int s = 0; s < F8_STAGES - 1; s++) {
+        for (int s = 0; s < ST - 1; s++) {
             if (s < ksteps)
                 load(s, s);
             dg_cp_commit();
         }
         for (int ks = 0; ks < ksteps; ks++) {
-            const int s = ks % F8_STAGES;
-            const unsigned char *ws = Ws + s * F8_BN * F8_LD, *xs = Xs + s * MT * 16 * F8_LD;
-            dg_cp_wait<F8_STAGES - 2>();
+            const int s = ks % ST;
+            const unsigned char *ws = Ws + s * F8_BN * LD, *xs = Xs + s * MT * 16 * LD;
+            dg_cp_wait<ST - 2>();
             __syncthreads();
-            if (ks + F8_STAGES - 1 < ksteps)
-                load((ks + F8_STAGES - 1) % F8_STAGES, ks + F8_STAGES - 1);
+            if (ks + ST - 1 < ksteps)
+                load((ks + ST - 1) % ST, ks + ST - 1);
             dg_cp_commit();
 #pragma unroll
-            for (int kk = 0; kk < F8_BK; kk += 32) {
+            for (int kk = 0; kk < BK; kk += 32) {
                 uint32_t b[4];
                 /* columns warp 16 .. +15: two n-tiles, k bytes kk .. kk+31 */
-                dg_ldsm4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * F8_LD + kk +
+                dg_ldsm4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk +
                              ((lane >> 3) & 1) * 16);
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     uint32_t a[4];
                     if (m * 16 >= rows)
                         break;
-                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * F8_LD + kk + (lane >> 4) * 16);
+                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 16);
                     dg_mma_e4m3(acc[m][0], a, b[0], b[1]);
                     dg_mma_e4m3(acc[m][1], a, b[2], b[3]);
                 }
@@ -200,13 +210,13 @@ extern "C" int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K)
     return N > 0 && K > 0 && N % F8_BN == 0 && K % 16 == 0 && N / F8_BN <= 0x7fffffff;
 }
 
-template <int MT, typename Out>
+template <int MT, int BK, int ST, typename Out>
 static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
                   const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
                   int64_t N, int64_t K, int accumulate, cudaStream_t st, int dev,
                   struct dg_error *err)
 {
-    const size_t shared = (size_t)F8_STAGES * (F8_BN + MT * 16) * F8_LD;
+    const size_t shared = (size_t)ST * (F8_BN + MT * 16) * (BK + 16);
     /* one group: its passes over z, enough blocks for about two waves of
      * 132 SMs (grouped calls keep z = 1: the groups spread the work) */
     const int64_t passes = (rows_all + MT * 16 - 1) / (MT * 16), nb = N / F8_BN;
@@ -215,29 +225,89 @@ static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
                                             : passes < (264 + nb - 1) / nb ? passes
                                             : (264 + nb - 1) / nb);
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<MT, Out>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<MT, BK, ST, Out>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    fp8_gemm_kernel<MT, Out><<<dim3((unsigned)(N / F8_BN), (unsigned)groups, z), 128, shared, st>>>(
-        Y, QA, SA, QW, SW, offsets, counts, rows_all, N, K, accumulate);
+    fp8_gemm_kernel<MT, BK, ST, Out>
+        <<<dim3((unsigned)(N / F8_BN), (unsigned)groups, z), 128, shared, st>>>(
+            Y, QA, SA, QW, SW, offsets, counts, rows_all, N, K, accumulate);
     DG_LAUNCH_CHECK();
 out:
     return rc;
 }
 
+/* configuration config's kernel (CONFIGS[config]) with MT m-tiles */
+template <int MT, typename Out>
+static int launch_config(int config, Out *Y, const uint8_t *QA, const float *SA,
+                         const uint8_t *QW, const float *SW, const int32_t *offsets,
+                         const int32_t *counts, int groups, int64_t rows_all, int64_t N,
+                         int64_t K, int accumulate, cudaStream_t st, int dev,
+                         struct dg_error *err)
+{
+#define F8_LAUNCH(bk, stages)                                                                  \
+    launch<MT, bk, stages>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K,      \
+                           accumulate, st, dev, err)
+    switch (config) {
+    case 1:
+        return F8_LAUNCH(128, 4);
+    case 2:
+        return F8_LAUNCH(128, 3);
+    case 3:
+        return F8_LAUNCH(256, 3);
+    case 4:
+        return F8_LAUNCH(64, 8);
+    default:
+        return F8_LAUNCH(64, 4);
+    }
+#undef F8_LAUNCH
+}
+
 template <typename Out>
-static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
-                const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
-                int64_t N, int64_t K, int rows_hint, int accumulate, cudaStream_t st, int dev,
-                struct dg_error *err)
+static int pick(int config, Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
+                const float *SW, const int32_t *offsets, const int32_t *counts, int groups,
+                int64_t rows_all, int64_t N, int64_t K, int rows_hint, int accumulate,
+                cudaStream_t st, int dev, struct dg_error *err)
 {
     if (rows_hint > 32)
-        return launch<8>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate,
-                         st, dev, err);
+        return launch_config<8>(config, Y, QA, SA, QW, SW, offsets, counts, groups, rows_all,
+                                N, K, accumulate, st, dev, err);
     if (rows_hint > 16)
-        return launch<4>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate,
-                         st, dev, err);
-    return launch<2>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate, st,
-                     dev, err);
+        return launch_config<4>(config, Y, QA, SA, QW, SW, offsets, counts, groups, rows_all,
+                                N, K, accumulate, st, dev, err);
+    return launch_config<2>(config, Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N,
+                            K, accumulate, st, dev, err);
+}
+
+extern "C" int dg_cuda_fp8_gemm_configs(void)
+{
+    return N_CONFIGS;
+}
+
+extern "C" const char *dg_cuda_fp8_gemm_config_name(int config)
+{
+    return config >= 0 && config < N_CONFIGS ? CONFIGS[config] : NULL;
+}
+
+extern "C" int dg_cuda_fp8_gemm_config(int config, void *Y, int y_f32, int accumulate,
+                                       const uint8_t *qa, const float *sa, const uint8_t *qw,
+                                       const float *sw, const int32_t *offsets,
+                                       const int32_t *counts, int groups, int64_t rows,
+                                       int64_t N, int64_t K, int rows_hint, dg_stream_t stream,
+                                       int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (config < 0 || config >= N_CONFIGS || !dg_cuda_fp8_gemm_fits(N, K) || groups < 1 ||
+        groups > 65535 || (!offsets && (groups != 1 || rows < 0)) || (!offsets != !counts))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 GEMM: %d group(s) of [%lld x %lld]%s%s",
+                            dev, groups, (long long)N, (long long)K,
+                            dg_cuda_fp8_gemm_fits(N, K) ? "" : " (N a multiple of 64, K of 16)",
+                            config < 0 || config >= N_CONFIGS ? " (no such configuration)" : "");
+    if (!offsets && rows == 0)
+        return 0;
+    if (y_f32)
+        return pick(config, (float *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K,
+                    rows_hint, !!accumulate, st, dev, err);
+    return pick(config, (__nv_bfloat16 *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K,
+                rows_hint, !!accumulate, st, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const uint8_t *qa,
@@ -246,19 +316,8 @@ extern "C" int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const ui
                                     int64_t rows, int64_t N, int64_t K, int rows_hint,
                                     dg_stream_t stream, int dev, struct dg_error *err)
 {
-    const cudaStream_t st = (cudaStream_t)stream;
-    if (!dg_cuda_fp8_gemm_fits(N, K) || groups < 1 || groups > 65535 ||
-        (!offsets && (groups != 1 || rows < 0)) || (!offsets != !counts))
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 GEMM: %d group(s) of [%lld x %lld]%s",
-                            dev, groups, (long long)N, (long long)K,
-                            dg_cuda_fp8_gemm_fits(N, K) ? "" : " (N a multiple of 64, K of 16)");
-    if (!offsets && rows == 0)
-        return 0;
-    if (y_f32)
-        return pick((float *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K, rows_hint,
-                    !!accumulate, st, dev, err);
-    return pick((__nv_bfloat16 *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K,
-                rows_hint, !!accumulate, st, dev, err);
+    return dg_cuda_fp8_gemm_config(0, Y, y_f32, accumulate, qa, sa, qw, sw, offsets, counts,
+                                   groups, rows, N, K, rows_hint, stream, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_gemm(void *Y, int y_f32, const uint8_t *qa, const float *sa,

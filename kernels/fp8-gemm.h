@@ -49,6 +49,22 @@ int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const uint8_t *qa, 
                          const int32_t *counts, int groups, int64_t rows, int64_t N, int64_t K,
                          int rows_hint, dg_stream_t stream, int dev, struct dg_error *err);
 
+/* The kernel's configurations (K step and pipeline depth), for the
+ * benchmark that compares them (bench/gpu/bench-moe-gemm.c) and the tests
+ * that check each: how many there are, and configuration i's name (NULL
+ * past the last).  Configuration 0 is the one dg_cuda_fp8_gemm and
+ * dg_cuda_fp8_gemm_acc use. */
+int dg_cuda_fp8_gemm_configs(void);
+const char *dg_cuda_fp8_gemm_config_name(int config);
+
+/* dg_cuda_fp8_gemm_acc with configuration config.  Errors: as that, and
+ * DG_E_INVAL for a configuration that does not exist. */
+int dg_cuda_fp8_gemm_config(int config, void *Y, int y_f32, int accumulate, const uint8_t *qa,
+                            const float *sa, const uint8_t *qw, const float *sw,
+                            const int32_t *offsets, const int32_t *counts, int groups,
+                            int64_t rows, int64_t N, int64_t K, int rows_hint,
+                            dg_stream_t stream, int dev, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

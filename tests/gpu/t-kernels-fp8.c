@@ -8,9 +8,11 @@
  * 150 (two passes of 128), 3 and 16 rows at offsets with gaps between,
  * against dg_ref_fp8_linear (the sum in double): fp32 output within 1e-5
  * relative, bf16 output within 8e-3; rows in the gaps left as poisoned,
- * guard bytes after every output; shapes that do not fit refused.  The
- * same product through cuBLASLt (kernels/fp8-lt.h) at the projections'
- * shapes, to the same bounds.  Exit 77 where there is no GPU.
+ * guard bytes after every output; shapes that do not fit refused; the
+ * same cases again with each of the kernel's configurations (K step and
+ * pipeline depth).  The same product through cuBLASLt (kernels/fp8-lt.h)
+ * at the projections' shapes, both ways it can apply the scales, to the
+ * same bounds.  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -136,6 +138,10 @@ static void free_operands(struct operands *o)
     free(o->qa), free(o->qw), free(o->sa), free(o->sw);
 }
 
+/* fp8-gemm.cu's kernel: its default (the public calls) while g_config is
+ * -1, else that configuration (dg_cuda_fp8_gemm_config) */
+static int g_config = -1;
+
 /* One call: groups (offsets/counts on the host, NULL: one group of all
  * rows) against the oracle; y_f32 or bf16 out; rows of no group must stay
  * poisoned.  acc: Y starts as random values (base) and the call adds to
@@ -195,7 +201,10 @@ static int product_by(struct dg_fp8_lt *lt, const char *what, int64_t rows, int 
             goto done;
         }
         CHECK_OK(r, &err);
-    } else if (acc)
+    } else if (g_config >= 0)
+        CHECK_OK(dg_cuda_fp8_gemm_config(g_config, dy, y_f32, acc, dqa, dsa, dqw, dsw, doff, dcnt,
+                                         groups, rows, N, K, hint, NULL, 0, &err), &err);
+    else if (acc)
         CHECK_OK(dg_cuda_fp8_gemm_acc(dy, y_f32, 1, dqa, dsa, dqw, dsw, doff, dcnt, groups, rows,
                                       N, K, hint, NULL, 0, &err), &err);
     else
@@ -235,7 +244,9 @@ static int product_by(struct dg_fp8_lt *lt, const char *what, int64_t rows, int 
             den += (double)ref[i] * ref[i];
         }
     rel = den > 0 ? sqrt(num / den) : 0;
-    printf("# fp8 GEMM%s %s, %s out%s: relative error %.2e\n", lt ? " (cuBLASLt)" : "", what,
+    printf("# fp8 GEMM%s%s%s %s, %s out%s: relative error %.2e\n", lt ? " (cuBLASLt)" : "",
+           !lt && g_config >= 0 ? ", " : "",
+           !lt && g_config >= 0 ? dg_cuda_fp8_gemm_config_name(g_config) : "", what,
            y_f32 ? "fp32" : "bf16", acc ? ", accumulating" : "", rel);
     CHECK(rel <= (y_f32 ? 1e-5 : 8e-3));
 done:
@@ -299,6 +310,28 @@ static int gemm_accumulate(void)
         CHECK(product("37 x 128 x 2816", 37, 1, NULL, NULL, 128, 2816, f, 1) == 0);
         CHECK(product("3 groups, N 64, K 192", 55, 3, offsets, counts, 64, 192, f, 1) == 0);
     }
+    return 0;
+}
+
+/* The kernel's other configurations (K step, pipeline depth: fp8-gemm.h)
+ * through the same three cases, so that whichever the benchmark picks as
+ * the default has passed them; and a configuration that does not exist is
+ * refused. */
+static int gemm_configs(void)
+{
+    struct dg_error err = {0};
+    const int n = dg_cuda_fp8_gemm_configs();
+    CHECK(n >= 1 && dg_cuda_fp8_gemm_config_name(0) && !dg_cuda_fp8_gemm_config_name(n));
+    for (g_config = 0; g_config < n; g_config++) {
+        printf("# configuration %d: %s\n", g_config, dg_cuda_fp8_gemm_config_name(g_config));
+        CHECK(gemm_one_group() == 0);
+        CHECK(gemm_groups() == 0);
+        CHECK(gemm_accumulate() == 0);
+    }
+    g_config = -1;
+    CHECK_FAILS(dg_cuda_fp8_gemm_config(n, NULL, 1, 0, NULL, NULL, NULL, NULL, NULL, NULL, 1, 4,
+                                        64, 64, 4, NULL, 0, &err),
+                &err, DG_E_INVAL, "no such configuration");
     return 0;
 }
 
@@ -387,6 +420,7 @@ int main(void)
     TEST_CASE(gemm_one_group);
     TEST_CASE(gemm_groups);
     TEST_CASE(gemm_accumulate);
+    TEST_CASE(gemm_configs);
     TEST_CASE(lt_gemm);
     TEST_CASE(refusals);
     return test_finish();

@@ -1,0 +1,250 @@
+/*
+ * bench-moe-gemm - the experts' grouped GEMMs alone, at the 26B-A4B's
+ * shapes (128 experts; gate/up [1408 x 2816], down [2816 x 704]), against
+ * the copy bandwidth measured in the same run: the FP8 kernel in each of
+ * its configurations (kernels/fp8-gemm.h: K step, pipeline depth) and the
+ * bf16 grouped GEMM (kernels/moe-gemm.h), at the rows a denoising step
+ * routes to them.
+ *
+ * usage: bench-moe-gemm [--reps N] [BATCHES...]   (defaults 20; 1 4 16)
+ *
+ * A batch of B canvases is 256 B tokens, each routed to 8 distinct
+ * experts drawn uniformly (seeded), so expert j gets counts[j] rows, in
+ * one contiguous run per expert as the MoE lays them out.  Weights and
+ * activations are random (E4M3 bytes that are finite numbers; bf16 in
+ * [-1, 1)).  Each product runs once unrecorded, then REPS times, each
+ * timed on the device (kernels/prof.h events around it alone); the table
+ * gives medians.  floor = the weight bytes / the copy bandwidth (the
+ * device METHOD's roofline: each weight byte read once); x floor = the
+ * time over it.  Every configuration's output is compared with
+ * configuration 0's: the sums run in the same order, so they must be
+ * equal to the bit ("same" column).  Not a test: it prints a table and
+ * asserts nothing about speed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/gpu/bench-util.h"
+#include "kernels/ceilings.h"
+#include "kernels/devmem.h"
+#include "kernels/fp8-gemm.h"
+#include "kernels/moe-gemm.h"
+#include "kernels/prof.h"
+
+#define N_EXP 128
+#define TOPK 8
+#define HID 2816
+#define INTER 704
+#define MAX_REPS 1000
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+/* counts[j]: the rows expert j gets from T tokens routed to TOPK distinct
+ * experts each, uniformly */
+static void route(int32_t *counts, int32_t *offsets, int64_t T)
+{
+    int32_t acc = 0;
+    memset(counts, 0, sizeof(int32_t) * N_EXP);
+    for (int64_t t = 0; t < T; t++) {
+        int picked[TOPK];
+        for (int k = 0; k < TOPK; k++) {
+            int e, dup;
+            do {
+                e = bench_rand_id(&rng, N_EXP);
+                dup = 0;
+                for (int i = 0; i < k; i++)
+                    dup |= picked[i] == e;
+            } while (dup);
+            picked[k] = e;
+            counts[e]++;
+        }
+    }
+    for (int j = 0; j < N_EXP; j++) {
+        offsets[j] = acc;
+        acc += counts[j];
+    }
+}
+
+/* n random bytes that are finite E4M3 numbers (not 0x7f / 0xff) */
+static void fill_e4m3(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = (uint8_t)bench_rand_id(&rng, 256);
+        p[i] = (b & 0x7f) == 0x7f ? 0x38 : b;
+    }
+}
+
+struct operands {
+    uint8_t *qa, *qw;            /* device: rows x K, N_EXP x N x K */
+    float *sa, *sw;
+    uint16_t *xa, *xw;           /* device bf16: the same shapes */
+    int32_t *offsets, *counts;   /* device */
+    void *y, *y0;                /* device fp32 rows x N: the output, configuration 0's */
+};
+
+/* One timed product: REPS device times (ms) into t, the median returned.
+ * config >= 0: the FP8 kernel in that configuration; -1: bf16 grouped. */
+static double time_product(struct dg_prof *prof, const struct operands *o, int config,
+                           int64_t rows, int64_t N, int64_t K, int hint, int reps, double *t,
+                           struct dg_error *err)
+{
+    struct dg_prof_total tot[DG_PROF_MAX_LABELS];
+    double before = 0.0;
+    for (int r = -1; r < reps; r++) {
+        int rc, n;
+        if (dg_prof_begin(prof, NULL, err) < 0)
+            return -1.0;
+        rc = config >= 0 ? dg_cuda_fp8_gemm_config(config, o->y, 1, 0, o->qa, o->sa, o->qw, o->sw,
+                                                   o->offsets, o->counts, N_EXP, rows, N, K,
+                                                   hint, NULL, 0, err)
+                         : dg_cuda_grouped_gemm(o->y, 1, o->xa, o->xw, o->offsets, o->counts,
+                                                N_EXP, N, K, hint, NULL, 0, err);
+        if (rc < 0 || dg_prof_mark(prof, "product", NULL, err) < 0 || dg_cuda_sync(0, err) < 0 ||
+            dg_prof_collect(prof, err) < 0)
+            return -1.0;
+        n = dg_prof_totals(prof, tot, DG_PROF_MAX_LABELS);
+        if (n < 1)
+            return -1.0;
+        if (r >= 0)
+            t[r] = tot[0].ms - before;
+        before = tot[0].ms;
+    }
+    return bench_median(t, reps);
+}
+
+/* Whether the device outputs a and b (rows x N fp32) are equal to the bit. */
+static int same_output(const void *a, const void *b, size_t bytes, struct dg_error *err)
+{
+    unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+    int same = 0;
+    if (ha && hb && dg_cuda_download(ha, a, bytes, 0, err) == 0 &&
+        dg_cuda_download(hb, b, bytes, 0, err) == 0)
+        same = memcmp(ha, hb, bytes) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+int main(int argc, char **argv)
+{
+    int batches[16], nb = 0, reps = 20;
+    struct dg_error err = {0};
+    struct dg_ceilings ce;
+    struct dg_prof *prof = NULL;
+    static double t[MAX_REPS];
+    const int64_t shapes[2][2] = {{2 * INTER, HID}, {HID, INTER}}; /* N, K */
+    const char *names[2] = {"gate/up", "down"};
+    const int64_t max_rows = 256 * 64 * TOPK, max_nk = 2 * INTER * (int64_t)HID;
+    struct operands o = {0};
+    uint8_t *h8 = NULL;
+    uint16_t *h16 = NULL;
+    float *hf = NULL;
+    int32_t counts[N_EXP], offsets[N_EXP];
+
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (argv[i][0] != '-' && nb < 16 && atoi(argv[i]) >= 1 && atoi(argv[i]) <= 64) {
+            batches[nb++] = atoi(argv[i]);
+        } else {
+            fprintf(stderr, "usage: bench-moe-gemm [--reps N] [BATCHES...] (batches 1-64)\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "bench-moe-gemm: --reps 1..%d\n", MAX_REPS);
+        return 2;
+    }
+    if (!nb) {
+        batches[nb++] = 1;
+        batches[nb++] = 4;
+        batches[nb++] = 16;
+    }
+    if (dg_cuda_use(0, &err) < 0 || dg_measure_ceilings(0, &ce, &err) < 0 ||
+        dg_prof_create(&prof, 8, 0, &err) < 0)
+        goto fail;
+    h8 = malloc((size_t)(N_EXP * max_nk));
+    h16 = malloc(sizeof(uint16_t) * (size_t)(N_EXP * max_nk));
+    hf = malloc(sizeof(float) * (size_t)(N_EXP * HID > max_rows ? N_EXP * HID : max_rows));
+    if (!h8 || !h16 || !hf) {
+        fprintf(stderr, "bench-moe-gemm: out of host memory\n");
+        return 1;
+    }
+    if (dg_cuda_alloc((void **)&o.qw, (size_t)(N_EXP * max_nk), 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&o.xw, 2 * (size_t)(N_EXP * max_nk), 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&o.sw, sizeof(float) * N_EXP * HID, 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&o.qa, (size_t)(max_rows * HID), 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&o.xa, 2 * (size_t)(max_rows * HID), 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&o.sa, sizeof(float) * (size_t)max_rows, 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&o.offsets, sizeof offsets, 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&o.counts, sizeof counts, 0, &err) < 0 ||
+        dg_cuda_alloc(&o.y, sizeof(float) * (size_t)(max_rows * HID), 0, &err) < 0 ||
+        dg_cuda_alloc(&o.y0, sizeof(float) * (size_t)(max_rows * HID), 0, &err) < 0)
+        goto fail;
+    /* random operands, made once at the largest shapes (each product reads
+     * its prefix) */
+    fill_e4m3(h8, (size_t)(N_EXP * max_nk));
+    for (int64_t i = 0; i < N_EXP * max_nk; i++)
+        h16[i] = (uint16_t)(0x3f80u ^ (uint16_t)(bench_rand_id(&rng, 0x8000) & 0x807f)); /* |x| in [1, 2) */
+    if (dg_cuda_upload(o.qw, h8, (size_t)(N_EXP * max_nk), 0, &err) < 0 ||
+        dg_cuda_upload(o.xw, h16, 2 * (size_t)(N_EXP * max_nk), 0, &err) < 0 ||
+        dg_cuda_upload(o.qa, h8, (size_t)(max_rows * HID), 0, &err) < 0 ||
+        dg_cuda_upload(o.xa, h16, 2 * (size_t)(max_rows * HID), 0, &err) < 0)
+        goto fail;
+    for (int64_t i = 0; i < (N_EXP * HID > max_rows ? N_EXP * HID : max_rows); i++)
+        hf[i] = 1e-3f * (float)(1 + bench_rand_id(&rng, 1000));
+    if (dg_cuda_upload(o.sw, hf, sizeof(float) * N_EXP * HID, 0, &err) < 0 ||
+        dg_cuda_upload(o.sa, hf, sizeof(float) * (size_t)max_rows, 0, &err) < 0)
+        goto fail;
+
+    printf("ceilings, GPU 0: device copy %.0f GB/s (read + write); %d experts, top %d, "
+           "hidden %d, expert width %d; %d timed repeats a row, medians\n\n",
+           ce.copy_gbps, N_EXP, TOPK, HID, INTER, reps);
+    printf("| B | rows | rows an expert (min-max) | GEMM | kernel | ms | floor ms | x floor | "
+           "GB/s | same |\n|---:|---:|---|---|---|---:|---:|---:|---:|---|\n");
+    for (int bi = 0; bi < nb; bi++) {
+        const int64_t T = 256 * (int64_t)batches[bi], rows = T * TOPK;
+        const int hint = (int)((rows + N_EXP - 1) / N_EXP);
+        int32_t lo = 1 << 30, hi = 0;
+        route(counts, offsets, T);
+        for (int j = 0; j < N_EXP; j++) {
+            lo = counts[j] < lo ? counts[j] : lo;
+            hi = counts[j] > hi ? counts[j] : hi;
+        }
+        if (dg_cuda_upload(o.counts, counts, sizeof counts, 0, &err) < 0 ||
+            dg_cuda_upload(o.offsets, offsets, sizeof offsets, 0, &err) < 0)
+            goto fail;
+        for (int s = 0; s < 2; s++) {
+            const int64_t N = shapes[s][0], K = shapes[s][1];
+            const size_t ybytes = sizeof(float) * (size_t)(rows * N);
+            for (int c = -1; c < dg_cuda_fp8_gemm_configs(); c++) {
+                const double bytes = (double)N_EXP * (double)(N * K) * (c >= 0 ? 1.0 : 2.0);
+                const double floor_ms = bytes / (ce.copy_gbps * 1e9) * 1e3;
+                double ms;
+                int same = -1;
+                if (dg_cuda_memset(o.y, 0xff, ybytes, 0, &err) < 0)
+                    goto fail;
+                ms = time_product(prof, &o, c, rows, N, K, hint, reps, t, &err);
+                if (ms < 0)
+                    goto fail;
+                if (c == 0 && dg_cuda_copy_async(o.y0, o.y, ybytes, NULL, 0, &err) < 0)
+                    goto fail;
+                if (c > 0)
+                    same = same_output(o.y, o.y0, ybytes, &err);
+                printf("| %d | %lld | %.1f (%d-%d) | %s [%lld x %lld] | %s | %.3f | %.3f | %.2f | "
+                       "%.0f | %s |\n",
+                       batches[bi], (long long)rows, (double)rows / N_EXP, lo, hi, names[s],
+                       (long long)N, (long long)K,
+                       c >= 0 ? dg_cuda_fp8_gemm_config_name(c) : "bf16 grouped GEMM", ms,
+                       floor_ms, ms / floor_ms, bytes / (ms * 1e-3) / 1e9,
+                       same < 0 ? "" : same ? "yes" : "NO");
+            }
+        }
+    }
+    dg_prof_destroy(prof);
+    return 0;
+fail:
+    fprintf(stderr, "bench-moe-gemm: %s\n", err.msg);
+    return 1;
+}
