@@ -9,8 +9,9 @@
  * bf16 X and W, fp32 accumulation (mma.sync m16n8k16), Y bf16 or fp32.
  * Block (n-slice of GG_BN columns, group j), 4 warps of GG_BN / 4
  * columns each; it takes the group's rows MT x 16 at a time and, for
- * each, runs over K in steps of 64 with a GG_STAGES-deep cp.async
- * pipeline of the weight tile [GG_BN x 64] and the row tile [MT 16 x 64]
+ * each, runs over K in steps of BK with an ST-deep cp.async pipeline of
+ * the weight tile [GG_BN x BK] and the row tile [MT 16 x BK] (BK and ST:
+ * a configuration, moe-gemm.h; the default 64 and 4)
  * (only the m-tiles that hold rows are loaded; rows past the group's
  * count load as zeros and are not stored).  While a group's rows fit one pass
  * (small batches) every weight byte is read once: the kernel runs at the
@@ -23,27 +24,36 @@
 #include "kernels/mma.cuh"
 
 #define GG_BN 64
-#define GG_STAGES 4
-#define GG_BK 64
 #define GG_NW (GG_BN / 32) /* n-tiles of 8 a warp: GG_BN / 4 columns */
-#define GG_LD (GG_BK + 8) /* shared row stride: conflict-free ldmatrix */
 
-/* grid (N / GG_BN, groups), 128 threads; MT m-tiles of 16 rows a pass */
-template <int MT, typename Out>
+/* The configurations' names (moe-gemm.h), in launch_config's order: K
+ * step in elements and pipeline stages.  The shared row stride is BK + 8
+ * elements (2 BK + 16 bytes, 16 modulo 128: ldmatrix's eight rows fall in
+ * distinct banks). */
+static const char *const CONFIGS[] = {"K step 64, 4 stages", "K step 128, 4 stages",
+                                      "K step 128, 3 stages", "K step 64, 6 stages"};
+#define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
+
+/* grid (N / GG_BN, groups), 128 threads; MT m-tiles of 16 rows a pass, K
+ * in steps of BK through ST stages (K a multiple of 64: with BK 128 the
+ * last step may be half, its other half loading as zeros) */
+template <int MT, int BK, int ST, typename Out>
 __global__ static void __launch_bounds__(128)
     grouped_gemm_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                         const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
 {
     extern __shared__ __align__(16) unsigned char smem[];
-    __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem;                 /* [STAGES][BN][LD] */
-    __nv_bfloat16 *Xs = Ws + GG_STAGES * GG_BN * GG_LD;          /* [STAGES][MT 16][LD] */
+    constexpr int LD = BK + 8;                   /* shared row stride, elements */
+    constexpr int CH = BK / 8;                   /* 16-byte copies a row a step */
+    __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem;   /* [ST][BN][LD] */
+    __nv_bfloat16 *Xs = Ws + ST * GG_BN * LD;    /* [ST][MT 16][LD] */
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
     const int count = counts[j];
     const int64_t row0 = offsets[j];
     const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
-    const int ksteps = (int)(K / GG_BK);
+    const int ksteps = (int)((K + BK - 1) / BK);
 
     for (int p0 = 0; p0 < count; p0 += MT * 16) {
         const int rows = min(MT * 16, count - p0);
@@ -59,48 +69,49 @@ __global__ static void __launch_bounds__(128)
         /* stage s <- k step ks: weights GG_BN x 64 (pieces of 16 bytes),
          * the rows of the m-tiles in use */
         auto load = [&](int s, int ks) {
-            __nv_bfloat16 *ws = Ws + s * GG_BN * GG_LD, *xs = Xs + s * MT * 16 * GG_LD;
-            const int64_t k0 = (int64_t)ks * GG_BK;
-            for (int i = threadIdx.x; i < GG_BN * 8; i += 128) {
-                const int r = i >> 3, c = (i & 7) * 8;
-                dg_cp16(ws + r * GG_LD + c, Wj + (int64_t)r * K + k0 + c, 1);
+            __nv_bfloat16 *ws = Ws + s * GG_BN * LD, *xs = Xs + s * MT * 16 * LD;
+            const int64_t k0 = (int64_t)ks * BK;
+            for (int i = threadIdx.x; i < GG_BN * CH; i += 128) {
+                const int r = i / CH, c = (i % CH) * 8;
+                const int in_k = k0 + c < K;
+                dg_cp16(ws + r * LD + c, Wj + (int64_t)r * K + (in_k ? k0 + c : 0), in_k);
             }
-            for (int i = threadIdx.x; i < mrows * 8; i += 128) {
-                const int r = i >> 3, c = (i & 7) * 8;
-                const int ok = r < rows;
-                dg_cp16(xs + r * GG_LD + c, Xp + (int64_t)(ok ? r : 0) * K + k0 + c, ok);
+            for (int i = threadIdx.x; i < mrows * CH; i += 128) {
+                const int r = i / CH, c = (i % CH) * 8;
+                const int ok = r < rows && k0 + c < K;
+                dg_cp16(xs + r * LD + c, Xp + (ok ? (int64_t)r * K + k0 + c : 0), ok);
             }
         };
 
         __syncthreads(); /* the stages are free (the previous pass) */
 #pragma unroll
-        for (int s = 0; s < GG_STAGES - 1; s++) {
+        for (int s = 0; s < ST - 1; s++) {
             if (s < ksteps)
                 load(s, s);
             dg_cp_commit();
         }
         for (int ks = 0; ks < ksteps; ks++) {
-            const int s = ks % GG_STAGES;
-            const __nv_bfloat16 *ws = Ws + s * GG_BN * GG_LD, *xs = Xs + s * MT * 16 * GG_LD;
-            dg_cp_wait<GG_STAGES - 2>();
+            const int s = ks % ST;
+            const __nv_bfloat16 *ws = Ws + s * GG_BN * LD, *xs = Xs + s * MT * 16 * LD;
+            dg_cp_wait<ST - 2>();
             __syncthreads();
             /* the stage the previous step read is free: fill it */
-            if (ks + GG_STAGES - 1 < ksteps)
-                load((ks + GG_STAGES - 1) % GG_STAGES, ks + GG_STAGES - 1);
+            if (ks + ST - 1 < ksteps)
+                load((ks + ST - 1) % ST, ks + ST - 1);
             dg_cp_commit();
 #pragma unroll
-            for (int kk = 0; kk < GG_BK; kk += 16) {
+            for (int kk = 0; kk < BK; kk += 16) {
                 uint32_t b[GG_NW / 2][4];
 #pragma unroll
                 for (int h = 0; h < GG_NW / 2; h++)
                     dg_ldsm4(b[h], ws + (warp * (GG_BN / 4) + h * 16 + (lane & 7) + (lane >> 4) * 8) *
-                                    GG_LD + kk + ((lane >> 3) & 1) * 8);
+                                    LD + kk + ((lane >> 3) & 1) * 8);
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     uint32_t a[4];
                     if (m * 16 >= rows)
                         break;
-                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * GG_LD + kk + (lane >> 4) * 8);
+                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
 #pragma unroll
                     for (int h = 0; h < GG_NW / 2; h++) {
                         dg_mma_bf16(acc[m][2 * h], a, b[h][0], b[h][1]);
@@ -126,23 +137,85 @@ __global__ static void __launch_bounds__(128)
 
 extern "C" int dg_cuda_grouped_gemm_fits(int64_t N, int64_t K)
 {
-    return N > 0 && K > 0 && N % 128 == 0 && K % GG_BK == 0 && N / GG_BN <= 65535;
+    return N > 0 && K > 0 && N % 128 == 0 && K % 64 == 0 && N / GG_BN <= 65535;
 }
 
-template <int MT, typename Out>
+template <int MT, int BK, int ST, typename Out>
 static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
                   const int32_t *counts, int groups, int64_t N, int64_t K, cudaStream_t st,
                   int dev, struct dg_error *err)
 {
-    const size_t shared = sizeof(__nv_bfloat16) * GG_STAGES * (GG_BN + MT * 16) * GG_LD;
+    const size_t shared = sizeof(__nv_bfloat16) * ST * (GG_BN + MT * 16) * (BK + 8);
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, Out>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, BK, ST, Out>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    grouped_gemm_kernel<MT, Out><<<dim3((unsigned)(N / GG_BN), (unsigned)groups), 128, shared,
-                                   st>>>(Y, X, W, offsets, counts, N, K);
+    grouped_gemm_kernel<MT, BK, ST, Out><<<dim3((unsigned)(N / GG_BN), (unsigned)groups), 128,
+                                           shared, st>>>(Y, X, W, offsets, counts, N, K);
     DG_LAUNCH_CHECK();
 out:
     return rc;
+}
+
+/* configuration config's kernel (CONFIGS[config]) with MT m-tiles */
+template <int MT, typename Out>
+static int launch_config(int config, Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                         const int32_t *offsets, const int32_t *counts, int groups, int64_t N,
+                         int64_t K, cudaStream_t st, int dev, struct dg_error *err)
+{
+    switch (config) {
+    case 1:
+        return launch<MT, 128, 4>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    case 2:
+        return launch<MT, 128, 3>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    case 3:
+        return launch<MT, 64, 6>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    default:
+        return launch<MT, 64, 4>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    }
+}
+
+template <typename Out>
+static int pick(int config, Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                const int32_t *offsets, const int32_t *counts, int groups, int64_t N, int64_t K,
+                int rows_hint, cudaStream_t st, int dev, struct dg_error *err)
+{
+    if (rows_hint > 64)
+        return launch_config<8>(config, Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    if (rows_hint > 16)
+        return launch_config<4>(config, Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    return launch_config<2>(config, Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+}
+
+extern "C" int dg_cuda_grouped_gemm_configs(void)
+{
+    return N_CONFIGS;
+}
+
+extern "C" const char *dg_cuda_grouped_gemm_config_name(int config)
+{
+    return config >= 0 && config < N_CONFIGS ? CONFIGS[config] : NULL;
+}
+
+extern "C" int dg_cuda_grouped_gemm_config(int config, void *Y, int y_f32, const void *X,
+                                           const void *W, const int32_t *offsets,
+                                           const int32_t *counts, int groups, int64_t N,
+                                           int64_t K, int rows_hint, dg_stream_t stream, int dev,
+                                           struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)X, *w = (const __nv_bfloat16 *)W;
+    if (config < 0 || config >= N_CONFIGS || !dg_cuda_grouped_gemm_fits(N, K) || groups < 0 ||
+        groups > 65535)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: grouped GEMM: %d groups of [%lld x %lld]%s",
+                            dev, groups, (long long)N, (long long)K,
+                            config < 0 || config >= N_CONFIGS ? " (no such configuration)" : "");
+    if (groups == 0)
+        return 0;
+    if (y_f32)
+        return pick(config, (float *)Y, x, w, offsets, counts, groups, N, K, rows_hint, st, dev,
+                    err);
+    return pick(config, (__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, rows_hint, st,
+                dev, err);
 }
 
 extern "C" int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const void *W,
@@ -150,22 +223,6 @@ extern "C" int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const voi
                                     int64_t N, int64_t K, int rows_hint, dg_stream_t stream,
                                     int dev, struct dg_error *err)
 {
-    const cudaStream_t st = (cudaStream_t)stream;
-    const __nv_bfloat16 *x = (const __nv_bfloat16 *)X, *w = (const __nv_bfloat16 *)W;
-    if (!dg_cuda_grouped_gemm_fits(N, K) || groups < 0 || groups > 65535)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: grouped GEMM: %d groups of [%lld x %lld]",
-                            dev, groups, (long long)N, (long long)K);
-    if (groups == 0)
-        return 0;
-    if (rows_hint > 64)
-        return y_f32 ? launch<8>((float *)Y, x, w, offsets, counts, groups, N, K, st, dev, err)
-                     : launch<8>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, st,
-                                 dev, err);
-    if (rows_hint > 16)
-        return y_f32 ? launch<4>((float *)Y, x, w, offsets, counts, groups, N, K, st, dev, err)
-                     : launch<4>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, st,
-                                 dev, err);
-    return y_f32 ? launch<2>((float *)Y, x, w, offsets, counts, groups, N, K, st, dev, err)
-                 : launch<2>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, st, dev,
-                             err);
+    return dg_cuda_grouped_gemm_config(0, Y, y_f32, X, W, offsets, counts, groups, N, K,
+                                       rows_hint, stream, dev, err);
 }

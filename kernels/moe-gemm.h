@@ -30,6 +30,20 @@ int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const void *W, const
                          const int32_t *counts, int groups, int64_t N, int64_t K, int rows_hint,
                          dg_stream_t stream, int dev, struct dg_error *err);
 
+/* The kernel's configurations (K step and pipeline depth), for the
+ * benchmark that compares them (bench/gpu/bench-moe-gemm.c) and the test
+ * that checks each: how many there are, and configuration i's name (NULL
+ * past the last).  Configuration 0 is the one dg_cuda_grouped_gemm uses. */
+int dg_cuda_grouped_gemm_configs(void);
+const char *dg_cuda_grouped_gemm_config_name(int config);
+
+/* dg_cuda_grouped_gemm with configuration config.  Errors: as that, and
+ * DG_E_INVAL for a configuration that does not exist. */
+int dg_cuda_grouped_gemm_config(int config, void *Y, int y_f32, const void *X, const void *W,
+                                const int32_t *offsets, const int32_t *counts, int groups,
+                                int64_t N, int64_t K, int rows_hint, dg_stream_t stream, int dev,
+                                struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

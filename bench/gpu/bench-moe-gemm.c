@@ -1,10 +1,10 @@
 /*
  * bench-moe-gemm - the experts' grouped GEMMs alone, at the 26B-A4B's
  * shapes (128 experts; gate/up [1408 x 2816], down [2816 x 704]), against
- * the copy bandwidth measured in the same run: the FP8 kernel in each of
- * its configurations (kernels/fp8-gemm.h: K step, pipeline depth) and the
- * bf16 grouped GEMM (kernels/moe-gemm.h), at the rows a denoising step
- * routes to them.
+ * the copy bandwidth measured in the same run: the FP8 kernel
+ * (kernels/fp8-gemm.h) and the bf16 grouped GEMM (kernels/moe-gemm.h),
+ * each in each of its configurations (K step, pipeline depth), at the
+ * rows a denoising step routes to them.
  *
  * usage: bench-moe-gemm [--reps N] [BATCHES...]   (defaults 20; 1 4 16)
  *
@@ -16,9 +16,9 @@
  * timed on the device (kernels/prof.h events around it alone); the table
  * gives medians.  floor = the weight bytes / the copy bandwidth (the
  * device METHOD's roofline: each weight byte read once); x floor = the
- * time over it.  Every configuration's output is compared with
- * configuration 0's: the sums run in the same order, so they must be
- * equal to the bit ("same" column).  Not a test: it prints a table and
+ * time over it.  Every configuration's output is compared with its
+ * kernel's configuration 0's: the sums run in the same order, so they
+ * must be equal to the bit ("same" column).  Not a test: it prints a table and
  * asserts nothing about speed.
  */
 #include <stdio.h>
@@ -84,8 +84,8 @@ struct operands {
 };
 
 /* One timed product: REPS device times (ms) into t, the median returned.
- * config >= 0: the FP8 kernel in that configuration; -1: bf16 grouped. */
-static double time_product(struct dg_prof *prof, const struct operands *o, int config,
+ * The FP8 kernel (fp8) or the bf16 grouped GEMM in configuration config. */
+static double time_product(struct dg_prof *prof, const struct operands *o, int fp8, int config,
                            int64_t rows, int64_t N, int64_t K, int hint, int reps, double *t,
                            struct dg_error *err)
 {
@@ -95,11 +95,11 @@ static double time_product(struct dg_prof *prof, const struct operands *o, int c
         int rc, n;
         if (dg_prof_begin(prof, NULL, err) < 0)
             return -1.0;
-        rc = config >= 0 ? dg_cuda_fp8_gemm_config(config, o->y, 1, 0, o->qa, o->sa, o->qw, o->sw,
-                                                   o->offsets, o->counts, N_EXP, rows, N, K,
-                                                   hint, NULL, 0, err)
-                         : dg_cuda_grouped_gemm(o->y, 1, o->xa, o->xw, o->offsets, o->counts,
-                                                N_EXP, N, K, hint, NULL, 0, err);
+        rc = fp8 ? dg_cuda_fp8_gemm_config(config, o->y, 1, 0, o->qa, o->sa, o->qw, o->sw,
+                                           o->offsets, o->counts, N_EXP, rows, N, K, hint, NULL,
+                                           0, err)
+                 : dg_cuda_grouped_gemm_config(config, o->y, 1, o->xa, o->xw, o->offsets,
+                                               o->counts, N_EXP, N, K, hint, NULL, 0, err);
         if (rc < 0 || dg_prof_mark(prof, "product", NULL, err) < 0 || dg_cuda_sync(0, err) < 0 ||
             dg_prof_collect(prof, err) < 0)
             return -1.0;
@@ -218,25 +218,29 @@ int main(int argc, char **argv)
         for (int s = 0; s < 2; s++) {
             const int64_t N = shapes[s][0], K = shapes[s][1];
             const size_t ybytes = sizeof(float) * (size_t)(rows * N);
-            for (int c = -1; c < dg_cuda_fp8_gemm_configs(); c++) {
-                const double bytes = (double)N_EXP * (double)(N * K) * (c >= 0 ? 1.0 : 2.0);
+            const int n8 = dg_cuda_fp8_gemm_configs();
+            for (int k = 0; k < n8 + dg_cuda_grouped_gemm_configs(); k++) {
+                const int fp8 = k < n8, c = fp8 ? k : k - n8;
+                const double bytes = (double)N_EXP * (double)(N * K) * (fp8 ? 1.0 : 2.0);
                 const double floor_ms = bytes / (ce.copy_gbps * 1e9) * 1e3;
                 double ms;
                 int same = -1;
                 if (dg_cuda_memset(o.y, 0xff, ybytes, 0, &err) < 0)
                     goto fail;
-                ms = time_product(prof, &o, c, rows, N, K, hint, reps, t, &err);
+                ms = time_product(prof, &o, fp8, c, rows, N, K, hint, reps, t, &err);
                 if (ms < 0)
                     goto fail;
                 if (c == 0 && dg_cuda_copy_async(o.y0, o.y, ybytes, NULL, 0, &err) < 0)
                     goto fail;
                 if (c > 0)
                     same = same_output(o.y, o.y0, ybytes, &err);
-                printf("| %d | %lld | %.1f (%d-%d) | %s [%lld x %lld] | %s | %.3f | %.3f | %.2f | "
-                       "%.0f | %s |\n",
+                printf("| %d | %lld | %.1f (%d-%d) | %s [%lld x %lld] | %s, %s | %.3f | %.3f | "
+                       "%.2f | %.0f | %s |\n",
                        batches[bi], (long long)rows, (double)rows / N_EXP, lo, hi, names[s],
                        (long long)N, (long long)K,
-                       c >= 0 ? dg_cuda_fp8_gemm_config_name(c) : "bf16 grouped GEMM", ms,
+                       fp8 ? "FP8" : "bf16",
+                       fp8 ? dg_cuda_fp8_gemm_config_name(c) : dg_cuda_grouped_gemm_config_name(c),
+                       ms,
                        floor_ms, ms / floor_ms, bytes / (ms * 1e-3) / 1e9,
                        same < 0 ? "" : same ? "yes" : "NO");
             }

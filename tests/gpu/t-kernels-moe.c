@@ -12,6 +12,8 @@
  * poisoned before, guard words after; bound ||out - ref|| / ||ref|| <=
  * 1e-2 with bf16 elements (bf16 intermediates), 1e-5 with fp32 ones, never
  * a NaN.  An unknown element type refused before anything is written.
+ * The grouped GEMM alone in each of its configurations (K step, pipeline
+ * depth) against dg_ref_matmul_f64 per group (grouped_configs).
  * Exit 77 where there is no GPU.
  */
 #include <math.h>
@@ -22,6 +24,7 @@
 
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
+#include "kernels/moe-gemm.h"
 #include "kernels/ops.h"
 #include "lib/dtype.h"
 #include "lib/ref-ops.h"
@@ -255,6 +258,124 @@ static int elt_refused(void)
     return 0;
 }
 
+/* The grouped GEMM (moe-gemm.cu) alone, each of its configurations (K
+ * step, pipeline depth), against dg_ref_matmul_f64 per group: eight groups of
+ * 0, 1, 17, 33, 64, 150, 3 and 16 rows with gaps between (gap rows stay
+ * poisoned), N 128 and K 704 (a K step of 128 ends half-way), then the
+ * 26B-A4B's gate/up shape [1408 x 2816] at 16 rows an expert over 8
+ * groups; fp32 out within BOUND_F32 relative, bf16 out within 8e-3; guard
+ * words intact; every configuration's fp32 output equal to the bit to
+ * configuration 0's (the sums run in the same order); a configuration
+ * that does not exist refused.  (The reference sums in double.) */
+static int grouped_configs(void)
+{
+    static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
+    static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const struct {
+        const int32_t *counts;
+        int64_t N, K;
+    } shapes[2] = {{counts_a, 128, 704}, {counts_b, 1408, 2816}};
+    const int n_cfg = dg_cuda_grouped_gemm_configs();
+    struct dg_error err = {0};
+    CHECK(n_cfg >= 1 && dg_cuda_grouped_gemm_config_name(0) &&
+          !dg_cuda_grouped_gemm_config_name(n_cfg));
+    for (int si = 0; si < 2; si++) {
+        const int64_t N = shapes[si].N, K = shapes[si].K;
+        int32_t offsets[8];
+        int64_t rows = 0, total = 0;
+        uint16_t *hx = NULL, *hw = NULL;
+        float *fx = NULL, *fw = NULL, *ref, *got, *first, *row_buf;
+        unsigned char *covered;
+        void *dx, *dw, *doff, *dcnt;
+        for (int j = 0; j < 8; j++) {
+            rows += 5;
+            offsets[j] = (int32_t)rows;
+            rows += shapes[si].counts[j];
+            total += shapes[si].counts[j];
+        }
+        rows += 3;
+        CHECK(gt_rand_bf16((size_t)(rows * K), 1.0f, &hx, &fx) == 0 &&
+              gt_rand_bf16((size_t)(8 * N * K), 0.05f, &hw, &fw) == 0);
+        ref = calloc((size_t)(rows * N), sizeof(float));
+        got = malloc(sizeof(float) * (size_t)(rows * N + GUARD));
+        first = malloc(sizeof(float) * (size_t)(rows * N));
+        row_buf = malloc(sizeof(float) * (size_t)K);
+        covered = calloc((size_t)rows, 1);
+        CHECK(ref && got && first && row_buf && covered);
+        for (int j = 0; j < 8; j++) {
+            const struct dg_weight w = {.data = hw + (size_t)j * N * K, .dtype = DG_DTYPE_BF16,
+                                        .rows = N, .cols = K, .stride = K};
+            if (shapes[si].counts[j]) {
+                double *d = malloc(sizeof(double) * (size_t)(shapes[si].counts[j] * N));
+                CHECK(d);
+                dg_ref_matmul_f64(d, fx + (int64_t)offsets[j] * K, shapes[si].counts[j], &w,
+                                  row_buf);
+                for (int64_t i = 0; i < shapes[si].counts[j] * N; i++)
+                    ref[(int64_t)offsets[j] * N + i] = (float)d[i];
+                free(d);
+            }
+            memset(covered + offsets[j], 1, (size_t)shapes[si].counts[j]);
+        }
+        dx = gt_upload(hx, 2 * (size_t)(rows * K), &err);
+        dw = gt_upload(hw, 2 * (size_t)(8 * N * K), &err);
+        doff = gt_upload(offsets, sizeof offsets, &err);
+        dcnt = gt_upload(shapes[si].counts, 8 * sizeof(int32_t), &err);
+        CHECKF(dx && dw && doff && dcnt, "%s", err.msg);
+        for (int c = 0; c < n_cfg; c++)
+            for (int f = 1; f >= 0; f--) {
+                void *dy = out_buf((size_t)(rows * N), &err);
+                double num = 0, den = 0, rel;
+                CHECKF(dy, "%s", err.msg);
+                CHECK_OK(dg_cuda_grouped_gemm_config(c, dy, f, dx, dw, doff, dcnt, 8, N, K,
+                                                     (int)(total / 8), NULL, 0, &err), &err);
+                CHECK_OK(dg_cuda_sync(0, &err), &err);
+                CHECK_OK(dg_cuda_download(got, dy, sizeof(float) * (size_t)(rows * N + GUARD), 0,
+                                          &err), &err);
+                dg_cuda_free(dy);
+                for (int i = 0; i < GUARD; i++)
+                    CHECKF(got[rows * N + i] == GUARD_F, "%s: guard word %d overwritten",
+                           dg_cuda_grouped_gemm_config_name(c), i);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t n = 0; n < N; n++) {
+                        const int64_t i = r * N + n;
+                        float g;
+                        if (f)
+                            g = got[i];
+                        else {
+                            uint16_t h;
+                            memcpy(&h, (const unsigned char *)got + 2 * i, 2);
+                            g = dg_bf16_to_f32(h);
+                        }
+                        if (!covered[r]) {
+                            CHECKF(isnan(g), "%s: row %lld is in no group but was written",
+                                   dg_cuda_grouped_gemm_config_name(c), (long long)r);
+                            continue;
+                        }
+                        num += ((double)g - ref[i]) * ((double)g - ref[i]);
+                        den += (double)ref[i] * ref[i];
+                    }
+                rel = den > 0 ? sqrt(num / den) : INFINITY;
+                printf("# grouped GEMM, %s, [%lld x %lld], %s out: relative error %.2e\n",
+                       dg_cuda_grouped_gemm_config_name(c), (long long)N, (long long)K,
+                       f ? "fp32" : "bf16", rel);
+                CHECK(rel <= (f ? BOUND_F32 : 8e-3));
+                if (f && c == 0)
+                    memcpy(first, got, sizeof(float) * (size_t)(rows * N));
+                else if (f)
+                    CHECKF(!memcmp(first, got, sizeof(float) * (size_t)(rows * N)),
+                           "%s: not the same bits as %s", dg_cuda_grouped_gemm_config_name(c),
+                           dg_cuda_grouped_gemm_config_name(0));
+            }
+        CHECK_FAILS(dg_cuda_grouped_gemm_config(n_cfg, NULL, 1, dx, dw, doff, dcnt, 8, N, K, 16,
+                                                NULL, 0, &err),
+                    &err, DG_E_INVAL, "no such configuration");
+        dg_cuda_free(dx), dg_cuda_free(dw), dg_cuda_free(doff), dg_cuda_free(dcnt);
+        free(hx), free(hw), free(fx), free(fw), free(ref), free(got), free(first), free(row_buf);
+        free(covered);
+    }
+    return 0;
+}
+
 int main(void)
 {
     const int rc = gt_setup("t-kernels-moe");
@@ -263,5 +384,6 @@ int main(void)
     gt_seed(0x3c6ef372fe94f82bull);
     TEST_CASE(moe);
     TEST_CASE(elt_refused);
+    TEST_CASE(grouped_configs);
     return test_finish();
 }
