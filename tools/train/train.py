@@ -40,7 +40,7 @@ usage:
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
                  [--warmup N] [--init DIR-state.pt|MODEL_DIR] [--engine lean|hf]
                  [--compile 0|1] [--profile N] [--hidden H] [--fixed 0|1] [--parts N]
-                 [--graph 0|1] [--amp 0|1]
+                 [--graph 0|1] [--amp 0|1] [--kind-odds KIND=X,...]
     (writes the model to DIR and its fp32 weights to DIR-state.pt, which
     --init continues from)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
@@ -198,14 +198,31 @@ def canvases(ans, length):
     return torch.where(pos > length[:, None], task.PAD, out)
 
 
-def draw(sampler, kinds, B):
-    """One training batch: (kind, prompt ids, answer canvases, weight [B]).
-    A row whose prompt is reserved for evaluation has weight 0: it passes
-    through the model but adds nothing to the loss (rows do not interact)."""
-    kind = sampler.r.choice(kinds)
+def draw(sampler, kinds, B, odds=None):
+    """One training batch: (kind, prompt ids, answer canvases, weight [B]),
+    the kind drawn from kinds with the relative odds given (a dict; equal
+    without).  A row whose prompt is reserved for evaluation has weight 0:
+    it passes through the model but adds nothing to the loss (rows do not
+    interact)."""
+    kind = sampler.r.choices(kinds, [odds.get(k, 1.0) for k in kinds])[0] if odds else \
+        sampler.r.choice(kinds)
     prompt, ans, length = sampler.batch(kind, B)
     weight = (~reserved_rows(prompt)).float()
     return kind, prompt, canvases(ans, length), weight
+
+
+def kind_odds(text):
+    """--kind-odds "add=2,get=1" as {kind: odds}; None for an empty text.
+    Raises ValueError for an unknown kind or odds that are not positive."""
+    if not text:
+        return None
+    out = {}
+    for item in text.split(","):
+        kind, _, val = item.partition("=")
+        if kind not in task.TASKS or not val or float(val) <= 0:
+            raise ValueError("--kind-odds: %r (kinds %s, odds > 0)" % (item, ", ".join(task.TASKS)))
+        out[kind] = float(val)
+    return out
 
 
 def self_check(device):
@@ -406,6 +423,9 @@ def train(args):
 
     g = torch.Generator(device=dev).manual_seed(args.seed)
     s = Sampler(dev, g, args.seed)
+    odds = kind_odds(args.kind_odds)
+    if odds:
+        print("kinds drawn with odds", odds, flush=True)
     B = args.batch
     use_fixed = lean is not None and args.fixed
     if use_fixed:
@@ -415,7 +435,7 @@ def train(args):
         def draw_parts(n, rows):
             out = []
             for _ in range(n):
-                kind, prompt, canv, weight = draw(s, task.TASKS, rows)
+                kind, prompt, canv, weight = draw(s, task.TASKS, rows, odds)
                 out.append((task.TASKS.index(kind), prompt, canv, weight))
             return out
 
@@ -537,7 +557,7 @@ def train(args):
         for grp in opt.param_groups:
             grp["lr"] = lr
 
-        kind, prompt, canv, weight = draw(s, task.TASKS, B)
+        kind, prompt, canv, weight = draw(s, task.TASKS, B, odds)
         nblk = canv.shape[1] // CL
         b = s.r.randrange(nblk)
         target = canv[:, b * CL:(b + 1) * CL]
@@ -727,6 +747,8 @@ def main():
                     help="draws (one kind and size each) a fixed-shape batch holds")
     ap.add_argument("--graph", type=int, default=1,
                     help="1: with --fixed, each step one CUDA graph replay")
+    ap.add_argument("--kind-odds", default="",
+                    help="relative odds of the kinds a draw takes, e.g. add=2 (others 1)")
     ap.add_argument("--amp", type=int, default=0,
                     help="1: with --fixed, the forward under bf16 autocast (fp32 weights and "
                          "losses); if its graph fails to capture, fp32")
