@@ -30,6 +30,7 @@
 #include "lib/cpu-backend.h"
 #include "lib/daemon-config.h"
 #include "lib/fileio.h"
+#include "lib/metrics-db.h"
 #include "lib/model-weights.h"
 #include "lib/tokenizer.h"
 #include "lib/version.h"
@@ -457,6 +458,14 @@ int main(int argc, char **argv)
         errorf("%s", err.msg);
         return 1;
     }
+    if (check_config && cfg.log_file[0]) {
+        /* the log file opens; what the check finds goes to the terminal */
+        dlog_close();
+        if (dlog_open("", (enum dg_log_level)cfg.log_level, &err) < 0) {
+            errorf("%s", err.msg);
+            return 1;
+        }
+    }
     dg_log_set_sink(dlog_lib_sink, NULL, (enum dg_log_level)cfg.log_level);
     raise_fd_limit(&cfg);
     /* before any thread: the front end reads these through a signalfd */
@@ -489,6 +498,20 @@ int main(int argc, char **argv)
         goto out;
     }
     if (check_config) {
+        /* what start-up would open next, checked without creating anything */
+        int live = 0;
+        if (mp.rank <= 0 &&
+            dserver_check_socket(cfg.socket, cfg.socket_owner, cfg.socket_group, &live, &err) < 0) {
+            dlog(DG_LOG_ERROR, "%s", err.msg);
+            goto out;
+        }
+        if (mp.rank <= 0 && cfg.metrics[0] && dg_metrics_db_check(cfg.metrics, &err) < 0) {
+            dlog(DG_LOG_ERROR, "%s", err.msg);
+            goto out;
+        }
+        if (live)
+            printf("dgemmad: note: a daemon is serving %s now; this one starts once it stops\n",
+                   cfg.socket);
         printf("dgemmad: configuration %s and model %s are usable\n",
                config_path ? config_path : "(defaults)", model_dir);
         status = 0;

@@ -1353,43 +1353,82 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
 
 /* ---- set-up ----------------------------------------------------------------------- */
 
+/* What listen_on and dserver_check_socket both look at: owner and group
+ * resolved (uid, gid: -1 for as is), the address filled, and whether
+ * something is at path (*exists) and, if so, a daemon answers there
+ * (*live).  Errors: DG_E_CONFIG (owner, group), DG_E_INVAL (the path is
+ * empty, too long, or something other than a socket is there). */
+static int socket_target(const char *path, const char *owner, const char *group,
+                         struct sockaddr_un *a, uid_t *uid, gid_t *gid, int *exists, int *live,
+                         struct dg_error *err)
+{
+    struct dg_error lookup = {0};
+    struct stat st;
+    gid_t owner_gid;
+    *uid = (uid_t)-1, *gid = (gid_t)-1, *exists = 0, *live = 0;
+    if (owner && *owner && daccess_lookup_user(owner, uid, &owner_gid, &lookup) < 0)
+        return dg_error_set(err, DG_E_CONFIG, "socket_owner: %s", lookup.msg);
+    if (group && *group && daccess_lookup_group(group, gid, &lookup) < 0)
+        return dg_error_set(err, DG_E_CONFIG, "socket_group: %s", lookup.msg);
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof a->sun_path || !*path)
+        return dg_error_set(err, DG_E_INVAL, "socket %s: path empty or longer than %zu bytes",
+                            path, sizeof a->sun_path - 1);
+    memcpy(a->sun_path, path, strlen(path) + 1);
+    if (lstat(path, &st) == 0) {
+        int probe;
+        if (!S_ISSOCK(st.st_mode))
+            return dg_error_set(err, DG_E_INVAL, "socket %s: the path exists and is not a "
+                                "socket; not touching it", path);
+        *exists = 1;
+        probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (probe >= 0 && connect(probe, (struct sockaddr *)a, sizeof *a) == 0)
+            *live = 1;
+        if (probe >= 0)
+            close(probe);
+    }
+    return 0;
+}
+
+int dserver_check_socket(const char *path, const char *owner, const char *group, int *live,
+                         struct dg_error *err)
+{
+    struct sockaddr_un a;
+    uid_t uid;
+    gid_t gid;
+    char dir[sizeof a.sun_path];
+    const char *slash;
+    int exists, rc;
+    if ((rc = socket_target(path, owner, group, &a, &uid, &gid, &exists, live, err)) < 0)
+        return rc;
+    slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (access(dir, W_OK | X_OK) != 0)
+        return dg_error_set(err, DG_E_IO, "socket %s: cannot create it in %s: %s", path, dir,
+                            strerror(errno));
+    return 0;
+}
+
 /* Bind path: refuse it if a live daemon answers there, replace it if it is
  * a stale socket, refuse anything else that is in the way. */
 static int listen_on(const char *path, int mode, const char *owner, const char *group,
                      int backlog, struct dg_error *err)
 {
     struct sockaddr_un a;
-    struct stat st;
-    uid_t uid = (uid_t)-1;
-    gid_t gid = (gid_t)-1, owner_gid;
+    uid_t uid;
+    gid_t gid;
     mode_t old_mask;
-    struct dg_error lookup = {0};
-    int fd, rc;
+    int fd, rc, exists, live;
 
-    if (owner && *owner && daccess_lookup_user(owner, &uid, &owner_gid, &lookup) < 0)
-        return dg_error_set(err, DG_E_CONFIG, "socket_owner: %s", lookup.msg);
-    if (group && *group && daccess_lookup_group(group, &gid, &lookup) < 0)
-        return dg_error_set(err, DG_E_CONFIG, "socket_group: %s", lookup.msg);
-
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    if (strlen(path) >= sizeof a.sun_path || !*path)
-        return dg_error_set(err, DG_E_INVAL, "socket %s: path empty or longer than %zu bytes",
-                            path, sizeof a.sun_path - 1);
-    memcpy(a.sun_path, path, strlen(path) + 1);
-    if (lstat(path, &st) == 0) {
-        int probe;
-        if (!S_ISSOCK(st.st_mode))
-            return dg_error_set(err, DG_E_INVAL, "socket %s: the path exists and is not a "
-                                "socket; not touching it", path);
-        probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (probe >= 0 && connect(probe, (struct sockaddr *)&a, sizeof a) == 0) {
-            close(probe);
-            return dg_error_set(err, DG_E_INVAL, "socket %s: another dgemmad is serving it",
-                                path);
-        }
-        if (probe >= 0)
-            close(probe);
+    if ((rc = socket_target(path, owner, group, &a, &uid, &gid, &exists, &live, err)) < 0)
+        return rc;
+    if (live)
+        return dg_error_set(err, DG_E_INVAL, "socket %s: another dgemmad is serving it", path);
+    if (exists) {
         if (unlink(path) != 0)
             return dg_error_set(err, DG_E_IO, "socket %s: cannot remove the stale socket: %s",
                                 path, strerror(errno));

@@ -67,6 +67,16 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
                    const struct dproto_ctx *pctx, int event_fd, struct dserver **out,
                    struct dg_error *err);
 
+/* Whether a daemon could listen at path (dgemmad --check-config),
+ * creating and removing nothing: the path fits a socket address, its
+ * directory exists and we may write it, nothing but a socket is in the
+ * way (a stale one is replaced at start), and owner and group (NULL or
+ * empty: as is) name a user and a group.  *live is set to 1 when a daemon
+ * answers there now: not an error, since the check may run beside the
+ * daemon it is to replace.  Errors: DG_E_INVAL, DG_E_IO, DG_E_CONFIG. */
+int dserver_check_socket(const char *path, const char *owner, const char *group, int *live,
+                         struct dg_error *err);
+
 /* Serve until shut down.  Returns 0 after a clean shutdown, or a negative
  * status for a failure of the ring itself. */
 int dserver_run(struct dserver *srv, struct dg_error *err);

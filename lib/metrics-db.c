@@ -276,6 +276,68 @@ failed:
     return rc;
 }
 
+/* The directory path lies in ("." for a bare name), into buf. */
+static void dir_of(const char *path, char *buf, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(buf, n, ".");
+    else if (slash == path)
+        snprintf(buf, n, "/");
+    else
+        snprintf(buf, n, "%.*s", (int)(slash - path), path);
+}
+
+int dg_metrics_db_check(const char *path, struct dg_error *err)
+{
+    char dir[4096];
+    struct stat st;
+    sqlite3 *h = NULL;
+    sqlite3_stmt *q = NULL;
+    int rc;
+    if (!path || !path[0])
+        return dg_error_set(err, DG_E_INVAL, "metrics: no database file given");
+    dir_of(path, dir, sizeof dir);
+    if (stat(path, &st) != 0) {
+        if (errno != ENOENT)
+            return dg_error_set(err, DG_E_IO, "metrics %s: %s", path, strerror(errno));
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            return dg_error_set(err, DG_E_IO, "metrics %s: the directory %s does not exist",
+                                path, dir);
+        if (access(dir, W_OK | X_OK) != 0)
+            return dg_error_set(err, DG_E_IO, "metrics %s: cannot create it in %s: %s", path,
+                                dir, strerror(errno));
+        return 0;
+    }
+    if (!S_ISREG(st.st_mode))
+        return dg_error_set(err, DG_E_IO, "metrics %s: not a regular file", path);
+    if (access(path, R_OK | W_OK) != 0)
+        return dg_error_set(err, DG_E_IO, "metrics %s: cannot write it: %s", path,
+                            strerror(errno));
+    if (access(dir, W_OK | X_OK) != 0)
+        return dg_error_set(err, DG_E_IO, "metrics %s: cannot write in %s (SQLite's -wal and "
+                            "-shm files go there): %s", path, dir, strerror(errno));
+    rc = sqlite3_open_v2(path, &h, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(h, "PRAGMA user_version", -1, &q, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const int64_t v = sqlite3_column_int64(q, 0);
+        rc = v < 0 || v > DG_METRICS_SCHEMA_VERSION
+                 ? dg_error_set(err, DG_E_FORMAT, "metrics %s: schema version %lld is newer "
+                                "than this dgemma's (%d)", path, (long long)v,
+                                DG_METRICS_SCHEMA_VERSION)
+                 : 0;
+    } else {
+        rc = dg_error_set(err, (rc & 0xff) == SQLITE_NOTADB ? DG_E_FORMAT : DG_E_IO,
+                          "metrics %s: %s", path,
+                          (rc & 0xff) == SQLITE_NOTADB ? "not an SQLite database"
+                          : h ? sqlite3_errmsg(h) : sqlite3_errstr(rc));
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(h);
+    return rc;
+}
+
 void dg_metrics_db_close(struct dg_metrics_db *db)
 {
     if (!db)

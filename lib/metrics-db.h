@@ -100,6 +100,15 @@ int dg_metrics_db_open(const char *path, enum dg_metrics_open_mode mode, int bus
 
 void dg_metrics_db_close(struct dg_metrics_db *db);
 
+/* Whether a daemon could keep its metrics at path, creating nothing and
+ * writing nothing (dgemmad --check-config): an existing path must be a
+ * regular file we may read and write, an SQLite database at a schema
+ * version this dgemma writes or migrates, in a directory we may write
+ * (SQLite keeps its -wal and -shm files beside it); a missing file needs
+ * a directory that exists and that we may write.  Errors: DG_E_INVAL (no
+ * path), DG_E_IO, DG_E_FORMAT. */
+int dg_metrics_db_check(const char *path, struct dg_error *err);
+
 /* The connection, for queries (readers).  Owned by db. */
 struct sqlite3 *dg_metrics_db_handle(struct dg_metrics_db *db);
 

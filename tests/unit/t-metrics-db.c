@@ -4,7 +4,9 @@
  * file that is not SQLite and a missing directory are refused with clear
  * errors and left untouched; a v0 file (an empty SQLite database) is
  * migrated; a second connection's lock is DG_E_BUSY, not a hang; retention
- * by age and by size deletes exactly the rows it should.
+ * by age and by size deletes exactly the rows it should; the check that
+ * --check-config makes passes what a daemon could use and refuses the rest
+ * without creating or changing a file.
  */
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -371,6 +373,46 @@ static int retention_by_size(void)
     return 0;
 }
 
+/* dg_metrics_db_check (dgemmad --check-config): a missing file in a
+ * directory we may write, an empty SQLite file (version 0, migratable) and
+ * a current one pass, and none is created or changed; a missing
+ * directory, a directory in the file's place, a file that is not SQLite, a
+ * newer schema and no path at all are refused with what is wrong. */
+static int check_paths(void)
+{
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    const char *fresh = test_path("check-fresh.sqlite"), *cur = test_path("check-cur.sqlite");
+    const char *empty = test_path("check-v0.sqlite"), *junk = test_path("check-junk.sqlite");
+    const char *newer = test_path("check-newer.sqlite"), *dir = test_path("check-dir");
+    struct stat a, b;
+    FILE *f;
+
+    CHECK_OK(dg_metrics_db_check(fresh, &err), &err);
+    CHECK(access(fresh, F_OK) != 0);
+    CHECK_OK(dg_metrics_db_open(cur, DG_METRICS_WRITE, 100, &db, &err), &err);
+    dg_metrics_db_close(db);
+    CHECK(stat(cur, &a) == 0);
+    CHECK_OK(dg_metrics_db_check(cur, &err), &err);
+    CHECK(stat(cur, &b) == 0 && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
+    CHECK(raw_exec(empty, "CREATE TABLE mine (x)") == SQLITE_OK);
+    CHECK_OK(dg_metrics_db_check(empty, &err), &err);
+    CHECK(peek(empty, "PRAGMA user_version") == 0);
+    CHECK_FAILS(dg_metrics_db_check("/nonexistent/dir/m.sqlite", &err), &err, DG_E_IO,
+                "the directory /nonexistent/dir does not exist");
+    CHECK(mkdir(dir, 0755) == 0);
+    CHECK_FAILS(dg_metrics_db_check(dir, &err), &err, DG_E_IO, "not a regular file");
+    f = fopen(junk, "wb");
+    CHECK(f && fputs("not a database, not at all; just text long enough to be a header....",
+                     f) >= 0 && fclose(f) == 0);
+    CHECK_FAILS(dg_metrics_db_check(junk, &err), &err, DG_E_FORMAT, "not an SQLite database");
+    CHECK(raw_exec(newer, "CREATE TABLE future (x); PRAGMA user_version = 99") == SQLITE_OK);
+    CHECK_FAILS(dg_metrics_db_check(newer, &err), &err, DG_E_FORMAT, "version 99 is newer");
+    CHECK(peek(newer, "PRAGMA user_version") == 99);
+    CHECK_FAILS(dg_metrics_db_check("", &err), &err, DG_E_INVAL, "no database file");
+    return 0;
+}
+
 int main(void)
 {
     rng_state = (unsigned)time(NULL);
@@ -380,5 +422,6 @@ int main(void)
     TEST_CASE(locked);
     TEST_CASE(retention_by_age);
     TEST_CASE(retention_by_size);
+    TEST_CASE(check_paths);
     return test_finish();
 }

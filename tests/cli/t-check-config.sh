@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Description: `dgemmad --check-config` says whether the daemon could start
+# and creates nothing: a usable configuration exits 0 and leaves no socket
+# and no metrics file behind; a metrics file in a directory that does not
+# exist, a metrics file that is not SQLite, a socket path where a regular
+# file lies and a socket in a directory that does not exist each exit 1
+# with what is wrong on standard error (also when the log goes to a file),
+# and leave the file in the way as it was; beside a running daemon on the
+# same socket the check passes with a note that the socket is in use.
+set -u
+# (CI runs as root; dgemmad refuses root unless told)
+ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
+BUILD=${BUILD:-build}
+. "${0%/*}/cli-lib.sh" t-check-config
+D=$BUILD/bin/dgemmad
+C=$BUILD/bin/dgemma-client
+M=$BUILD/model/random
+if [ ! -x "$D" ] || [ ! -x "$C" ] || [ ! -e "$M/config.json" ]; then
+    echo "skip t-check-config: dgemmad, dgemma-client or $M is not built"
+    exit 77
+fi
+pid=0
+trap '[ $pid -gt 0 ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+chk() { # NAME WANT OPTIONS...: dgemmad --check-config with the model and OPTIONS
+    local name=$1 want=$2; shift 2
+    run "$name" "$want" "$D" $ROOT_OK -o model="$M" "$@" --check-config
+}
+
+if chk usable 0 -o socket="$tmp/u.sock" -o metrics="$tmp/u.sqlite" &&
+   has usable out "are usable" && [ ! -e "$tmp/u.sock" ] && [ ! -e "$tmp/u.sqlite" ]
+then ok usable; else bad usable "$(cat "$tmp/usable.out" "$tmp/usable.err")"; fi
+
+if chk nodir 1 -o socket="$tmp/n.sock" -o metrics=/nonexistent-dgemma/m.sqlite &&
+   has nodir err "the directory /nonexistent-dgemma does not exist"
+then ok metrics_missing_directory; else bad metrics_missing_directory "$(cat "$tmp/nodir.err")"; fi
+
+printf 'these bytes are not an SQLite database, however long the line gets\n' >"$tmp/j.sqlite"
+cp "$tmp/j.sqlite" "$tmp/j.orig"
+if chk junk 1 -o socket="$tmp/j.sock" -o metrics="$tmp/j.sqlite" -o log_file="$tmp/j.log" &&
+   has junk err "not an SQLite database" && cmp -s "$tmp/j.sqlite" "$tmp/j.orig"
+then ok metrics_not_sqlite; else bad metrics_not_sqlite "$(cat "$tmp/junk.err")"; fi
+
+printf 'mine\n' >"$tmp/f.sock"
+if chk file 1 -o socket="$tmp/f.sock" && has file err "exists and is not a socket" &&
+   [ "$(cat "$tmp/f.sock")" = mine ]
+then ok socket_path_taken; else bad socket_path_taken "$(cat "$tmp/file.err")"; fi
+
+if chk sockdir 1 -o socket=/nonexistent-dgemma/d.sock &&
+   has sockdir err "cannot create it in /nonexistent-dgemma"
+then ok socket_missing_directory; else bad socket_missing_directory "$(cat "$tmp/sockdir.err")"; fi
+
+"$D" $ROOT_OK -o model="$M" -o socket="$tmp/live.sock" -o log_file="$tmp/live.log" &
+pid=$!
+if run wait 0 "$C" -s "$tmp/live.sock" --wait 30 status &&
+   chk live 0 -o socket="$tmp/live.sock" && has live out "a daemon is serving $tmp/live.sock" &&
+   has live out "are usable" && kill -0 $pid 2>/dev/null
+then ok beside_running_daemon; else bad beside_running_daemon "$(cat "$tmp/live.out" "$tmp/live.err" 2>/dev/null)"; fi
+kill $pid 2>/dev/null
+wait $pid 2>/dev/null
+pid=0
+exit $((fails > 0))
