@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "daemon/access.h"
@@ -275,6 +276,54 @@ static void raise_fd_limit(const struct dg_config *cfg)
              (unsigned long long)rl.rlim_cur, cfg->max_connections, (unsigned long long)need);
 }
 
+/* SIGBUS on a mapped checkpoint: the file shrank under the running
+ * daemon (rewritten in place, or truncated), and the pages the model
+ * reads are gone.  Nothing can go on: say which file and what to do in
+ * the log, remove our socket (once it is ours), exit 74 (EX_IOERR).  A
+ * SIGBUS anywhere else is a fault of ours: the default action, a core.
+ * Only async-signal-safe calls here. */
+static char sigbus_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+static size_t put(char *buf, size_t at, size_t cap, const char *s)
+{
+    while (*s && at + 1 < cap)
+        buf[at++] = *s++;
+    buf[at] = '\0';
+    return at;
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    const char *path = dg_file_mapping_at(si->si_addr);
+    char msg[1024];
+    size_t n = 0;
+    (void)uc;
+    if (!path) {
+        signal(sig, SIG_DFL); /* the access faults again, without us */
+        return;
+    }
+    n = put(msg, n, sizeof msg, "dgemmad: fatal: ");
+    n = put(msg, n, sizeof msg, path);
+    n = put(msg, n, sizeof msg, " shrank under the running daemon (written over in place or "
+            "truncated); exiting 74. Restart dgemmad to load it again, and replace a model "
+            "by renaming a complete file over the old one, not by writing into it");
+    (void)n;
+    dlog_signal_safe(msg);
+    if (sigbus_socket[0])
+        unlink(sigbus_socket);
+    _exit(74);
+}
+
+static void catch_sigbus(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, NULL);
+}
+
 #if DG_HAVE_CUDA
 static volatile int stop_requested;
 
@@ -354,7 +403,7 @@ int main(int argc, char **argv)
     struct dg_config cfg;
     struct dg_error err = {0};
     const char *config_path = NULL;
-    int print_config = 0, check_config = 0, status = 1, event_fd = -1;
+    int print_config = 0, check_config = 0, status = 1, event_fd = -1, rc_run;
     char model_dir[PATH_MAX];
     char who[300];
     struct loaded L;
@@ -467,6 +516,7 @@ int main(int argc, char **argv)
         }
     }
     dg_log_set_sink(dlog_lib_sink, NULL, (enum dg_log_level)cfg.log_level);
+    catch_sigbus();
     raise_fd_limit(&cfg);
     /* before any thread: the front end reads these through a signalfd */
     sigemptyset(&mask);
@@ -620,12 +670,15 @@ int main(int argc, char **argv)
         dlog(DG_LOG_ERROR, "%s", info ? err.msg : "out of memory");
         goto out;
     }
+    snprintf(sigbus_socket, sizeof sigbus_socket, "%s", cfg.socket); /* ours now */
     dlog(DG_LOG_INFO, "ready: socket %s, model %s (vocabulary %lld, canvas %d), backend %s, "
          "tp %d, max_batch %d, %s", cfg.socket, model_dir, (long long)L.m.cfg.vocab_size,
          L.m.cfg.canvas_length, backend->name, cfg.tp, cfg.max_batch,
          L.tok ? "tokenizer" : "no tokenizer");
     sd_notify_send("READY=1\nSTATUS=serving");
-    if (dserver_run(srv, &err) < 0) {
+    rc_run = dserver_run(srv, &err);
+    sigbus_socket[0] = '\0'; /* (the server removes its socket as it goes) */
+    if (rc_run < 0) {
         dlog(DG_LOG_ERROR, "%s", err.msg);
         goto out;
     }

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +73,52 @@ int dg_file_read(const char *path, size_t max_bytes, char **out, size_t *len,
     return 0;
 }
 
+/* The live mappings, for dg_file_mapping_at: a slot is claimed by a
+ * compare-and-swap of `state` from 0 (free) to 1, published by storing
+ * its range after its path, and freed by clearing the range first.  A
+ * reader in a signal handler sees a range only after its path. */
+static struct {
+    atomic_int state;                 /* 0 free, 1 claimed */
+    atomic_uintptr_t lo, hi;          /* [lo, hi): 0, 0 while not published */
+    char path[DG_MAPPING_PATH_MAX];
+} mappings[DG_MAPPINGS_NAMED];
+
+static void mapping_add(const char *path, const void *addr, size_t size)
+{
+    for (int i = 0; i < DG_MAPPINGS_NAMED; i++) {
+        int free_ = 0;
+        if (atomic_compare_exchange_strong(&mappings[i].state, &free_, 1)) {
+            snprintf(mappings[i].path, sizeof mappings[i].path, "%s", path);
+            atomic_store(&mappings[i].hi, (uintptr_t)addr + size);
+            atomic_store(&mappings[i].lo, (uintptr_t)addr);
+            return;
+        }
+    }
+    /* (more live mappings than slots: this one goes unnamed) */
+}
+
+static void mapping_remove(const void *addr)
+{
+    for (int i = 0; i < DG_MAPPINGS_NAMED; i++)
+        if (atomic_load(&mappings[i].state) && atomic_load(&mappings[i].lo) == (uintptr_t)addr) {
+            atomic_store(&mappings[i].lo, 0);
+            atomic_store(&mappings[i].hi, 0);
+            atomic_store(&mappings[i].state, 0);
+            return;
+        }
+}
+
+const char *dg_file_mapping_at(const void *addr)
+{
+    const uintptr_t a = (uintptr_t)addr;
+    for (int i = 0; i < DG_MAPPINGS_NAMED; i++) {
+        const uintptr_t lo = atomic_load(&mappings[i].lo);
+        if (lo && a >= lo && a < atomic_load(&mappings[i].hi))
+            return mappings[i].path;
+    }
+    return NULL;
+}
+
 int dg_file_map(const char *path, struct dg_mapping *m, struct dg_error *err)
 {
     struct stat st;
@@ -97,6 +145,7 @@ int dg_file_map(const char *path, struct dg_mapping *m, struct dg_error *err)
         }
         m->addr = p;
         m->size = (size_t)st.st_size;
+        mapping_add(path, p, m->size);
     }
     close(fd);
     return 0;
@@ -104,8 +153,10 @@ int dg_file_map(const char *path, struct dg_mapping *m, struct dg_error *err)
 
 void dg_file_unmap(struct dg_mapping *m)
 {
-    if (m->addr)
+    if (m->addr) {
+        mapping_remove(m->addr);
         munmap(m->addr, m->size);
+    }
     m->addr = NULL;
     m->size = 0;
 }

@@ -29,6 +29,14 @@ int dg_file_map(const char *path, struct dg_mapping *m, struct dg_error *err);
 /* Unmap; safe on a zeroed or already-released mapping. */
 void dg_file_unmap(struct dg_mapping *m);
 
+/* The file whose live mapping (dg_file_map) holds addr, or NULL.  Safe
+ * in a signal handler (no locks, no allocation): a SIGBUS there means the
+ * file shrank under the mapping.  The first DG_MAPPINGS_NAMED mappings at
+ * a time are known; the path may be cut to DG_MAPPING_PATH_MAX - 1 bytes. */
+#define DG_MAPPINGS_NAMED 64
+#define DG_MAPPING_PATH_MAX 256
+const char *dg_file_mapping_at(const void *addr);
+
 /* Join dir and name with exactly one '/' into a fresh string (NULL on
  * allocation failure). */
 char *dg_path_join(const char *dir, const char *name);

@@ -1,8 +1,9 @@
 /*
  * Description: file helpers: path joining, whole-file reads with a size cap
  * (missing files, directories and oversize files refused before reading),
- * and read-only mappings.
+ * and read-only mappings, which name their file by address while mapped.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,7 +61,17 @@ static int case_map(void)
     CHECK(f && fputs("abc", f) >= 0 && fclose(f) == 0);
     CHECK_OK(dg_file_map(path, &m, &err), &err);
     CHECK(m.size == 3 && !memcmp(m.addr, "abc", 3));
-    dg_file_unmap(&m);
+    /* the live mapping is known by address (for the daemon's SIGBUS
+     * handler), and forgotten at unmap */
+    {
+        const unsigned char *a = m.addr;
+        CHECK(dg_file_mapping_at(a) && !strcmp(dg_file_mapping_at(a), path));
+        CHECK(dg_file_mapping_at(a + 2) == dg_file_mapping_at(a));
+        CHECK(dg_file_mapping_at(a + 3) == NULL &&
+              dg_file_mapping_at((const void *)((uintptr_t)a - 1)) == NULL);
+        dg_file_unmap(&m);
+        CHECK(dg_file_mapping_at(a) == NULL);
+    }
     CHECK(m.addr == NULL && m.size == 0);
     dg_file_unmap(&m); /* twice is harmless */
     f = fopen(empty, "w");

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Description: a checkpoint written over in place (here: truncated) under
+# a running dgemmad on the CPU backend, which reads its weights through
+# the file's mapping: the next request's access to the vanished pages
+# ends the daemon with exit status 74 and a log line naming the file and
+# what to do, its socket removed, and the client told the connection was
+# lost (exit 3), where it used to die of SIGBUS with nothing said.  A
+# daemon on an intact copy of the same model is unaffected beside it.
+set -u
+# (CI runs as root; dgemmad refuses root unless told)
+ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
+BUILD=${BUILD:-build}
+. "${0%/*}/cli-lib.sh" t-checkpoint-shrinks
+D=$BUILD/bin/dgemmad
+C=$BUILD/bin/dgemma-client
+M=$BUILD/model/random
+if [ ! -x "$D" ] || [ ! -x "$C" ] || [ ! -e "$M/config.json" ]; then
+    echo "skip t-checkpoint-shrinks: dgemmad, dgemma-client or $M is not built"
+    exit 77
+fi
+pa=0 pb=0
+trap '[ $pa -gt 0 ] && kill $pa 2>/dev/null; [ $pb -gt 0 ] && kill $pb 2>/dev/null; rm -rf "$tmp"' EXIT
+cp -r "$M" "$tmp/a"
+cp -r "$M" "$tmp/b"
+# (the CPU backend: the one that reads weights from the mapping as it goes)
+"$D" $ROOT_OK -o backend=cpu -o model="$tmp/a" -o socket="$tmp/a.sock" -o log_file="$tmp/a.log" &
+pa=$!
+"$D" $ROOT_OK -o backend=cpu -o model="$tmp/b" -o socket="$tmp/b.sock" -o log_file="$tmp/b.log" &
+pb=$!
+if run wait_a 0 "$C" -s "$tmp/a.sock" --wait 30 status && run wait_b 0 "$C" -s "$tmp/b.sock" --wait 30 status &&
+   run before 0 "$C" -s "$tmp/a.sock" --seed 1 --max-tokens 8 "hello"
+then ok serves_before; else bad serves_before "$(cat "$tmp/a.log")"; fi
+
+truncate -s 4096 "$tmp/a/model.safetensors"
+run after 3 "$C" -s "$tmp/a.sock" --seed 1 --max-tokens 8 "hello"
+st_client=$?
+wait $pa
+st=$?
+pa=0
+if [ $st_client -eq 0 ] && [ $st -eq 74 ] &&
+   grep -qF "$tmp/a/model.safetensors shrank under the running daemon" "$tmp/a.log" &&
+   grep -qF "Restart dgemmad to load it again" "$tmp/a.log" && [ ! -e "$tmp/a.sock" ]
+then ok exits_74_and_says_why
+else bad exits_74_and_says_why "daemon exit $st; $(tail -c 600 "$tmp/a.log")"; fi
+
+if run other 0 "$C" -s "$tmp/b.sock" --seed 1 --max-tokens 8 "hello" && kill -0 $pb 2>/dev/null
+then ok other_daemon_unaffected; else bad other_daemon_unaffected "$(tail -c 400 "$tmp/b.log")"; fi
+kill $pb 2>/dev/null
+wait $pb 2>/dev/null
+pb=0
+exit $((fails > 0))
