@@ -493,6 +493,24 @@ def train(args):
               "ev": [torch.cuda.Event(enable_timing=True) for _ in range(2)]}
     acc_ema = {k: zero() for k in task.TASKS}
 
+    prof_state = {}
+
+    def profile_tick(step):
+        """With --profile N: record steps PROFILE_FROM .. + N (called after
+        each step, either path) and print the heaviest operations."""
+        if args.profile and step == PROFILE_FROM:
+            prof_state["p"] = torch.profiler.profile(activities=[
+                torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            prof_state["p"].__enter__()
+            prof_state["t"] = time.time()
+        if args.profile and step == PROFILE_FROM + args.profile and "p" in prof_state:
+            torch.cuda.synchronize()
+            prof_state["p"].__exit__(None, None, None)
+            print("profile: %d steps in %.1f ms each (wall)" %
+                  (args.profile, (time.time() - prof_state["t"]) * 1e3 / args.profile), flush=True)
+            for key in ("self_cuda_time_total", "self_cpu_time_total"):
+                print(prof_state["p"].key_averages().table(sort_by=key, row_limit=18), flush=True)
+
     def log_step(step, lr, acc):
         """Every 50 steps a CSV row (the means since the last), every
         print_every a line; the only waits for the GPU."""
@@ -551,6 +569,7 @@ def train(args):
                     acc_ema[name].copy_(torch.where(cnt > 0, 0.9 * acc_ema[name] + 0.1 * val,
                                                     acc_ema[name]))
             run[3] += 1
+            profile_tick(step)
             step += 1
             log_step(step, lr, acc)
             continue
@@ -610,18 +629,7 @@ def train(args):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if args.profile and step == PROFILE_FROM:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                      torch.profiler.ProfilerActivity.CUDA])
-            prof.__enter__()
-            t_prof = time.time()
-        if args.profile and step == PROFILE_FROM + args.profile:
-            torch.cuda.synchronize()
-            prof.__exit__(None, None, None)
-            print("profile: %d steps in %.1f ms each (wall)" %
-                  (args.profile, (time.time() - t_prof) * 1e3 / args.profile), flush=True)
-            for key in ("self_cuda_time_total", "self_cpu_time_total"):
-                print(prof.key_averages().table(sort_by=key, row_limit=18), flush=True)
+        profile_tick(step)
 
         with torch.no_grad():
             acc = (z.argmax(-1) == target).float().mean()
