@@ -17,6 +17,7 @@
 
 #include "daemon/dlog.h"
 #include "daemon/shm-ring.h"
+#include "lib/fileio.h"
 #include "lib/json-util.h"
 
 #define RECV_CHUNK 65536
@@ -1398,15 +1399,10 @@ int dserver_check_socket(const char *path, const char *owner, const char *group,
     uid_t uid;
     gid_t gid;
     char dir[sizeof a.sun_path];
-    const char *slash;
     int exists, rc;
     if ((rc = socket_target(path, owner, group, &a, &uid, &gid, &exists, live, err)) < 0)
         return rc;
-    slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else
-        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    dg_path_dir(path, dir, sizeof dir);
     if (access(dir, W_OK | X_OK) != 0)
         return dg_error_set(err, DG_E_IO, "socket %s: cannot create it in %s: %s", path, dir,
                             strerror(errno));

@@ -180,6 +180,17 @@ char *dg_path_join(const char *dir, const char *name)
     return p;
 }
 
+void dg_path_dir(const char *path, char *buf, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(buf, n, ".");
+    else if (slash == path)
+        snprintf(buf, n, "/");
+    else
+        snprintf(buf, n, "%.*s", (int)(slash - path), path);
+}
+
 int dg_file_exists(const char *path)
 {
     struct stat st;

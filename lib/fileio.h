@@ -41,6 +41,10 @@ const char *dg_file_mapping_at(const void *addr);
  * allocation failure). */
 char *dg_path_join(const char *dir, const char *name);
 
+/* The directory path lies in, into buf (n bytes, cut to fit): "." for a
+ * bare name, "/" for one at the root. */
+void dg_path_dir(const char *path, char *buf, size_t n);
+
 /* Write text and a newline to dir/name (created or truncated).  Errors:
  * DG_E_NOMEM, DG_E_IO (naming the path). */
 int dg_write_text(const char *dir, const char *name, const char *text, struct dg_error *err);

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "lib/fileio.h"
+
 /* Migration i takes a file from version i to i + 1.  Append only: a
  * released step never changes. */
 static const char *const migrations[DG_METRICS_SCHEMA_VERSION] = {
@@ -276,18 +278,6 @@ failed:
     return rc;
 }
 
-/* The directory path lies in ("." for a bare name), into buf. */
-static void dir_of(const char *path, char *buf, size_t n)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(buf, n, ".");
-    else if (slash == path)
-        snprintf(buf, n, "/");
-    else
-        snprintf(buf, n, "%.*s", (int)(slash - path), path);
-}
-
 int dg_metrics_db_check(const char *path, struct dg_error *err)
 {
     char dir[4096];
@@ -297,7 +287,7 @@ int dg_metrics_db_check(const char *path, struct dg_error *err)
     int rc;
     if (!path || !path[0])
         return dg_error_set(err, DG_E_INVAL, "metrics: no database file given");
-    dir_of(path, dir, sizeof dir);
+    dg_path_dir(path, dir, sizeof dir);
     if (stat(path, &st) != 0) {
         if (errno != ENOENT)
             return dg_error_set(err, DG_E_IO, "metrics %s: %s", path, strerror(errno));

@@ -26,6 +26,19 @@ static int case_path_join(void)
     CHECK(joined("a///", "b", "a/b"));
     CHECK(joined("/", "b", "/b"));
     CHECK(joined("", "b", "b"));
+    {
+        /* and the other way: the directory a path lies in */
+        static const char *const cases[][2] = {{"a/b", "a"},       {"/x", "/"},
+                                               {"name", "."},      {"/var/lib/m.db", "/var/lib"},
+                                               {"rel/dir/f", "rel/dir"}};
+        char buf[64], tiny[4];
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            dg_path_dir(cases[i][0], buf, sizeof buf);
+            CHECKF(!strcmp(buf, cases[i][1]), "dir of %s: %s", cases[i][0], buf);
+        }
+        dg_path_dir("/long/dir/f", tiny, sizeof tiny);
+        CHECK(!strcmp(tiny, "/lo"));
+    }
     return 0;
 }
 
