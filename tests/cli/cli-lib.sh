@@ -11,6 +11,7 @@
 #                             and .err; a bad line, and status 1, when it
 #                             exits with another status than WANT
 #   has NAME out|err TEXT     the kept output holds TEXT
+#   need_daemon               D, C, M, ROOT_OK for the daemon tests (below)
 # (sourced, not run: no t- prefix, so the runner does not take it for a test)
 cli_name=$1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-$cli_name-XXXXXX")
@@ -30,3 +31,15 @@ run() {
 }
 
 has() { grep -qF -- "$3" "$tmp/$1.$2"; }
+
+# need_daemon: D, C and M set to the build's dgemmad, dgemma-client and
+# random test model, ROOT_OK to the option that lets dgemmad run as root
+# when we are root (as CI is); exits 77 with a skip line if one is missing.
+need_daemon() {
+    D=$BUILD/bin/dgemmad C=$BUILD/bin/dgemma-client M=$BUILD/model/random
+    ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
+    if [ ! -x "$D" ] || [ ! -x "$C" ] || [ ! -e "$M/config.json" ]; then
+        echo "skip $cli_name: dgemmad, dgemma-client or $M is not built"
+        exit 77
+    fi
+}

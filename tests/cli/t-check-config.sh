@@ -8,17 +8,9 @@
 # and leave the file in the way as it was; beside a running daemon on the
 # same socket the check passes with a note that the socket is in use.
 set -u
-# (CI runs as root; dgemmad refuses root unless told)
-ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
 BUILD=${BUILD:-build}
 . "${0%/*}/cli-lib.sh" t-check-config
-D=$BUILD/bin/dgemmad
-C=$BUILD/bin/dgemma-client
-M=$BUILD/model/random
-if [ ! -x "$D" ] || [ ! -x "$C" ] || [ ! -e "$M/config.json" ]; then
-    echo "skip t-check-config: dgemmad, dgemma-client or $M is not built"
-    exit 77
-fi
+need_daemon
 pid=0
 trap '[ $pid -gt 0 ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 chk() { # NAME WANT OPTIONS...: dgemmad --check-config with the model and OPTIONS

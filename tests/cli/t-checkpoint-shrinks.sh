@@ -7,17 +7,9 @@
 # lost (exit 3), where it used to die of SIGBUS with nothing said.  A
 # daemon on an intact copy of the same model is unaffected beside it.
 set -u
-# (CI runs as root; dgemmad refuses root unless told)
-ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
 BUILD=${BUILD:-build}
 . "${0%/*}/cli-lib.sh" t-checkpoint-shrinks
-D=$BUILD/bin/dgemmad
-C=$BUILD/bin/dgemma-client
-M=$BUILD/model/random
-if [ ! -x "$D" ] || [ ! -x "$C" ] || [ ! -e "$M/config.json" ]; then
-    echo "skip t-checkpoint-shrinks: dgemmad, dgemma-client or $M is not built"
-    exit 77
-fi
+need_daemon
 pa=0 pb=0
 trap '[ $pa -gt 0 ] && kill $pa 2>/dev/null; [ $pb -gt 0 ] && kill $pb 2>/dev/null; rm -rf "$tmp"' EXIT
 cp -r "$M" "$tmp/a"
