@@ -560,7 +560,7 @@ int main(int argc, char **argv)
             goto out;
         }
         if (live)
-            printf("dgemmad: note: a daemon is serving %s now; this one starts once it stops\n",
+            printf("dgemmad: note: a daemon is serving %s now; another starts there only once it stops\n",
                    cfg.socket);
         printf("dgemmad: configuration %s and model %s are usable\n",
                config_path ? config_path : "(defaults)", model_dir);
