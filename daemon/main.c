@@ -560,8 +560,8 @@ int main(int argc, char **argv)
             goto out;
         }
         if (live)
-            printf("dgemmad: note: a daemon is serving %s now; another starts there only once it stops\n",
-                   cfg.socket);
+            printf("dgemmad: note: a daemon is serving %s now; another starts there only "
+                   "once it stops\n", cfg.socket);
         printf("dgemmad: configuration %s and model %s are usable\n",
                config_path ? config_path : "(defaults)", model_dir);
         status = 0;
