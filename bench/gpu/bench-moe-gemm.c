@@ -186,7 +186,8 @@ int main(int argc, char **argv)
      * its prefix) */
     fill_e4m3(h8, (size_t)(N_EXP * max_nk));
     for (int64_t i = 0; i < N_EXP * max_nk; i++)
-        h16[i] = (uint16_t)(0x3f80u ^ (uint16_t)(bench_rand_id(&rng, 0x8000) & 0x807f)); /* |x| in [1, 2) */
+        /* bf16 of |x| in [1, 2), either sign */
+        h16[i] = (uint16_t)(0x3f80u ^ (uint16_t)(bench_rand_id(&rng, 0x10000) & 0x807f));
     if (dg_cuda_upload(o.qw, h8, (size_t)(N_EXP * max_nk), 0, &err) < 0 ||
         dg_cuda_upload(o.xw, h16, 2 * (size_t)(N_EXP * max_nk), 0, &err) < 0 ||
         dg_cuda_upload(o.qa, h8, (size_t)(max_rows * HID), 0, &err) < 0 ||
