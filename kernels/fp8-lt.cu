@@ -59,18 +59,12 @@ struct dg_fp8_lt {
 
 static void plan_free(struct lt_plan *p)
 {
+    const cublasLtMatrixLayout_t layouts[] = {p->a, p->b, p->c, p->b2, p->c2};
     if (p->op)
         cublasLtMatmulDescDestroy(p->op);
-    if (p->a)
-        cublasLtMatrixLayoutDestroy(p->a);
-    if (p->b)
-        cublasLtMatrixLayoutDestroy(p->b);
-    if (p->c)
-        cublasLtMatrixLayoutDestroy(p->c);
-    if (p->b2)
-        cublasLtMatrixLayoutDestroy(p->b2);
-    if (p->c2)
-        cublasLtMatrixLayoutDestroy(p->c2);
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++)
+        if (layouts[i])
+            cublasLtMatrixLayoutDestroy(layouts[i]);
     memset(p, 0, sizeof *p);
 }
 
