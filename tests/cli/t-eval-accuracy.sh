@@ -147,7 +147,8 @@ kill -TERM $d; wait $d; st=$?; d=0
 [ $st -eq 0 ] && ok daemon_exit || bad daemon_exit "status $st: $(tail -3 "$tmp/d.log")"
 
 # ---- a daemon that stays busy: one long request generating, no queue; --busy-timeout 1
-# gives up after a second of busy refusals (exit 3) --------------------------------------
+# gives up after a second of busy refusals (exit 3).  One request in flight (--parallel 1):
+# with two, which problem's second of refusals ends first is a race ----------------------
 if [ -e "$BUILD/model/random/config.json" ]; then
     "$BIN/dgemmad" $ROOT_OK -o backend=cpu -o model="$BUILD/model/random" \
         -o socket="$tmp/busy.sock" -o log_file="$tmp/busy.log" -o pin_workers=false \
@@ -161,7 +162,7 @@ if [ -e "$BUILD/model/random/config.json" ]; then
         sleep 0.1
     done
     if run busy 3 "$E" accuracy --problems "$HELDOUT" -s "$tmp/busy.sock" --limit 2 \
-           --busy-timeout 1 &&
+           --parallel 1 --busy-timeout 1 &&
        has busy err "has refused problem 1 as busy for" && has busy err "0 of 2 problems done"
     then ok busy_timeout; else bad busy_timeout "$(cat "$tmp/busy.err")"; fi
     kill $long 2>/dev/null; wait $long 2>/dev/null
