@@ -71,12 +71,17 @@ void dg_fp8_fake_quant_rows(float *y, const float *x, size_t rows, size_t cols)
 void dg_ref_fp8_linear(float *y, const uint8_t *qa, const float *sa, const uint8_t *qw,
                        const float *sw, size_t T, size_t N, size_t K)
 {
+    /* the 256 codes' values, decoded once a call (dg_e4m3_to_f32 per
+     * element made this loop 30 ns a product; the values are the same) */
+    float val[256];
+    for (int b = 0; b < 256; b++)
+        val[b] = dg_e4m3_to_f32((uint8_t)b);
     for (size_t t = 0; t < T; t++)
         for (size_t n = 0; n < N; n++) {
             const uint8_t *a = qa + t * K, *w = qw + n * K;
             double acc = 0;
             for (size_t k = 0; k < K; k++)
-                acc += (double)dg_e4m3_to_f32(a[k]) * dg_e4m3_to_f32(w[k]);
+                acc += (double)val[a[k]] * val[w[k]];
             y[t * N + n] = (float)((double)sa[t] * sw[n] * acc);
         }
 }
