@@ -38,11 +38,18 @@ hash) are never trained on.
 usage:
   train.py train --out DIR --minutes M [--batch B] [--lr LR] [--seed S] [--log CSV]
                  [--qk-norm-init X] [--embed-std X] [--print-every N] [--experts IMPL]
-                 [--warmup N] [--init DIR-state.pt|MODEL_DIR] [--engine lean|hf]
+                 [--warmup N] [--init DIR-state.pt|MODEL_DIR | --resume DIR-resume.pt]
+                 [--schedule-minutes T] [--engine lean|hf]
                  [--compile 0|1] [--profile N] [--hidden H] [--fixed 0|1] [--parts N]
                  [--graph 0|1] [--amp 0|1] [--kind-odds KIND=X,...]
-    (writes the model to DIR and its fp32 weights to DIR-state.pt, which
-    --init continues from)
+    (writes the model to DIR, its fp32 weights to DIR-state.pt, which
+    --init starts from, and to DIR-resume.pt those with the optimizer's
+    state, the step count and the schedule's minutes trained, which
+    --resume continues from.  The learning rate's cosine spans T minutes
+    (default M, or the resumed run's), so calls of M minutes each, each
+    resuming the last, train as one run of T; a call trains M minutes
+    whatever is left of T, and draws its batches with seed S + its first
+    step)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
   train.py plot --log CSV --png FILE
 """
@@ -374,7 +381,13 @@ def train(args):
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(args.seed)
+    # --resume: what a previous call saved at its end (weights, optimizer
+    # state, step count, schedule); a continuation seeds its generators with
+    # its first step added, so it does not draw the first call's batches again
+    resume = torch.load(args.resume, map_location=dev) if args.resume else None
+    step0 = resume["step"] if resume else 0
+    seed = args.seed + step0
+    torch.manual_seed(seed)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
     print("sampler self-check:", self_check(dev), "problems agree with task.py", flush=True)
 
@@ -392,6 +405,9 @@ def train(args):
             state = torch.load(args.init, map_location=dev)
         model.load_state_dict(state)
         print("weights from", args.init, flush=True)
+    elif resume:
+        model.load_state_dict(resume["model"])
+        print("weights from", args.resume, flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print("parameters %d (%d encoder tensors tied to the decoder's)" % (n_params, n_tied), flush=True)
     pick_experts(model, args.experts, dev)
@@ -421,8 +437,8 @@ def train(args):
     if lean is not None and args.compile and not args.fixed:
         compile_lean(lean)
 
-    g = torch.Generator(device=dev).manual_seed(args.seed)
-    s = Sampler(dev, g, args.seed)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    s = Sampler(dev, g, seed)
     odds = kind_odds(args.kind_odds)
     if odds:
         print("kinds drawn with odds", odds, flush=True)
@@ -460,9 +476,20 @@ def train(args):
     if use_fixed:
         opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=dev),
                                 betas=(0.9, 0.98), weight_decay=0.01, capturable=True)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
+                                weight_decay=0.01, fused=True)
+    if resume:   # (before the capture below: the graph reads the state's tensors)
+        load_opt_state(opt, resume["opt"])
+        print("optimizer state from", args.resume, flush=True)
+    if use_fixed:
         lr_t = opt.param_groups[0]["lr"]   # (the tensor the optimizer, and its graph, read)
         gstep = None
         amp = bool(args.amp)
+        # the capture's warm-up steps (at learning rate 0) still move the
+        # moments and step counts: a resumed state is put back as loaded
+        # after it, in place (the graph reads these tensors)
+        loaded = [(t, t.clone()) for st in opt.state.values() for t in st.values()]
         for try_amp in ([True, False] if amp else [False]) if args.graph else []:
             try:
                 gstep = fixed.GraphStep(model, lean, opt, fixed.assemble(
@@ -473,18 +500,23 @@ def train(args):
                 print("CUDA graph capture%s failed (%s: %s)" % (" with bf16 autocast" if try_amp
                       else "", type(e).__name__, str(e)[:300]), flush=True)
                 opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for t, kept in loaded:
+                t.copy_(kept)
         print("fixed-shape batches of %d parts of %d, %s, %s" %
               (args.parts, b_part, "one CUDA graph a step" if gstep else "eager",
                "bf16 autocast" if amp else "fp32 (TF32 products)"), flush=True)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98),
-                                weight_decay=0.01, fused=True)
     budget = args.minutes * 60.0
+    # the schedule over all calls: its length, and the minutes earlier calls trained
+    sched = args.schedule_minutes or (resume["schedule_minutes"] if resume else args.minutes)
+    m0 = resume["minutes"] if resume else 0.0
+    print("learning-rate schedule: %g minutes, from minute %.2f and step %d (seed %d)" %
+          (sched, m0, step0, seed), flush=True)
     log = open(args.log, "w", newline="")
     w = csv.writer(log)
     w.writerow(["step", "seconds", "lr", "loss", "canvas_loss", "encoder_loss", "canvas_acc"])
     t0 = time.time()
-    step = 0
+    step = step0      # the run's step count, over all calls (warm-up, log and lines)
     zero = lambda: torch.zeros((), device=dev)  # noqa: E731
     run = [zero(), zero(), zero(), 0]         # summed on the device: no wait per step
     # (fixed-shape path) the host's time preparing batches, and the GPU's
@@ -496,8 +528,9 @@ def train(args):
     prof_state = {}
 
     def profile_tick(step):
-        """With --profile N: record steps PROFILE_FROM .. + N (called after
-        each step, either path) and print the heaviest operations."""
+        """With --profile N: record steps PROFILE_FROM .. + N of this call
+        (called after each step, either path, with this call's count) and
+        print the heaviest operations."""
         if args.profile and step == PROFILE_FROM:
             prof_state["p"] = torch.profiler.profile(activities=[
                 torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
@@ -537,7 +570,9 @@ def train(args):
         el = time.time() - t0
         if el >= budget:
             break
-        frac = el / budget
+        # where the schedule stands: past its end (a longer run than it) the
+        # learning rate stays at its floor
+        frac = min(1.0, (m0 + el / 60.0) / sched)
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         if use_fixed:
             t_host = time.perf_counter()
@@ -569,7 +604,7 @@ def train(args):
                     acc_ema[name].copy_(torch.where(cnt > 0, 0.9 * acc_ema[name] + 0.1 * val,
                                                     acc_ema[name]))
             run[3] += 1
-            profile_tick(step)
+            profile_tick(step - step0)
             step += 1
             log_step(step, lr, acc)
             continue
@@ -629,7 +664,7 @@ def train(args):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        profile_tick(step)
+        profile_tick(step - step0)
 
         with torch.no_grad():
             acc = (z.argmax(-1) == target).float().mean()
@@ -642,9 +677,29 @@ def train(args):
         log_step(step, lr, acc)
     torch.cuda.synchronize()
     log.close()
-    print("trained %d steps of %d in %.0f s" % (step, B, time.time() - t0), flush=True)
+    print("trained %d steps of %d in %.0f s (%d in all)" %
+          (step - step0, B, time.time() - t0, step), flush=True)
     torch.save(model.state_dict(), args.out.rstrip("/") + "-state.pt")
+    # what --resume continues from (before save, which turns the model to bf16)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "minutes": m0 + el / 60.0, "schedule_minutes": sched, "seed": args.seed},
+               args.out.rstrip("/") + "-resume.pt")
     save(model, args.out)
+
+
+def load_opt_state(opt, state):
+    """A saved AdamW state (moments and step counts) into opt, which keeps
+    its own settings: its learning rate (on the fixed-shape path the device
+    tensor its graph reads) and capturable or fused, which a state saved on
+    the other path would change.  Either wants the step counts as fp32
+    tensors on the parameters' device."""
+    own = [{k: v for k, v in grp.items() if k != "params"} for grp in opt.param_groups]
+    opt.load_state_dict(state)
+    for grp, kept in zip(opt.param_groups, own):
+        grp.update(kept)
+    for p, st in opt.state.items():
+        for k, v in list(st.items()):
+            st[k] = v.to(device=p.device, dtype=torch.float32 if k == "step" else v.dtype)
 
 
 def save(model, out):
@@ -763,9 +818,20 @@ def main():
     ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
     ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a "
                                    "model) or a saved model's directory (model/default)")
+    ap.add_argument("--resume", help="continue the run that saved this (DIR-resume.pt, saved "
+                                     "beside a model): its weights, optimizer state, step count "
+                                     "and place in the learning-rate schedule (not with --init)")
+    ap.add_argument("--schedule-minutes", type=float, default=0.0,
+                    help="the learning-rate schedule's length in minutes over all calls; a call "
+                         "still stops after --minutes (0: --minutes, or with --resume the "
+                         "resumed run's)")
     ap.add_argument("--experts", default="grouped_mm",
                     help="transformers' experts backend (eager, grouped_mm, batched_mm)")
     args = ap.parse_args()
+    if args.init and args.resume:
+        ap.error("--init and --resume exclude each other (--resume restores the weights too)")
+    if args.schedule_minutes < 0:
+        ap.error("--schedule-minutes: minutes > 0, or 0 for the default")
     {"train": train, "eval": evaluate, "plot": plot}[args.mode](args)
 
 
