@@ -45,6 +45,20 @@ class Batch:
         for f in self.FIELDS:
             getattr(self, f).copy_(getattr(other, f))
 
+    def take(self, idx):
+        """The rows idx (a device LongTensor) of every field, a new Batch."""
+        b = Batch()
+        for f in self.FIELDS:
+            setattr(b, f, getattr(self, f)[idx])
+        return b
+
+    def rows(self, lo, hi):
+        """Rows lo..hi-1 of every field (views), a new Batch."""
+        b = Batch()
+        for f in self.FIELDS:
+            setattr(b, f, getattr(self, f)[lo:hi])
+        return b
+
     def clone(self):
         b = Batch()
         for f in self.FIELDS:

@@ -41,7 +41,7 @@ usage:
                  [--warmup N] [--init DIR-state.pt|MODEL_DIR | --resume DIR-resume.pt]
                  [--schedule-minutes T] [--engine lean|hf]
                  [--compile 0|1] [--profile N] [--hidden H] [--fixed 0|1] [--parts N]
-                 [--graph 0|1] [--amp 0|1] [--kind-odds KIND=X,...]
+                 [--graph 0|1] [--amp 0|1] [--kind-odds KIND=X,...] [--prep-steps K]
     (writes the model to DIR, its fp32 weights to DIR-state.pt, which
     --init starts from, and to DIR-resume.pt those with the optimizer's
     state, the step count and the schedule's minutes trained, which
@@ -455,6 +455,19 @@ def train(args):
                 out.append((task.TASKS.index(kind), prompt, canv, weight))
             return out
 
+        def next_batches():
+            """--prep-steps K steps' batches made at once: --parts draws of
+            K times the rows, assembled, the rows shuffled and cut into K
+            batches (views).  Each step still mixes the kinds of its parts'
+            draws; the host's few hundred small operations a batch (run 56:
+            50-110 ms a step, as long as the GPU's step) are paid once for K
+            steps."""
+            K = args.prep_steps
+            big = fixed.assemble(draw_parts(args.parts, b_part * K), CL, V, g, dev)
+            big = big.take(torch.randperm(B * K, device=dev, generator=g))
+            return [big.rows(i * B, (i + 1) * B) for i in range(K)]
+        pending = []
+
         # padded against unpadded: a two-canvas reversal, a lookup, a sum and
         # a sort, 4 rows each
         probe = []
@@ -577,7 +590,9 @@ def train(args):
         if use_fixed:
             t_host = time.perf_counter()
             lr_t.fill_(lr)
-            S = fixed.assemble(draw_parts(args.parts, b_part), CL, V, g, dev)
+            if not pending:
+                pending = next_batches()
+            S = pending.pop(0)
             timing["host"] += time.perf_counter() - t_host
             timing["steps"] += 1
             timing["ev"][0].record()
@@ -808,6 +823,8 @@ def main():
                          "(tools/train/fixed.py), checked against unpadded ones first")
     ap.add_argument("--parts", type=int, default=8,
                     help="draws (one kind and size each) a fixed-shape batch holds")
+    ap.add_argument("--prep-steps", type=int, default=16,
+                    help="fixed-shape path: batches made this many steps' at a time")
     ap.add_argument("--graph", type=int, default=1,
                     help="1: with --fixed, each step one CUDA graph replay")
     ap.add_argument("--kind-odds", default="",
@@ -830,6 +847,8 @@ def main():
     args = ap.parse_args()
     if args.init and args.resume:
         ap.error("--init and --resume exclude each other (--resume restores the weights too)")
+    if args.prep_steps < 1:
+        ap.error("--prep-steps: at least 1")
     if args.schedule_minutes < 0:
         ap.error("--schedule-minutes: minutes > 0, or 0 for the default")
     {"train": train, "eval": evaluate, "plot": plot}[args.mode](args)
