@@ -18,8 +18,9 @@
  * device METHOD's roofline: each weight byte read once); x floor = the
  * time over it.  Every configuration's output is compared with its
  * kernel's configuration 0's: the sums run in the same order, so they
- * must be equal to the bit ("same" column).  Not a test: it prints a table and
- * asserts nothing about speed.
+ * must be equal to the bit ("same" column).  "(default)" marks the FP8
+ * configuration the public calls pick for the shape.  Not a test: it
+ * prints a table and asserts nothing about speed.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,12 +236,13 @@ int main(int argc, char **argv)
                     goto fail;
                 if (c > 0)
                     same = same_output(o.y, o.y0, ybytes, &err);
-                printf("| %d | %lld | %.1f (%d-%d) | %s [%lld x %lld] | %s, %s | %.3f | %.3f | "
+                printf("| %d | %lld | %.1f (%d-%d) | %s [%lld x %lld] | %s, %s%s | %.3f | %.3f | "
                        "%.2f | %.0f | %s |\n",
                        batches[bi], (long long)rows, (double)rows / N_EXP, lo, hi, names[s],
                        (long long)N, (long long)K,
                        fp8 ? "FP8" : "bf16",
                        fp8 ? dg_cuda_fp8_gemm_config_name(c) : dg_cuda_grouped_gemm_config_name(c),
+                       fp8 && c == dg_cuda_fp8_gemm_default_config(hint, K) ? " (default)" : "",
                        ms,
                        floor_ms, ms / floor_ms, bytes / (ms * 1e-3) / 1e9,
                        same < 0 ? "" : same ? "yes" : "NO");

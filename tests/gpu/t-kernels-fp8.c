@@ -301,10 +301,14 @@ static int gemm_one_group(void)
 {
     /* (600 rows at N 128: one group's passes spread over grid.z; K 1056,
      * 352 and 48: a last step of 32 or 48 bytes, as a rank's share of the
-     * 26B-A4B's widths at TP=2 has) */
+     * 26B-A4B's widths at TP=2 has; 12 rows at K 2816: the default's K
+     * steps of 128 bytes, dg_cuda_fp8_gemm_default_config) */
     static const int64_t shapes[][3] = {{1, 64, 64},      {37, 128, 2816}, {5, 2112, 704},
                                         {64, 1024, 2816}, {600, 128, 256}, {3, 2816, 1056},
-                                        {40, 64, 352},    {9, 128, 48}};
+                                        {40, 64, 352},    {9, 128, 48},    {12, 256, 2816}};
+    CHECK(dg_cuda_fp8_gemm_default_config(12, 2816) == 1 &&
+          dg_cuda_fp8_gemm_default_config(37, 2816) == 0 &&
+          dg_cuda_fp8_gemm_default_config(12, 704) == 0);
     char what[96];
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int f = 0; f < 2; f++) {
