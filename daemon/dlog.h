@@ -13,6 +13,8 @@
 #ifndef DG_DAEMON_DLOG_H
 #define DG_DAEMON_DLOG_H
 
+#include <stddef.h>
+
 #include "lib/error.h"
 #include "lib/log.h"
 
@@ -37,7 +39,17 @@ void dlog_lib_sink(void *userdata, enum dg_log_level level, const char *line);
  * itself).  Set before threads start and cleared (NULL) after they stop. */
 void dlog_set_error_hook(void (*fn)(void *ctx, const char *msg), void *ctx);
 
-/* Async-signal-safe: write msg and a newline to the log, unformatted. */
+/* Async-signal-safe: write msg as an error line (the prefix above, with
+ * the local time's UTC offset as the last line before it saw it) in one
+ * write(2); a message is cut to fit 1 KB. */
 void dlog_signal_safe(const char *msg);
+
+/* The prefix "PID:T DD Mon YYYY HH:MM:SS.mmm L " of a line at t seconds
+ * since the epoch and ms milliseconds, local time being offset seconds
+ * east of UTC, into buf (capacity cap, NUL-terminated, cut to fit);
+ * returns its length.  Async-signal-safe (no locale, no time zone
+ * lookup). */
+size_t dlog_format_prefix(char *buf, size_t cap, long long t, int ms, long offset, long pid,
+                          char tag, char level);
 
 #endif

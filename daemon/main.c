@@ -303,7 +303,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
         signal(sig, SIG_DFL); /* the access faults again, without us */
         return;
     }
-    n = put(msg, n, sizeof msg, "dgemmad: fatal: ");
+    n = put(msg, n, sizeof msg, "fatal: ");
     n = put(msg, n, sizeof msg, path);
     n = put(msg, n, sizeof msg, " shrank under the running daemon (written over in place or "
             "truncated); exiting 74. Restart dgemmad to load it again, and replace a model "

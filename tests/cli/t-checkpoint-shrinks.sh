@@ -2,10 +2,11 @@
 # Description: a checkpoint written over in place (here: truncated) under
 # a running dgemmad on the CPU backend, which reads its weights through
 # the file's mapping: the next request's access to the vanished pages
-# ends the daemon with exit status 74 and a log line naming the file and
-# what to do, its socket removed, and the client told the connection was
-# lost (exit 3), where it used to die of SIGBUS with nothing said.  A
-# daemon on an intact copy of the same model is unaffected beside it.
+# ends the daemon with exit status 74 and a log line (the logger's usual
+# prefix, level E) naming the file and what to do, its socket removed, and
+# the client told the connection was lost (exit 3), where it used to die
+# of SIGBUS with nothing said.  A daemon on an intact copy of the same
+# model is unaffected beside it.
 set -u
 BUILD=${BUILD:-build}
 . "${0%/*}/cli-lib.sh" t-checkpoint-shrinks
@@ -30,7 +31,7 @@ wait $pa
 st=$?
 pa=0
 if [ $st_client -eq 0 ] && [ $st -eq 74 ] &&
-   grep -qF "$tmp/a/model.safetensors shrank under the running daemon" "$tmp/a.log" &&
+   grep -qE "^[0-9]+:. [0-9]{2} [A-Z][a-z]{2} [0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3} E fatal: $tmp/a/model.safetensors shrank under the running daemon" "$tmp/a.log" &&
    grep -qF "Restart dgemmad to load it again" "$tmp/a.log" && [ ! -e "$tmp/a.sock" ]
 then ok exits_74_and_says_why
 else bad exits_74_and_says_why "daemon exit $st; $(tail -c 600 "$tmp/a.log")"; fi

@@ -1,0 +1,110 @@
+/*
+ * Description: the daemon logger's signal-safe line prefix
+ * (dlog_format_prefix, what dlog_signal_safe writes from the SIGBUS
+ * handler) against the C library's gmtime_r and snprintf formatting the
+ * same layout as every other line, over random times from 1970 to 2242
+ * and UTC offsets from -12 to +14 hours; its truncation; and one line
+ * written through dlog_signal_safe to a log file.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/dlog.h"
+#include "tests/harness.h"
+
+static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                     "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+
+static unsigned long long rng = 0x9e3779b97f4a7c15ull;
+
+static unsigned long long next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* the reference: the C library's calendar, the logger's snprintf layout */
+static void reference(char *out, size_t cap, long long t, int ms, long offset, long pid,
+                      char tag, char level)
+{
+    const time_t local = (time_t)(t + offset);
+    struct tm tm;
+    gmtime_r(&local, &tm);
+    snprintf(out, cap, "%ld:%c %02d %s %04d %02d:%02d:%02d.%03d %c ", pid, tag, tm.tm_mday,
+             months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec, ms,
+             level);
+}
+
+static int case_prefix_matches_libc(void)
+{
+    /* the edges first: the epoch, leap days, century and 400-year years */
+    static const long long edges[] = {0,          86399,      86400,      951782400,
+                                      951868799,  951868800,  4107542400, 4107628800,
+                                      1709164800, 1709251199, 1735689599, 1735689600};
+    char got[128], want[128];
+    for (int i = 0; i < 200000; i++) {
+        const int e = i < (int)(sizeof edges / sizeof edges[0]);
+        const long long t = e ? edges[i] : (long long)(next() % 8589934592ull);
+        const long offset = e ? 0 : ((long)(next() % 105) - 48) * 900; /* -12 h .. +14 h */
+        const int ms = (int)(next() % 1000);
+        const long pid = (long)(next() % 4194304);
+        const char tag = "MSW-"[next() % 4], level = "EWID"[next() % 4];
+        size_t n;
+        if (t + offset < 0)
+            continue;
+        n = dlog_format_prefix(got, sizeof got, t, ms, offset, pid, tag, level);
+        reference(want, sizeof want, t, ms, offset, pid, tag, level);
+        CHECKF(strcmp(got, want) == 0 && n == strlen(want),
+               "t %lld offset %ld: \"%s\", want \"%s\"", t, offset, got, want);
+    }
+    return 0;
+}
+
+static int case_prefix_cut_to_fit(void)
+{
+    char full[128], buf[16];
+    const size_t n = dlog_format_prefix(full, sizeof full, 1764600000, 7, 3600, 12345, 'M',
+                                        'E');
+    memset(buf, 'x', sizeof buf);
+    CHECK(dlog_format_prefix(buf, 10, 1764600000, 7, 3600, 12345, 'M', 'E') == 9);
+    CHECK(buf[9] == '\0' && strncmp(buf, full, 9) == 0 && buf[10] == 'x');
+    CHECK(n == strlen(full) && dlog_format_prefix(buf, 0, 0, 0, 0, 1, 'M', 'E') == 0);
+    return 0;
+}
+
+static int case_signal_safe_line(void)
+{
+    const char *path = test_path("d.log");
+    struct dg_error err = {0};
+    char line[512], want_date[32];
+    const time_t now = time(NULL);
+    struct tm tm;
+    FILE *f;
+    CHECK_OK(dlog_open(path, DG_LOG_INFO, &err), &err);
+    dlog_set_tag('M');
+    dlog(DG_LOG_INFO, "first"); /* (sets the UTC offset the signal-safe line uses) */
+    dlog_signal_safe("fatal: a message from a handler");
+    dlog_close();
+    CHECK((f = fopen(path, "r")) != NULL);
+    CHECK(fgets(line, sizeof line, f) != NULL && strstr(line, " I first\n"));
+    CHECK(fgets(line, sizeof line, f) != NULL);
+    fclose(f);
+    localtime_r(&now, &tm);
+    snprintf(want_date, sizeof want_date, ":M %02d %s %04d ", tm.tm_mday, months[tm.tm_mon],
+             tm.tm_year + 1900);
+    CHECKF(strstr(line, want_date) && strstr(line, " E fatal: a message from a handler\n"),
+           "line \"%s\", want the date \"%s\"", line, want_date);
+    return 0;
+}
+
+int main(void)
+{
+    TEST_CASE(case_prefix_matches_libc);
+    TEST_CASE(case_prefix_cut_to_fit);
+    TEST_CASE(case_signal_safe_line);
+    return test_finish();
+}
