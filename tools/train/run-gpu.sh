@@ -7,9 +7,11 @@
 #   1. tools/train/train.py train --out /tmp/dgemma-train/model, the options
 #      given (--minutes, --init or --resume, --schedule-minutes, --batch, ...),
 #      its log in OUTDIR/train-log.csv and its output in OUTDIR/train.txt;
-#   2. the model, its fp32 state and, where train.py wrote it, the state
-#      --resume continues from (model-resume.pt) into OUTDIR/model.tgz (this
-#      first, so a later step that runs out of time loses nothing);
+#   2. the model and its fp32 state into OUTDIR/model.tgz (this first, so
+#      a later step that runs out of time loses nothing).  The state
+#      --resume continues from, /tmp/dgemma-train/model-resume.pt (weights
+#      and AdamW's two moments, 27 MB), stays on the machine for the next
+#      call: files come back from a device call at 16 MiB at most;
 #   3. the loss curve, OUTDIR/loss.png;
 #   4. dgemmad with backend cuda over the held-out problems (EVAL_N, default
 #      all 500; tests/eval/run-eval.sh), results in OUTDIR/cuda-eval.jsonl;
@@ -27,9 +29,7 @@ mkdir -p "$out" "$work" || exit 1
 start=$(date +%s)
 python3 "$here/train.py" train --out "$work/model" --log "$out/train-log.csv" "$@" 2>&1 |
     tee "$out/train.txt" || exit 1
-saved=(model model-state.pt)
-[ -f "$work/model-resume.pt" ] && saved+=(model-resume.pt)
-tar czf "$out/model.tgz" -C "$work" "${saved[@]}" || exit 1
+tar czf "$out/model.tgz" -C "$work" model model-state.pt || exit 1
 echo "== trained and saved: $(( $(date +%s) - start )) s"
 python3 "$here/train.py" plot --log "$out/train-log.csv" --png "$out/loss.png" ||
     echo "run-gpu.sh: no loss plot"
