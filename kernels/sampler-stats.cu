@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
@@ -17,12 +18,57 @@
 /* (the per-chunk records are struct dg_row_stats, folded with the CPU's own
  * arithmetic: lib/row-stats-fold.h) */
 
-/* grid (chunks, rows).  Each thread walks its ids of the chunk keeping an
- * online (M, S, D): a new maximum l rescales by e = exp(M - l):
+/* One id i of row (global id v0 + i) into p: soft-capped (and written
+ * back), skipped when non-finite (counted) or below th, then the online
+ * (M, S, D) update: a new maximum l rescales by e = exp(M - l):
  *   D = e (D + S (M - l)),  S = e S;  then S += exp(l - M), D += exp(l - M)(l - M).
- * Then a tree fold over the block; one record per (row, chunk). */
-__global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_t n,
-                                    int64_t v0, float cap, const float *T, const float *tau,
+ * Returns whether the id was kept, with its l (for the Gumbel pick). */
+__device__ static inline int stats_one(struct dg_row_stats *p, float *row, int64_t i, int64_t v0,
+                                       float cap, float t, float th, float *l_out)
+{
+    float x = row[i], l;
+    if (cap > 0.0f) { /* (an infinite logit becomes +-cap, as on the CPU) */
+        x = cap * tanhf(x / cap);
+        row[i] = x;
+    }
+    if (!isfinite(x)) {
+        p->nonfinite++;
+        return 0;
+    }
+    if (!(x >= th))
+        return 0;
+    l = x / t;
+    if (p->argmax < 0 || l > p->max) {
+        if (p->argmax >= 0) {
+            const double d = (double)p->max - l, e = exp(d);
+            p->dev = e * (p->dev + p->sum * d);
+            p->sum *= e;
+        }
+        p->max = l;
+        p->argmax = (int32_t)(v0 + i);
+        p->argmax_val = l;
+    }
+    {
+        const double d = (double)l - p->max, e = exp(d);
+        p->sum += e;
+        p->dev += e * d;
+    }
+    *l_out = l;
+    return 1;
+}
+
+/* grid (chunks, rows).  Each thread walks its ids of the chunk in
+ * ascending order through stats_one (so the first of equal maxima is
+ * kept), and with sites picks the Gumbel-max sample among the kept ids
+ * (noise from the id's Philox word); then a tree fold over the block;
+ * one record per (row, chunk).  GROUPED: a thread takes the ids of one
+ * Philox block (4 consecutive global ids, v >> 2 equal) at a time and
+ * computes the block once, when the first of them is kept; the other way
+ * computes it for each kept id.  The same words either way: the same
+ * picks. */
+template <bool GROUPED>
+__global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_t n, int64_t v0,
+                                    float cap, const float *T, const float *tau,
                                     const struct dg_rand_site *sites, int chunks)
 {
     __shared__ struct dg_row_stats sh[STATS_THREADS];
@@ -33,45 +79,38 @@ __global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_
     float *row = z + r * n;
     struct dg_row_stats p = {-INFINITY, 0.0, 0.0, -1, -INFINITY, -1, -INFINITY, 0};
     struct dg_rand_site site;
+    uint32_t b[4];
+    float l;
 
     if (sites)
         site = sites[r];
-    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float x = row[i], l;
-        if (cap > 0.0f) { /* (an infinite logit becomes +-cap, as on the CPU) */
-            x = cap * tanhf(x / cap);
-            row[i] = x;
-        }
-        if (!isfinite(x)) {
-            p.nonfinite++;
-            continue;
-        }
-        if (!(x >= th))
-            continue;
-        l = x / t;
-        if (p.argmax < 0 || l > p.max) {
-            if (p.argmax >= 0) {
-                const double d = (double)p.max - l, e = exp(d);
-                p.dev = e * (p.dev + p.sum * d);
-                p.sum *= e;
+    if (GROUPED) {
+        /* the Philox blocks that cover global ids v0 + lo .. v0 + hi - 1 */
+        const int64_t q_lo = (v0 + lo) >> 2, q_hi = (v0 + hi - 1) >> 2;
+        for (int64_t q = q_lo + threadIdx.x; q <= q_hi; q += blockDim.x) {
+            int have = 0;
+            for (int u = 0; u < 4; u++) {
+                const int64_t i = 4 * q + u - v0;
+                if (i < lo || i >= hi || !stats_one(&p, row, i, v0, cap, t, th, &l) || !sites)
+                    continue;
+                if (!have) {
+                    dg_rand_block(site.seed, (uint32_t)q, site.position, site.step,
+                                  DG_RAND_GUMBEL, site.canvas, b);
+                    have = 1;
+                }
+                dg_row_stats_pick(&p.sample, &p.sample_val, (int32_t)(v0 + i),
+                                  l + dg_gumbel(dg_rand_unit(b[u])));
             }
-            p.max = l;
-            p.argmax = (int32_t)(v0 + i);
-            p.argmax_val = l;
         }
-        {
-            const double d = (double)l - p.max, e = exp(d);
-            p.sum += e;
-            p.dev += e * d;
-        }
-        if (sites) {
-            uint32_t b[4];
+    } else {
+        for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             const uint32_t v = (uint32_t)(v0 + i);
-            float val;
+            if (!stats_one(&p, row, i, v0, cap, t, th, &l) || !sites)
+                continue;
             dg_rand_block(site.seed, v >> 2, site.position, site.step, DG_RAND_GUMBEL,
                           site.canvas, b);
-            val = l + dg_gumbel(dg_rand_unit(b[v & 3]));
-            dg_row_stats_pick(&p.sample, &p.sample_val, (int32_t)v, val);
+            dg_row_stats_pick(&p.sample, &p.sample_val, (int32_t)v,
+                              l + dg_gumbel(dg_rand_unit(b[v & 3])));
         }
     }
     sh[threadIdx.x] = p;
@@ -118,6 +157,12 @@ out:
     return rc;
 }
 
+extern "C" int dg_cuda_row_stats_grouped(void)
+{
+    const char *p = getenv("DG_SAMPLER_GROUPED");
+    return p && p[0] == '1' && p[1] == '\0';
+}
+
 extern "C" size_t dg_cuda_row_stats_scratch(int64_t rows, int64_t n)
 {
     const int64_t chunks = n > 0 ? (n + STATS_CHUNK - 1) / STATS_CHUNK : 1;
@@ -136,10 +181,17 @@ extern "C" int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t row
     if (n < 1 || rows > 65535 || chunks > 0x7fffffff || v0 < 0 || v0 + n > 0x7fffffff)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: row_stats: %lld rows of %lld ids from %lld",
                             dev, (long long)rows, (long long)n, (long long)v0);
-    stats_kernel<<<dim3((unsigned)chunks, (unsigned)rows), STATS_THREADS, 0,
-                   (cudaStream_t)stream>>>((struct dg_row_stats *)scratch, z, n, v0, cap, T, tau, sites,
-                                           (int)chunks);
-    DG_LAUNCH_CHECK();
+    {
+        const dim3 grid((unsigned)chunks, (unsigned)rows);
+        const cudaStream_t st = (cudaStream_t)stream;
+        if (dg_cuda_row_stats_grouped())
+            stats_kernel<true><<<grid, STATS_THREADS, 0, st>>>(
+                (struct dg_row_stats *)scratch, z, n, v0, cap, T, tau, sites, (int)chunks);
+        else
+            stats_kernel<false><<<grid, STATS_THREADS, 0, st>>>(
+                (struct dg_row_stats *)scratch, z, n, v0, cap, T, tau, sites, (int)chunks);
+        DG_LAUNCH_CHECK();
+    }
     fold_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
         out, (const struct dg_row_stats *)scratch, rows, (int)chunks, chunks, 1);
     DG_LAUNCH_CHECK();
