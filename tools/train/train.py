@@ -51,7 +51,7 @@ usage:
     whatever is left of T, and draws its batches with seed S + its first
     step)
   train.py eval --model DIR --problems FILE [--limit N] [--out FILE.jsonl]
-  train.py plot --log CSV --png FILE
+  train.py plot --log CSV[,CSV...] --png FILE
 """
 
 import argparse
@@ -775,7 +775,9 @@ def plot(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = list(csv.DictReader(open(args.log)))
+    # (several logs, comma-separated: the calls of one resumed run, whose
+    # steps continue from call to call)
+    rows = [r for path in args.log.split(",") for r in csv.DictReader(open(path))]
     step = [int(r["step"]) for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (("canvas_loss", "canvas cross-entropy"),
