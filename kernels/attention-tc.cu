@@ -26,8 +26,9 @@
  * Key and value tiles: each loaded, then used (two barriers a tile), or
  * pipelined: tile i + 1's cp.async copies in flight into a second buffer
  * while tile i is used, so the load's latency hides behind the products
- * (one block fills a multiprocessor's shared memory at head size 256 and
- * up: nothing else runs there to hide it).  The pipelined way is taken
+ * (few blocks share a multiprocessor to hide it otherwise: at head size
+ * 512 one, by shared memory; at 256 two, by registers).  The pipelined
+ * way is taken
  * where the environment has DG_ATTENTION_PIPELINED=1, an A/B switch until
  * it is measured against the other on a GPU.
  *
