@@ -28,9 +28,8 @@
  * while tile i is used, so the load's latency hides behind the products
  * (few blocks share a multiprocessor to hide it otherwise: at head size
  * 512 one, by shared memory; at 256 two, by registers).  The pipelined
- * way is taken
- * where the environment has DG_ATTENTION_PIPELINED=1, an A/B switch until
- * it is measured against the other on a GPU.
+ * way is taken where the environment has DG_ATTENTION_PIPELINED=1, an A/B
+ * switch until it is measured against the other on a GPU.
  *
  * Split keys (when the rows alone make too few blocks to fill the GPU):
  * each sequence's keys are cut into `splits` ranges, one per block; a
