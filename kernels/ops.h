@@ -108,8 +108,9 @@ int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t rows, int64_t 
 
 /* Whether dg_cuda_row_stats computes each Philox block once for its four
  * ids rather than once per id (the environment's DG_SAMPLER_GROUPED is
- * "1"; the same words, so the same picks): read at each call, an A/B
- * switch until the two are measured side by side on a GPU. */
+ * "1"; the same words, so the same picks; S and D summed in another
+ * order): read at each call, an A/B switch until the two are measured
+ * side by side on a GPU. */
 int dg_cuda_row_stats_grouped(void);
 
 /* The statistics of whole rows from those of their slices, on the device
