@@ -7,8 +7,12 @@
  *   Y[r, n] = sum_k X[r, k] W_j[n, k]        W_j = W + j N K  ([N, K] row-major)
  *
  * bf16 X and W, fp32 accumulation (mma.sync m16n8k16), Y bf16 or fp32.
- * Block (n-slice of GG_BN columns, group j), 4 warps of GG_BN / 4
- * columns each; it takes the group's rows MT x 16 at a time and, for
+ * Block (n-slice of GG_BN columns, group j), 4 warps: WM = 1, each warp
+ * GG_BN / 4 columns of all the pass's rows, or WM = 2, a 2 x 2 grid of
+ * warps, each GG_BN / 2 columns of half the rows (per 16 of K a warp then
+ * loads 6 fragments for 16 products where the first loads MT + 1 = 9 at
+ * 128 rows: the row fragments are not read by all four warps); it takes
+ * the group's rows MT x 16 at a time and, for
  * each, runs over K in steps of BK with an ST-deep cp.async pipeline of
  * the weight tile [GG_BN x BK] and the row tile [MT 16 x BK] (BK and ST:
  * a configuration, moe-gemm.h; the default 64 and 4)
@@ -24,20 +28,22 @@
 #include "kernels/mma.cuh"
 
 #define GG_BN 64
-#define GG_NW (GG_BN / 32) /* n-tiles of 8 a warp: GG_BN / 4 columns */
 
 /* The configurations' names (moe-gemm.h), in launch_config's order: K
- * step in elements and pipeline stages.  The shared row stride is BK + 8
+ * step in elements, pipeline stages, and the last the 2 x 2 warps (WM = 2;
+ * where a pass has 4 m-tiles or more).  The shared row stride is BK + 8
  * elements (2 BK + 16 bytes, 16 modulo 128: ldmatrix's eight rows fall in
  * distinct banks). */
 static const char *const CONFIGS[] = {"K step 64, 4 stages", "K step 128, 4 stages",
-                                      "K step 128, 3 stages", "K step 64, 6 stages"};
+                                      "K step 128, 3 stages", "K step 64, 6 stages",
+                                      "K step 64, 4 stages, 2 x 2 warps"};
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
 /* grid (N / GG_BN, groups), 128 threads; MT m-tiles of 16 rows a pass, K
  * in steps of BK through ST stages (K a multiple of 64: with BK 128 the
- * last step may be half, its other half loading as zeros) */
-template <int MT, int BK, int ST, typename Out>
+ * last step may be half, its other half loading as zeros); WM rows of
+ * warps (MT / WM m-tiles and GG_BN / (4 / WM) columns each) */
+template <int MT, int BK, int ST, int WM, typename Out>
 __global__ static void __launch_bounds__(128)
     grouped_gemm_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                         const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
@@ -45,9 +51,15 @@ __global__ static void __launch_bounds__(128)
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int LD = BK + 8;                   /* shared row stride, elements */
     constexpr int CH = BK / 8;                   /* 16-byte copies a row a step */
+    constexpr int WN = 4 / WM;                   /* warps along the columns */
+    constexpr int WC = GG_BN / WN;               /* a warp's columns */
+    constexpr int NW = WC / 8;                   /* its n-tiles of 8 */
+    constexpr int MW = MT / WM;                  /* its m-tiles of 16 */
+    static_assert(MT % WM == 0 && NW % 2 == 0, "warp grid");
     __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem;   /* [ST][BN][LD] */
     __nv_bfloat16 *Xs = Ws + ST * GG_BN * LD;    /* [ST][MT 16][LD] */
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
     const int count = counts[j];
@@ -59,11 +71,11 @@ __global__ static void __launch_bounds__(128)
         const int rows = min(MT * 16, count - p0);
         const __nv_bfloat16 *Xp = X + (row0 + p0) * K;
         const int mrows = (rows + 15) / 16 * 16; /* rows of the m-tiles in use */
-        float acc[MT][GG_NW][4];
+        float acc[MW][NW][4];
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MW; m++)
 #pragma unroll
-            for (int n = 0; n < GG_NW; n++)
+            for (int n = 0; n < NW; n++)
                 acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
         /* stage s <- k step ks: weights GG_BN x 64 (pieces of 16 bytes),
@@ -101,19 +113,20 @@ __global__ static void __launch_bounds__(128)
             dg_cp_commit();
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 16) {
-                uint32_t b[GG_NW / 2][4];
+                uint32_t b[NW / 2][4];
 #pragma unroll
-                for (int h = 0; h < GG_NW / 2; h++)
-                    dg_ldsm4(b[h], ws + (warp * (GG_BN / 4) + h * 16 + (lane & 7) + (lane >> 4) * 8) *
-                                    LD + kk + ((lane >> 3) & 1) * 8);
+                for (int h = 0; h < NW / 2; h++)
+                    dg_ldsm4(b[h], ws + (wn * WC + h * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
+                                       kk + ((lane >> 3) & 1) * 8);
 #pragma unroll
-                for (int m = 0; m < MT; m++) {
+                for (int m = 0; m < MW; m++) {
+                    const int mt = wm * MW + m; /* the m-tile of the pass */
                     uint32_t a[4];
-                    if (m * 16 >= rows)
+                    if (mt * 16 >= rows)
                         break;
-                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
+                    dg_ldsm4(a, xs + (mt * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
 #pragma unroll
-                    for (int h = 0; h < GG_NW / 2; h++) {
+                    for (int h = 0; h < NW / 2; h++) {
                         dg_mma_bf16(acc[m][2 * h], a, b[h][0], b[h][1]);
                         dg_mma_bf16(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
                     }
@@ -122,11 +135,11 @@ __global__ static void __launch_bounds__(128)
         }
         dg_cp_wait<0>();
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MW; m++)
 #pragma unroll
-            for (int n = 0; n < GG_NW; n++) {
-                const int r = m * 16 + gid;
-                const int64_t col = n0 + warp * (GG_BN / 4) + n * 8 + tig * 2;
+            for (int n = 0; n < NW; n++) {
+                const int r = (wm * MW + m) * 16 + gid;
+                const int64_t col = n0 + wn * WC + n * 8 + tig * 2;
                 if (r < rows)
                     dg_store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0], acc[m][n][1]);
                 if (r + 8 < rows)
@@ -140,17 +153,18 @@ extern "C" int dg_cuda_grouped_gemm_fits(int64_t N, int64_t K)
     return N > 0 && K > 0 && N % 128 == 0 && K % 64 == 0 && N / GG_BN <= 65535;
 }
 
-template <int MT, int BK, int ST, typename Out>
+template <int MT, int BK, int ST, int WM, typename Out>
 static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
                   const int32_t *counts, int groups, int64_t N, int64_t K, cudaStream_t st,
                   int dev, struct dg_error *err)
 {
     const size_t shared = sizeof(__nv_bfloat16) * ST * (GG_BN + MT * 16) * (BK + 8);
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, BK, ST, Out>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, BK, ST, WM, Out>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    grouped_gemm_kernel<MT, BK, ST, Out><<<dim3((unsigned)(N / GG_BN), (unsigned)groups), 128,
-                                           shared, st>>>(Y, X, W, offsets, counts, N, K);
+    grouped_gemm_kernel<MT, BK, ST, WM, Out>
+        <<<dim3((unsigned)(N / GG_BN), (unsigned)groups), 128, shared, st>>>(Y, X, W, offsets,
+                                                                            counts, N, K);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -164,13 +178,16 @@ static int launch_config(int config, Out *Y, const __nv_bfloat16 *X, const __nv_
 {
     switch (config) {
     case 1:
-        return launch<MT, 128, 4>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+        return launch<MT, 128, 4, 1>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
     case 2:
-        return launch<MT, 128, 3>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+        return launch<MT, 128, 3, 1>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
     case 3:
-        return launch<MT, 64, 6>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+        return launch<MT, 64, 6, 1>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    case 4: /* (2 x 2 warps from 4 m-tiles: at 2 the second row of warps would idle) */
+        return launch<MT, 64, 4, (MT >= 4 ? 2 : 1)>(Y, X, W, offsets, counts, groups, N, K, st,
+                                                   dev, err);
     default:
-        return launch<MT, 64, 4>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+        return launch<MT, 64, 4, 1>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
     }
 }
 

@@ -30,7 +30,7 @@ int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const void *W, const
                          const int32_t *counts, int groups, int64_t N, int64_t K, int rows_hint,
                          dg_stream_t stream, int dev, struct dg_error *err);
 
-/* The kernel's configurations (K step and pipeline depth), for the
+/* The kernel's configurations (K step, pipeline depth, warp grid), for the
  * benchmark that compares them (bench/gpu/bench-moe-gemm.c) and the test
  * that checks each: how many there are, and configuration i's name (NULL
  * past the last).  Configuration 0 is the one dg_cuda_grouped_gemm uses. */

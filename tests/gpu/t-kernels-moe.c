@@ -13,7 +13,9 @@
  * 1e-2 with bf16 elements (bf16 intermediates), 1e-5 with fp32 ones, never
  * a NaN.  An unknown element type refused before anything is written.
  * The grouped GEMM alone in each of its configurations (K step, pipeline
- * depth) against dg_ref_matmul_f64 per group (grouped_configs).
+ * depth, warp grid) against dg_ref_matmul_f64 per group, at means of 16,
+ * 35 and 85 rows a group (passes of 2, 4 and 8 m-tiles), fp32 outputs
+ * equal to configuration 0's to the bit (grouped_configs).
  * Exit 77 where there is no GPU.
  */
 #include <math.h>
@@ -271,15 +273,18 @@ static int grouped_configs(void)
 {
     static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
     static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    /* (a mean of 85 rows: passes of 8 m-tiles, where the last
+     * configuration's 2 x 2 warps apply; groups of 130 and 200 take two) */
+    static const int32_t counts_c[8] = {130, 70, 200, 1, 0, 65, 128, 90};
     static const struct {
         const int32_t *counts;
         int64_t N, K;
-    } shapes[2] = {{counts_a, 128, 704}, {counts_b, 1408, 2816}};
+    } shapes[3] = {{counts_a, 128, 704}, {counts_b, 1408, 2816}, {counts_c, 128, 256}};
     const int n_cfg = dg_cuda_grouped_gemm_configs();
     struct dg_error err = {0};
     CHECK(n_cfg >= 1 && dg_cuda_grouped_gemm_config_name(0) &&
           !dg_cuda_grouped_gemm_config_name(n_cfg));
-    for (int si = 0; si < 2; si++) {
+    for (int si = 0; si < 3; si++) {
         const int64_t N = shapes[si].N, K = shapes[si].K;
         int32_t offsets[8];
         int64_t rows = 0, total = 0;
