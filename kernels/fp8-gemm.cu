@@ -33,12 +33,16 @@
 #define F8_BN 64
 
 /* The configurations' names (fp8-gemm.h), in launch_config's order: K
- * step in bytes (= values) and pipeline stages.  The shared row stride is
+ * step in bytes (= values) and pipeline stages; the last with a 2 x 2
+ * grid of warps (WM = 2: each half the pass's rows and 32 columns, so a
+ * row fragment is read by two warps, not four) where a pass has 4 m-tiles
+ * or more.  The shared row stride is
  * BK + 16 bytes, 16 modulo 128: ldmatrix's eight rows fall in distinct
  * banks. */
 static const char *const CONFIGS[] = {"K step 64 bytes, 4 stages", "K step 128 bytes, 4 stages",
                                       "K step 128 bytes, 3 stages", "K step 256 bytes, 3 stages",
-                                      "K step 64 bytes, 8 stages"};
+                                      "K step 64 bytes, 8 stages",
+                                      "K step 64 bytes, 4 stages, 2 x 2 warps"};
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
 /* ---- quantize ---------------------------------------------------------------- */
@@ -98,8 +102,9 @@ out:
 /* ---- the product ------------------------------------------------------------- */
 
 /* grid (N / 64, groups), 128 threads; MT m-tiles of 16 rows a pass, K in
- * steps of BK bytes through ST stages */
-template <int MT, int BK, int ST, typename Out>
+ * steps of BK bytes through ST stages; WM rows of warps (MT / WM m-tiles
+ * and 64 / (4 / WM) columns each) */
+template <int MT, int BK, int ST, int WM, typename Out>
 __global__ static void __launch_bounds__(128)
     fp8_gemm_kernel(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
                     const float *SW, const int32_t *offsets, const int32_t *counts,
@@ -108,9 +113,15 @@ __global__ static void __launch_bounds__(128)
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int LD = BK + 16;                  /* shared row stride, bytes */
     constexpr int CH = BK / 16;                  /* 16-byte copies a row a step */
+    constexpr int WN = 4 / WM;                   /* warps along the columns */
+    constexpr int WC = F8_BN / WN;               /* a warp's columns */
+    constexpr int NW = WC / 8;                   /* its n-tiles of 8 */
+    constexpr int MW = MT / WM;                  /* its m-tiles of 16 */
+    static_assert(MT % WM == 0 && NW % 2 == 0, "warp grid");
     unsigned char *Ws = smem;                    /* [ST][BN][LD] */
     unsigned char *Xs = Ws + ST * F8_BN * LD;    /* [ST][MT 16][LD] */
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * F8_BN;
     const int64_t count = offsets ? counts[j] : rows_all;
@@ -125,11 +136,11 @@ __global__ static void __launch_bounds__(128)
         const int rows = (int)min((int64_t)MT * 16, count - p0);
         const int mrows = (rows + 15) / 16 * 16;
         const uint8_t *Xp = QA + (row0 + p0) * K;
-        float acc[MT][2][4];
+        float acc[MW][NW][4];
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MW; m++)
 #pragma unroll
-            for (int n = 0; n < 2; n++)
+            for (int n = 0; n < NW; n++)
                 acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
         auto load = [&](int s, int ks) {
@@ -164,28 +175,34 @@ __global__ static void __launch_bounds__(128)
             dg_cp_commit();
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 32) {
-                uint32_t b[4];
-                /* columns warp 16 .. +15: two n-tiles, k bytes kk .. kk+31 */
-                dg_ldsm4(b, ws + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk +
-                             ((lane >> 3) & 1) * 16);
+                uint32_t b[NW / 2][4];
+                /* the warp's columns, two n-tiles a load, k bytes kk .. kk+31 */
 #pragma unroll
-                for (int m = 0; m < MT; m++) {
+                for (int h = 0; h < NW / 2; h++)
+                    dg_ldsm4(b[h], ws + (wn * WC + h * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
+                                       kk + ((lane >> 3) & 1) * 16);
+#pragma unroll
+                for (int m = 0; m < MW; m++) {
+                    const int mt = wm * MW + m; /* the m-tile of the pass */
                     uint32_t a[4];
-                    if (m * 16 >= rows)
+                    if (mt * 16 >= rows)
                         break;
-                    dg_ldsm4(a, xs + (m * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 16);
-                    dg_mma_e4m3(acc[m][0], a, b[0], b[1]);
-                    dg_mma_e4m3(acc[m][1], a, b[2], b[3]);
+                    dg_ldsm4(a, xs + (mt * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 16);
+#pragma unroll
+                    for (int h = 0; h < NW / 2; h++) {
+                        dg_mma_e4m3(acc[m][2 * h], a, b[h][0], b[h][1]);
+                        dg_mma_e4m3(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
+                    }
                 }
             }
         }
         dg_cp_wait<0>();
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MW; m++)
 #pragma unroll
-            for (int n = 0; n < 2; n++) {
-                const int r = m * 16 + gid;
-                const int64_t col = n0 + warp * 16 + n * 8 + tig * 2;
+            for (int n = 0; n < NW; n++) {
+                const int r = (wm * MW + m) * 16 + gid;
+                const int64_t col = n0 + wn * WC + n * 8 + tig * 2;
                 const float w0 = SWj[col], w1 = SWj[col + 1];
                 for (int h = 0; h < 2; h++) {
                     const int rr = r + 8 * h;
@@ -210,7 +227,7 @@ extern "C" int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K)
     return N > 0 && K > 0 && N % F8_BN == 0 && K % 16 == 0 && N / F8_BN <= 0x7fffffff;
 }
 
-template <int MT, int BK, int ST, typename Out>
+template <int MT, int BK, int ST, int WM, typename Out>
 static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
                   const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
                   int64_t N, int64_t K, int accumulate, cudaStream_t st, int dev,
@@ -225,9 +242,9 @@ static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
                                             : passes < (264 + nb - 1) / nb ? passes
                                             : (264 + nb - 1) / nb);
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<MT, BK, ST, Out>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(fp8_gemm_kernel<MT, BK, ST, WM, Out>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    fp8_gemm_kernel<MT, BK, ST, Out>
+    fp8_gemm_kernel<MT, BK, ST, WM, Out>
         <<<dim3((unsigned)(N / F8_BN), (unsigned)groups, z), 128, shared, st>>>(
             Y, QA, SA, QW, SW, offsets, counts, rows_all, N, K, accumulate);
     DG_LAUNCH_CHECK();
@@ -243,20 +260,22 @@ static int launch_config(int config, Out *Y, const uint8_t *QA, const float *SA,
                          int64_t K, int accumulate, cudaStream_t st, int dev,
                          struct dg_error *err)
 {
-#define F8_LAUNCH(bk, stages)                                                                  \
-    launch<MT, bk, stages>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K,      \
-                           accumulate, st, dev, err)
+#define F8_LAUNCH(bk, stages, wm)                                                              \
+    launch<MT, bk, stages, wm>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K,  \
+                               accumulate, st, dev, err)
     switch (config) {
     case 1:
-        return F8_LAUNCH(128, 4);
+        return F8_LAUNCH(128, 4, 1);
     case 2:
-        return F8_LAUNCH(128, 3);
+        return F8_LAUNCH(128, 3, 1);
     case 3:
-        return F8_LAUNCH(256, 3);
+        return F8_LAUNCH(256, 3, 1);
     case 4:
-        return F8_LAUNCH(64, 8);
+        return F8_LAUNCH(64, 8, 1);
+    case 5: /* (2 x 2 warps from 4 m-tiles: at 2 the second row of warps would idle) */
+        return F8_LAUNCH(64, 4, (MT >= 4 ? 2 : 1));
     default:
-        return F8_LAUNCH(64, 4);
+        return F8_LAUNCH(64, 4, 1);
     }
 #undef F8_LAUNCH
 }
