@@ -148,13 +148,16 @@ kill -TERM $d; wait $d; st=$?; d=0
 
 # ---- a daemon that stays busy: one long request generating, no queue; --busy-timeout 1
 # gives up after a second of busy refusals (exit 3).  One request in flight (--parallel 1):
-# with two, which problem's second of refusals ends first is a race ----------------------
+# with two, which problem's second of refusals ends first is a race.  The long request is
+# seeded: it ends at the first id 300 the random model samples, which under seed 3 is
+# token 725 (about 9 s on two cores).  Unseeded, some seeds end it within a second
+# (seed 10: token 29, 0.3 s), and a CI run once saw the problems served -----------------
 if [ -e "$BUILD/model/random/config.json" ]; then
     "$BIN/dgemmad" $ROOT_OK -o backend=cpu -o model="$BUILD/model/random" \
         -o socket="$tmp/busy.sock" -o log_file="$tmp/busy.log" -o pin_workers=false \
         -o max_batch=1 -o queue_max=0 &
     d=$!
-    "$BIN/dgemma-client" -s "$tmp/busy.sock" --wait 15 --max-tokens 4000 --stop-id 300 x \
+    "$BIN/dgemma-client" -s "$tmp/busy.sock" --wait 15 --seed 3 --max-tokens 4000 --stop-id 300 x \
         >/dev/null 2>&1 &
     long=$!
     for _ in $(seq 100); do
