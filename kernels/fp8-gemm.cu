@@ -112,12 +112,8 @@ __global__ static void __launch_bounds__(128)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int LD = BK + 16;                  /* shared row stride, bytes */
-    constexpr int CH = BK / 16;                  /* 16-byte copies a row a step */
-    constexpr int WN = 4 / WM;                   /* warps along the columns */
-    constexpr int WC = F8_BN / WN;               /* a warp's columns */
-    constexpr int NW = WC / 8;                   /* its n-tiles of 8 */
-    constexpr int MW = MT / WM;                  /* its m-tiles of 16 */
-    static_assert(MT % WM == 0 && NW % 2 == 0, "warp grid");
+    using G = dg_warp_grid<F8_BN, MT, WM>;
+    constexpr int WN = G::WN, WC = G::WC, NW = G::NW, MW = G::MW;
     unsigned char *Ws = smem;                    /* [ST][BN][LD] */
     unsigned char *Xs = Ws + ST * F8_BN * LD;    /* [ST][MT 16][LD] */
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -144,18 +140,8 @@ __global__ static void __launch_bounds__(128)
                 acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
         auto load = [&](int s, int ks) {
-            unsigned char *ws = Ws + s * F8_BN * LD, *xs = Xs + s * MT * 16 * LD;
-            const int64_t k0 = (int64_t)ks * BK;
-            for (int i = threadIdx.x; i < F8_BN * CH; i += 128) {
-                const int r = i / CH, c = (i % CH) * 16;
-                const int in_k = k0 + c < K;
-                dg_cp16(ws + r * LD + c, Wj + (int64_t)r * K + (in_k ? k0 + c : 0), in_k);
-            }
-            for (int i = threadIdx.x; i < mrows * CH; i += 128) {
-                const int r = i / CH, c = (i % CH) * 16;
-                const int ok = r < rows && k0 + c < K;
-                dg_cp16(xs + r * LD + c, Xp + (ok ? (int64_t)r * K + k0 + c : 0), ok);
-            }
+            dg_stage_load<F8_BN, BK, LD>(Ws + s * F8_BN * LD, Xs + s * MT * 16 * LD, Wj, Xp,
+                                         mrows, rows, (int64_t)ks * BK, K);
         };
 
         __syncthreads();

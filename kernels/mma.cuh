@@ -1,6 +1,7 @@
 /*
  * mma.cuh - the tensor-core and async-copy instructions the hand-written
- * kernels share (attention-tc.cu, moe-gemm.cu, fp8-gemm.cu), as PTX.
+ * kernels share (attention-tc.cu, moe-gemm.cu, fp8-gemm.cu), as PTX, and
+ * the two grouped GEMMs' pipeline-stage load and warp grid.
  *
  * Fragments of mma.sync m16n8kK (K = 16 for bf16, 32 for e4m3), lane l,
  * gid = l / 4, tig = l % 4:
@@ -78,6 +79,39 @@ __device__ static inline void dg_cp_wait(void)
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+
+/* One stage of a grouped GEMM's cp.async pipeline (moe-gemm.cu,
+ * fp8-gemm.cu), counted in bytes: the weight tile, BN rows of SB bytes
+ * from w (rows kb bytes apart) at byte k0, and the first mrows rows of the
+ * row tile likewise from x, into shared rows LDB bytes apart, 16-byte
+ * copies over the block's 128 threads.  Bytes past kb, and rows from `rows`
+ * on, load as zeros (reading nothing). */
+template <int BN, int SB, int LDB>
+__device__ static inline void dg_stage_load(unsigned char *ws, unsigned char *xs,
+                                            const unsigned char *w, const unsigned char *x,
+                                            int mrows, int rows, int64_t k0, int64_t kb)
+{
+    constexpr int CH = SB / 16;
+    for (int i = threadIdx.x; i < BN * CH; i += 128) {
+        const int r = i / CH, c = (i % CH) * 16;
+        const int in_k = k0 + c < kb;
+        dg_cp16(ws + r * LDB + c, w + (int64_t)r * kb + (in_k ? k0 + c : 0), in_k);
+    }
+    for (int i = threadIdx.x; i < mrows * CH; i += 128) {
+        const int r = i / CH, c = (i % CH) * 16;
+        const int ok = r < rows && k0 + c < kb;
+        dg_cp16(xs + r * LDB + c, x + (ok ? (int64_t)r * kb + k0 + c : 0), ok);
+    }
+}
+
+/* The 4 warps of a grouped GEMM's block over its BN columns and MT
+ * m-tiles of 16 rows: WM rows of warps, WN = 4 / WM columns of them; a
+ * warp holds WC columns (NW n-tiles of 8) of MW m-tiles. */
+template <int BN, int MT, int WM>
+struct dg_warp_grid {
+    static constexpr int WN = 4 / WM, WC = BN / WN, NW = WC / 8, MW = MT / WM;
+    static_assert(MT % WM == 0 && NW % 2 == 0, "warp grid");
+};
 
 /* two adjacent outputs */
 __device__ static inline void dg_store2(float *p, float a, float b)

@@ -50,12 +50,8 @@ __global__ static void __launch_bounds__(128)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int LD = BK + 8;                   /* shared row stride, elements */
-    constexpr int CH = BK / 8;                   /* 16-byte copies a row a step */
-    constexpr int WN = 4 / WM;                   /* warps along the columns */
-    constexpr int WC = GG_BN / WN;               /* a warp's columns */
-    constexpr int NW = WC / 8;                   /* its n-tiles of 8 */
-    constexpr int MW = MT / WM;                  /* its m-tiles of 16 */
-    static_assert(MT % WM == 0 && NW % 2 == 0, "warp grid");
+    using G = dg_warp_grid<GG_BN, MT, WM>;
+    constexpr int WN = G::WN, WC = G::WC, NW = G::NW, MW = G::MW;
     __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem;   /* [ST][BN][LD] */
     __nv_bfloat16 *Xs = Ws + ST * GG_BN * LD;    /* [ST][MT 16][LD] */
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -78,21 +74,13 @@ __global__ static void __launch_bounds__(128)
             for (int n = 0; n < NW; n++)
                 acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
-        /* stage s <- k step ks: weights GG_BN x 64 (pieces of 16 bytes),
-         * the rows of the m-tiles in use */
+        /* stage s <- k step ks: the weights' tile, the rows of the
+         * m-tiles in use (in bytes: 2 a value) */
         auto load = [&](int s, int ks) {
-            __nv_bfloat16 *ws = Ws + s * GG_BN * LD, *xs = Xs + s * MT * 16 * LD;
-            const int64_t k0 = (int64_t)ks * BK;
-            for (int i = threadIdx.x; i < GG_BN * CH; i += 128) {
-                const int r = i / CH, c = (i % CH) * 8;
-                const int in_k = k0 + c < K;
-                dg_cp16(ws + r * LD + c, Wj + (int64_t)r * K + (in_k ? k0 + c : 0), in_k);
-            }
-            for (int i = threadIdx.x; i < mrows * CH; i += 128) {
-                const int r = i / CH, c = (i % CH) * 8;
-                const int ok = r < rows && k0 + c < K;
-                dg_cp16(xs + r * LD + c, Xp + (ok ? (int64_t)r * K + k0 + c : 0), ok);
-            }
+            dg_stage_load<GG_BN, 2 * BK, 2 * LD>(
+                (unsigned char *)(Ws + s * GG_BN * LD), (unsigned char *)(Xs + s * MT * 16 * LD),
+                (const unsigned char *)Wj, (const unsigned char *)Xp, mrows, rows,
+                2 * (int64_t)ks * BK, 2 * K);
         };
 
         __syncthreads(); /* the stages are free (the previous pass) */
