@@ -45,25 +45,20 @@ class Batch:
         for f in self.FIELDS:
             getattr(self, f).copy_(getattr(other, f))
 
-    def take(self, idx):
-        """The rows idx (a device LongTensor) of every field, a new Batch."""
+    def map(self, fn):
+        """A new Batch of fn(field) for every field."""
         b = Batch()
         for f in self.FIELDS:
-            setattr(b, f, getattr(self, f)[idx])
+            setattr(b, f, fn(getattr(self, f)))
         return b
+
+    def take(self, idx):
+        """The rows idx (a device LongTensor) of every field, a new Batch."""
+        return self.map(lambda t: t[idx])
 
     def rows(self, lo, hi):
         """Rows lo..hi-1 of every field (views), a new Batch."""
-        b = Batch()
-        for f in self.FIELDS:
-            setattr(b, f, getattr(self, f)[lo:hi])
-        return b
-
-    def clone(self):
-        b = Batch()
-        for f in self.FIELDS:
-            setattr(b, f, getattr(self, f).clone())
-        return b
+        return self.map(lambda t: t[lo:hi])
 
 
 def assemble(parts, CL, V, g, dev):
