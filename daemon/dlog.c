@@ -136,8 +136,7 @@ void dlog_lib_sink(void *userdata, enum dg_log_level level, const char *line)
         error_hook(error_hook_ctx, line);
 }
 
-/* s appended to b (capacity cap, kept NUL-terminated) at at; the new end */
-static size_t put_str(char *b, size_t at, size_t cap, const char *s)
+size_t dlog_put(char *b, size_t at, size_t cap, const char *s)
 {
     while (*s && at + 1 < cap)
         b[at++] = *s++;
@@ -185,25 +184,25 @@ size_t dlog_format_prefix(char *buf, size_t cap, long long t, int ms, long offse
         return 0;
     buf[0] = '\0';
     n = put_uint(buf, n, cap, (unsigned long)pid, 1);
-    n = put_str(buf, n, cap, ":");
-    n = put_str(buf, n, cap, sep);
-    n = put_str(buf, n, cap, " ");
+    n = dlog_put(buf, n, cap, ":");
+    n = dlog_put(buf, n, cap, sep);
+    n = dlog_put(buf, n, cap, " ");
     n = put_uint(buf, n, cap, (unsigned long)day, 2);
-    n = put_str(buf, n, cap, " ");
-    n = put_str(buf, n, cap, months[month - 1]);
-    n = put_str(buf, n, cap, " ");
+    n = dlog_put(buf, n, cap, " ");
+    n = dlog_put(buf, n, cap, months[month - 1]);
+    n = dlog_put(buf, n, cap, " ");
     n = put_uint(buf, n, cap, (unsigned long)(year > 0 ? year : 0), 4);
-    n = put_str(buf, n, cap, " ");
+    n = dlog_put(buf, n, cap, " ");
     n = put_uint(buf, n, cap, (unsigned long)(secs / 3600), 2);
-    n = put_str(buf, n, cap, ":");
+    n = dlog_put(buf, n, cap, ":");
     n = put_uint(buf, n, cap, (unsigned long)(secs / 60 % 60), 2);
-    n = put_str(buf, n, cap, ":");
+    n = dlog_put(buf, n, cap, ":");
     n = put_uint(buf, n, cap, (unsigned long)(secs % 60), 2);
-    n = put_str(buf, n, cap, ".");
+    n = dlog_put(buf, n, cap, ".");
     n = put_uint(buf, n, cap, (unsigned long)ms, 3);
-    n = put_str(buf, n, cap, " ");
-    n = put_str(buf, n, cap, lv);
-    return put_str(buf, n, cap, " ");
+    n = dlog_put(buf, n, cap, " ");
+    n = dlog_put(buf, n, cap, lv);
+    return dlog_put(buf, n, cap, " ");
 }
 
 void dlog_signal_safe(const char *msg)
@@ -219,7 +218,7 @@ void dlog_signal_safe(const char *msg)
     n = dlog_format_prefix(line, sizeof line, (long long)ts.tv_sec, (int)(ts.tv_nsec / 1000000),
                            atomic_load_explicit(&utc_offset, memory_order_relaxed),
                            (long)getpid(), thread_tag, dg_log_level_char(DG_LOG_ERROR));
-    n = put_str(line, n, sizeof line - 1, msg);
+    n = dlog_put(line, n, sizeof line - 1, msg);
     line[n++] = '\n';
     r = write(log_fd, line, n);
     (void)r;

@@ -44,6 +44,11 @@ void dlog_set_error_hook(void (*fn)(void *ctx, const char *msg), void *ctx);
  * write(2); a message is cut to fit 1 KB. */
 void dlog_signal_safe(const char *msg);
 
+/* Async-signal-safe: s appended to b (capacity cap, kept NUL-terminated,
+ * cut to fit) at offset at; returns the new end.  For composing a message
+ * for dlog_signal_safe in a handler. */
+size_t dlog_put(char *b, size_t at, size_t cap, const char *s);
+
 /* The prefix "PID:T DD Mon YYYY HH:MM:SS.mmm L " of a line at t seconds
  * since the epoch and ms milliseconds, local time being offset seconds
  * east of UTC, into buf (capacity cap, NUL-terminated, cut to fit);

@@ -285,14 +285,6 @@ static void raise_fd_limit(const struct dg_config *cfg)
  * Only async-signal-safe calls here. */
 static char sigbus_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
-static size_t put(char *buf, size_t at, size_t cap, const char *s)
-{
-    while (*s && at + 1 < cap)
-        buf[at++] = *s++;
-    buf[at] = '\0';
-    return at;
-}
-
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
     const char *path = dg_file_mapping_at(si->si_addr);
@@ -303,9 +295,9 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
         signal(sig, SIG_DFL); /* the access faults again, without us */
         return;
     }
-    n = put(msg, n, sizeof msg, "fatal: ");
-    n = put(msg, n, sizeof msg, path);
-    n = put(msg, n, sizeof msg, " shrank under the running daemon (written over in place or "
+    n = dlog_put(msg, n, sizeof msg, "fatal: ");
+    n = dlog_put(msg, n, sizeof msg, path);
+    n = dlog_put(msg, n, sizeof msg, " shrank under the running daemon (written over in place or "
             "truncated); exiting 74. Restart dgemmad to load it again, and replace a model "
             "by renaming a complete file over the old one, not by writing into it");
     (void)n;
