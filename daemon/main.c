@@ -297,9 +297,10 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
     }
     n = dlog_put(msg, n, sizeof msg, "fatal: ");
     n = dlog_put(msg, n, sizeof msg, path);
-    n = dlog_put(msg, n, sizeof msg, " shrank under the running daemon (written over in place or "
-            "truncated); exiting 74. Restart dgemmad to load it again, and replace a model "
-            "by renaming a complete file over the old one, not by writing into it");
+    n = dlog_put(msg, n, sizeof msg,
+                 " shrank under the running daemon (written over in place or truncated); "
+                 "exiting 74. Restart dgemmad to load it again, and replace a model by "
+                 "renaming a complete file over the old one, not by writing into it");
     (void)n;
     dlog_signal_safe(msg);
     if (sigbus_socket[0])
