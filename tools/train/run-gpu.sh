@@ -17,7 +17,8 @@
 #      all 500; tests/eval/run-eval.sh), results in OUTDIR/cuda-eval.jsonl;
 #   5. transformers' generate over the first HF_N (default 100) of them,
 #      results in OUTDIR/hf-eval.jsonl.
-# Steps 4 and 5 are cut at EVAL_S seconds each (default 90).  dgemma is
+# Steps 4 and 5 are cut at EVAL_S seconds each (default 90; 0 skips both,
+# for a call whose training another call continues).  dgemma is
 # built beforehand (build/bin); nothing is compiled here.
 set -u -o pipefail
 out=${1:?usage: tools/train/run-gpu.sh OUTDIR [train.py train options...]}
@@ -33,6 +34,7 @@ tar czf "$out/model.tgz" -C "$work" model model-state.pt || exit 1
 echo "== trained and saved: $(( $(date +%s) - start )) s"
 python3 "$here/train.py" plot --log "$out/train-log.csv" --png "$out/loss.png" ||
     echo "run-gpu.sh: no loss plot"
+[ "${EVAL_S:-90}" = 0 ] && exit 0
 timeout "${EVAL_S:-90}" tests/eval/run-eval.sh --model "$work/model" --backend cuda \
     --parallel 64 ${EVAL_N:+--limit "$EVAL_N"} --results "$out/cuda-eval.jsonl" 2>&1 | tail -8
 echo "== dgemmad (cuda) scored: $(( $(date +%s) - start )) s"
