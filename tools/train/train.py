@@ -536,7 +536,11 @@ def train(args):
     # for the last step (events around it), printed with each line
     timing = {"host": 0.0, "steps": 0,
               "ev": [torch.cuda.Event(enable_timing=True) for _ in range(2)]}
+    # per kind: the canvas accuracy over all positions (most of a short
+    # answer's canvas is <eos> and <pad>), and the share of rows whose whole
+    # canvas is right (what a lookup not yet learned shows)
     acc_ema = {k: zero() for k in task.TASKS}
+    exact_ema = {k: zero() for k in task.TASKS}
 
     prof_state = {}
 
@@ -568,9 +572,11 @@ def train(args):
                     "%.4f" % cv, "%.4f" % en, "%.4f" % float(acc)])
         log.flush()
         if step % args.print_every == 0:
-            print("step %d %.0fs lr %.2e loss %.4f (canvas %.4f, encoder %.4f) acc %s" %
+            print("step %d %.0fs lr %.2e loss %.4f (canvas %.4f, encoder %.4f) acc %s; "
+                  "rows exact %s" %
                   (step, time.time() - t0, lr, tot, cv, en,
-                   " ".join("%s %.3f" % (k, float(v)) for k, v in sorted(acc_ema.items()))),
+                   " ".join("%s %.3f" % (k, float(v)) for k, v in sorted(acc_ema.items())),
+                   " ".join("%s %.3f" % (k, float(v)) for k, v in sorted(exact_ema.items()))),
                   flush=True)
             if timing["steps"]:
                 timing["ev"][1].synchronize()
@@ -612,12 +618,14 @@ def train(args):
                 run[1] += canvas_loss
                 run[2] += enc_loss
                 acc = acc_rows.mean()
+                exact_rows = (acc_rows == 1.0).float()
                 for k, name in enumerate(task.TASKS):
                     m = (S.kind == k).float()
                     cnt = m.sum()
-                    val = (acc_rows * m).sum() / cnt.clamp(min=1.0)
-                    acc_ema[name].copy_(torch.where(cnt > 0, 0.9 * acc_ema[name] + 0.1 * val,
-                                                    acc_ema[name]))
+                    for ema, rows in ((acc_ema, acc_rows), (exact_ema, exact_rows)):
+                        val = (rows * m).sum() / cnt.clamp(min=1.0)
+                        ema[name].copy_(torch.where(cnt > 0, 0.9 * ema[name] + 0.1 * val,
+                                                    ema[name]))
             run[3] += 1
             profile_tick(step - step0)
             step += 1
@@ -682,11 +690,13 @@ def train(args):
         profile_tick(step - step0)
 
         with torch.no_grad():
-            acc = (z.argmax(-1) == target).float().mean()
+            right = (z.argmax(-1) == target).float()
+            acc = right.mean()
             run[0] += loss.detach()
             run[1] += canvas_loss.detach()
             run[2] += enc_loss.detach()
             acc_ema[kind].mul_(0.9).add_(0.1 * acc)
+            exact_ema[kind].mul_(0.9).add_(0.1 * (right.amin(-1) == 1.0).float().mean())
         run[3] += 1
         step += 1
         log_step(step, lr, acc)
