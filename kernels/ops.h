@@ -106,13 +106,6 @@ int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t rows, int64_t 
                       const struct dg_rand_site *sites, void *scratch, dg_stream_t stream,
                       int dev, struct dg_error *err);
 
-/* Whether dg_cuda_row_stats computes each Philox block once for its four
- * ids rather than once per id (the environment's DG_SAMPLER_GROUPED is
- * "1"; the same words, so the same picks; S and D summed in another
- * order): read at each call, an A/B switch until the two are measured
- * side by side on a GPU. */
-int dg_cuda_row_stats_grouped(void);
-
 /* The statistics of whole rows from those of their slices, on the device
  * (reference: dg_row_stats_combine, as dg_row_stats_allgather folds):
  * parts [n_parts, rows] records, part q of row r at parts[q * rows + r]

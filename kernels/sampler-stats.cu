@@ -4,7 +4,6 @@
 
 #include <cuda_bf16.h>
 #include <math.h>
-#include <stdlib.h>
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
@@ -57,16 +56,15 @@ __device__ static inline int stats_one(struct dg_row_stats *p, float *row, int64
     return 1;
 }
 
-/* grid (chunks, rows).  Each thread walks its ids of the chunk in
- * ascending order through stats_one (so the first of equal maxima is
- * kept), and with sites picks the Gumbel-max sample among the kept ids
- * (noise from the id's Philox word); then a tree fold over the block;
- * one record per (row, chunk).  GROUPED: a thread takes the ids of one
- * Philox block (4 consecutive global ids, v >> 2 equal) at a time and
- * computes the block once, when the first of them is kept; the other way
- * computes it for each kept id.  The same words either way: the same
- * picks. */
-template <bool GROUPED>
+/* grid (chunks, rows).  Each thread takes the ids of one Philox block at a
+ * time (4 consecutive global ids, v >> 2 equal), in ascending order,
+ * through stats_one (so the first of equal maxima is kept); with sites it
+ * picks the Gumbel-max sample among the kept ids, the block's four words
+ * computed once, when the first of its ids is kept (each id's noise from
+ * its own word of the block, as the CPU draws it).  Then a tree fold over the block;
+ * one record per (row, chunk).  (Run 60, batch 1: the sampler and the
+ * self-conditioning 2.13 ms a step with a Philox block per id, 1.88 this
+ * way.) */
 __global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_t n, int64_t v0,
                                     float cap, const float *T, const float *tau,
                                     const struct dg_rand_site *sites, int chunks)
@@ -81,36 +79,24 @@ __global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_
     struct dg_rand_site site;
     uint32_t b[4];
     float l;
+    /* the Philox blocks that cover global ids v0 + lo .. v0 + hi - 1 */
+    const int64_t q_lo = (v0 + lo) >> 2, q_hi = (v0 + hi - 1) >> 2;
 
     if (sites)
         site = sites[r];
-    if (GROUPED) {
-        /* the Philox blocks that cover global ids v0 + lo .. v0 + hi - 1 */
-        const int64_t q_lo = (v0 + lo) >> 2, q_hi = (v0 + hi - 1) >> 2;
-        for (int64_t q = q_lo + threadIdx.x; q <= q_hi; q += blockDim.x) {
-            int have = 0;
-            for (int u = 0; u < 4; u++) {
-                const int64_t i = 4 * q + u - v0;
-                if (i < lo || i >= hi || !stats_one(&p, row, i, v0, cap, t, th, &l) || !sites)
-                    continue;
-                if (!have) {
-                    dg_rand_block(site.seed, (uint32_t)q, site.position, site.step,
-                                  DG_RAND_GUMBEL, site.canvas, b);
-                    have = 1;
-                }
-                dg_row_stats_pick(&p.sample, &p.sample_val, (int32_t)(v0 + i),
-                                  l + dg_gumbel(dg_rand_unit(b[u])));
-            }
-        }
-    } else {
-        for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            const uint32_t v = (uint32_t)(v0 + i);
-            if (!stats_one(&p, row, i, v0, cap, t, th, &l) || !sites)
+    for (int64_t q = q_lo + threadIdx.x; q <= q_hi; q += blockDim.x) {
+        int have = 0;
+        for (int u = 0; u < 4; u++) {
+            const int64_t i = 4 * q + u - v0;
+            if (i < lo || i >= hi || !stats_one(&p, row, i, v0, cap, t, th, &l) || !sites)
                 continue;
-            dg_rand_block(site.seed, v >> 2, site.position, site.step, DG_RAND_GUMBEL,
-                          site.canvas, b);
-            dg_row_stats_pick(&p.sample, &p.sample_val, (int32_t)v,
-                              l + dg_gumbel(dg_rand_unit(b[v & 3])));
+            if (!have) {
+                dg_rand_block(site.seed, (uint32_t)q, site.position, site.step, DG_RAND_GUMBEL,
+                              site.canvas, b);
+                have = 1;
+            }
+            dg_row_stats_pick(&p.sample, &p.sample_val, (int32_t)(v0 + i),
+                              l + dg_gumbel(dg_rand_unit(b[u])));
         }
     }
     sh[threadIdx.x] = p;
@@ -157,12 +143,6 @@ out:
     return rc;
 }
 
-extern "C" int dg_cuda_row_stats_grouped(void)
-{
-    const char *p = getenv("DG_SAMPLER_GROUPED");
-    return p && p[0] == '1' && p[1] == '\0';
-}
-
 extern "C" size_t dg_cuda_row_stats_scratch(int64_t rows, int64_t n)
 {
     const int64_t chunks = n > 0 ? (n + STATS_CHUNK - 1) / STATS_CHUNK : 1;
@@ -183,13 +163,8 @@ extern "C" int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t row
                             dev, (long long)rows, (long long)n, (long long)v0);
     {
         const dim3 grid((unsigned)chunks, (unsigned)rows);
-        const cudaStream_t st = (cudaStream_t)stream;
-        if (dg_cuda_row_stats_grouped())
-            stats_kernel<true><<<grid, STATS_THREADS, 0, st>>>(
-                (struct dg_row_stats *)scratch, z, n, v0, cap, T, tau, sites, (int)chunks);
-        else
-            stats_kernel<false><<<grid, STATS_THREADS, 0, st>>>(
-                (struct dg_row_stats *)scratch, z, n, v0, cap, T, tau, sites, (int)chunks);
+        stats_kernel<<<grid, STATS_THREADS, 0, (cudaStream_t)stream>>>(
+            (struct dg_row_stats *)scratch, z, n, v0, cap, T, tau, sites, (int)chunks);
         DG_LAUNCH_CHECK();
     }
     fold_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, (cudaStream_t)stream>>>(

@@ -7,9 +7,8 @@
  * vocabulary slices that start past 0, thresholds that keep all or part,
  * NaN logits.  Argmax and sample ids must be equal; max within fp32
  * rounding, S and D within 1e-5 relative (fp32 vs double exponentials),
- * the soft-capped logits written back within fp32 rounding (and all of it
- * again with each Philox block computed once for its four ids,
- * DG_SAMPLER_GROUPED=1); the
+ * the soft-capped logits written back within fp32 rounding (slices from
+ * id 7 and 131,072: Philox blocks that straddle the chunks); the
  * probabilities (bf16) and the self-conditioning product P . E through
  * cuBLAS within the bf16 bound 1e-2 of dg_row_probs and a double product;
  * then the same with fp32 probabilities and embedding rows
@@ -237,30 +236,13 @@ static int row_stats_fold(void)
     return 0;
 }
 
-static int row_stats_cases(void)
+static int row_stats(void)
 {
     if (stats_case(4, 1000, 0, 30.0f, 0, 0) || stats_case(16, 65536, 131072, 30.0f, 0, 1) ||
         stats_case(33, 20000, 7, 30.0f, 1, 0) || stats_case(3, 8193, 0, 0.0f, 0, 1) ||
         stats_case(64, 4096, 262144 - 4096, 30.0f, 1, 1))
         return 1;
     return 0;
-}
-
-static int row_stats(void)
-{
-    CHECK(!dg_cuda_row_stats_grouped()); /* (the default until measured) */
-    return row_stats_cases();
-}
-
-/* the same cases with each Philox block computed once for its four ids
- * (slices from id 7 and 131,072: blocks that straddle the chunks) */
-static int row_stats_grouped(void)
-{
-    int rc;
-    setenv("DG_SAMPLER_GROUPED", "1", 1);
-    rc = dg_cuda_row_stats_grouped() ? row_stats_cases() : 1;
-    unsetenv("DG_SAMPLER_GROUPED");
-    return rc;
 }
 
 /* Download bytes of d into h and check the guard bytes after them: the
@@ -479,7 +461,6 @@ int main(void)
         return rc;
     gt_seed(0xda3e39cb94b95bdbull);
     TEST_CASE(row_stats);
-    TEST_CASE(row_stats_grouped);
     TEST_CASE(row_stats_fold);
     TEST_CASE(soft_embedding);
     TEST_CASE(soft_embedding_f32);
