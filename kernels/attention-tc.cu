@@ -23,13 +23,13 @@
  * inside [k_start, k_start + k_len): rows beyond are never touched.
  * No score matrix goes to memory.
  *
- * Key and value tiles: each loaded, then used (two barriers a tile), or
- * pipelined: tile i + 1's cp.async copies in flight into a second buffer
- * while tile i is used, so the load's latency hides behind the products
- * (few blocks share a multiprocessor to hide it otherwise: at head size
- * 512 one, by shared memory; at 256 two, by registers).  The pipelined
- * way is taken where the environment has DG_ATTENTION_PIPELINED=1, an A/B
- * switch until it is measured against the other on a GPU.
+ * Key and value tiles are pipelined: tile i + 1's cp.async copies are in
+ * flight into a second buffer while tile i is used, so the load's latency
+ * hides behind the products (few blocks share a multiprocessor to hide it
+ * otherwise: at head size 512 one, by shared memory; at 256 two, by
+ * registers).  Run 60, batch-1 denoise on the H200: 26.81 ms with each
+ * tile loaded then used, 23.77 ms pipelined together with the sampler's
+ * Philox once a block (the two not timed apart).
  *
  * Split keys (when the rows alone make too few blocks to fill the GPU):
  * each sequence's keys are cut into `splits` ranges, one per block; a
@@ -42,7 +42,6 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "kernels/cuda-check.h"
 #include "kernels/mma.cuh"
@@ -63,23 +62,9 @@ __device__ static inline int visible(int mask, int64_t q, int64_t k, int window)
 }
 
 /* Copy rows [0, n) of width w elements (a multiple of 8) from src (row
- * stride ld elements) to shared dst (stride w + TC_PAD), zeros for rows
- * n .. rows-1: 16-byte pieces over the block's threads. */
-__device__ static void load_rows(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int64_t ld, int n,
-                                 int rows, int w)
-{
-    const int per = w / 8;
-    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
-        const int r = i / per, c = (i % per) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < n)
-            v = *(const uint4 *)(src + (int64_t)r * ld + c);
-        *(uint4 *)(dst + r * (w + TC_PAD) + c) = v;
-    }
-}
-
-/* load_rows through cp.async (16-byte copies, zero-filled for rows n ..
- * rows-1, which read nothing); the caller commits and waits.  n >= 1. */
+ * stride ld elements) to shared dst (stride w + TC_PAD) through cp.async
+ * (16-byte copies over the block's threads), zeros for rows n .. rows-1
+ * (which read nothing); the caller commits and waits.  n >= 1. */
 __device__ static void load_rows_async(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int64_t ld,
                                        int n, int rows, int w)
 {
@@ -91,9 +76,9 @@ __device__ static void load_rows_async(__nv_bfloat16 *dst, const __nv_bfloat16 *
 }
 
 /* grid (ceil(Tq g / 64), nkv, hd / DV); 128 threads.  Shared: Q [64][hd],
- * K [32][hd], V [32][DV] (rows padded; K and V twice when PIPE), the
+ * K [2][32][hd], V [2][32][DV] (rows padded; two buffers each), the
  * tile's tokens' sequences and positions. */
-template <int DV, bool PIPE>
+template <int DV>
 __global__ static void __launch_bounds__(128)
     attention_tc_kernel(__nv_bfloat16 *out, float *part, const __nv_bfloat16 *q,
                         const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
@@ -109,7 +94,7 @@ __global__ static void __launch_bounds__(128)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int qs = hd + TC_PAD, vs = DV + TC_PAD;
-    const int nbuf = PIPE ? 2 : 1;
+    const int nbuf = 2;
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *Ks = Qs + TC_ROWS * qs;
     __nv_bfloat16 *Vs = Ks + nbuf * TC_KEYS * qs;
@@ -176,42 +161,32 @@ __global__ static void __launch_bounds__(128)
             j1 = min(j1, j0 + per);
         }
         const int64_t ntiles = j1 > j0 ? (j1 - j0 + TC_KEYS - 1) / TC_KEYS : 0;
-        if (PIPE) {
-            /* the first tile into buffer 0 (the last sequence's tiles are
-             * used up: the barrier after each) */
-            if (ntiles > 0) {
-                const int nk = (int)min((int64_t)TC_KEYS, j1 - j0);
-                load_rows_async(Ks, K + j0 * row, row, nk, TC_KEYS, hd);
-                load_rows_async(Vs, V + j0 * row, row, nk, TC_KEYS, DV);
-            }
-            dg_cp_commit();
+        /* the first tile into buffer 0 (the last sequence's tiles are used
+         * up: the barrier after each) */
+        if (ntiles > 0) {
+            const int nk = (int)min((int64_t)TC_KEYS, j1 - j0);
+            load_rows_async(Ks, K + j0 * row, row, nk, TC_KEYS, hd);
+            load_rows_async(Vs, V + j0 * row, row, nk, TC_KEYS, DV);
         }
+        dg_cp_commit();
         for (int64_t it = 0; it < ntiles; it++) {
             const int64_t kt = j0 + it * TC_KEYS;
-            const int nk = (int)min((int64_t)TC_KEYS, j1 - kt);
-            const int buf = PIPE ? (int)(it & 1) : 0;
+            const int buf = (int)(it & 1);
             const __nv_bfloat16 *Kb = Ks + buf * TC_KEYS * qs, *Vb = Vs + buf * TC_KEYS * vs;
             float sc[TC_KEYS / 8][4];
-            if (PIPE) {
-                /* the next tile into the other buffer, then wait for this
-                 * one's copies (all but the newest group) */
-                if (it + 1 < ntiles) {
-                    const int64_t kn = kt + TC_KEYS;
-                    const int nn = (int)min((int64_t)TC_KEYS, j1 - kn);
-                    load_rows_async(Ks + (buf ^ 1) * TC_KEYS * qs, K + kn * row, row, nn,
-                                    TC_KEYS, hd);
-                    load_rows_async(Vs + (buf ^ 1) * TC_KEYS * vs, V + kn * row, row, nn,
-                                    TC_KEYS, DV);
-                }
-                dg_cp_commit();
-                dg_cp_wait<1>();
-                __syncthreads();
-            } else {
-                __syncthreads();
-                load_rows(Ks, K + kt * row, row, nk, TC_KEYS, hd);
-                load_rows(Vs, V + kt * row, row, nk, TC_KEYS, DV);
-                __syncthreads();
+            /* the next tile into the other buffer, then wait for this one's
+             * copies (all but the newest group) */
+            if (it + 1 < ntiles) {
+                const int64_t kn = kt + TC_KEYS;
+                const int nn = (int)min((int64_t)TC_KEYS, j1 - kn);
+                load_rows_async(Ks + (buf ^ 1) * TC_KEYS * qs, K + kn * row, row, nn, TC_KEYS,
+                                hd);
+                load_rows_async(Vs + (buf ^ 1) * TC_KEYS * vs, V + kn * row, row, nn, TC_KEYS,
+                                DV);
             }
+            dg_cp_commit();
+            dg_cp_wait<1>();
+            __syncthreads();
 #pragma unroll
             for (int n = 0; n < TC_KEYS / 8; n++)
                 sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
@@ -282,8 +257,7 @@ __global__ static void __launch_bounds__(128)
                     dg_mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
                 }
             }
-            if (PIPE)
-                __syncthreads(); /* this buffer is read: the next tile but one may land */
+            __syncthreads(); /* this buffer is read: the next tile but one may land */
         }
         /* the next sequence of the tile, in ascending order */
         __syncthreads();
@@ -393,13 +367,13 @@ extern "C" int dg_cuda_attention_tc_fits(int hd)
     return hd == 64 || hd == 128 || hd == 256 || hd == 512;
 }
 
-template <int DV, bool PIPE>
+template <int DV>
 static int launch(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat16 *q,
                   const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                   const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask, int window,
                   cudaStream_t st, int dev, struct dg_error *err)
 {
-    const size_t nbuf = PIPE ? 2 : 1;
+    const size_t nbuf = 2;
     const size_t shared = sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + nbuf * TC_KEYS) *
                               (hd + TC_PAD) +
                           sizeof(__nv_bfloat16) * nbuf * TC_KEYS * (DV + TC_PAD) +
@@ -408,11 +382,10 @@ static int launch(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat
     const dim3 grid((unsigned)((Tq * g + TC_ROWS - 1) / TC_ROWS), (unsigned)nkv,
                     (unsigned)(hd / DV * splits));
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV, PIPE>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    attention_tc_kernel<DV, PIPE><<<grid, 128, shared, st>>>(out, part, q, q_pos, q_seq, Tq,
-                                                             seqs, nh, nkv, hd, mask, window,
-                                                             splits);
+    attention_tc_kernel<DV><<<grid, 128, shared, st>>>(out, part, q, q_pos, q_seq, Tq, seqs, nh,
+                                                       nkv, hd, mask, window, splits);
     DG_LAUNCH_CHECK();
     if (splits > 1) {
         attention_fold_kernel<<<(unsigned)(Tq * nh), hd / 2, 0, st>>>(out, part, Tq * nh, hd,
@@ -424,20 +397,19 @@ out:
 }
 
 /* launch with DV = hd's column block (64, 128, else 256) */
-template <bool PIPE>
 static int launch_dv(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat16 *q,
                      const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                      const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask,
                      int window, cudaStream_t st, int dev, struct dg_error *err)
 {
     if (hd == 64)
-        return launch<64, PIPE>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask,
-                                window, st, dev, err);
+        return launch<64>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window,
+                          st, dev, err);
     if (hd == 128)
-        return launch<128, PIPE>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask,
-                                 window, st, dev, err);
-    return launch<256, PIPE>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask,
-                             window, st, dev, err);
+        return launch<128>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window,
+                           st, dev, err);
+    return launch<256>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st,
+                       dev, err);
 }
 
 extern "C" int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos,
@@ -456,15 +428,6 @@ extern "C" int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_p
     if (Tq <= 0)
         return 0;
     splits = scratch ? tc_splits(Tq, nh, nkv, hd, scratch_bytes) : 1;
-    if (dg_cuda_attention_tc_pipelined())
-        return launch_dv<true>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv,
-                               hd, mask, window, st, dev, err);
-    return launch_dv<false>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv,
-                            hd, mask, window, st, dev, err);
-}
-
-extern "C" int dg_cuda_attention_tc_pipelined(void)
-{
-    const char *p = getenv("DG_ATTENTION_PIPELINED");
-    return p && p[0] == '1' && p[1] == '\0';
+    return launch_dv(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask,
+                     window, st, dev, err);
 }

@@ -30,12 +30,6 @@ int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos, const i
                          int mask, int window, void *scratch, size_t scratch_bytes,
                          dg_stream_t stream, int dev, struct dg_error *err);
 
-/* Whether dg_cuda_attention_tc pipelines its key and value tiles (the
- * environment's DG_ATTENTION_PIPELINED is "1"): read at each call, so a
- * test or a benchmark can run both ways in one process (a CUDA graph
- * keeps the way it was captured with). */
-int dg_cuda_attention_tc_pipelined(void);
-
 /* Scratch bytes that let dg_cuda_attention_tc split the keys as it would
  * for these shapes (0: it would not split). */
 size_t dg_cuda_attention_tc_scratch(int64_t Tq, int nh, int nkv, int hd);

@@ -20,9 +20,7 @@
  * sequence, the pads' outputs exactly zero, guard bytes after the output
  * and every cache; bf16 again with a work space, the keys split over more
  * blocks and folded (the output poisoned again, guard bytes after the
- * work space); the bf16 batched cases again with the tensor-core kernel's
- * key and value tiles pipelined (DG_ATTENTION_PIPELINED=1).  Exit 77
- * where there is no GPU.
+ * work space).  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -448,34 +446,6 @@ static int batch(void)
     return 0;
 }
 
-/* The tensor-core kernel's other way of loading key and value tiles
- * (pipelined through cp.async, attention-tc.cu), switched on by the
- * environment: the bf16 cases of batch at its head sizes, the same
- * bounds. */
-static int batch_pipelined_shapes(void)
-{
-    static const int bshapes[][3] = {{8, 2, 64}, {16, 8, 256}, {16, 2, 512}, {4, 4, 128}};
-    CHECK(dg_cuda_attention_tc_pipelined());
-    for (size_t i = 0; i < sizeof bshapes / sizeof bshapes[0]; i++) {
-        const int nh = bshapes[i][0], nkv = bshapes[i][1], hd = bshapes[i][2];
-        CHECK(batch_one(DG_ELT_BF16, 1, 0, nh, nkv, hd) == 0);
-        CHECK(batch_one(DG_ELT_BF16, 2, 5, nh, nkv, hd) == 0);
-        CHECK(batch_one(DG_ELT_BF16, 0, 0, nh, nkv, hd) == 0);
-        CHECK(batch_one(DG_ELT_BF16, 0, 5, nh, nkv, hd) == 0);
-    }
-    return 0;
-}
-
-static int batch_pipelined(void)
-{
-    int rc;
-    CHECK(!dg_cuda_attention_tc_pipelined()); /* (the default until measured) */
-    setenv("DG_ATTENTION_PIPELINED", "1", 1);
-    rc = batch_pipelined_shapes();
-    unsetenv("DG_ATTENTION_PIPELINED");
-    return rc;
-}
-
 static int refusals(void)
 {
     struct dg_error err = {0};
@@ -505,7 +475,6 @@ int main(void)
     TEST_CASE(attention);
     TEST_CASE(attention_f32);
     TEST_CASE(batch);
-    TEST_CASE(batch_pipelined);
     TEST_CASE(refusals);
     return test_finish();
 }
