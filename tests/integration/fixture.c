@@ -2,6 +2,7 @@
 #include "tests/integration/fixture.h"
 #include "tests/sql-peek.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <stdarg.h>
@@ -165,6 +166,46 @@ int fixture_cl_send(struct fixture_cl *c, const char *s)
     return 0;
 }
 
+
+json_t *fixture_cl_event(struct fixture_cl *c, int *eof)
+{
+    const double t0 = fixture_now_ms();
+    *eof = 0;
+    for (;;) {
+        char *nl = memchr(c->buf, '\n', c->len);
+        struct pollfd p = {c->fd, POLLIN, 0};
+        ssize_t got;
+        if (nl) {
+            json_t *j;
+            *nl = '\0';
+            j = json_loads(c->buf, 0, NULL);
+            memmove(c->buf, nl + 1, c->len - (size_t)(nl - c->buf) - 1);
+            c->len -= (size_t)(nl - c->buf) + 1;
+            return j;
+        }
+        if (fixture_now_ms() - t0 > FIXTURE_WAIT_MS || poll(&p, 1, 100) < 0)
+            return NULL;
+        if (!(p.revents & (POLLIN | POLLHUP)))
+            continue;
+        got = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
+        if (got <= 0) {
+            *eof = 1;
+            return NULL;
+        }
+        c->len += (size_t)got;
+    }
+}
+
+const char *fixture_ev_kind(const json_t *e)
+{
+    const char *k = json_string_value(json_object_get(e, "event"));
+    return k ? k : "";
+}
+
+long long fixture_ev_int(const json_t *e, const char *key)
+{
+    return (long long)json_integer_value(json_object_get(e, key));
+}
 
 int fixture_wait_count(const char *db, int64_t want, double limit_s, const char *sql)
 {

@@ -5,6 +5,7 @@
 #ifndef DG_TEST_FIXTURE_H
 #define DG_TEST_FIXTURE_H
 
+#include <jansson.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -53,6 +54,15 @@ struct fixture_cl {
 struct fixture_cl *fixture_cl_open(const char *sock);
 void fixture_cl_close(struct fixture_cl *c);
 int fixture_cl_send(struct fixture_cl *c, const char *s);
+
+/* The next event line as JSON, or NULL after FIXTURE_WAIT_MS or at the end
+ * of the stream (*eof set). */
+json_t *fixture_cl_event(struct fixture_cl *c, int *eof);
+
+/* An event's "event" ("" when it has none), and an integer member (0 when
+ * it is not there). */
+const char *fixture_ev_kind(const json_t *e);
+long long fixture_ev_int(const json_t *e, const char *key);
 
 /* The metrics database, read from the test (tests/sql-peek.h reads one
  * value): wait up to limit_s seconds until the query gives want (0, or -1

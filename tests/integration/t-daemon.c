@@ -45,46 +45,9 @@ static int notify_fd = -1;
 #define cl_close fixture_cl_close
 #define cl_send fixture_cl_send
 
-/* The next event, or NULL on timeout or end of stream (*eof set). */
-static json_t *cl_event(struct fixture_cl *c, int *eof)
-{
-    const double t0 = now_ms();
-    *eof = 0;
-    for (;;) {
-        char *nl = memchr(c->buf, '\n', c->len);
-        struct pollfd p = {c->fd, POLLIN, 0};
-        ssize_t got;
-        if (nl) {
-            json_t *j;
-            *nl = '\0';
-            j = json_loads(c->buf, 0, NULL);
-            memmove(c->buf, nl + 1, c->len - (size_t)(nl - c->buf) - 1);
-            c->len -= (size_t)(nl - c->buf) + 1;
-            return j;
-        }
-        if (now_ms() - t0 > WAIT_MS || poll(&p, 1, 100) < 0)
-            return NULL;
-        if (!(p.revents & (POLLIN | POLLHUP)))
-            continue;
-        got = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
-        if (got <= 0) {
-            *eof = 1;
-            return NULL;
-        }
-        c->len += (size_t)got;
-    }
-}
-
-static const char *ev_kind(const json_t *e)
-{
-    const char *k = json_string_value(json_object_get(e, "event"));
-    return k ? k : "";
-}
-
-static long long ev_int(const json_t *e, const char *key)
-{
-    return (long long)json_integer_value(json_object_get(e, key));
-}
+#define cl_event fixture_cl_event
+#define ev_kind fixture_ev_kind
+#define ev_int fixture_ev_int
 
 /* Events of one request until its done (or an error): returns the done. */
 struct run {
