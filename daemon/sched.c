@@ -594,9 +594,11 @@ size_t dsched_take(struct dsched *s, struct dsched_out *out, size_t max)
     size_t n;
     pthread_mutex_lock(&s->mu);
     n = s->n_out < max ? s->n_out : max;
-    memcpy(out, s->out, n * sizeof *out);
-    memmove(s->out, s->out + n, (s->n_out - n) * sizeof *out);
-    s->n_out -= n;
+    if (n > 0) { /* (the outbox may not exist yet: a wake-up of the tokenizing thread's) */
+        memcpy(out, s->out, n * sizeof *out);
+        memmove(s->out, s->out + n, (s->n_out - n) * sizeof *out);
+        s->n_out -= n;
+    }
     pthread_mutex_unlock(&s->mu);
     return n;
 }
