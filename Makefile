@@ -318,9 +318,10 @@ test-asan:
 	    tests/fuzz/t-fuzz-smoke.sh
 
 # The threaded tests under ThreadSanitizer (the rank threads, the
-# collectives, the backend's job dispatch, the metrics writer), in their quick form.
+# collectives, the backend's job dispatch, the metrics writer, the tokenizing thread), in
+# their quick form.
 TSAN_BUILD := build-tsan
-TSAN_TESTS := t-coll t-tp t-metrics-writer
+TSAN_TESTS := t-coll t-tp t-metrics-writer t-prep
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SANITIZE=thread CFLAGS="-O1 -g" \
 	    CUDA=0 $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%)

@@ -123,6 +123,19 @@ static int tokenize(const json_t *prompt, const json_t *messages, int thinking,
     return 0;
 }
 
+/* Bytes of text a prompt or a list of messages holds (the messages'
+ * string contents; anything else counts 0: the render refuses it). */
+static size_t text_bytes(const json_t *prompt, const json_t *messages)
+{
+    size_t n = 0, i;
+    const json_t *m;
+    if (prompt)
+        return json_string_length(prompt);
+    json_array_foreach(messages, i, m)
+        n += json_string_length(json_object_get(m, "content"));
+    return n;
+}
+
 static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dproto_request *req,
                           struct dproto_error *perr)
 {
@@ -176,6 +189,13 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
         rc = parse_prompt_ids(ids, ctx, req, perr);
     } else {
         req->prompt_kind = prompt ? DPROTO_PROMPT_TEXT : DPROTO_PROMPT_MESSAGES;
+        if (ctx->tok && ctx->defer_text_bytes > 0 &&
+            text_bytes(prompt, messages) >= ctx->defer_text_bytes) {
+            /* left for dproto_tokenize */
+            req->text = json_incref(prompt ? prompt : messages);
+            req->thinking = json_is_true(thinking);
+            return 0;
+        }
         rc = tokenize(prompt, messages, json_is_true(thinking), ctx, req, perr);
     }
     if (rc == 0 && req->n_ids == 0)
@@ -299,11 +319,38 @@ out:
     return rc;
 }
 
+int dproto_tokenize(const struct dproto_ctx *ctx, struct dproto_request *req,
+                    struct dproto_error *perr)
+{
+    json_t *text = req->text;
+    int rc;
+
+    if (!text)
+        return 0;
+    memset(perr, 0, sizeof *perr);
+    perr->op = req->op;
+    if (req->has_tag) {
+        memcpy(perr->tag, req->tag, sizeof perr->tag);
+        perr->has_tag = 1;
+    }
+    req->text = NULL;
+    rc = json_is_string(text) ? tokenize(text, NULL, 0, ctx, req, perr)
+                              : tokenize(NULL, text, req->thinking, ctx, req, perr);
+    json_decref(text);
+    if (rc == 0 && req->n_ids == 0)
+        rc = fail(perr, "bad_request", "the prompt is empty");
+    if (rc < 0)
+        dproto_request_free(req);
+    return rc;
+}
+
 void dproto_request_free(struct dproto_request *req)
 {
     free(req->ids);
     req->ids = NULL;
     req->n_ids = 0;
+    json_decref(req->text);
+    req->text = NULL;
 }
 
 /* ---- events ----------------------------------------------------------------- */

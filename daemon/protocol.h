@@ -72,6 +72,8 @@ struct dproto_ctx {
     const struct dg_gen_limits *limits;
     const struct dg_tokenizer *tok;          /* NULL: only prompt_ids are accepted */
     size_t max_prompt_tokens;
+    size_t defer_text_bytes;  /* a prompt or messages with at least this many bytes of text
+                               * is left for dproto_tokenize (0: tokenized by the parse) */
 };
 
 /* A parse failure: a stable code, a message, and what of the request was
@@ -94,6 +96,9 @@ struct dproto_request {
     int batch;                  /* "batch": true, sent by batch jobs (metrics) */
     int32_t *ids;               /* the tokenized prompt (malloc'd) */
     size_t n_ids;
+    json_t *text;               /* the prompt string or the messages, when the parse left
+                                 * them for dproto_tokenize (a reference; NULL otherwise) */
+    int thinking;               /* with text: "enable_thinking" */
     struct dg_gen_settings settings;
     /* cancel */
     uint64_t target;
@@ -114,6 +119,15 @@ int dproto_parse(const char *line, size_t len, const struct dproto_ctx *ctx,
  * read; the caller keeps it). */
 int dproto_parse_json(json_t *root, const struct dproto_ctx *ctx, struct dproto_request *req,
                       struct dproto_error *perr);
+
+/* Tokenize what the parse left in req->text (ctx->defer_text_bytes; nothing
+ * to do when req->text is NULL): ids and n_ids set, req->text released.
+ * Runs on any thread, provided no other touches req or the JSON values it
+ * holds meanwhile (the parse's root released before).  Returns 0, or -1
+ * with *perr filled (code, message, op and tag) and req freed, as
+ * dproto_parse leaves a request that fails. */
+int dproto_tokenize(const struct dproto_ctx *ctx, struct dproto_request *req,
+                    struct dproto_error *perr);
 
 void dproto_request_free(struct dproto_request *req);
 

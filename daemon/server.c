@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "daemon/dlog.h"
+#include "daemon/prep.h"
 #include "daemon/shm-ring.h"
 #include "lib/fileio.h"
 #include "lib/json-util.h"
@@ -26,6 +27,7 @@
 #define OUT_TAKE 256            /* outbox lines moved per eventfd wake-up */
 #define RING_TAKE 64            /* ring submissions taken per turn of the loop */
 #define RING_KEY_BIT 0x80000000u /* in a request's connection key: a ring job */
+#define PREP_TEXT_BYTES 4096    /* a prompt with this much text is tokenized off this thread */
 
 /* ---- completion identity ------------------------------------------------------ */
 
@@ -73,6 +75,9 @@ struct conn {
     int discarding;            /* skipping the rest of an oversize line */
     char *rbuf;                /* unframed input */
     size_t rlen, rcap;
+    int prepping;              /* a request with the tokenizing thread: input, ring paused */
+    char *held;                /* input received after that request's line (malloc'd) */
+    size_t held_len;
     char chunk[RECV_CHUNK];
     struct out_block *head, *tail;
     size_t out_bytes;          /* unsent */
@@ -99,6 +104,9 @@ struct dserver {
     struct dserver_options o;
     struct dsched *sched;
     const struct dproto_ctx *pctx;
+    struct dproto_ctx pctx_defer; /* *pctx, long texts left to the tokenizing thread */
+    struct dprep *prep;
+    int prepping;              /* requests with the tokenizing thread */
     struct io_uring ring;
     int ring_ok;
     int listen_fd, event_fd, signal_fd;
@@ -195,7 +203,7 @@ static uint32_t slot_of(const struct dserver *srv, const struct conn *c)
 static void arm_recv(struct dserver *srv, struct conn *c)
 {
     struct io_uring_sqe *sqe;
-    if (c->recv_armed || c->read_closed || c->gone ||
+    if (c->recv_armed || c->read_closed || c->gone || c->prepping ||
         c->out_bytes > srv->o.max_output_bytes / 4 || !(sqe = get_sqe(srv)))
         return;
     io_uring_prep_recv(sqe, c->fd, c->chunk, sizeof c->chunk, 0);
@@ -296,6 +304,9 @@ static void maybe_release(struct dserver *srv, struct conn *c)
     free(c->rbuf);
     c->rbuf = NULL;
     c->rlen = c->rcap = 0;
+    free(c->held);
+    c->held = NULL;
+    c->held_len = 0;
     c->in_use = 0;
     c->fd = -1;
     c->gen++;
@@ -333,7 +344,7 @@ static void conn_gone(struct dserver *srv, struct conn *c, const char *why)
 /* Done with a client that closed its side and has nothing more coming. */
 static void maybe_finish(struct dserver *srv, struct conn *c)
 {
-    if (!c->gone && c->read_closed && c->active == 0 && !c->head)
+    if (!c->gone && c->read_closed && c->active == 0 && !c->prepping && !c->head)
         conn_gone(srv, c, "closed");
 }
 
@@ -509,6 +520,7 @@ static void send_status(struct dserver *srv, struct conn *c, const char *tag)
         json_object_set_new(o, "engine_steps", json_integer((json_int_t)st.engine_steps)) ||
         json_object_set_new(o, "uptime_s", json_real(now_s() - srv->started)) ||
         json_object_set_new(o, "rings", json_integer(srv->rings)) ||
+        json_object_set_new(o, "tokenizing", json_integer(srv->prepping)) ||
         json_object_set_new(o, "shutting_down", json_boolean(srv->phase != RUNNING))) {
         json_decref(o);
         send_error(srv, c, 0, tag, "internal", "out of memory");
@@ -599,44 +611,26 @@ static void ring_fault(struct dserver *srv, struct conn *c, const char *why)
     maybe_finish(srv, c);
 }
 
-/* Hand one taken submission to the scheduler (or refuse it). */
-static void ring_job(struct dserver *srv, struct conn *c, struct dshm_job *job)
+static void prep_start(struct dserver *srv, struct conn *c, struct dproto_request *req,
+                       const struct dshm_job *job);
+
+/* Hand a ring's job, its request parsed and tokenized, to the scheduler
+ * (or refuse it).  req stays the caller's. */
+static void ring_submit(struct dserver *srv, struct conn *c, const struct dshm_job *job,
+                        struct dproto_request *req)
 {
     const uint64_t key = conn_key(srv, c) | RING_KEY_BIT;
-    struct dproto_request req;
-    struct dproto_error perr;
     struct dg_error err = {0};
     uint64_t id = 0;
     int rc;
 
-    if (job->op == DG_SHM_OP_CANCEL) {
-        const int slot = dshm_ring_find_user(c->ring, job->user_data);
-        /* (a job not in flight, or already done: nothing to do) */
-        if (slot >= 0) {
-            const uint64_t target = dshm_ring_id_of(c->ring, (uint32_t)slot);
-            if (target)
-                dsched_cancel(srv->sched, key, c->uid, target);
-        }
-        return;
-    }
-    if (job->error) {
-        ring_refuse(srv, c, job, job->error, job->message, 0);
-        return;
-    }
-    rc = dproto_parse_json(job->request, srv->pctx, &req, &perr);
-    json_decref(job->request);
-    job->request = NULL;
-    if (rc < 0) {
-        ring_refuse(srv, c, job, shm_status_of(perr.code), perr.message, 0);
-        return;
-    }
     if (srv->phase != RUNNING) {
         ring_refuse(srv, c, job, DG_SHM_ERR_SHUTTING_DOWN, "the daemon is shutting down",
-                    req.n_ids);
+                    req->n_ids);
     } else {
-        const size_t n_prompt = req.n_ids;
-        const uint64_t seed = req.settings.seed;
-        rc = dsched_submit(srv->sched, key, &req, c->uid, c->pid,
+        const size_t n_prompt = req->n_ids;
+        const uint64_t seed = req->settings.seed;
+        rc = dsched_submit(srv->sched, key, req, c->uid, c->pid,
                            job->batch ? DG_SOURCE_BATCH : DG_SOURCE_SHM, &id, &err);
         if (rc < 0) {
             ring_refuse(srv, c, job,
@@ -653,6 +647,41 @@ static void ring_job(struct dserver *srv, struct conn *c, struct dshm_job *job)
                  (unsigned long long)job->user_data, n_prompt);
         }
     }
+}
+
+/* Take one submission: a cancel, or a request parsed here and then handed
+ * to the scheduler, or to the tokenizing thread first (a long text). */
+static void ring_job(struct dserver *srv, struct conn *c, struct dshm_job *job)
+{
+    struct dproto_request req;
+    struct dproto_error perr;
+    int rc;
+
+    if (job->op == DG_SHM_OP_CANCEL) {
+        const int slot = dshm_ring_find_user(c->ring, job->user_data);
+        /* (a job not in flight, or already done: nothing to do) */
+        if (slot >= 0) {
+            const uint64_t target = dshm_ring_id_of(c->ring, (uint32_t)slot);
+            if (target)
+                dsched_cancel(srv->sched, conn_key(srv, c) | RING_KEY_BIT, c->uid, target);
+        }
+        return;
+    }
+    if (job->error) {
+        ring_refuse(srv, c, job, job->error, job->message, 0);
+        return;
+    }
+    rc = dproto_parse_json(job->request, &srv->pctx_defer, &req, &perr);
+    json_decref(job->request);
+    job->request = NULL;
+    if (rc < 0) {
+        ring_refuse(srv, c, job, shm_status_of(perr.code), perr.message, 0);
+        return;
+    }
+    if (req.text && srv->phase == RUNNING)
+        prep_start(srv, c, &req, job);
+    else
+        ring_submit(srv, c, job, &req);
     dproto_request_free(&req);
 }
 
@@ -673,6 +702,8 @@ static void ring_service(struct dserver *srv, struct conn *c)
     for (int n = 0;; n++) {
         struct dshm_job job;
         int rc;
+        if (c->prepping)
+            return; /* (prep_resume looks again) */
         if (n == RING_TAKE) {
             c->ring_again = 1;
             return;
@@ -889,18 +920,84 @@ static int rings_turn(struct dserver *srv, int stalled_too)
     return more;
 }
 
+/* Whether a generate request from the socket is refused before anything
+ * else is done for it (the daemon shutting down; the connection at
+ * client_max_requests): 1 with the error sent, else 0. */
+static int generate_refused(struct dserver *srv, struct conn *c,
+                            const struct dproto_request *req)
+{
+    const char *tag = req->has_tag ? req->tag : NULL;
+    const enum dg_metrics_source source = req->batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET;
+    if (srv->phase != RUNNING) {
+        record_refusal(srv, c, tag, source, req->n_ids, "shutting_down",
+                       "the daemon is shutting down");
+        send_error(srv, c, 0, tag, "shutting_down", "the daemon is shutting down");
+        return 1;
+    }
+    if (c->active >= srv->o.client_max_requests) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "this connection has %d requests in flight "
+                 "(client_max_requests)", c->active);
+        record_refusal(srv, c, tag, source, req->n_ids, "busy", msg);
+        send_error(srv, c, 0, tag, "busy", msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* Hand a socket's generate request, parsed and tokenized, to the scheduler
+ * and answer accepted (or refuse it).  req stays the caller's. */
+static void submit_generate(struct dserver *srv, struct conn *c, struct dproto_request *req)
+{
+    const char *tag = req->has_tag ? req->tag : NULL;
+    const size_t n_prompt = req->n_ids;
+    const struct dg_gen_settings settings = req->settings;
+    const enum dg_metrics_source source = req->batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET;
+    struct dg_error err = {0};
+    uint64_t id = 0;
+    size_t alen = 0;
+    int rc;
+
+    if (generate_refused(srv, c, req))
+        return;
+    rc = dsched_submit(srv->sched, conn_key(srv, c), req, c->uid, c->pid, source, &id, &err);
+    if (rc < 0) {
+        const char *code = rc == -DG_E_BUSY    ? "busy"
+                           : rc == -DG_E_INVAL ? "shutting_down"
+                                               : "internal";
+        record_refusal(srv, c, tag, source, n_prompt, code, err.msg);
+        send_error(srv, c, 0, tag, code, err.msg);
+        return;
+    }
+    c->active++;
+    dlog(DG_LOG_INFO, "req=%llu conn %u uid=%d pid=%d accepted: %zu prompt tokens, "
+         "max_tokens %lld, canvas %d, seed %llu", (unsigned long long)id, slot_of(srv, c),
+         (int)c->uid, (int)c->pid, n_prompt, (long long)settings.max_tokens,
+         settings.canvas_length, (unsigned long long)settings.seed);
+    {
+        char *acc = dproto_accepted(id, tag, n_prompt, &settings, &alen);
+        if (!acc) {
+            /* (a client never told the id must not get its events) */
+            dsched_cancel(srv->sched, conn_key(srv, c), c->uid, id);
+            send_error(srv, c, id, tag, "internal",
+                       "out of memory answering the request; it was cancelled");
+        } else {
+            write_line(srv, c, acc, alen, tag);
+        }
+    }
+}
+
 static void handle_line(struct dserver *srv, struct conn *c, const char *line, size_t len)
 {
     struct dproto_request req;
     struct dproto_error perr;
-    struct dg_error err = {0};
     const char *tag;
 
     if (len > 0 && line[len - 1] == '\r')
         len--;
     if (len == 0)
         return;
-    if (dproto_parse(line, len, srv->pctx, &req, &perr) < 0) {
+    if (dproto_parse(line, len, &srv->pctx_defer, &req, &perr) < 0) {
         if (perr.op == DPROTO_GENERATE)
             record_refusal(srv, c, perr.has_tag ? perr.tag : NULL, DG_SOURCE_SOCKET, 0,
                            perr.code, perr.message);
@@ -909,55 +1006,12 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
     }
     tag = req.has_tag ? req.tag : NULL;
     switch (req.op) {
-    case DPROTO_GENERATE: {
-        const size_t n_prompt = req.n_ids;
-        const struct dg_gen_settings settings = req.settings;
-        uint64_t id = 0;
-        size_t alen = 0;
-        int rc;
-        const enum dg_metrics_source source = req.batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET;
-        if (srv->phase != RUNNING) {
-            record_refusal(srv, c, tag, source, n_prompt, "shutting_down",
-                           "the daemon is shutting down");
-            send_error(srv, c, 0, tag, "shutting_down", "the daemon is shutting down");
-            break;
-        }
-        if (c->active >= srv->o.client_max_requests) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "this connection has %d requests in flight "
-                     "(client_max_requests)", c->active);
-            record_refusal(srv, c, tag, source, n_prompt, "busy", msg);
-            send_error(srv, c, 0, tag, "busy", msg);
-            break;
-        }
-        rc = dsched_submit(srv->sched, conn_key(srv, c), &req, c->uid, c->pid, source, &id,
-                           &err);
-        if (rc < 0) {
-            const char *code = rc == -DG_E_BUSY    ? "busy"
-                               : rc == -DG_E_INVAL ? "shutting_down"
-                                                   : "internal";
-            record_refusal(srv, c, tag, source, n_prompt, code, err.msg);
-            send_error(srv, c, 0, tag, code, err.msg);
-            break;
-        }
-        c->active++;
-        dlog(DG_LOG_INFO, "req=%llu conn %u uid=%d pid=%d accepted: %zu prompt tokens, "
-             "max_tokens %lld, canvas %d, seed %llu", (unsigned long long)id, slot_of(srv, c),
-             (int)c->uid, (int)c->pid, n_prompt, (long long)settings.max_tokens,
-             settings.canvas_length, (unsigned long long)settings.seed);
-        {
-            char *acc = dproto_accepted(id, tag, n_prompt, &settings, &alen);
-            if (!acc) {
-                /* (a client never told the id must not get its events) */
-                dsched_cancel(srv->sched, conn_key(srv, c), c->uid, id);
-                send_error(srv, c, id, tag, "internal",
-                           "out of memory answering the request; it was cancelled");
-            } else {
-                write_line(srv, c, acc, alen, tag);
-            }
-        }
+    case DPROTO_GENERATE:
+        if (!req.text)
+            submit_generate(srv, c, &req);
+        else if (!generate_refused(srv, c, &req))
+            prep_start(srv, c, &req, NULL); /* (submit_generate when it is back) */
         break;
-    }
     case DPROTO_CANCEL:
         if (dsched_cancel(srv->sched, conn_key(srv, c), c->uid, req.target) < 0) {
             char msg[128];
@@ -987,12 +1041,31 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
     dproto_request_free(&req);
 }
 
-/* Frame the input into lines and handle each. */
+/* Keep input that arrives, or was left over, while the connection waits
+ * for the tokenizing thread (after what is held already). */
+static void hold(struct dserver *srv, struct conn *c, const char *p, size_t n)
+{
+    char *b = realloc(c->held, c->held_len + n);
+    if (!b) {
+        oom_gone(srv, c, "out of memory for its input");
+        return;
+    }
+    memcpy(b + c->held_len, p, n);
+    c->held = b;
+    c->held_len += n;
+}
+
+/* Frame the input into lines and handle each; once a line goes to the
+ * tokenizing thread, the rest is held for prep_resume. */
 static void consume(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
     while (n > 0 && !c->gone) {
         const char *nl = memchr(p, '\n', n);
         const size_t upto = nl ? (size_t)(nl - p) : n;
+        if (c->prepping) {
+            hold(srv, c, p, n);
+            return;
+        }
         if (c->discarding) {
             if (nl)
                 c->discarding = 0;
@@ -1026,6 +1099,105 @@ static void consume(struct dserver *srv, struct conn *c, const char *p, size_t n
         }
         p += upto + (nl ? 1 : 0);
         n -= upto + (nl ? 1 : 0);
+    }
+}
+
+/* ---- the tokenizing thread's requests ----------------------------------------------- */
+
+/* Hand req to the tokenizing thread (it is taken: *req is left empty),
+ * for the socket's line or, with job, the ring's job.  The connection's
+ * input and ring wait until it is back (drain_prep). */
+static void prep_start(struct dserver *srv, struct conn *c, struct dproto_request *req,
+                       const struct dshm_job *job)
+{
+    struct dprep_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        static const char msg[] = "out of memory for the request";
+        if (job) {
+            ring_refuse(srv, c, job, DG_SHM_ERR_INTERNAL, msg, 0);
+        } else {
+            const char *tag = req->has_tag ? req->tag : NULL;
+            record_refusal(srv, c, tag, req->batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET, 0,
+                           "internal", msg);
+            send_error(srv, c, 0, tag, "internal", msg);
+        }
+        return;
+    }
+    j->slot = slot_of(srv, c);
+    j->gen = c->gen;
+    if (job) {
+        j->ring = 1;
+        j->ring_slot = job->slot;
+        j->user_data = job->user_data;
+        j->batch = job->batch;
+    }
+    j->req = *req;
+    memset(req, 0, sizeof *req);
+    if (job)
+        dlog(DG_LOG_DEBUG, "conn %u: ring job %llu: a long text, to the tokenizing thread",
+             slot_of(srv, c), (unsigned long long)job->user_data);
+    else
+        dlog(DG_LOG_DEBUG, "conn %u: a long text, to the tokenizing thread", slot_of(srv, c));
+    c->prepping = 1;
+    c->pending++; /* (the slot stays this connection's until the job is back) */
+    srv->prepping++;
+    dprep_submit(srv->prep, j);
+}
+
+/* The connection's request is back: frame the input held meanwhile (which
+ * may pause it again), then read on and look at its ring. */
+static void prep_resume(struct dserver *srv, struct conn *c)
+{
+    char *held = c->held;
+    const size_t n = c->held_len;
+    c->held = NULL;
+    c->held_len = 0;
+    if (held)
+        consume(srv, c, held, n);
+    free(held);
+    if (c->gone || c->prepping)
+        return;
+    arm_recv(srv, c);
+    if (c->ring)
+        c->ring_again = 1;
+    maybe_finish(srv, c);
+}
+
+/* Requests back from the tokenizing thread: each admitted or refused as it
+ * would have been at once, then its connection resumed. */
+static void drain_prep(struct dserver *srv)
+{
+    struct dprep_job *j;
+    while ((j = dprep_take(srv->prep)) != NULL) {
+        struct conn *c = &srv->conns[j->slot];
+        srv->prepping--;
+        c->pending--;
+        c->prepping = 0;
+        if (!c->gone) {
+            const struct dproto_error *e = &j->perr;
+            if (j->ring) {
+                struct dshm_job rj;
+                memset(&rj, 0, sizeof rj);
+                rj.slot = j->ring_slot;
+                rj.user_data = j->user_data;
+                rj.batch = j->batch;
+                if (j->rc < 0)
+                    ring_refuse(srv, c, &rj, shm_status_of(e->code), e->message, 0);
+                else
+                    ring_submit(srv, c, &rj, &j->req);
+            } else if (j->rc < 0) {
+                record_refusal(srv, c, e->has_tag ? e->tag : NULL,
+                               j->req.batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET, 0, e->code,
+                               e->message);
+                send_error(srv, c, 0, e->has_tag ? e->tag : NULL, e->code, e->message);
+            } else {
+                submit_generate(srv, c, &j->req);
+            }
+            prep_resume(srv, c);
+        }
+        dproto_request_free(&j->req);
+        free(j);
+        maybe_release(srv, c);
     }
 }
 
@@ -1100,6 +1272,7 @@ static void on_accept(struct dserver *srv, int res)
     c->recv_armed = c->send_armed = c->poll_armed = 0;
     c->read_closed = c->gone = c->discarding = 0;
     c->rlen = 0;
+    c->prepping = 0;
     c->head = c->tail = NULL;
     c->out_bytes = 0;
     c->active = 0;
@@ -1283,7 +1456,8 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
         int rc;
 
         if (srv->phase == DRAINING || srv->phase == CANCELLING) {
-            if (dsched_idle(srv->sched)) {
+            /* (a request with the tokenizing thread is still to be answered) */
+            if (dsched_idle(srv->sched) && srv->prepping == 0) {
                 srv->phase = FLUSHING;
                 srv->deadline = now_s() + 2.0;
             }
@@ -1305,6 +1479,7 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
                 break;
             case OP_EVENT:
                 drain_outbox(srv);
+                drain_prep(srv);
                 arm_event(srv);
                 rings_turn(srv, 1); /* requests ended: room for waiting ring jobs */
                 break;
@@ -1481,6 +1656,8 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
     srv->o = *o;
     srv->sched = s;
     srv->pctx = pctx;
+    srv->pctx_defer = *pctx;
+    srv->pctx_defer.defer_text_bytes = PREP_TEXT_BYTES;
     srv->event_fd = event_fd;
     srv->listen_fd = srv->signal_fd = -1;
     srv->started = now_s();
@@ -1526,6 +1703,10 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
         return rc;
     }
     srv->listen_fd = rc;
+    if ((rc = dprep_create(pctx, event_fd, &srv->prep, err)) < 0) {
+        dserver_destroy(srv);
+        return rc;
+    }
     *out = srv;
     return 0;
 }
@@ -1534,12 +1715,14 @@ void dserver_destroy(struct dserver *srv)
 {
     if (!srv)
         return;
+    dprep_destroy(srv->prep); /* (before the connections: its jobs name them) */
     for (int i = 0; srv->conns && i < srv->o.max_connections; i++) {
         struct conn *c = &srv->conns[i];
         if (c->in_use) {
             close(c->fd);
             free_output(c);
             free(c->rbuf);
+            free(c->held);
             dshm_ring_destroy(c->ring);
         }
     }

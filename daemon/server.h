@@ -15,7 +15,11 @@
  *   client_max_requests requests in flight: a generate past it is refused
  *   as busy; a ring's jobs past it wait in the ring.  Input is framed
  *   by newlines; a line longer than max_line_bytes gets a too_large error
- *   and is skipped up to its newline.  Output is a queue of blocks, sent one
+ *   and is skipped up to its newline.  A generate whose prompt or chat has
+ *   4 KiB of text or more goes to the tokenizing thread (prep.h); the
+ *   connection's input and ring wait until it is back, so its replies keep
+ *   the order of its lines, and other connections are served meanwhile.
+ *   Output is a queue of blocks, sent one
  *   send at a time; while more than max_output_bytes / 4 is unsent the
  *   connection is not read (backpressure), and beyond max_output_bytes the
  *   client is too slow: its requests are cancelled and it is dropped.  A

@@ -8,7 +8,10 @@
  * unchanged, the daemon stays up and answers; a client killed with jobs in
  * flight: the daemon cancels them, releases the ring (status "rings" back
  * to 0) and holds no more descriptors than before; a job cancelled through
- * the ring ends cancelled; a second shm_attach on
+ * the ring ends cancelled; jobs with prompts long enough for the
+ * tokenizing thread (3 MB: status shows it being tokenized, then
+ * too_large; 6 KB: the socket's output) and a short one behind them all
+ * complete; a second shm_attach on
  * one connection and an attach with rings turned off are refused.
  */
 #include <dirent.h>
@@ -483,6 +486,66 @@ static int ring_cancel(void)
     return 0;
 }
 
+/* Jobs whose prompts go to the tokenizing thread, with a short one behind
+ * them in the same ring: a 3 MB prompt (while it is tokenized, another
+ * connection's status says so; then too_large), a 6 KB one (the same
+ * output as the same request over the socket), and the short one. */
+static int ring_long_prompt(void)
+{
+    enum { BIG = 3 << 20 };
+    dgemma_t *c = open_conn(), *s = open_conn();
+    dgemma_ring_t *ring = NULL;
+    dgemma_ring_opts_t opts = {16, 16, (size_t)4 << 20, 0};
+    dgemma_request_t *big, *mid, *small = job_request(3);
+    struct out ref;
+    char *text = malloc(BIG + 1);
+    int done = 0, seen = 0;
+
+    CHECK(c && s && small && text);
+    for (int i = 0; i < BIG; i++)
+        text[i] = "abcdefgh "[(i * 7 + i / 9) % 9];
+    text[BIG] = '\0';
+    big = dgemma_request_text(text);
+    text[6000] = '\0';
+    mid = dgemma_request_text(text);
+    free(text);
+    CHECK(big && mid && dgemma_request_set_int(mid, "seed", 5) == 0 &&
+          dgemma_request_set_int(mid, "max_tokens", 3) == 0);
+    CHECK(socket_run(s, mid, &ref) == 0);
+    CHECKF(dgemma_ring_attach(c, &opts, &ring) == 0, "%s", dgemma_errmsg(c));
+    CHECK(dgemma_ring_submit(ring, big, 1) == 0 && dgemma_ring_submit(ring, mid, 2) == 0 &&
+          dgemma_ring_submit(ring, small, 4) == 0 && dgemma_ring_kick(ring) == 0);
+    dgemma_request_free(big);
+    dgemma_request_free(mid);
+    dgemma_request_free(small);
+    for (int tries = 0; !seen && tries < 60000; tries++)
+        if (!(seen = status_int("tokenizing") == 1))
+            usleep(1000);
+    CHECKF(seen, "no status showed the ring's prompt being tokenized");
+    while (done != 7) {
+        dgemma_completion_t d;
+        int rc;
+        CHECK(dgemma_ring_wait(ring, WAIT_MS) == 0);
+        while ((rc = dgemma_ring_reap(ring, &d)) == 0) {
+            const int u = (int)d.user_data;
+            CHECK(u == 1 || u == 2 || u == 4);
+            CHECKF(u == 1 ? d.code && !strcmp(d.code, "too_large") : d.code == NULL,
+                   "job %d: %s %s", u, d.code ? d.code : "(none)", d.message ? d.message : "");
+            if (u == 2)
+                CHECKF(d.text_len == ref.text_len && !memcmp(d.text, ref.text, d.text_len) &&
+                       d.n_ids == ref.n_ids && !strcmp(d.finish_reason, ref.finish),
+                       "the 6 KB job's output differs from the socket's");
+            done |= u;
+        }
+        CHECK(rc == DGEMMA_E_AGAIN);
+    }
+    CHECK(status_int("tokenizing") == 0);
+    dgemma_ring_detach(ring);
+    dgemma_close(c);
+    dgemma_close(s);
+    return 0;
+}
+
 static int refusals(void)
 {
     dgemma_t *c = open_conn();
@@ -520,6 +583,7 @@ int main(void)
     TEST_CASE(hostile_client);
     TEST_CASE(killed_client);
     TEST_CASE(ring_cancel);
+    TEST_CASE(ring_long_prompt);
     TEST_CASE(refusals);
     if (daemon_pid > 0) {
         kill(daemon_pid, SIGKILL);

@@ -3,7 +3,8 @@
  * Request lines: the three prompt forms, settings at the top level applied
  * over the defaults, a seed drawn when none is given, tags; and every kind
  * of bad line mapped to its stable error code, with the tag echoed when it
- * was readable.  Event lines: accepted, canvas, done (streamed and whole,
+ * was readable; long texts left for dproto_tokenize, which gives the same
+ * ids.  Event lines: accepted, canvas, done (streamed and whole,
  * stop id, error) and error read back as the JSON they claim to be, with
  * invalid UTF-8 in generated text replaced, never passed through.
  */
@@ -87,6 +88,59 @@ static int good_requests(void)
         dproto_request_free(&a);
         dproto_request_free(&b);
     }
+    return 0;
+}
+
+/* Texts at and past ctx.defer_text_bytes are left for dproto_tokenize,
+ * which gives the ids the parse itself gives (prompts and chats); its
+ * errors carry the request's tag; a request freed untokenized leaks
+ * nothing (the AddressSanitizer build checks). */
+static int deferred_tokenize(void)
+{
+    static const char *const lines[] = {
+        "{\"v\":1,\"op\":\"generate\",\"tag\":\"p\",\"prompt\":\"the cat sat on\"}",
+        "{\"v\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"hi "
+        "there\"},{\"role\":\"assistant\",\"content\":\"yes\"}],\"enable_thinking\":true}",
+    };
+    struct dproto_request a, b;
+    struct dproto_error e;
+
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        CHECK(parse(lines[i], &a, &e) == 0 && a.ids && !a.text);
+        ctx.defer_text_bytes = 8;
+        CHECK(parse(lines[i], &b, &e) == 0);
+        ctx.defer_text_bytes = 0;
+        CHECK(b.text && !b.ids && b.n_ids == 0);
+        CHECK(dproto_tokenize(&ctx, &b, &e) == 0 && !b.text);
+        CHECKF(b.n_ids == a.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids),
+               "line %zu: %zu ids deferred, %zu in the parse", i, b.n_ids, a.n_ids);
+        CHECK(dproto_tokenize(&ctx, &b, &e) == 0 && b.n_ids == a.n_ids); /* (nothing left) */
+        dproto_request_free(&a);
+        dproto_request_free(&b);
+    }
+    /* below the threshold: tokenized by the parse */
+    ctx.defer_text_bytes = 100;
+    CHECK(parse(lines[0], &b, &e) == 0 && !b.text && b.n_ids > 0);
+    dproto_request_free(&b);
+    /* too many tokens, found by dproto_tokenize; the tag kept */
+    {
+        char line[400];
+        char words[301];
+        memset(words, 'x', 300);
+        words[300] = '\0';
+        snprintf(line, sizeof line, "{\"v\":1,\"op\":\"generate\",\"tag\":\"big\","
+                 "\"prompt\":\"%s\"}", words);
+        CHECK(parse(line, &b, &e) == 0 && b.text);
+        CHECK(dproto_tokenize(&ctx, &b, &e) == -1 && !strcmp(e.code, "too_large"));
+        CHECK(e.has_tag && !strcmp(e.tag, "big") && e.op == DPROTO_GENERATE);
+        CHECK(!b.ids && !b.text);
+        dproto_request_free(&b);
+        /* freed untokenized */
+        CHECK(parse(line, &b, &e) == 0 && b.text);
+        dproto_request_free(&b);
+        CHECK(!b.text);
+    }
+    ctx.defer_text_bytes = 0;
     return 0;
 }
 
@@ -289,6 +343,7 @@ int main(void)
 {
     TEST_CASE(setup);
     TEST_CASE(good_requests);
+    TEST_CASE(deferred_tokenize);
     TEST_CASE(bad_requests);
     TEST_CASE(events);
     TEST_CASE(plain_done_error);
