@@ -128,8 +128,13 @@ extern "C" int dg_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, int dev
     DG_CUDA_CHECK(cudaSetDevice(dev));
     DG_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 out:
-    if (old >= 0 && old != dev)
-        cudaSetDevice(old);
+    if (old >= 0 && old != dev) {
+        /* the caller's GPU back (a failure here is reported unless one came first) */
+        const cudaError_t e = cudaSetDevice(old);
+        if (e != cudaSuccess && rc == 0)
+            rc = dg_error_set(err, DG_E_CUDA, "GPU %d: setting GPU %d current again: %s (%s)",
+                              dev, old, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
     return rc;
 }
 

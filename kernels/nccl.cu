@@ -106,9 +106,13 @@ static int stage(struct dg_nccl *c, size_t bytes, struct dg_error *err)
     int rc = 0, dev = c->dev;
     if (bytes <= c->stage_bytes)
         return 0;
-    cudaFree(c->stage);
-    c->stage = NULL;
-    c->stage_bytes = 0;
+    {
+        /* (the smaller stage goes first: a failure to free it is reported) */
+        void *old = c->stage;
+        c->stage = NULL;
+        c->stage_bytes = 0;
+        DG_CUDA_CHECK(cudaFree(old));
+    }
     DG_CUDA_CHECK(cudaMalloc(&c->stage, bytes));
     c->stage_bytes = bytes;
 out:
