@@ -6,7 +6,9 @@
  * slice of the experts (picks outside it contribute nothing), every pick on
  * one expert, no pick in the slice (zeros), and the model's shapes (top-8
  * of 128, H 2816, I 704) where the bf16 products take the grouped GEMM of
- * moe-gemm.cu, with a group longer than its 128-row pass.  Every shape with bf16
+ * moe-gemm.cu, with a group longer than its 128-row pass, and rows of
+ * H 100 and 70 (not a multiple of 16 bytes: the gather that copies
+ * element by element).  Every shape with bf16
  * elements (dg_cuda_moe), then with fp32 ones (dg_cuda_moe_e: fp32 tokens,
  * weights and intermediates; the reference reading fp32 weights).  Output
  * poisoned before, guard words after; bound ||out - ref|| / ||ref|| <=
@@ -182,6 +184,10 @@ static int moe(void)
          * grouped GEMM of moe-gemm.cu), and a group past one pass */
         {"64 tokens, top-8 of 128, all, H 2816, I 704", 64, 2816, 704, 128, 8, 0, 128, 0},
         {"150 tokens, every pick on expert 0 of 2, H 256, I 64", 150, 256, 64, 2, 1, 0, 2, 1},
+        /* rows that are not a multiple of 16 bytes: the element-wise gather
+         * (H 100 in bf16, H 70 in both) */
+        {"21 tokens, top-2 of 8, all, H 100, I 48", 21, 100, 48, 8, 2, 0, 8, 0},
+        {"13 tokens, top-2 of 4, all, H 70, I 40", 13, 70, 40, 4, 2, 0, 4, 0},
     };
     struct dg_blas *blas = NULL;
     struct dg_error err = {0};
