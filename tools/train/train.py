@@ -781,18 +781,38 @@ def evaluate(args):
           (total, len(probs), total / max(1, len(probs)), time.time() - t0), flush=True)
 
 
+def joined_logs(paths):
+    """The rows of several logs, in order, and each row's step over all of
+    them: a log whose steps start again (a call that began from the last
+    one's weights with --init) continues from the last step before it; a
+    resumed call's steps already do.  Also the steps where such a log
+    begins."""
+    rows, steps, starts, last = [], [], [], 0
+    for path in paths:
+        part = list(csv.DictReader(open(path)))
+        offset = last if part and int(part[0]["step"]) <= last else 0
+        if offset:
+            starts.append(offset)
+        for r in part:
+            rows.append(r)
+            steps.append(int(r["step"]) + offset)
+        if steps:
+            last = steps[-1]
+    return rows, steps, starts
+
+
 def plot(args):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    # (several logs, comma-separated: the calls of one resumed run, whose
-    # steps continue from call to call)
-    rows = [r for path in args.log.split(",") for r in csv.DictReader(open(path))]
-    step = [int(r["step"]) for r in rows]
+    # (several logs, comma-separated: the calls of one run)
+    rows, step, starts = joined_logs(args.log.split(","))
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, label in (("canvas_loss", "canvas cross-entropy"),
                        ("encoder_loss", "encoder causal-LM cross-entropy")):
         ax.plot(step, [float(r[key]) for r in rows], label=label)
+    for x in starts:
+        ax.axvline(x, color="gray", linestyle="--", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per token)")
