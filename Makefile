@@ -308,7 +308,7 @@ test: all $(UNIT_BIN) $(INTEG_BIN)
 # The same suite built with ASan + UBSan, plus every fuzz target for
 # FUZZ_SMOKE_SECONDS, in one runner call.
 ASAN_BUILD := build-asan
-FUZZ_SMOKE_SECONDS ?= 7
+FUZZ_SMOKE_SECONDS ?= 5
 test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE=address,undefined \
 	    CFLAGS="-O1 -g" CUDA=0 asan-suite

@@ -1,6 +1,6 @@
 /*
  * Description: the shared-memory ring against the real dgemmad (from
- * $BUILD/bin) on the embedded default model.  2000 small jobs (600 under
+ * $BUILD/bin) on the embedded default model.  2000 small jobs (250 under
  * AddressSanitizer) through libdgemma's ring give, each, the same output
  * as the same request over the socket; a hostile client that writes random bytes into every field
  * of its ring (header, indexes, entries, arenas) and rings its doorbell
@@ -259,10 +259,10 @@ static void raw_bell(struct raw *w)
 /* Thousands of jobs through the ring: the socket's outputs, exactly. */
 static int ring_equals_socket(void)
 {
-    /* (2000 jobs; 600 in the AddressSanitizer build, where the engine is
+    /* (2000 jobs; 250 in the AddressSanitizer build, where the engine is
      * about 8 times slower) */
 #if defined(__SANITIZE_ADDRESS__)
-    enum { N = 600 };
+    enum { N = 250 };
 #else
     enum { N = 2000 };
 #endif
