@@ -167,33 +167,41 @@ int fixture_cl_send(struct fixture_cl *c, const char *s)
 }
 
 
-json_t *fixture_cl_event(struct fixture_cl *c, int *eof)
+int fixture_cl_read(struct fixture_cl *c, json_t **out, int wait_ms)
 {
     const double t0 = fixture_now_ms();
-    *eof = 0;
+    *out = NULL;
     for (;;) {
         char *nl = memchr(c->buf, '\n', c->len);
         struct pollfd p = {c->fd, POLLIN, 0};
         ssize_t got;
         if (nl) {
-            json_t *j;
             *nl = '\0';
-            j = json_loads(c->buf, 0, NULL);
-            memmove(c->buf, nl + 1, c->len - (size_t)(nl - c->buf) - 1);
+            *out = json_loads(c->buf, 0, NULL);
+            if (!*out)
+                printf("# not JSON: %.300s\n", c->buf);
             c->len -= (size_t)(nl - c->buf) + 1;
-            return j;
+            memmove(c->buf, nl + 1, c->len);
+            return *out ? FIXTURE_EV_OK : FIXTURE_EV_BAD;
         }
-        if (fixture_now_ms() - t0 > FIXTURE_WAIT_MS || poll(&p, 1, 100) < 0)
-            return NULL;
-        if (!(p.revents & (POLLIN | POLLHUP)))
+        if (c->len == sizeof c->buf)
+            return FIXTURE_EV_BAD;
+        if (fixture_now_ms() - t0 > wait_ms)
+            return FIXTURE_EV_TIMEOUT;
+        if (poll(&p, 1, 100) <= 0)
             continue;
         got = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
-        if (got <= 0) {
-            *eof = 1;
-            return NULL;
-        }
+        if (got <= 0)
+            return FIXTURE_EV_EOF;
         c->len += (size_t)got;
     }
+}
+
+json_t *fixture_cl_event(struct fixture_cl *c, int *eof)
+{
+    json_t *e;
+    *eof = fixture_cl_read(c, &e, FIXTURE_WAIT_MS) == FIXTURE_EV_EOF;
+    return e;
 }
 
 const char *fixture_ev_kind(const json_t *e)

@@ -55,8 +55,17 @@ struct fixture_cl *fixture_cl_open(const char *sock);
 void fixture_cl_close(struct fixture_cl *c);
 int fixture_cl_send(struct fixture_cl *c, const char *s);
 
-/* The next event line as JSON, or NULL after FIXTURE_WAIT_MS or at the end
- * of the stream (*eof set). */
+/* What fixture_cl_read found. */
+enum { FIXTURE_EV_OK = 0, FIXTURE_EV_EOF, FIXTURE_EV_TIMEOUT, FIXTURE_EV_BAD };
+
+/* The next event line into *out (NULL unless FIXTURE_EV_OK): FIXTURE_EV_EOF
+ * when the daemon closed the connection, FIXTURE_EV_TIMEOUT after wait_ms
+ * without a whole line, FIXTURE_EV_BAD for a line that is not JSON (printed
+ * as a comment) or one longer than the client's buffer. */
+int fixture_cl_read(struct fixture_cl *c, json_t **out, int wait_ms);
+
+/* The next event line as JSON, or NULL after FIXTURE_WAIT_MS, for a line
+ * that is not JSON, or at the end of the stream (*eof set). */
 json_t *fixture_cl_event(struct fixture_cl *c, int *eof);
 
 /* An event's "event" ("" when it has none), and an integer member (0 when

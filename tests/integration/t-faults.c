@@ -134,40 +134,9 @@ static void reap(void)
 #define cl_close fixture_cl_close
 #define cl_send fixture_cl_send
 
-enum { EV_OK = 0, EV_EOF, EV_TIMEOUT, EV_BAD };
-
-/* The next event into *out (NULL unless EV_OK); EV_EOF when the daemon
- * closed the connection, EV_TIMEOUT after wait_ms without a whole line,
- * EV_BAD for a line that is not JSON. */
-static int cl_event(struct fixture_cl *c, json_t **out, int wait_ms)
-{
-    const double t0 = fixture_now_ms();
-    *out = NULL;
-    for (;;) {
-        char *nl = memchr(c->buf, '\n', c->len);
-        struct pollfd p = {c->fd, POLLIN, 0};
-        ssize_t got;
-        if (nl) {
-            *nl = '\0';
-            *out = json_loads(c->buf, 0, NULL);
-            if (!*out)
-                printf("# not JSON: %.300s\n", c->buf);
-            c->len -= (size_t)(nl - c->buf) + 1;
-            memmove(c->buf, nl + 1, c->len);
-            return *out ? EV_OK : EV_BAD;
-        }
-        if (c->len == sizeof c->buf)
-            return EV_BAD;
-        if (fixture_now_ms() - t0 > wait_ms)
-            return EV_TIMEOUT;
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        got = recv(c->fd, c->buf + c->len, sizeof c->buf - c->len, 0);
-        if (got <= 0)
-            return EV_EOF;
-        c->len += (size_t)got;
-    }
-}
+#define cl_event fixture_cl_read
+enum { EV_OK = FIXTURE_EV_OK, EV_EOF = FIXTURE_EV_EOF, EV_TIMEOUT = FIXTURE_EV_TIMEOUT,
+       EV_BAD = FIXTURE_EV_BAD };
 
 static const char *ev_str(const json_t *e, const char *key)
 {
