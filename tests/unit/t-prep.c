@@ -16,17 +16,13 @@
 #include <unistd.h>
 
 #include "daemon/prep.h"
-#include "lib/tokenizer-synth.h"
 #include "tests/harness.h"
+#include "tests/unit/proto-ctx.h"
 
 #define N_JOBS 200
 
-static struct dg_model_config cfg;
-static struct dg_generation_config gen;
-static struct dg_gen_settings defaults;
-static struct dg_gen_limits limits;
-static struct dg_tokenizer *tok;
-static struct dproto_ctx ctx, ctx_defer;
+static struct test_proto P;
+static struct dproto_ctx ctx_defer;
 static uint64_t rng = 0x2545f4914f6cdd1dull; /* (xorshift: the inputs' lengths and words) */
 
 static uint64_t rnd(void)
@@ -39,21 +35,9 @@ static uint64_t rnd(void)
 
 static int setup(void)
 {
-    struct dg_error err = {0};
-    char path[600];
-    CHECK(dg_model_config_preset("small", &cfg, NULL) == 0);
-    dg_generation_config_defaults(&gen);
-    dg_gen_limits_default(&limits);
-    dg_gen_settings_defaults(&defaults, &cfg, &gen);
-    CHECK_OK(dg_tokenizer_synth_write(test_tmpdir(), cfg.vocab_size, &err), &err);
-    snprintf(path, sizeof path, "%s/tokenizer.json", test_tmpdir());
-    CHECK_OK(dg_tokenizer_load(path, NULL, &tok, &err), &err);
-    ctx.cfg = &cfg;
-    ctx.defaults = &defaults;
-    ctx.limits = &limits;
-    ctx.tok = tok;
-    ctx.max_prompt_tokens = 3000;
-    ctx_defer = ctx;
+    if (test_proto_setup(&P, 3000))
+        return 1;
+    ctx_defer = P.ctx;
     ctx_defer.defer_text_bytes = 1;
     return 0;
 }
@@ -109,7 +93,7 @@ static int jobs_round_trip(void)
     int next = 0, back = 0, too_long = 0;
 
     CHECK(fd >= 0);
-    CHECK_OK(dprep_create(&ctx, fd, &p, &err), &err);
+    CHECK_OK(dprep_create(&P.ctx, fd, &p, &err), &err);
     while (back < N_JOBS) {
         /* a burst of 1 to 20 */
         const int burst = 1 + (int)(rnd() % 20);
@@ -119,7 +103,7 @@ static int jobs_round_trip(void)
             struct dproto_error e;
             CHECK(line && j);
             /* what the parse itself gives, then the deferred parse */
-            want_rc[next] = dproto_parse(line, strlen(line), &ctx, &want[next], &e);
+            want_rc[next] = dproto_parse(line, strlen(line), &P.ctx, &want[next], &e);
             want_code[next] = want_rc[next] < 0 ? e.code : NULL;
             too_long += want_rc[next] < 0;
             CHECK(dproto_parse(line, strlen(line), &ctx_defer, &j->req, &e) == 0);
@@ -158,7 +142,7 @@ static int destroy_with_jobs(void)
     struct dprep *p = NULL;
     const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     CHECK(fd >= 0);
-    CHECK_OK(dprep_create(&ctx, fd, &p, &err), &err);
+    CHECK_OK(dprep_create(&P.ctx, fd, &p, &err), &err);
     for (int k = 0; k < 30; k++) {
         char *line = line_of(k);
         struct dprep_job *j = calloc(1, sizeof *j);
@@ -179,6 +163,6 @@ int main(void)
     TEST_CASE(setup);
     TEST_CASE(jobs_round_trip);
     TEST_CASE(destroy_with_jobs);
-    dg_tokenizer_free(tok);
+    dg_tokenizer_free(P.tok);
     return test_finish();
 }

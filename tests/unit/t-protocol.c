@@ -11,38 +11,19 @@
 #include <string.h>
 
 #include "daemon/protocol.h"
-#include "lib/tokenizer-synth.h"
 #include "tests/harness.h"
+#include "tests/unit/proto-ctx.h"
 
-static struct dg_model_config cfg;
-static struct dg_generation_config gen;
-static struct dg_gen_settings defaults;
-static struct dg_gen_limits limits;
-static struct dg_tokenizer *tok;
-static struct dproto_ctx ctx;
+static struct test_proto P;
 
 static int setup(void)
 {
-    struct dg_error err = {0};
-    char path[600];
-    CHECK(dg_model_config_preset("small", &cfg, NULL) == 0);
-    dg_generation_config_defaults(&gen);
-    dg_gen_limits_default(&limits);
-    dg_gen_settings_defaults(&defaults, &cfg, &gen);
-    CHECK_OK(dg_tokenizer_synth_write(test_tmpdir(), cfg.vocab_size, &err), &err);
-    snprintf(path, sizeof path, "%s/tokenizer.json", test_tmpdir());
-    CHECK_OK(dg_tokenizer_load(path, NULL, &tok, &err), &err);
-    ctx.cfg = &cfg;
-    ctx.defaults = &defaults;
-    ctx.limits = &limits;
-    ctx.tok = tok;
-    ctx.max_prompt_tokens = 100;
-    return 0;
+    return test_proto_setup(&P, 100);
 }
 
 static int parse(const char *line, struct dproto_request *r, struct dproto_error *e)
 {
-    return dproto_parse(line, strlen(line), &ctx, r, e);
+    return dproto_parse(line, strlen(line), &P.ctx, r, e);
 }
 
 static int good_requests(void)
@@ -50,12 +31,12 @@ static int good_requests(void)
     struct dproto_request r;
     struct dproto_error e;
 
-    CHECK(tok);
+    CHECK(P.tok);
     CHECK(parse("{\"v\":1,\"op\":\"generate\",\"prompt\":\"the cat\",\"tag\":\"t1\"}", &r, &e) == 0);
     CHECK(r.op == DPROTO_GENERATE && r.prompt_kind == DPROTO_PROMPT_TEXT && r.stream == 1);
     CHECK(r.has_tag && !strcmp(r.tag, "t1"));
     CHECK(r.n_ids >= 2 && r.ids[0] == 2); /* <bos> first */
-    CHECK(r.settings.seed_set && r.settings.max_tokens == defaults.max_tokens);
+    CHECK(r.settings.seed_set && r.settings.max_tokens == P.defaults.max_tokens);
     dproto_request_free(&r);
 
     CHECK(parse("{\"v\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
@@ -107,19 +88,19 @@ static int deferred_tokenize(void)
 
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         CHECK(parse(lines[i], &a, &e) == 0 && a.ids && !a.text);
-        ctx.defer_text_bytes = 8;
+        P.ctx.defer_text_bytes = 8;
         CHECK(parse(lines[i], &b, &e) == 0);
-        ctx.defer_text_bytes = 0;
+        P.ctx.defer_text_bytes = 0;
         CHECK(b.text && !b.ids && b.n_ids == 0);
-        CHECK(dproto_tokenize(&ctx, &b, &e) == 0 && !b.text);
+        CHECK(dproto_tokenize(&P.ctx, &b, &e) == 0 && !b.text);
         CHECKF(b.n_ids == a.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids),
                "line %zu: %zu ids deferred, %zu in the parse", i, b.n_ids, a.n_ids);
-        CHECK(dproto_tokenize(&ctx, &b, &e) == 0 && b.n_ids == a.n_ids); /* (nothing left) */
+        CHECK(dproto_tokenize(&P.ctx, &b, &e) == 0 && b.n_ids == a.n_ids); /* (nothing left) */
         dproto_request_free(&a);
         dproto_request_free(&b);
     }
     /* below the threshold: tokenized by the parse */
-    ctx.defer_text_bytes = 100;
+    P.ctx.defer_text_bytes = 100;
     CHECK(parse(lines[0], &b, &e) == 0 && !b.text && b.n_ids > 0);
     dproto_request_free(&b);
     /* too many tokens, found by dproto_tokenize; the tag kept */
@@ -131,7 +112,7 @@ static int deferred_tokenize(void)
         snprintf(line, sizeof line, "{\"v\":1,\"op\":\"generate\",\"tag\":\"big\","
                  "\"prompt\":\"%s\"}", words);
         CHECK(parse(line, &b, &e) == 0 && b.text);
-        CHECK(dproto_tokenize(&ctx, &b, &e) == -1 && !strcmp(e.code, "too_large"));
+        CHECK(dproto_tokenize(&P.ctx, &b, &e) == -1 && !strcmp(e.code, "too_large"));
         CHECK(e.has_tag && !strcmp(e.tag, "big") && e.op == DPROTO_GENERATE);
         CHECK(!b.ids && !b.text);
         dproto_request_free(&b);
@@ -140,7 +121,7 @@ static int deferred_tokenize(void)
         dproto_request_free(&b);
         CHECK(!b.text);
     }
-    ctx.defer_text_bytes = 0;
+    P.ctx.defer_text_bytes = 0;
     return 0;
 }
 
@@ -188,7 +169,7 @@ static int bad_requests(void)
     };
     struct dproto_request r;
     struct dproto_error e;
-    CHECK(tok);
+    CHECK(P.tok);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECKF(parse(bad[i].line, &r, &e) < 0, "accepted: %s", bad[i].line);
         CHECKF(!strcmp(e.code, bad[i].code) && strstr(e.message, bad[i].needle),
@@ -211,7 +192,7 @@ static int bad_requests(void)
     CHECK(parse("{\"v\":1,\"op\":\"status\",\"tag\":5}", &r, &e) < 0 && !e.has_tag);
     /* no tokenizer: only ids */
     {
-        struct dproto_ctx no = ctx;
+        struct dproto_ctx no = P.ctx;
         no.tok = NULL;
         const char *l = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\"}";
         CHECK(dproto_parse(l, strlen(l), &no, &r, &e) < 0 && strstr(e.message, "prompt_ids"));
@@ -242,7 +223,7 @@ static int events(void)
     size_t len = 0;
     json_t *j;
 
-    j = back(dproto_accepted(7, "t", 12, &defaults, &len), &len);
+    j = back(dproto_accepted(7, "t", 12, &P.defaults, &len), &len);
     CHECK(j && !strcmp(json_string_value(json_object_get(j, "event")), "accepted"));
     CHECK(json_integer_value(json_object_get(j, "v")) == 1 &&
           json_integer_value(json_object_get(j, "id")) == 7 &&
@@ -347,6 +328,6 @@ int main(void)
     TEST_CASE(bad_requests);
     TEST_CASE(events);
     TEST_CASE(plain_done_error);
-    dg_tokenizer_free(tok);
+    dg_tokenizer_free(P.tok);
     return test_finish();
 }
