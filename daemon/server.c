@@ -686,10 +686,13 @@ static void drain_prep(struct dserver *srv)
                 rj.slot = j->ring_slot;
                 rj.user_data = j->user_data;
                 rj.batch = j->batch;
-                if (j->rc < 0)
+                if (!c->ring || dshm_ring_broken(c->ring)) {
+                    /* the ring broke meanwhile: its jobs went with it */
+                } else if (j->rc < 0) {
                     ring_refuse(srv, c, &rj, shm_status_of(e->code), e->message, 0);
-                else
+                } else {
                     ring_submit(srv, c, &rj, &j->req);
+                }
             } else if (j->rc < 0) {
                 record_refusal(srv, c, e->has_tag ? e->tag : NULL,
                                j->req.batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET, 0, e->code,
