@@ -26,6 +26,34 @@ void client_errorf(const char *fmt, ...)
     fputc('\n', stderr);
 }
 
+void client_write_text(FILE *f, const char *s, size_t n, int terminal)
+{
+    static const char repl[] = "\xef\xbf\xbd"; /* U+FFFD */
+    size_t i = 0, from = 0;
+    if (!terminal) {
+        fwrite(s, 1, n, f);
+        return;
+    }
+    while (i < n) {
+        const unsigned char c = (unsigned char)s[i];
+        const int crlf = c == '\r' && i + 1 < n && s[i + 1] == '\n';
+        const size_t bad = (c < 0x20 && c != '\n' && c != '\t' && !crlf) || c == 0x7f ? 1
+                           : c == 0xc2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
+                                   (unsigned char)s[i + 1] <= 0x9f
+                               ? 2
+                               : 0;
+        if (!bad) {
+            i++;
+            continue;
+        }
+        fwrite(s + from, 1, i - from, f);
+        fwrite(repl, 1, sizeof repl - 1, f);
+        i += bad;
+        from = i;
+    }
+    fwrite(s + from, 1, n - from, f);
+}
+
 /* flag -> setting, and how its value reads: i integer, r real, s string
  * list, n integer list */
 static const struct {

@@ -5,6 +5,7 @@
 
 #include <jansson.h>
 #include <signal.h>
+#include <stdio.h>
 
 #include "client/dgemma.h"
 
@@ -35,6 +36,14 @@ extern const char client_settings_help[];
 
 /* Print "dgemma-client: ..." to stderr. */
 void client_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Write n bytes of generated text to f.  To a terminal (terminal != 0)
+ * the controls a terminal acts on, which a model may well emit, go out as
+ * U+FFFD: C0 other than newline, tab and a CR before a newline, DEL, and
+ * C1 (U+0080..U+009F, in UTF-8).  So the text cannot move the cursor,
+ * rewrite what is shown or send escape sequences.  Otherwise the bytes go
+ * out as they are. */
+void client_write_text(FILE *f, const char *s, size_t n, int terminal);
 
 /* Connect with o's socket and wait; prints why on failure. */
 dgemma_t *client_connect(const struct client_opts *o);

@@ -122,7 +122,7 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
                 for (size_t i = len - ev.text_len; i < len; i++)
                     if (text[i] == '\n')
                         text[i] = ' ';
-            fwrite(text + len - ev.text_len, 1, ev.text_len, stdout);
+            client_write_text(stdout, text + len - ev.text_len, ev.text_len, isatty(1));
             fflush(stdout);
         } else if (ev.kind == DGEMMA_EV_DONE) {
             putchar('\n');

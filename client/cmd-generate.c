@@ -100,6 +100,7 @@ int cmd_generate(int argc, char **argv)
     char *prompt = NULL;
     uint64_t id = 0;
     int cancelled = 0;
+    const int terminal = isatty(1); /* (controls in the text shown as U+FFFD) */
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -238,13 +239,13 @@ int cmd_generate(int argc, char **argv)
             rc = EXIT_FAILED;
             break;
         } else if (ev.kind == DGEMMA_EV_CANVAS && !o.json && ev.text) {
-            fwrite(ev.text, 1, ev.text_len, stdout);
+            client_write_text(stdout, ev.text, ev.text_len, terminal);
             fflush(stdout);
         } else if (ev.kind == DGEMMA_EV_DONE) {
             const char *fin = ev.finish_reason ? ev.finish_reason : "?";
             if (!o.json) {
                 if (ev.text)
-                    fwrite(ev.text, 1, ev.text_len, stdout);
+                    client_write_text(stdout, ev.text, ev.text_len, terminal);
                 putchar('\n');
                 fflush(stdout);
                 if (!quiet)

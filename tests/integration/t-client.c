@@ -3,7 +3,8 @@
  * (plain text, --json events, settings flags, Ctrl-C cancelling); batch
  * with 50 lines including bad ones (every line gets exactly one result);
  * batch killed halfway and run again (no id twice, none missing); chat
- * driven through a pseudo-terminal and through a pipe; status and cancel;
+ * driven through a pseudo-terminal (a reply holding control bytes reaches
+ * the terminal without them) and through a pipe; status and cancel;
  * every exit code (0 done, 1 failed, 2 usage, 3 unreachable); the socket
  * options before the command word.
  */
@@ -402,8 +403,10 @@ static int chat_pipe(void)
     return 0;
 }
 
-/* Read from the pty until needle appears (or the time runs out).  A NUL
- * byte read (the random model's replies may hold one) is kept as '.', so
+static size_t pty_controls; /* C0 bytes but CR, LF and tab (and DEL) the pty gave */
+
+/* Read from the pty until needle appears (or the time runs out), counting
+ * the control bytes in pty_controls.  A NUL byte read is kept as '.', so
  * that what follows it is still searched. */
 static int expect(int fd, const char *needle, char *seen, size_t size)
 {
@@ -419,9 +422,12 @@ static int expect(int fd, const char *needle, char *seen, size_t size)
         r = read(fd, seen + len, size - 1 - len);
         if (r <= 0)
             return -1;
-        for (ssize_t i = 0; i < r; i++)
-            if (seen[len + (size_t)i] == '\0')
+        for (ssize_t i = 0; i < r; i++) {
+            const unsigned char ch = (unsigned char)seen[len + (size_t)i];
+            pty_controls += (ch < 0x20 && ch != '\r' && ch != '\n' && ch != '\t') || ch == 0x7f;
+            if (ch == '\0')
                 seen[len + (size_t)i] = '.';
+        }
         len += (size_t)r;
         seen[len] = '\0';
     }
@@ -436,8 +442,8 @@ static int chat_terminal(void)
     CHECK(pid >= 0);
     if (pid == 0) {
         setenv("DGEMMA_SOCKET", sock, 1);
-        /* (seeded: the reply to "second" then holds a NUL byte, which the
-         * terminal gets as it is) */
+        /* (seeded: the reply to "second" then holds a NUL and a 0x1c,
+         * which the terminal must get as U+FFFD) */
         execl(fixture_bin("dgemma-client"), "dgemma-client", "chat", "--system", "Be brief.",
               "--max-tokens", "16", "--max-denoising-steps", "2", "--seed",
               "3492929928041919275", (char *)NULL);
@@ -457,6 +463,7 @@ static int chat_terminal(void)
     CHECK(write(master, "/exit\n", 6) == 6);
     CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     close(master);
+    CHECKF(pty_controls == 0, "%zu control bytes reached the terminal", pty_controls);
     return 0;
 }
 
