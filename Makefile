@@ -305,15 +305,16 @@ test: all $(UNIT_BIN) $(INTEG_BIN)
 	$(Q)BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(INTEG_BIN) $(CLI_TESTS) \
 	    tests/eval/t-eval-default.sh
 
-# The same suite built with ASan + UBSan, plus every fuzz target for
-# FUZZ_SMOKE_SECONDS, in one runner call.
+# The same suite built with ASan + UBSan (the tests that have one in their
+# quick form, DG_TEST_QUICK), plus every fuzz target for FUZZ_SMOKE_SECONDS,
+# in one runner call.
 ASAN_BUILD := build-asan
 FUZZ_SMOKE_SECONDS ?= 5
 test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE=address,undefined \
 	    CFLAGS="-O1 -g" CUDA=0 asan-suite
 	$(Q)BUILD=$(ASAN_BUILD) FUZZ_DIR=$(ASAN_BUILD)/fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
-	    tests/run.sh $(UNIT_SRC:tests/unit/%.c=$(ASAN_BUILD)/tests/unit/%) \
+	    DG_TEST_QUICK=1 tests/run.sh $(UNIT_SRC:tests/unit/%.c=$(ASAN_BUILD)/tests/unit/%) \
 	    $(INTEG_SRC:tests/integration/%.c=$(ASAN_BUILD)/tests/integration/%) $(CLI_TESTS) \
 	    tests/fuzz/t-fuzz-smoke.sh
 

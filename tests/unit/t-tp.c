@@ -28,7 +28,7 @@
 
 static const char *const GOLDENS[] = {"golden-a", "golden-b"};
 
-/* DG_TEST_QUICK=1 (the ThreadSanitizer run): fewer models and degrees */
+/* DG_TEST_QUICK=1 (the sanitizer runs): fewer models and degrees */
 static int quick(void)
 {
     const char *q = getenv("DG_TEST_QUICK");
