@@ -492,6 +492,18 @@ static void submit_generate(struct dserver *srv, struct conn *c, struct dproto_r
     }
 }
 
+/* A socket's request line that failed its parse or its tokenizing: a
+ * generate is recorded as refused (from source), the client gets the
+ * error with the tag, if one was read. */
+static void line_refused(struct dserver *srv, struct conn *c, const struct dproto_error *e,
+                         enum dg_metrics_source source)
+{
+    const char *tag = e->has_tag ? e->tag : NULL;
+    if (e->op == DPROTO_GENERATE)
+        record_refusal(srv, c, tag, source, 0, e->code, e->message);
+    send_error(srv, c, 0, tag, e->code, e->message);
+}
+
 static void handle_line(struct dserver *srv, struct conn *c, const char *line, size_t len)
 {
     struct dproto_request req;
@@ -503,10 +515,7 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
     if (len == 0)
         return;
     if (dproto_parse(line, len, &srv->pctx_defer, &req, &perr) < 0) {
-        if (perr.op == DPROTO_GENERATE)
-            record_refusal(srv, c, perr.has_tag ? perr.tag : NULL, DG_SOURCE_SOCKET, 0,
-                           perr.code, perr.message);
-        send_error(srv, c, 0, perr.has_tag ? perr.tag : NULL, perr.code, perr.message);
+        line_refused(srv, c, &perr, DG_SOURCE_SOCKET);
         return;
     }
     tag = req.has_tag ? req.tag : NULL;
@@ -694,10 +703,7 @@ static void drain_prep(struct dserver *srv)
                     ring_submit(srv, c, &rj, &j->req);
                 }
             } else if (j->rc < 0) {
-                record_refusal(srv, c, e->has_tag ? e->tag : NULL,
-                               j->req.batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET, 0, e->code,
-                               e->message);
-                send_error(srv, c, 0, e->has_tag ? e->tag : NULL, e->code, e->message);
+                line_refused(srv, c, e, j->req.batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET);
             } else {
                 submit_generate(srv, c, &j->req);
             }
