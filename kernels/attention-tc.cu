@@ -49,6 +49,7 @@
 #define TC_ROWS 64
 #define TC_KEYS 32
 #define TC_PAD 8 /* elements after each shared row: conflict-free ldmatrix */
+#define TC_BUFS 2 /* key and value tile buffers: one used, the next one loading */
 
 __device__ static inline uint32_t pack_bf16(float lo, float hi)
 {
@@ -94,11 +95,10 @@ __global__ static void __launch_bounds__(128)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int qs = hd + TC_PAD, vs = DV + TC_PAD;
-    const int nbuf = 2;
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *Ks = Qs + TC_ROWS * qs;
-    __nv_bfloat16 *Vs = Ks + nbuf * TC_KEYS * qs;
-    int64_t *tpos = (int64_t *)(Vs + nbuf * TC_KEYS * vs);
+    __nv_bfloat16 *Vs = Ks + TC_BUFS * TC_KEYS * qs;
+    int64_t *tpos = (int64_t *)(Vs + TC_BUFS * TC_KEYS * vs);
     int32_t *tseq = (int32_t *)(tpos + TC_ROWS);
     __shared__ int s_next;
     float o[DV / 8][4];
@@ -373,10 +373,9 @@ static int launch(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat
                   const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask, int window,
                   cudaStream_t st, int dev, struct dg_error *err)
 {
-    const size_t nbuf = 2;
-    const size_t shared = sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + nbuf * TC_KEYS) *
+    const size_t shared = sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + TC_BUFS * TC_KEYS) *
                               (hd + TC_PAD) +
-                          sizeof(__nv_bfloat16) * nbuf * TC_KEYS * (DV + TC_PAD) +
+                          sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (DV + TC_PAD) +
                           (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS;
     const int g = nh / nkv;
     const dim3 grid((unsigned)((Tq * g + TC_ROWS - 1) / TC_ROWS), (unsigned)nkv,
