@@ -176,6 +176,41 @@ def check(lean, parts, CL, V, dev):
     return max(d.values()), d
 
 
+def compile_losses(lean, params, S, V, amp, tol):
+    """losses through torch.compile (inductor, the shapes fixed: one
+    compilation serves every step), checked against the eager losses on
+    batch S under autocast(amp), with the same matrix-product settings
+    the steps use: the largest absolute differences of the canvas and
+    encoder losses, and of each parameter's gradient relative to that
+    gradient's largest magnitude.  Returns (the compiled function, or
+    None when compiling failed or a difference exceeds tol; the
+    differences, or the error).  The gradients are left cleared."""
+    d = {}
+    try:
+        fn = torch.compile(losses, dynamic=False)
+        outs, grads = [], []
+        for f in (losses, fn):
+            for p in params:
+                p.grad = None
+            with autocast(amp):
+                cl, el, _ = f(lean, S, V)
+            (cl + el).backward()
+            outs.append((float(cl), float(el)))
+            grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                          for p in params])
+        d["canvas loss"] = abs(outs[0][0] - outs[1][0])
+        d["encoder loss"] = abs(outs[0][1] - outs[1][1])
+        d["gradients, relative"] = max(
+            float((b - a).abs().max() / a.abs().max().clamp(min=1e-12))
+            for a, b in zip(grads[0], grads[1]))
+    except Exception as e:  # noqa: BLE001 (any failure: eager)
+        return None, {"error %s: %s" % (type(e).__name__, str(e)[:300]): float("inf")}
+    finally:
+        for p in params:
+            p.grad = None
+    return (fn if max(d.values()) <= tol else None), d
+
+
 def autocast(amp):
     """The forward's autocast context: bf16 matrix products (fp32 weights,
     fp32 losses) when amp, else none.  No cast cache, so it can be
@@ -187,17 +222,18 @@ class GraphStep:
     """The whole training step on the static batch S, captured in a CUDA
     graph after three warm-up steps at learning rate 0 on a side stream
     (the optimizer must be capturable, its learning rate a device tensor),
-    the forward under autocast(amp).  step() replays it and returns (canvas
+    the forward under autocast(amp) through loss_fn (losses, or
+    compile_losses' function).  step() replays it and returns (canvas
     loss, encoder loss, row accuracy) tensors, overwritten by the next
     step."""
 
-    def __init__(self, model, lean, opt, S, V, clip, amp=False):
+    def __init__(self, model, lean, opt, S, V, clip, amp=False, loss_fn=losses):
         self.S = S
         params = [p for p in model.parameters() if p.requires_grad]
 
         def body():
             with autocast(amp):
-                cl, el, acc = losses(lean, S, V)
+                cl, el, acc = loss_fn(lean, S, V)
             (cl + el).backward()
             torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()

@@ -96,6 +96,10 @@ GENERATION_CONFIG = {
 # the lean forward is used only if it agrees with transformers' to this
 # (largest absolute difference of keys, values and decoder logits, fp32)
 LEAN_TOLERANCE = 2e-3
+# --compile with fixed-shape batches: the compiled step's losses (absolute)
+# and gradients (relative) against the eager step's, fp32 and bf16 autocast
+# (inductor may keep in fp32 what eager autocast rounds to bf16)
+COMPILE_TOLERANCE = {False: 2e-3, True: 3e-2}
 
 
 _IDS = {}
@@ -486,6 +490,17 @@ def train(args):
         if not worst <= LEAN_TOLERANCE:
             print("fixed-shape batches disagree: batches of one shape each instead", flush=True)
             use_fixed = False
+    loss_fn = fixed.losses
+    if use_fixed and args.compile:
+        t_c = time.time()
+        fn, diffs = fixed.compile_losses(lean, [p for p in model.parameters() if p.requires_grad],
+                                         fixed.assemble(draw_parts(args.parts, b_part), CL, V, g,
+                                                        dev), V, args.amp,
+                                         COMPILE_TOLERANCE[bool(args.amp)])
+        print("compiled step against eager (%.0f s to compile and check):" % (time.time() - t_c),
+              ", ".join("%s %.2e" % kv for kv in diffs.items()),
+              "" if fn else "- eager steps instead", flush=True)
+        loss_fn = fn or loss_fn
     if use_fixed:
         opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=dev),
                                 betas=(0.9, 0.98), weight_decay=0.01, capturable=True)
@@ -503,21 +518,28 @@ def train(args):
         # moments and step counts: a resumed state is put back as loaded
         # after it, in place (the graph reads these tensors)
         loaded = [(t, t.clone()) for st in opt.state.values() for t in st.values()]
-        for try_amp in ([True, False] if amp else [False]) if args.graph else []:
+        # each precision with the compiled losses, then the eager ones: an
+        # eager step outside a graph is several times slower than either
+        fns = [loss_fn] if loss_fn is fixed.losses else [loss_fn, fixed.losses]
+        for try_amp, fn in [(a, f) for a in ([True, False] if amp else [False]) for f in fns] \
+                if args.graph else []:
             try:
                 gstep = fixed.GraphStep(model, lean, opt, fixed.assemble(
-                    draw_parts(args.parts, b_part), CL, V, g, dev), V, 1.0, try_amp)
-                amp = try_amp
+                    draw_parts(args.parts, b_part), CL, V, g, dev), V, 1.0, try_amp, fn)
+                amp, loss_fn = try_amp, fn
                 break
             except Exception as e:  # noqa: BLE001 (eager steps are always right)
-                print("CUDA graph capture%s failed (%s: %s)" % (" with bf16 autocast" if try_amp
-                      else "", type(e).__name__, str(e)[:300]), flush=True)
+                print("CUDA graph capture%s%s failed (%s: %s)" % (
+                      " with bf16 autocast" if try_amp else "",
+                      ", compiled" if fn is not fixed.losses else "",
+                      type(e).__name__, str(e)[:300]), flush=True)
                 opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             for t, kept in loaded:
                 t.copy_(kept)
-        print("fixed-shape batches of %d parts of %d, %s, %s" %
+        print("fixed-shape batches of %d parts of %d, %s%s, %s" %
               (args.parts, b_part, "one CUDA graph a step" if gstep else "eager",
+               ", compiled" if loss_fn is not fixed.losses else "",
                "bf16 autocast" if amp else "fp32 (TF32 products)"), flush=True)
     budget = args.minutes * 60.0
     # the schedule over all calls: its length, and the minutes earlier calls trained
@@ -608,7 +630,7 @@ def train(args):
             else:
                 opt.zero_grad(set_to_none=True)
                 with fixed.autocast(amp):
-                    canvas_loss, enc_loss, acc_rows = fixed.losses(lean, S, V)
+                    canvas_loss, enc_loss, acc_rows = loss_fn(lean, S, V)
                 (canvas_loss + enc_loss).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
@@ -845,7 +867,9 @@ def main():
                     help="the training forward: lean (tools/train/lean.py, checked against "
                          "transformers' first) or transformers' own")
     ap.add_argument("--compile", type=int, default=0,
-                    help="1: run the lean forward through torch.compile (with --fixed 0)")
+                    help="1: the lean forward through torch.compile: with --fixed 1 the "
+                         "step's losses (one compilation, checked against eager first), "
+                         "else encode and decode with dynamic shapes")
     ap.add_argument("--profile", type=int, default=0,
                     help="N: profile N steps (from step %d) and print the heaviest operations" % PROFILE_FROM)
     ap.add_argument("--hidden", type=int, default=TEXT_CONFIG["hidden_size"],
