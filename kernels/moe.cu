@@ -1,5 +1,6 @@
 /* moe.cu - the mixture of experts over routed tokens (see ops.h;
- * reference: dg_ref_moe).  With fp32 elements (dg_cuda_moe_e) the gathered
+ * reference: dg_ref_moe; the routing stages and the ordered sum on their
+ * own: dg_ref_moe_route, dg_ref_moe_combine).  With fp32 elements (dg_cuda_moe_e) the gathered
  * rows, the gate/up projection and the gelu output are fp32 as well, the
  * GEMMs plain fp32; the experts' outputs and the ordered sum are fp32 for
  * both types. */
@@ -211,6 +212,111 @@ __global__ static void combine_kernel(float *out, const float *ys, const int32_t
     out[t * H + i] = acc;
 }
 
+/* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
+ * l: zeroed counts and cursors, the counts, the tile schedule, each pick's
+ * slot and the gathered rows.  Nothing waits for the device. */
+static int route(enum dg_elt e, const struct moe_layout *l, const void *x, int64_t T, int H,
+                 const int32_t *idx, int K, int e0, int n_exp, int I, const void *W_gu,
+                 const void *W_down, unsigned char *sc, cudaStream_t st, int dev,
+                 struct dg_error *err)
+{
+    const int64_t esz = dg_elt_size(e), picks = T * K;
+    int32_t *counts = (int32_t *)(sc + l->counts), *cursor = (int32_t *)(sc + l->cursor);
+    int32_t *offsets = (int32_t *)(sc + l->offsets), *slot_of = (int32_t *)(sc + l->slot_of);
+    int rc = 0;
+
+    DG_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)n_exp, st));
+    DG_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int32_t) * (size_t)n_exp, st));
+    count_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(counts, idx, picks, e0, n_exp);
+    DG_LAUNCH_CHECK();
+    schedule_kernel<<<1, (unsigned)((n_exp + 31) / 32 * 32), sizeof(int32_t) * (size_t)n_exp,
+                      st>>>(offsets, (void **)(sc + l->ptrs), counts, n_exp, l->ts, l->tiles,
+                            sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys,
+                            (const unsigned char *)W_gu, (const unsigned char *)W_down,
+                            sc + l->dummy_gu, sc + l->dummy_ys, H, I, (int)esz);
+    DG_LAUNCH_CHECK();
+    fill_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(slot_of, cursor, offsets, idx,
+                                                                 picks, e0, n_exp);
+    DG_LAUNCH_CHECK();
+    if ((H * esz) % 16 == 0 && !((uintptr_t)x & 15)) {
+        const int n16 = (int)(H * esz / 16);
+        gather16_kernel<<<dim3((unsigned)picks, (unsigned)((n16 + 127) / 128)), 128, 0, st>>>(
+            (uint4 *)(sc + l->xs), (const uint4 *)x, slot_of, K, n16);
+        DG_LAUNCH_CHECK();
+    } else {
+        const dim3 grid((unsigned)picks, (unsigned)((H + 255) / 256));
+        if (e == DG_ELT_F32)
+            gather_kernel<float><<<grid, 256, 0, st>>>((float *)(sc + l->xs), (const float *)x,
+                                                       slot_of, K, H);
+        else
+            gather_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(
+                (__nv_bfloat16 *)(sc + l->xs), (const __nv_bfloat16 *)x, slot_of, K, H);
+        DG_LAUNCH_CHECK();
+    }
+out:
+    return rc;
+}
+
+/* the shapes dg_cuda_moe_e and dg_cuda_moe_route_e take, or DG_E_INVAL */
+static int check_shapes(int64_t T, int H, int K, int I, int e0, int n_exp, int dev,
+                        struct dg_error *err)
+{
+    if (H < 1 || I < 1 || K < 1 || n_exp < 1 || n_exp > 1024 || e0 < 0 || T * K > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: %lld tokens x top-%d, H %d, I %d, "
+                            "%d experts", dev, (long long)T, K, H, I, n_exp);
+    return 0;
+}
+
+extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H,
+                                   const int32_t *idx, int K, int e0, int n_exp, int I,
+                                   const void *W_gu, const void *W_down, void *scratch,
+                                   struct dg_moe_route_view *view, dg_stream_t stream, int dev,
+                                   struct dg_error *err)
+{
+    unsigned char *sc = (unsigned char *)scratch;
+    struct moe_layout l;
+    int rc;
+
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: element type %d", dev, (int)e);
+    if (T < 1)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: routing of %lld tokens", dev,
+                            (long long)T);
+    if ((rc = check_shapes(T, H, K, I, e0, n_exp, dev, err)) < 0)
+        return rc;
+    l = layout(T, K, H, I, n_exp, (size_t)dg_elt_size(e), 0);
+    *view = (struct dg_moe_route_view){
+        .ts = l.ts, .tiles = l.tiles, .rows = l.rows,
+        .counts = (int32_t *)(sc + l.counts), .offsets = (int32_t *)(sc + l.offsets),
+        .slot_of = (int32_t *)(sc + l.slot_of), .ptrs = (void **)(sc + l.ptrs),
+        .xs = sc + l.xs, .gu = sc + l.gu, .hh = sc + l.hh, .ys = sc + l.ys,
+        .dummy_gu = sc + l.dummy_gu, .dummy_ys = sc + l.dummy_ys};
+    return route(e, &l, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, (cudaStream_t)stream,
+                 dev, err);
+}
+
+/* out[T, H] from the experts' outputs ys by the picks' slots (ops.h) */
+static int combine(float *out, const float *ys, const int32_t *slot_of, const float *w,
+                   int64_t T, int K, int H, cudaStream_t st, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
+        out, ys, slot_of, w, K, H);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_moe_combine(float *out, const float *ys, const int32_t *slot_of,
+                                   const float *w, int64_t T, int K, int H, dg_stream_t stream,
+                                   int dev, struct dg_error *err)
+{
+    if (T < 1 || K < 1 || H < 1 || T > 0x7fffffff)
+        return T == 0 ? 0 : dg_error_set(err, DG_E_INVAL, "GPU %d: moe combine: %lld tokens "
+                                         "x top-%d, H %d", dev, (long long)T, K, H);
+    return combine(out, ys, slot_of, w, T, K, H, (cudaStream_t)stream, dev, err);
+}
+
 /* Every matrix of element type e (esz bytes) is addressed in bytes here:
  * its element offset times esz.  Nothing waits for the device and nothing
  * the host computes depends on the routing: the launches and their shapes
@@ -227,7 +333,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     const cudaStream_t st = (cudaStream_t)stream;
     unsigned char *sc = (unsigned char *)scratch;
     struct moe_layout l;
-    int32_t *counts, *cursor, *offsets, *slot_of;
+    int32_t *counts, *offsets, *slot_of;
     void **ptrs;
     int rc = 0;
 
@@ -240,43 +346,15 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                             H);
     if (T <= 0)
         return 0;
-    if (H < 1 || I < 1 || K < 1 || n_exp < 1 || n_exp > 1024 || e0 < 0 || picks > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: %lld tokens x top-%d, H %d, I %d, "
-                            "%d experts", dev, (long long)T, K, H, I, n_exp);
+    if ((rc = check_shapes(T, H, K, I, e0, n_exp, dev, err)) < 0)
+        return rc;
     l = layout(T, K, H, I, n_exp, (size_t)esz, S_gu != NULL);
     counts = (int32_t *)(sc + l.counts);
-    cursor = (int32_t *)(sc + l.cursor);
     offsets = (int32_t *)(sc + l.offsets);
     slot_of = (int32_t *)(sc + l.slot_of);
     ptrs = (void **)(sc + l.ptrs);
-    DG_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)n_exp, st));
-    DG_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int32_t) * (size_t)n_exp, st));
-    count_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(counts, idx, picks, e0, n_exp);
-    DG_LAUNCH_CHECK();
-    schedule_kernel<<<1, (unsigned)((n_exp + 31) / 32 * 32), sizeof(int32_t) * (size_t)n_exp,
-                      st>>>(offsets, ptrs, counts, n_exp, l.ts, l.tiles, sc + l.xs, sc + l.gu,
-                            sc + l.hh, sc + l.ys, (const unsigned char *)W_gu,
-                            (const unsigned char *)W_down, sc + l.dummy_gu, sc + l.dummy_ys, H,
-                            I, (int)esz);
-    DG_LAUNCH_CHECK();
-    fill_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(slot_of, cursor, offsets, idx,
-                                                                 picks, e0, n_exp);
-    DG_LAUNCH_CHECK();
-    if ((H * esz) % 16 == 0 && !((uintptr_t)x & 15)) {
-        const int n16 = (int)(H * esz / 16);
-        gather16_kernel<<<dim3((unsigned)picks, (unsigned)((n16 + 127) / 128)), 128, 0, st>>>(
-            (uint4 *)(sc + l.xs), (const uint4 *)x, slot_of, K, n16);
-        DG_LAUNCH_CHECK();
-    } else {
-        const dim3 grid((unsigned)picks, (unsigned)((H + 255) / 256));
-        if (e == DG_ELT_F32)
-            gather_kernel<float><<<grid, 256, 0, st>>>((float *)(sc + l.xs), (const float *)x,
-                                                       slot_of, K, H);
-        else
-            gather_kernel<__nv_bfloat16><<<grid, 256, 0, st>>>(
-                (__nv_bfloat16 *)(sc + l.xs), (const __nv_bfloat16 *)x, slot_of, K, H);
-        DG_LAUNCH_CHECK();
-    }
+    if ((rc = route(e, &l, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, st, dev, err)) < 0)
+        goto out;
     if (S_gu) {
         /* FP8 (W8A8): each expert's rows quantized per row, the grouped
          * E4M3 GEMM with the weights' row scales, the gelu output quantized
@@ -324,9 +402,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                                          err)) < 0)
             goto out;
     }
-    combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
-        out, (const float *)(sc + l.ys), slot_of, w, K, H);
-    DG_LAUNCH_CHECK();
+    rc = combine(out, (const float *)(sc + l.ys), slot_of, w, T, K, H, st, dev, err);
 out:
     return rc;
 }

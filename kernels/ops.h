@@ -333,6 +333,45 @@ int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, i
                   const void *W_gu, const void *W_down, void *scratch, dg_stream_t stream,
                   struct dg_error *err);
 
+/* The experts' routing and their sum, the first and last stages of
+ * dg_cuda_moe_e (which runs them itself), on their own for the tests
+ * (reference: dg_ref_moe_route, dg_ref_moe_combine).
+ *
+ * dg_cuda_moe_route_e writes into scratch (dg_cuda_moe_scratch_e bytes for
+ * e, T, K, H, I, n_exp) and fills view with where its pieces lie:
+ *   counts[j]     = picks p < T K with idx[p] = e0 + j;
+ *   offsets[j]    = sum_{i<j} ceil(counts[i] / ts) ts, offsets[n_exp] the
+ *                   padded total (ts: the tile rows, 16 .. 128);
+ *   slot_of[p]    in [offsets[j], offsets[j] + counts[j]) for a pick of
+ *                 expert e0 + j, each slot taken once (the order within a
+ *                 run is the atomics'), -1 for another rank's expert;
+ *   xs[slot_of[p]] = x[p / K] (rows of H elements of type e);
+ *   ptrs: six arrays of tiles pointers, A1 B1 C1 A2 B2 C2: tile t = r / ts
+ *         of expert j's padded rows r reads xs + r H, W_gu + j 2I H and
+ *         writes gu + r 2I (first GEMM), reads hh + r I, W_down + j H I and
+ *         writes ys + r H, fp32 (second; element offsets, ys in floats);
+ *         tiles from offsets[n_exp] / ts on read xs, W_gu, hh, W_down and
+ *         write dummy_gu, dummy_ys.
+ * T >= 1; e bf16 or fp32; shapes as dg_cuda_moe_e (DG_E_INVAL).
+ *
+ * dg_cuda_moe_combine: out[t, i] = sum over k < K, in k order, of
+ * w[t, k] ys[slot_of[t K + k], i], slots below 0 skipped; out [T, H], ys
+ * rows of H, fp32.  T 0: nothing. */
+struct dg_moe_route_view {
+    int ts;
+    int64_t tiles, rows;                /* the tile bound; padded rows, tiles x ts */
+    int32_t *counts, *offsets, *slot_of;
+    void **ptrs;
+    void *xs, *gu, *hh, *ys, *dummy_gu, *dummy_ys;
+};
+int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H, const int32_t *idx, int K,
+                        int e0, int n_exp, int I, const void *W_gu, const void *W_down,
+                        void *scratch, struct dg_moe_route_view *view, dg_stream_t stream, int dev,
+                        struct dg_error *err);
+int dg_cuda_moe_combine(float *out, const float *ys, const int32_t *slot_of, const float *w,
+                        int64_t T, int K, int H, dg_stream_t stream, int dev,
+                        struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,5 @@
-/* ref-moe.c - the mixture of experts over routed tokens (see ref-ops.h). */
+/* ref-moe.c - the mixture of experts over routed tokens, and the GPU's
+ * routing layout and ordered sum on their own (see ref-ops.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,4 +40,41 @@ int dg_ref_moe(float *out, const float *x, int64_t T, int H, const int32_t *idx,
     free(y);
     free(row);
     return 0;
+}
+
+void dg_ref_moe_route(int32_t *counts, int32_t *offsets, int32_t *slot_of, const int32_t *idx,
+                      int64_t picks, int e0, int n_exp, int ts)
+{
+    int32_t acc = 0;
+    memset(counts, 0, sizeof(int32_t) * (size_t)n_exp);
+    for (int64_t p = 0; p < picks; p++) {
+        const int e = idx[p] - e0;
+        if (e >= 0 && e < n_exp)
+            counts[e]++;
+    }
+    for (int j = 0; j < n_exp; j++) {
+        offsets[j] = acc;
+        acc += (counts[j] + ts - 1) / ts * ts;
+    }
+    offsets[n_exp] = acc;
+    memset(counts, 0, sizeof(int32_t) * (size_t)n_exp);   /* counted again as cursors */
+    for (int64_t p = 0; p < picks; p++) {
+        const int e = idx[p] - e0;
+        slot_of[p] = e < 0 || e >= n_exp ? -1 : offsets[e] + counts[e]++;
+    }
+}
+
+void dg_ref_moe_combine(float *out, const float *ys, const int32_t *slot_of, const float *w,
+                        int64_t T, int K, int H)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int i = 0; i < H; i++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                const int32_t s = slot_of[t * K + k];
+                if (s >= 0)
+                    acc += w[t * K + k] * ys[(int64_t)s * H + i];
+            }
+            out[t * H + i] = acc;
+        }
 }

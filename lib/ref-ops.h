@@ -139,6 +139,20 @@ int dg_ref_moe(float *out, const float *x, int64_t T, int H, const int32_t *idx,
                int K, int e0, int n_exp, int I, const struct dg_weight *gate_up,
                const struct dg_weight *down);
 
+/* The routing of picks idx [picks] over experts e0 .. e0+n_exp-1 as
+ * dg_cuda_moe_route_e lays it out, in tiles of ts rows:
+ *   counts[j]  = picks with idx[p] = e0 + j,
+ *   offsets[j] = sum_{i<j} ceil(counts[i] / ts) ts, offsets[n_exp] the total,
+ *   slot_of[p] = offsets[j] + (picks of expert e0 + j before p), -1 outside
+ *                the range (the GPU may order a run otherwise). */
+void dg_ref_moe_route(int32_t *counts, int32_t *offsets, int32_t *slot_of, const int32_t *idx,
+                      int64_t picks, int e0, int n_exp, int ts);
+
+/* out[t, i] = sum over k < K, in k order, of w[t, k] ys[slot_of[t K + k], i],
+ * slots below 0 skipped (fp32 sums); out [T, H], ys rows of H. */
+void dg_ref_moe_combine(float *out, const float *ys, const int32_t *slot_of, const float *w,
+                        int64_t T, int K, int H);
+
 /* Softmax of n values in place (max-subtracted, fp32 exp, double sum). */
 void dg_ref_softmax(float *x, int64_t n);
 

@@ -18,6 +18,9 @@
  * depth, warp grid) against dg_ref_matmul_f64 per group, at means of 16,
  * 35 and 85 rows a group (passes of 2, 4 and 8 m-tiles), fp32 outputs
  * equal to configuration 0's to the bit (grouped_configs).
+ * The routing stages (counts, tile schedule, slots, gather) and the
+ * ordered sum on their own against dg_ref_moe_route and
+ * dg_ref_moe_combine (route_combine).
  * Exit 77 where there is no GPU.
  */
 #include <math.h>
@@ -266,6 +269,215 @@ static int elt_refused(void)
     return 0;
 }
 
+struct route_shape {
+    const char *what;
+    int64_t T;
+    int H, I, E, K, e0, n_exp;
+    int one_expert;     /* every pick on expert e0 (K = 1) */
+    enum dg_elt elt;
+};
+
+/* One shape of route_combine: the routing stages' counts, offsets, tile
+ * table, slots and gathered rows against dg_ref_moe_route and the token
+ * rows; then combine over fresh random expert outputs against
+ * dg_ref_moe_combine with the GPU's slots. */
+static int route_one(const struct route_shape *s)
+{
+    const int64_t T = s->T, picks = T * s->K;
+    const int H = s->H, I = s->I, K = s->K, n_exp = s->n_exp;
+    const size_t esz = (size_t)dg_elt_size(s->elt);
+    const size_t sbytes = dg_cuda_moe_scratch_e(s->elt, T, K, H, I, n_exp);
+    struct dg_error err = {0};
+    struct dg_moe_route_view v;
+    void *hx = NULL;
+    float *fx = NULL;
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)picks);
+    int32_t *slot = malloc(sizeof(int32_t) * (size_t)picks);
+    int32_t *ref_slot = malloc(sizeof(int32_t) * (size_t)picks);
+    int32_t *cnt = malloc(sizeof(int32_t) * (size_t)n_exp);
+    int32_t *off = malloc(sizeof(int32_t) * (size_t)(n_exp + 1));
+    int32_t *ref_cnt = malloc(sizeof(int32_t) * (size_t)n_exp);
+    int32_t *ref_off = malloc(sizeof(int32_t) * (size_t)(n_exp + 1));
+    unsigned char *sc_host = malloc(sbytes + GUARD), *taken;
+    void *dx, *didx, *scratch, *dgu, *ddn;
+    int64_t used;
+
+    CHECK(idx && slot && ref_slot && cnt && off && ref_cnt && ref_off && sc_host &&
+          gt_rand_elts(s->elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0);
+    for (int64_t t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do { /* K distinct experts per token */
+                e = s->one_expert ? s->e0 : (int)(gt_next() % (uint64_t)s->E);
+                dup = 0;
+                for (int j = 0; j < k; j++)
+                    dup |= idx[t * K + j] == e;
+            } while (dup && !s->one_expert);
+            idx[t * K + k] = e;
+        }
+    /* the weights are only addressed (the tile table), never read here */
+    dx = gt_upload(hx, (size_t)(T * H) * esz, &err);
+    didx = gt_upload(idx, sizeof(int32_t) * (size_t)picks, &err);
+    dgu = gt_out_alloc((size_t)n_exp * 2 * I * H * esz, 0, 0, &err);
+    ddn = gt_out_alloc((size_t)n_exp * H * I * esz, 0, 0, &err);
+    scratch = gt_out_alloc(sbytes, GUARD, 0x5a, &err);
+    CHECKF(dx && didx && dgu && ddn && scratch, "%s", err.msg);
+    CHECK_OK(dg_cuda_moe_route_e(s->elt, dx, T, H, didx, K, s->e0, n_exp, I, dgu, ddn, scratch,
+                                 &v, NULL, 0, &err),
+             &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(sc_host, scratch, sbytes + GUARD, 0, &err), &err);
+    for (int i = 0; i < GUARD; i++)
+        CHECKF(sc_host[sbytes + (size_t)i] == 0x5a, "route %s: guard byte %d changed", s->what,
+               i);
+#define AT(ptr) (sc_host + ((const unsigned char *)(ptr) - (const unsigned char *)scratch))
+    memcpy(cnt, AT(v.counts), sizeof(int32_t) * (size_t)n_exp);
+    memcpy(off, AT(v.offsets), sizeof(int32_t) * (size_t)(n_exp + 1));
+    memcpy(slot, AT(v.slot_of), sizeof(int32_t) * (size_t)picks);
+    CHECKF(v.ts >= 16 && v.ts <= 128 && !(v.ts & (v.ts - 1)) && v.rows == v.tiles * v.ts,
+           "route %s: tiles of %d rows, %lld tiles, %lld rows", s->what, v.ts,
+           (long long)v.tiles, (long long)v.rows);
+    dg_ref_moe_route(ref_cnt, ref_off, ref_slot, idx, picks, s->e0, n_exp, v.ts);
+    CHECKF(!memcmp(cnt, ref_cnt, sizeof(int32_t) * (size_t)n_exp), "route %s: counts",
+           s->what);
+    CHECKF(!memcmp(off, ref_off, sizeof(int32_t) * (size_t)(n_exp + 1)), "route %s: offsets",
+           s->what);
+    CHECKF(off[n_exp] <= v.rows, "route %s: %d padded rows past the bound %lld", s->what,
+           off[n_exp], (long long)v.rows);
+    /* slots: in the pick's expert's run, each once; -1 exactly where the
+     * reference has it; each slot's row of xs the pick's token row */
+    taken = calloc((size_t)v.rows, 1);
+    CHECK(taken);
+    for (int64_t p = 0; p < picks; p++) {
+        const int e = idx[p] - s->e0;
+        if (ref_slot[p] < 0) {
+            CHECKF(slot[p] == -1, "route %s: pick %lld of another rank's expert has slot %d",
+                   s->what, (long long)p, slot[p]);
+            continue;
+        }
+        CHECKF(slot[p] >= off[e] && slot[p] < off[e] + cnt[e] && !taken[slot[p]],
+               "route %s: pick %lld (expert %d) in slot %d (run %d..%d)", s->what,
+               (long long)p, e, slot[p], off[e], off[e] + cnt[e]);
+        taken[slot[p]] = 1;
+        CHECKF(!memcmp(AT(v.xs) + (size_t)slot[p] * H * esz,
+                       (const unsigned char *)hx + (size_t)(p / K) * H * esz, (size_t)H * esz),
+               "route %s: slot %d's row is not token %lld's", s->what, slot[p],
+               (long long)(p / K));
+    }
+    free(taken);
+    /* the tile table: each used tile its expert's rows and weights, the
+     * rest on the dummies */
+    used = off[n_exp] / v.ts;
+    for (int64_t t = 0; t < v.tiles; t++) {
+        void *const *P = (void *const *)AT(v.ptrs);
+        const int64_t r = t * v.ts;
+        const unsigned char *xs = v.xs, *gu = v.gu, *hh = v.hh, *ys = v.ys;
+        const unsigned char *wgu = dgu, *wdn = ddn;
+        const void *want[6];
+        int j = 0;
+        if (t < used) {
+            while (j + 1 < n_exp && off[j + 1] <= r)
+                j++;
+            want[0] = xs + r * H * (int64_t)esz;
+            want[1] = wgu + (int64_t)j * 2 * I * H * (int64_t)esz;
+            want[2] = gu + r * 2 * I * (int64_t)esz;
+            want[3] = hh + r * I * (int64_t)esz;
+            want[4] = wdn + (int64_t)j * H * I * (int64_t)esz;
+            want[5] = ys + r * H * 4;
+        } else {
+            want[0] = xs, want[1] = wgu, want[2] = v.dummy_gu;
+            want[3] = hh, want[4] = wdn, want[5] = v.dummy_ys;
+        }
+        for (int a = 0; a < 6; a++)
+            CHECKF(P[a * v.tiles + t] == want[a], "route %s: tile %lld of %lld (%lld used), "
+                   "pointer %d", s->what, (long long)t, (long long)v.tiles, (long long)used, a);
+    }
+#undef AT
+    /* combine over random expert outputs in the padded rows, by the GPU's slots */
+    {
+        float *ys = malloc(sizeof(float) * (size_t)(v.rows * H));
+        float *w = malloc(sizeof(float) * (size_t)picks);
+        float *ref = malloc(sizeof(float) * (size_t)(T * H));
+        float *got = malloc(sizeof(float) * (size_t)(T * H) + GUARD);
+        void *dys, *dw, *dout;
+        double worst = 0;
+        CHECK(ys && w && ref && got);
+        for (int64_t i = 0; i < v.rows * H; i++)
+            ys[i] = gt_uniform();
+        for (int64_t p = 0; p < picks; p++)
+            w[p] = 0.1f + (gt_uniform() + 1.0f) * 0.4f;
+        dg_ref_moe_combine(ref, ys, slot, w, T, K, H);
+        dys = gt_upload(ys, sizeof(float) * (size_t)(v.rows * H), &err);
+        dw = gt_upload(w, sizeof(float) * (size_t)picks, &err);
+        dout = gt_out_alloc(sizeof(float) * (size_t)(T * H), GUARD, 0x5a, &err);
+        CHECKF(dys && dw && dout, "%s", err.msg);
+        CHECK_OK(dg_cuda_moe_combine(dout, dys, v.slot_of, dw, T, K, H, NULL, 0, &err), &err);
+        CHECK_OK(dg_cuda_sync(0, &err), &err);
+        CHECK_OK(dg_cuda_download(got, dout, sizeof(float) * (size_t)(T * H) + GUARD, 0, &err),
+                 &err);
+        for (int i = 0; i < GUARD; i++)
+            CHECKF(((unsigned char *)(got + T * H))[i] == 0x5a,
+                   "combine %s: guard byte %d changed", s->what, i);
+        for (int64_t i = 0; i < T * H; i++) {
+            const double d = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
+            CHECKF(!isnan(got[i]), "combine %s: NaN at %lld", s->what, (long long)i);
+            worst = d > worst ? d : worst;
+        }
+        printf("# route %s: %d-row tiles, %lld of %lld used; combine within %.1e\n", s->what,
+               v.ts, (long long)used, (long long)v.tiles, worst);
+        CHECKF(worst <= 1e-6, "combine %s: %.3e from the reference", s->what, worst);
+        dg_cuda_free(dys), dg_cuda_free(dw), dg_cuda_free(dout);
+        free(ys), free(w), free(ref), free(got);
+    }
+    dg_cuda_free(dx), dg_cuda_free(didx), dg_cuda_free(dgu), dg_cuda_free(ddn);
+    dg_cuda_free(scratch);
+    free(hx), free(fx), free(idx), free(slot), free(ref_slot), free(cnt), free(off);
+    free(ref_cnt), free(ref_off), free(sc_host);
+    return 0;
+}
+
+/* The routing stages and the ordered sum of the experts (dg_cuda_moe_route_e,
+ * dg_cuda_moe_combine) on their own, against dg_ref_moe_route and
+ * dg_ref_moe_combine on fresh random picks: all experts, a rank's slice,
+ * one token, every pick on one expert (runs of several tiles), no pick in
+ * the slice (every tile on the dummies), rows of 16-byte multiples (the
+ * 16-byte gather) and not (H 100 bf16, H 70 fp32: the element gather);
+ * scratch poisoned and guarded; combine within 1e-6 (fp32, k order; the
+ * GPU may fuse the multiply-add).  Shapes the routing refuses: DG_E_INVAL. */
+static int route_combine(void)
+{
+    static const struct route_shape shapes[] = {
+        {"37 tokens, top-2 of 8, H 64 bf16", 37, 64, 32, 8, 2, 0, 8, 0, DG_ELT_BF16},
+        {"200 tokens, top-8 of 128, experts 32..63, H 512 bf16", 200, 512, 176, 128, 8, 32, 32,
+         0, DG_ELT_BF16},
+        {"1 token, top-8 of 128, H 2816 bf16", 1, 2816, 704, 128, 8, 0, 128, 0, DG_ELT_BF16},
+        {"300 tokens, every pick on expert 3 of 3..4, H 128 fp32", 300, 128, 96, 8, 1, 3, 2, 1,
+         DG_ELT_F32},
+        {"9 tokens, top-2 of 6, slice 6..7 (none picked), H 64 bf16", 9, 64, 32, 6, 2, 6, 2, 0,
+         DG_ELT_BF16},
+        {"21 tokens, top-2 of 8, H 100 bf16", 21, 100, 48, 8, 2, 0, 8, 0, DG_ELT_BF16},
+        {"256 tokens, top-8 of 128, H 70 fp32", 256, 70, 40, 128, 8, 0, 128, 0, DG_ELT_F32},
+    };
+    struct dg_moe_route_view v;
+    struct dg_error err = {0};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        if (route_one(&shapes[k]))
+            return 1;
+    CHECK_FAILS(dg_cuda_moe_route_e(DG_ELT_BF16, NULL, 0, 64, NULL, 2, 0, 8, 32, NULL, NULL,
+                                    NULL, &v, NULL, 0, &err),
+                &err, DG_E_INVAL, "routing of 0 tokens");
+    CHECK_FAILS(dg_cuda_moe_route_e(DG_ELT_BF16, NULL, 3, 64, NULL, 2, 0, 1025, 32, NULL, NULL,
+                                    NULL, &v, NULL, 0, &err),
+                &err, DG_E_INVAL, "1025 experts");
+    CHECK_FAILS(dg_cuda_moe_route_e((enum dg_elt)7, NULL, 3, 64, NULL, 2, 0, 8, 32, NULL, NULL,
+                                    NULL, &v, NULL, 0, &err),
+                &err, DG_E_INVAL, "element type");
+    CHECK(dg_cuda_moe_combine(NULL, NULL, NULL, NULL, 0, 2, 64, NULL, 0, &err) == 0);
+    CHECK_FAILS(dg_cuda_moe_combine(NULL, NULL, NULL, NULL, 3, 0, 64, NULL, 0, &err), &err,
+                DG_E_INVAL, "top-0");
+    return 0;
+}
+
 /* The grouped GEMM (moe-gemm.cu) alone, each of its configurations (K
  * step, pipeline depth), against dg_ref_matmul_f64 per group: eight groups of
  * 0, 1, 17, 33, 64, 150, 3 and 16 rows with gaps between (gap rows stay
@@ -395,6 +607,7 @@ int main(void)
     gt_seed(0x3c6ef372fe94f82bull);
     TEST_CASE(moe);
     TEST_CASE(elt_refused);
+    TEST_CASE(route_combine);
     TEST_CASE(grouped_configs);
     return test_finish();
 }
