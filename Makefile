@@ -112,7 +112,11 @@ DAEMON_LIB  := $(BUILD)/libdgemma-daemon.a
 DAEMON_BIN  := $(BUILD)/bin/dgemmad
 
 CLIENT_BIN  := $(BUILD)/bin/dgemma-client
-CLIENT_SRC  := $(filter-out client/libdgemma.c,$(wildcard client/*.c))
+# (libdgemma's sources are client/libdgemma*.c; the CLI's, the other client/*.c)
+LIBDGEMMA_SRC := $(wildcard client/libdgemma*.c)
+CLIENT_SRC  := $(filter-out $(LIBDGEMMA_SRC),$(wildcard client/*.c))
+LIBDGEMMA_OBJ := $(LIBDGEMMA_SRC:%.c=$(BUILD)/%.o)
+LIBDGEMMA_PIC := $(LIBDGEMMA_SRC:client/%.c=$(BUILD)/client/pic/%.o)
 LIBDGEMMA_VERSION := 0.1.0
 LIBDGEMMA_A   := $(BUILD)/lib/libdgemma.a
 LIBDGEMMA_SO  := $(BUILD)/lib/libdgemma.so.$(LIBDGEMMA_VERSION)
@@ -200,21 +204,21 @@ $(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(GPU_ALL) $(LIBCORE)
 
 # libdgemma: a static archive (the CLI links it) and a shared library that
 # exports only dgemma_* (client/libdgemma.map), with its pkg-config file.
-$(BUILD)/client/pic/libdgemma.o: client/libdgemma.c
+$(LIBDGEMMA_PIC): $(BUILD)/client/pic/%.o: client/%.c
 	$(call say,CC,$< [pic])
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(ALL_CFLAGS) -fPIC -c $< -o $@
 
-$(LIBDGEMMA_A): $(BUILD)/client/libdgemma.o
+$(LIBDGEMMA_A): $(LIBDGEMMA_OBJ)
 	$(call say,AR,$@)
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(LIBDGEMMA_SO): $(BUILD)/client/pic/libdgemma.o client/libdgemma.map
+$(LIBDGEMMA_SO): $(LIBDGEMMA_PIC) client/libdgemma.map
 	$(call say,LINK,$@)
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libdgemma.so.0 \
-	    -Wl,--version-script=client/libdgemma.map $< -ljansson -lm -o $@
+	    -Wl,--version-script=client/libdgemma.map $(LIBDGEMMA_PIC) -ljansson -lm -o $@
 	$(Q)ln -sf libdgemma.so.$(LIBDGEMMA_VERSION) $(BUILD)/lib/libdgemma.so.0
 	$(Q)ln -sf libdgemma.so.0 $(BUILD)/lib/libdgemma.so
 

@@ -1,6 +1,6 @@
 /*
  * t-ring-client - the client side of the shared-memory job ring
- * (dgemma_ring_* in client/libdgemma.c, the layout of lib/shm-layout.h)
+ * (dgemma_ring_* in client/libdgemma-ring*.c, the layout of lib/shm-layout.h)
  * against a fake daemon in a thread of this program: it listens on a UNIX
  * socket, answers shm_attach with a sealed memfd and two eventfds passed by
  * SCM_RIGHTS, then plays the daemon's side of the ring (consumes entries,
@@ -20,11 +20,16 @@
  * completion pointing outside the arena is DGEMMA_E_PROTOCOL and the ring
  * goes on.
  *
- * The unit tests do not link libdgemma, so this file includes its source
- * (client/libdgemma.c) and can look at its internals where the public API
- * cannot show a path was taken.
+ * The unit tests do not link libdgemma, so this file includes its sources
+ * (client/libdgemma*.c, every one: they hold one library between them) and
+ * can look at its internals (client/libdgemma-internal.h) where the public
+ * API cannot show a path was taken.
  */
 #include "client/libdgemma.c"
+#include "client/libdgemma-events.c"
+#include "client/libdgemma-ring.c"
+#include "client/libdgemma-ring-submit.c"
+#include "client/libdgemma-ring-reap.c"
 
 #include <dirent.h>
 #include <pthread.h>
