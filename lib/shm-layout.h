@@ -1,7 +1,7 @@
 /*
  * shm-layout.h - the shared-memory job ring of dgemmad, version 1: the
  * binary layout both sides agree on (the daemon in daemon/shm-ring.c,
- * libdgemma in client/libdgemma.c, any other client from dgemmad(8)).
+ * libdgemma in client/libdgemma-ring*.c, any other client from dgemmad(8)).
  * Definitions only; no code.  Little-endian, natural alignment; every
  * offset below is fixed (static assertions at the end).
  *
