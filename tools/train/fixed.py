@@ -208,7 +208,8 @@ def compile_losses(lean, params, S, V, amp, tol):
     finally:
         for p in params:
             p.grad = None
-    return (fn if max(d.values()) <= tol else None), d
+    # (a NaN fails the comparison: not accepted)
+    return (fn if all(v <= tol for v in d.values()) else None), d
 
 
 def autocast(amp):
