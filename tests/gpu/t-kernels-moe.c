@@ -68,6 +68,23 @@ static void *out_buf(size_t n, struct dg_error *err)
     return d;
 }
 
+/* Router picks for T tokens: K distinct experts of E per token, or every
+ * pick on expert one (K = 1), into idx [T, K]. */
+static void draw_picks(int32_t *idx, int64_t T, int K, int E, int one)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                e = one >= 0 ? one : (int)(gt_next() % (uint64_t)E);
+                dup = 0;
+                for (int j = 0; j < k; j++)
+                    dup |= idx[t * K + j] == e;
+            } while (dup && one < 0);
+            idx[t * K + k] = e;
+        }
+}
+
 /* bf16 elements: dg_cuda_moe and its scratch; fp32: the _e forms */
 static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
 {
@@ -91,18 +108,9 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
           gt_rand_elts(elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0 &&
           gt_rand_elts(elt, ngu, 0.06f, &hgu, &fgu) == 0 &&
           gt_rand_elts(elt, ndn, 0.06f, &hdn, &fdn) == 0);
-    for (int64_t t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) {
-            int e, dup;
-            do { /* K distinct experts per token */
-                e = s->one_expert ? s->e0 : (int)(gt_next() % (uint64_t)s->E);
-                dup = 0;
-                for (int j = 0; j < k; j++)
-                    dup |= idx[t * K + j] == e;
-            } while (dup && !s->one_expert);
-            idx[t * K + k] = e;
-            w[t * K + k] = 0.1f + (gt_uniform() + 1.0f) * 0.4f;
-        }
+    draw_picks(idx, T, K, s->E, s->one_expert ? s->e0 : -1);
+    for (int64_t p = 0; p < T * K; p++)
+        w[p] = 0.1f + (gt_uniform() + 1.0f) * 0.4f;
     for (int j = 0; j < n_exp; j++) {
         const enum dg_dtype dt = f32 ? DG_DTYPE_F32 : DG_DTYPE_BF16;
         wgu[j] = (struct dg_weight){.data = (const unsigned char *)hgu +
@@ -304,17 +312,7 @@ static int route_one(const struct route_shape *s)
 
     CHECK(idx && slot && ref_slot && cnt && off && ref_cnt && ref_off && sc_host &&
           gt_rand_elts(s->elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0);
-    for (int64_t t = 0; t < T; t++)
-        for (int k = 0; k < K; k++) {
-            int e, dup;
-            do { /* K distinct experts per token */
-                e = s->one_expert ? s->e0 : (int)(gt_next() % (uint64_t)s->E);
-                dup = 0;
-                for (int j = 0; j < k; j++)
-                    dup |= idx[t * K + j] == e;
-            } while (dup && !s->one_expert);
-            idx[t * K + k] = e;
-        }
+    draw_picks(idx, T, K, s->E, s->one_expert ? s->e0 : -1);
     /* the weights are only addressed (the tile table), never read here */
     dx = gt_upload(hx, (size_t)(T * H) * esz, &err);
     didx = gt_upload(idx, sizeof(int32_t) * (size_t)picks, &err);
