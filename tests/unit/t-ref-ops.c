@@ -3,7 +3,8 @@
  * hand from its formula (model.md §3): RMSNorm with and without weight,
  * gelu-tanh, soft-cap, both RoPE kinds (incl. the 26B proportional table),
  * router top-k with renormalisation, per-expert scale and ties, the mask of
- * every mode and layer kind, and grouped-query attention.  The random
+ * every mode and layer kind, grouped-query attention, and the GPU
+ * experts' routing layout and ordered sum (slots, padded runs).  The random
  * fill's rectangular slices: exactly the sliced elements of the 1-D fill.
  */
 #include <math.h>
@@ -281,6 +282,30 @@ static int case_views_and_head_slices(void)
  * bit for bit, the elements first + r ld + c of dg_ref_fill_normal of the
  * whole tensor (odd first and ld, cols == ld, one column, one row, a slice
  * of a bank), at std > 0 and std = 0. */
+static int case_moe_route_and_combine(void)
+{
+    /* 3 tokens x top-2 over experts 2..4 (e0 2, three experts), tiles of 2
+     * rows: expert 2 has picks 0, 3, 5 (3 rows, padded to 4), expert 3
+     * pick 2 (1, padded to 2), expert 4 none; picks 1 and 4 are another
+     * rank's (experts 0 and 5) */
+    static const int32_t idx[6] = {2, 0, 3, 2, 5, 2};
+    static const int32_t want_off[4] = {0, 4, 6, 6}, want_slot[6] = {0, -1, 4, 1, -1, 2};
+    static const float w[6] = {0.5f, 9, 0.25f, 2, 7, 1};
+    int32_t counts[3], off[4], slot[6];
+    float ys[12], out[6];
+    dg_ref_moe_route(counts, off, slot, idx, 6, 2, 3, 2);
+    CHECK(counts[0] == 3 && counts[1] == 1 && counts[2] == 0);
+    CHECK(!memcmp(off, want_off, sizeof off) && !memcmp(slot, want_slot, sizeof slot));
+    /* row r of ys: [r + 1, 10 (r + 1)]; token 0: 0.5 row 0; token 1:
+     * 0.25 row 4 + 2 row 1; token 2: 1 row 2 (k order, others skipped) */
+    for (int r = 0; r < 6; r++)
+        ys[2 * r] = (float)(r + 1), ys[2 * r + 1] = 10.0f * (float)(r + 1);
+    dg_ref_moe_combine(out, ys, slot, w, 3, 2, 2);
+    CHECK(out[0] == 0.5f && out[1] == 5.0f && out[2] == 5.25f && out[3] == 52.5f &&
+          out[4] == 3.0f && out[5] == 30.0f);
+    return 0;
+}
+
 static int case_fill_normal_rect(void)
 {
     enum { N = 4096 };
@@ -345,6 +370,7 @@ int main(void)
     TEST_CASE(case_attention);
     TEST_CASE(case_matmul_dtypes);
     TEST_CASE(case_views_and_head_slices);
+    TEST_CASE(case_moe_route_and_combine);
     TEST_CASE(case_fill_normal_rect);
     return test_finish();
 }
