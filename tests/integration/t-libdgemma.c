@@ -1,6 +1,6 @@
 /*
  * Description: libdgemma (client/dgemma.h) against the real dgemmad on the
- * embedded default model, through the public API only: NULL handles and
+ * random test model ($BUILD/model/random), through the public API only: NULL handles and
  * statuses, connecting to a missing socket (fails in about the wait) and to
  * a daemon still starting (waits for it), a streamed text request (accepted
  * with the seed, canvases in order adding up to the done), a chat request

@@ -1,6 +1,6 @@
 /*
  * Description: a load test of the real dgemmad (from $BUILD/bin) on the
- * embedded default model and the CPU backend.  One thread drives, with
+ * random test model ($BUILD/model/random) and the CPU backend.  One thread drives, with
  * epoll, 1000 UNIX-socket connections held open at once (the test's
  * RLIMIT_NOFILE soft limit is raised to the hard limit first; the daemon,
  * its child, inherits it) and two shared-memory rings (libdgemma), and

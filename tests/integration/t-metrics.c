@@ -1,6 +1,6 @@
 /*
  * Description: the metrics database written by the real dgemmad (from
- * $BUILD/bin) on the embedded default model: N requests (streamed and not,
+ * $BUILD/bin) on the random test model ($BUILD/model/random): N requests (streamed and not,
  * tagged, one from a batch, one cancelled mid-way) give exactly N request
  * rows and one row per canvas, with the values the clients saw in their
  * events, and a refused request gives a 'rejected' row; another process

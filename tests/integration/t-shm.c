@@ -1,6 +1,6 @@
 /*
  * Description: the shared-memory ring against the real dgemmad (from
- * $BUILD/bin) on the embedded default model.  2000 small jobs (150 under
+ * $BUILD/bin) on the random test model ($BUILD/model/random).  2000 small jobs (150 under
  * AddressSanitizer) through libdgemma's ring give, each, the same output
  * as the same request over the socket; a hostile client that writes random bytes into every field
  * of its ring (header, indexes, entries, arenas) and rings its doorbell
