@@ -1,10 +1,11 @@
 /*
  * Description: the shared-memory ring against the real dgemmad (from
- * $BUILD/bin) on the random test model ($BUILD/model/random).  2000 small jobs (150 under
- * AddressSanitizer) through libdgemma's ring give, each, the same output
- * as the same request over the socket; a hostile client that writes random bytes into every field
- * of its ring (header, indexes, entries, arenas) and rings its doorbell
- * while another client runs normally: the other client's outputs are
+ * $BUILD/bin) on the random test model ($BUILD/model/random).  2000
+ * small jobs (150 under AddressSanitizer) through libdgemma's ring give,
+ * each, the same output as the same request over the socket; a hostile
+ * client that writes random bytes into every field of its ring (header,
+ * indexes, entries, arenas) and rings its doorbell while another client
+ * runs normally: the other client's outputs are
  * unchanged, the daemon stays up and answers; a client killed with jobs in
  * flight: the daemon cancels them, releases the ring (status "rings" back
  * to 0) and holds no more descriptors than before; a job cancelled through
