@@ -1,5 +1,6 @@
 /* fixture.c - a real dgemmad for integration tests (see fixture.h). */
 #include "tests/integration/fixture.h"
+#include "tests/harness.h"
 #include "tests/sql-peek.h"
 
 #include <poll.h>
@@ -104,6 +105,19 @@ int fixture_wait_ready(pid_t pid, const char *sock)
         usleep(20000);
     }
     return -1;
+}
+
+int fixture_finish(pid_t pid, const char *log)
+{
+    int rc;
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    rc = test_finish();
+    if (rc != 0 && log && log[0])
+        printf("# daemon log: %s\n", log);
+    return rc;
 }
 
 int fixture_wait_exit(pid_t pid, int *status)

@@ -39,6 +39,12 @@ int fixture_wait_ready(pid_t pid, const char *sock);
  * exited by itself; *status as waitpid gives it. */
 int fixture_wait_exit(pid_t pid, int *status);
 
+/* The end of a daemon test's main: the daemon, if still running (pid > 0),
+ * killed (SIGKILL) and reaped; then test_finish()'s exit code, and when a
+ * case failed and log is a path (not NULL or empty), a "# daemon log: PATH"
+ * line. */
+int fixture_finish(pid_t pid, const char *log);
+
 /* Whether the file contains needle (its first 1 MiB). */
 int fixture_file_has(const char *path, const char *needle);
 

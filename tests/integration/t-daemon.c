@@ -552,7 +552,6 @@ static int stale_socket_replaced(void)
 
 int main(void)
 {
-    int rc;
     TEST_CASE(start);
     if (daemon_pid > 0) {
         TEST_CASE(sighup_reopens_log);
@@ -568,12 +567,5 @@ int main(void)
         TEST_CASE(sigterm_during_generation);
         TEST_CASE(stale_socket_replaced);
     }
-    if (daemon_pid > 0) {
-        kill(daemon_pid, SIGKILL);
-        waitpid(daemon_pid, NULL, 0);
-    }
-    rc = test_finish();
-    if (rc != 0)
-        printf("# daemon log: %s\n", log_path);
-    return rc;
+    return fixture_finish(daemon_pid, log_path);
 }

@@ -911,7 +911,6 @@ static int daemon_goes_away(void)
 
 int main(void)
 {
-    int rc;
     signal(SIGPIPE, SIG_DFL); /* a send raising SIGPIPE would kill the test */
     TEST_CASE(null_handles);
     TEST_CASE(connect_missing);
@@ -929,12 +928,5 @@ int main(void)
         TEST_CASE(non_blocking);
         TEST_CASE(daemon_goes_away);
     }
-    if (daemon_pid > 0) {
-        kill(daemon_pid, SIGKILL);
-        waitpid(daemon_pid, NULL, 0);
-    }
-    rc = test_finish();
-    if (rc != 0 && log_path[0])
-        printf("# daemon log: %s\n", log_path);
-    return rc;
+    return fixture_finish(daemon_pid, log_path);
 }

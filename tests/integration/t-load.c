@@ -1208,9 +1208,5 @@ int main(void)
     snprintf(db_path, sizeof db_path, "%s", test_path("metrics.sqlite"));
     signal(SIGPIPE, SIG_IGN);
     TEST_CASE(load);
-    if (daemon_pid > 0) {
-        kill(daemon_pid, SIGKILL);
-        waitpid(daemon_pid, NULL, 0);
-    }
-    return test_finish();
+    return fixture_finish(daemon_pid, NULL);
 }

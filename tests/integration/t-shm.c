@@ -588,9 +588,5 @@ int main(void)
     TEST_CASE(ring_cancel);
     TEST_CASE(ring_long_prompt);
     TEST_CASE(refusals);
-    if (daemon_pid > 0) {
-        kill(daemon_pid, SIGKILL);
-        waitpid(daemon_pid, NULL, 0);
-    }
-    return test_finish();
+    return fixture_finish(daemon_pid, NULL);
 }

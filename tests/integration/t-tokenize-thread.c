@@ -219,19 +219,11 @@ static int sigterm_while_tokenizing(void)
 
 int main(void)
 {
-    int rc;
     TEST_CASE(start);
     if (daemon_pid > 0) {
         TEST_CASE(others_served_meanwhile);
         TEST_CASE(chat_and_vanishing_client);
         TEST_CASE(sigterm_while_tokenizing);
     }
-    if (daemon_pid > 0) {
-        kill(daemon_pid, SIGKILL);
-        waitpid(daemon_pid, NULL, 0);
-    }
-    rc = test_finish();
-    if (rc != 0)
-        printf("# daemon log: %s\n", log_path);
-    return rc;
+    return fixture_finish(daemon_pid, log_path);
 }
