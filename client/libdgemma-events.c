@@ -41,7 +41,7 @@ static int protocol_error(dgemma_t *c, const char *why, const char *line, size_t
         show[i] = (unsigned char)line[i] < 0x20 || line[i] == 0x7f ? '?' : line[i];
     show[k] = '\0';
     return dgc_seterr(c, DGEMMA_E_PROTOCOL, "not a version-1 event (%s): %s%s", why, show,
-                  n > SHOW_LINE ? "..." : "");
+                      n > SHOW_LINE ? "..." : "");
 }
 
 static int parse_event(dgemma_t *c, char *line, size_t n, dgemma_event_t *ev)
@@ -279,7 +279,7 @@ int dgc_fill(dgemma_t *c, int wait_ms, int keep_fds)
         c->eof = 1;
     } else {
         return dgc_seterr(c, errno == ENOMEM || errno == ENOBUFS ? DGEMMA_E_NOMEM : DGEMMA_E_IO,
-                      "recvmsg: %s", dgc_errstr(errno, eb, sizeof eb));
+                          "recvmsg: %s", dgc_errstr(errno, eb, sizeof eb));
     }
     return DGEMMA_OK;
 }
@@ -347,7 +347,7 @@ int dgemma_next_event(dgemma_t *c, dgemma_event_t *ev, int timeout_ms)
         if (c->eof) {
             if (c->end > c->start)
                 return dgc_seterr(c, DGEMMA_E_CLOSED,
-                              "the daemon closed the connection in the middle of a line");
+                                  "the daemon closed the connection in the middle of a line");
             return dgc_seterr(c, DGEMMA_E_CLOSED, "the daemon closed the connection");
         }
         if (timeout_ms < 0) {

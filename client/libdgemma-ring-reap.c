@@ -32,7 +32,7 @@ static int ring_drain(dgemma_ring_t *ring)
         if (got < 0 && errno == EINTR)
             continue;
         return dgc_seterr(ring->c, DGEMMA_E_IO, "ring: the completion doorbell: %s",
-                      got < 0 ? dgc_errstr(errno, eb, sizeof eb) : "a short read");
+                          got < 0 ? dgc_errstr(errno, eb, sizeof eb) : "a short read");
     }
 }
 
@@ -73,19 +73,19 @@ static int reap_one(dgemma_ring_t *ring, dgemma_completion_t *out)
         return DGEMMA_E_AGAIN;
     if ((uint32_t)(tail - ring->cq_head) > ring->cq_entries)
         return dgc_ring_break(ring, "cq_tail %" PRIu32 " is more than %" PRIu32 " past cq_head %"
-                          PRIu32, tail, ring->cq_entries, ring->cq_head);
+                              PRIu32, tail, ring->cq_entries, ring->cq_head);
     memcpy(&e, ring->cq + (size_t)(ring->cq_head & (ring->cq_entries - 1)) * DG_SHM_CQE_SIZE,
            sizeof e);
     idb = (uint64_t)e.n_ids * sizeof(int32_t);
     need = idb + e.text_len;
     if (e.status > DG_SHM_ERR_INTERNAL || (e.status == DG_SHM_OK && e.finish > DG_SHM_FINISH_ERROR))
         bad = dgc_seterr(ring->c, DGEMMA_E_PROTOCOL, "ring: the completion of job %" PRIu64
-                     " has status %" PRIu32 " finish %" PRIu32 " (dropped)", e.user_data,
-                     e.status, e.finish);
+                         " has status %" PRIu32 " finish %" PRIu32 " (dropped)", e.user_data,
+                         e.status, e.finish);
     else if (e.out_off > ring->out_size || need > ring->out_size - e.out_off)
         bad = dgc_seterr(ring->c, DGEMMA_E_PROTOCOL, "ring: the completion of job %" PRIu64
-                     " has %" PRIu64 " bytes at %" PRIu64 ", outside the %" PRIu64 "-byte arena"
-                     " (dropped)", e.user_data, need, e.out_off, ring->out_size);
+                         " has %" PRIu64 " bytes at %" PRIu64 ", outside the %" PRIu64 "-byte arena"
+                         " (dropped)", e.user_data, need, e.out_off, ring->out_size);
     else if (need + 1 > ring->obuf_cap) {
         size_t cap = ring->obuf_cap ? ring->obuf_cap : 256;
         unsigned char *p;
@@ -93,7 +93,7 @@ static int reap_one(dgemma_ring_t *ring, dgemma_completion_t *out)
             cap *= 2;
         if (!(p = realloc(ring->obuf, cap)))
             return dgc_seterr(ring->c, DGEMMA_E_NOMEM, "ring: out of memory for a %" PRIu64
-                          "-byte completion", need);
+                              "-byte completion", need);
         ring->obuf = p;
         ring->obuf_cap = cap;
     }
@@ -205,18 +205,18 @@ int dgemma_ring_wait(dgemma_ring_t *ring, int timeout_ms)
             continue;
         if (rc < 0)
             return dgc_seterr(ring->c, DGEMMA_E_IO, "ring wait: poll: %s",
-                          dgc_errstr(errno, eb, sizeof eb));
+                              dgc_errstr(errno, eb, sizeof eb));
         if (rc == 0) {
             if (__atomic_load_n(&ring->h->cq_tail, __ATOMIC_ACQUIRE) != ring->cq_head)
                 return DGEMMA_OK;
             if (timeout_ms < 0 || deadline - dgc_now_ms() > 0)
                 continue; /* (a recheck) */
             return dgc_seterr(ring->c, DGEMMA_E_AGAIN, "ring wait: no completion within %d ms",
-                          timeout_ms);
+                              timeout_ms);
         }
         if ((p[0].revents | p[1].revents) & POLLNVAL)
             return dgc_seterr(ring->c, DGEMMA_E_IO, "ring wait: %s is not open",
-                          p[0].revents & POLLNVAL ? "the completion doorbell"
+                              p[0].revents & POLLNVAL ? "the completion doorbell"
                                                   : "the connection's socket");
         if (p[0].revents & POLLERR)
             return dgc_seterr(ring->c, DGEMMA_E_IO, "ring wait: the completion doorbell failed");

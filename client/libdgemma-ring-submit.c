@@ -21,7 +21,7 @@ static int ring_reclaim(dgemma_ring_t *ring)
     const uint32_t head = __atomic_load_n(&ring->h->sq_head, __ATOMIC_ACQUIRE);
     if ((uint32_t)(head - ring->sq_freed) > (uint32_t)(ring->sq_tail - ring->sq_freed))
         return dgc_ring_break(ring, "sq_head %" PRIu32 " is outside [%" PRIu32 ", %" PRIu32 "]",
-                          head, ring->sq_freed, ring->sq_tail);
+                              head, ring->sq_freed, ring->sq_tail);
     while (ring->sq_freed != head) {
         const struct arena_rec *a = &ring->slot[ring->sq_freed & (ring->sq_entries - 1)];
         if (a->end > ring->in_head)
@@ -71,8 +71,8 @@ static int sq_room(dgemma_ring_t *ring, const char *what)
         return rc;
     if ((uint32_t)(ring->sq_tail - ring->sq_freed) >= ring->sq_entries)
         return dgc_seterr(ring->c, DGEMMA_E_AGAIN,
-                      "%s: the submission ring is full (%" PRIu32 " entries): reap, then try again",
-                      what, ring->sq_entries);
+                          "%s: the submission ring is full (%" PRIu32 " entries): reap, then "
+                          "try again", what, ring->sq_entries);
     return DGEMMA_OK;
 }
 
@@ -140,15 +140,15 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
         }
         if (!strcmp(key, "messages") || !strcmp(key, "enable_thinking"))
             return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: %s: a chat request cannot go on the "
-                          "ring (render it to text, or use dgemma_submit)", key);
+                              "ring (render it to text, or use dgemma_submit)", key);
         if (!strcmp(key, "prompt") || !strcmp(key, "prompt_ids")) {
             const int ids = !strcmp(key, "prompt_ids");
             if (*prompt)
                 return dgc_seterr(c, DGEMMA_E_INVAL,
-                              "ring submit: both prompt and prompt_ids: give one");
+                                  "ring submit: both prompt and prompt_ids: give one");
             if (ids ? !json_is_array(v) : !json_is_string(v))
                 return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: %s: expected %s", key,
-                              ids ? "a list of token ids" : "a string");
+                                  ids ? "a list of token ids" : "a string");
             *prompt = v;
             e->op = ids ? DG_SHM_OP_IDS : DG_SHM_OP_TEXT;
             continue;
@@ -166,10 +166,11 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
             if (!strcmp(key, I32[i].key)) {
                 int32_t y;
                 if (!get_ll(v, &x))
-                    return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: %s: expected an integer", key);
+                    return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: %s: expected an integer",
+                                      key);
                 if (x < INT32_MIN || x > INT32_MAX)
                     return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: %s: %lld does not fit the "
-                                  "ring's 32 bits", key, x);
+                                      "ring's 32 bits", key, x);
                 y = (int32_t)x;
                 memcpy((char *)e + I32[i].off, &y, sizeof y);
                 e->set |= I32[i].bit;
@@ -198,24 +199,25 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
             e->set |= DG_SHM_SET_SEED;
         } else if (!strcmp(key, "max_tokens")) {
             if (!get_ll(v, &x))
-                return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: max_tokens: expected an integer");
+                return dgc_seterr(c, DGEMMA_E_INVAL,
+                                  "ring submit: max_tokens: expected an integer");
             e->max_tokens = (int64_t)x;
             e->set |= DG_SHM_SET_MAX_TOKENS;
         } else if (!strcmp(key, "stop_token_ids")) {
             const size_t k = json_is_array(v) ? json_array_size(v) : 1;
             if (!json_is_array(v) && !json_is_integer(v))
                 return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop_token_ids: expected an "
-                              "integer or a list of integers");
+                                  "integer or a list of integers");
             if (k > DG_SHM_MAX_STOP_IDS)
-                return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop_token_ids: %zu ids; the ring "
-                              "carries at most %d", k, DG_SHM_MAX_STOP_IDS);
+                return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop_token_ids: %zu ids; the "
+                                  "ring carries at most %d", k, DG_SHM_MAX_STOP_IDS);
             for (size_t j = 0; j < k; j++) {
                 if (!get_ll(json_is_array(v) ? json_array_get(v, j) : v, &x))
-                    return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop_token_ids[%zu]: expected "
-                                  "an integer", j);
+                    return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop_token_ids[%zu]: "
+                                      "expected an integer", j);
                 if (x < INT32_MIN || x > INT32_MAX)
                     return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop_token_ids[%zu]: %lld "
-                                  "does not fit 32 bits", j, x);
+                                      "does not fit 32 bits", j, x);
                 e->stop_ids[j] = (int32_t)x;
             }
             e->n_stop_ids = (uint32_t)k;
@@ -223,13 +225,13 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
         } else if (!strcmp(key, "stop")) {
             const size_t k = json_is_array(v) ? json_array_size(v) : 1;
             if (!json_is_array(v) && !json_is_string(v))
-                return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop: expected a string or a list "
-                              "of strings");
+                return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop: expected a string or a "
+                                  "list of strings");
             for (size_t j = 0; j < k; j++) {
                 const json_t *s = json_is_array(v) ? json_array_get(v, j) : v;
                 if (!json_is_string(s))
-                    return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop[%zu]: expected a string",
-                                  j);
+                    return dgc_seterr(c, DGEMMA_E_INVAL,
+                                      "ring submit: stop[%zu]: expected a string", j);
                 if (strlen(json_string_value(s)) != json_string_length(s))
                     return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: stop[%zu]: a NUL inside", j);
                 *stop_len += json_string_length(s) + 1;
@@ -237,8 +239,8 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
             *stops = v;
             e->set |= DG_SHM_SET_STOP;
         } else {
-            return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: %.64s: not a setting the ring carries",
-                          key);
+            return dgc_seterr(c, DGEMMA_E_INVAL,
+                              "ring submit: %.64s: not a setting the ring carries", key);
         }
     }
     if (!*prompt)
@@ -249,10 +251,10 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
         json_array_foreach(*prompt, j, id) {
             if (!get_ll(id, &x))
                 return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: prompt_ids[%zu]: expected an "
-                              "integer", j);
+                                  "integer", j);
             if (x < INT32_MIN || x > INT32_MAX)
                 return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: prompt_ids[%zu]: %lld does not "
-                              "fit 32 bits", j, x);
+                                  "fit 32 bits", j, x);
         }
     }
     return DGEMMA_OK;
@@ -279,13 +281,14 @@ int dgemma_ring_submit(dgemma_ring_t *ring, const dgemma_request_t *r, uint64_t 
                                  : (uint64_t)json_string_length(prompt);
     if (plen + slen > ring->in_size || plen > UINT32_MAX || slen > UINT32_MAX)
         return dgc_seterr(ring->c, DGEMMA_E_INVAL, "ring submit: %" PRIu64 " bytes of prompt and "
-                      "stop strings; the prompt arena holds %" PRIu64, plen + slen, ring->in_size);
+                          "stop strings; the prompt arena holds %" PRIu64, plen + slen,
+                          ring->in_size);
     if ((rc = sq_room(ring, "ring submit")) < 0)
         return rc;
     if (arena_take(ring, plen + slen, &off) < 0)
         return dgc_seterr(ring->c, DGEMMA_E_AGAIN, "ring submit: the prompt arena is full (%" PRIu64
-                      " of %" PRIu64 " bytes taken): reap, then try again",
-                      ring->in_tail - ring->in_head, ring->in_size);
+                          " of %" PRIu64 " bytes taken): reap, then try again",
+                          ring->in_tail - ring->in_head, ring->in_size);
     e.prompt_off = off;
     e.prompt_len = (uint32_t)plen;
     if (e.op == DG_SHM_OP_IDS) {

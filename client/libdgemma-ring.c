@@ -48,7 +48,7 @@ int dgc_ring_gone(dgemma_ring_t *ring)
         return dgc_seterr(ring->c, DGEMMA_E_PROTOCOL, "ring: %s", ring->why);
     if (__atomic_load_n(&ring->h->flags, __ATOMIC_ACQUIRE) & DG_SHM_FAULT)
         return dgc_seterr(ring->c, DGEMMA_E_CLOSED,
-                      "ring: the daemon left the ring (DG_SHM_FAULT: it broke a rule)");
+                          "ring: the daemon left the ring (DG_SHM_FAULT: it broke a rule)");
     if (ring->hup)
         return dgc_seterr(ring->c, DGEMMA_E_CLOSED, "ring: the daemon closed the connection");
     return DGEMMA_OK;
@@ -68,7 +68,7 @@ int dgc_ring_doorbell(dgemma_ring_t *ring)
         if (w < 0 && errno == EAGAIN) /* the counter is at its top: a wake-up is pending */
             return DGEMMA_OK;
         return dgc_seterr(ring->c, DGEMMA_E_IO, "ring: the submission doorbell: %s",
-                      w < 0 ? dgc_errstr(errno, eb, sizeof eb) : "a short write");
+                          w < 0 ? dgc_errstr(errno, eb, sizeof eb) : "a short write");
     }
 }
 
@@ -99,36 +99,38 @@ static int ring_map(dgemma_t *c, const json_t *o, int fds[3], dgemma_ring_t **ou
         const json_t *x = json_object_get(o, KEYS[i]);
         if (!json_is_integer(x) || json_integer_value(x) <= 0) {
             rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: \"%s\" is not a positive integer",
-                        KEYS[i]);
+                            KEYS[i]);
             goto fail;
         }
         v[i] = json_integer_value(x);
     }
     if (v[0] != (json_int_t)DG_SHM_VERSION) {
-        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: ring version %lld; this library knows %u",
-                    (long long)v[0], DG_SHM_VERSION);
+        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL,
+                        "shm_attached: ring version %lld; this library knows %u", (long long)v[0],
+                        DG_SHM_VERSION);
         goto fail;
     }
     if ((uint64_t)v[1] < DG_SHM_HEADER_SIZE || (uint64_t)v[1] > SIZE_MAX) {
-        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: a size of %lld bytes", (long long)v[1]);
+        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: a size of %lld bytes",
+                        (long long)v[1]);
         goto fail;
     }
     size = (size_t)v[1];
     if (fstat(fds[0], &st) != 0) {
         rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: fstat of the ring: %s",
-                    dgc_errstr(errno, eb, sizeof eb));
+                        dgc_errstr(errno, eb, sizeof eb));
         goto fail;
     }
     if (!S_ISREG(st.st_mode) || st.st_size != (off_t)size) {
         rc = dgc_seterr(c, DGEMMA_E_PROTOCOL,
-                    "shm_attached: the ring's file is %s of %lld bytes, not the %zu announced",
-                    S_ISREG(st.st_mode) ? "a file" : "not a file", (long long)st.st_size, size);
+                        "shm_attached: the ring's file is %s of %lld bytes, not the %zu announced",
+                        S_ISREG(st.st_mode) ? "a file" : "not a file", (long long)st.st_size, size);
         goto fail;
     }
     fl = fcntl(fds[0], F_GET_SEALS);
     if (fl < 0 || !(fl & F_SEAL_SHRINK)) {
-        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: the ring's memfd is not sealed against "
-                    "shrinking");
+        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: the ring's memfd is not sealed "
+                        "against shrinking");
         goto fail;
     }
     /* our reads of the completion doorbell must not wait (the daemon makes it
@@ -137,33 +139,36 @@ static int ring_map(dgemma_t *c, const json_t *o, int fds[3], dgemma_ring_t **ou
     if (fl < 0 || fcntl(fds[1], F_GETFL) < 0 ||
         (!(fl & O_NONBLOCK) && fcntl(fds[2], F_SETFL, fl | O_NONBLOCK) != 0)) {
         rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "shm_attached: a doorbell descriptor: %s",
-                    dgc_errstr(errno, eb, sizeof eb));
+                        dgc_errstr(errno, eb, sizeof eb));
         goto fail;
     }
     base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
     if (base == MAP_FAILED) {
         rc = dgc_seterr(c, errno == ENOMEM ? DGEMMA_E_NOMEM : DGEMMA_E_PROTOCOL,
-                    "shm_attached: mmap of %zu bytes: %s", size, dgc_errstr(errno, eb, sizeof eb));
+                        "shm_attached: mmap of %zu bytes: %s", size,
+                        dgc_errstr(errno, eb, sizeof eb));
         goto fail;
     }
     /* check a copy: the mapping can change under us */
     memcpy(&g, base, sizeof g);
     if (g.magic != DG_SHM_MAGIC || g.version != DG_SHM_VERSION) {
         rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "ring header: magic 0x%08" PRIx32 " version %" PRIu32
-                    " (want 0x%08x version %u)", g.magic, g.version, DG_SHM_MAGIC, DG_SHM_VERSION);
+                        " (want 0x%08x version %u)", g.magic, g.version, DG_SHM_MAGIC,
+                        DG_SHM_VERSION);
         goto fail;
     }
     if (g.sq_entries != (uint64_t)v[2] || g.cq_entries != (uint64_t)v[3] ||
         g.in_size != (uint64_t)v[4] || g.out_size != (uint64_t)v[5] ||
         g.total_size != (uint64_t)v[1]) {
-        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "ring header: its geometry (sq %" PRIu32 ", cq %" PRIu32
-                    ", in %" PRIu64 ", out %" PRIu64 ", size %" PRIu64 ") is not the event's",
-                    g.sq_entries, g.cq_entries, g.in_size, g.out_size, g.total_size);
+        rc = dgc_seterr(c, DGEMMA_E_PROTOCOL,
+                        "ring header: its geometry (sq %" PRIu32 ", cq %" PRIu32 ", in %" PRIu64
+                        ", out %" PRIu64 ", size %" PRIu64 ") is not the event's",
+                        g.sq_entries, g.cq_entries, g.in_size, g.out_size, g.total_size);
         goto fail;
     }
     if (!is_pow2(g.sq_entries) || !is_pow2(g.cq_entries)) {
         rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "ring header: %" PRIu32 " and %" PRIu32
-                    " entries: not powers of two", g.sq_entries, g.cq_entries);
+                        " entries: not powers of two", g.sq_entries, g.cq_entries);
         goto fail;
     }
     reg[0].name = "submissions", reg[0].off = g.sq_off;
@@ -176,7 +181,7 @@ static int ring_map(dgemma_t *c, const json_t *o, int fds[3], dgemma_ring_t **ou
         if (reg[i].off < DG_SHM_HEADER_SIZE || reg[i].off > size || reg[i].len > size - reg[i].off ||
             (i < 2 && reg[i].off % 8 != 0)) {
             rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "ring header: %s at [%" PRIu64 ", +%" PRIu64
-                        ") %s", reg[i].name, reg[i].off, reg[i].len,
+                            ") %s", reg[i].name, reg[i].off, reg[i].len,
                         i < 2 && reg[i].off % 8 ? "is not 8-aligned"
                                                 : "is not inside the region after the header");
             goto fail;
@@ -184,7 +189,7 @@ static int ring_map(dgemma_t *c, const json_t *o, int fds[3], dgemma_ring_t **ou
         for (int j = 0; j < i; j++)
             if (reg[i].off < reg[j].off + reg[j].len && reg[j].off < reg[i].off + reg[i].len) {
                 rc = dgc_seterr(c, DGEMMA_E_PROTOCOL, "ring header: %s overlaps %s", reg[i].name,
-                            reg[j].name);
+                                reg[j].name);
                 goto fail;
             }
     }
@@ -330,15 +335,15 @@ int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_
             if (k == AK_ERROR_NO_ID) {
                 const char *code = dgc_str_of(o, "code"), *msg = dgc_str_of(o, "message");
                 rc = dgc_seterr(c, DGEMMA_E_DAEMON, "shm_attach refused (%s): %s",
-                            code ? code : "no code", msg ? msg : "no message");
+                                code ? code : "no code", msg ? msg : "no message");
                 json_decref(o);
                 dgc_fds_drop(c);
                 return rc;
             }
             if (c->n_fds != 3 || c->fds_lost) {
                 rc = dgc_seterr(c, DGEMMA_E_PROTOCOL,
-                            "shm_attached came with %d descriptor(s)%s; it needs 3", c->n_fds,
-                            c->fds_lost ? " and more lost" : "");
+                                "shm_attached came with %d descriptor(s)%s; it needs 3", c->n_fds,
+                                c->fds_lost ? " and more lost" : "");
                 json_decref(o);
                 dgc_fds_drop(c);
                 return rc;
@@ -352,10 +357,10 @@ int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_
         }
         if (c->end - c->start > LINE_MAX_BYTES)
             return dgc_seterr(c, DGEMMA_E_PROTOCOL,
-                          "shm_attach: no answer within 256 MiB of events (read them first)");
+                              "shm_attach: no answer within 256 MiB of events (read them first)");
         if (c->eof)
             return dgc_seterr(c, DGEMMA_E_CLOSED,
-                          "shm_attach: the daemon closed the connection before answering");
+                              "shm_attach: the daemon closed the connection before answering");
         rc = dgc_fill(c, -1, 1);
         if (rc < 0 && rc != DGEMMA_E_AGAIN)
             return rc;

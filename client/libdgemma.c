@@ -135,7 +135,7 @@ int dgemma_connect(dgemma_t *c, const char *path, double wait_s)
         return dgc_seterr(c, DGEMMA_E_INVAL, "connect: an empty socket path");
     if (strlen(path) >= sizeof a.sun_path)
         return dgc_seterr(c, DGEMMA_E_INVAL, "connect %.200s: the path is longer than %zu bytes",
-                      path, sizeof a.sun_path - 1);
+                          path, sizeof a.sun_path - 1);
     memcpy(a.sun_path, path, strlen(path));
     if (!(wait_s > 0)) /* negative or NaN: one try */
         wait_s = 0;
@@ -148,7 +148,7 @@ int dgemma_connect(dgemma_t *c, const char *path, double wait_s)
         if (fd < 0) {
             e = errno;
             return dgc_seterr(c, e == ENOMEM || e == ENOBUFS ? DGEMMA_E_NOMEM : DGEMMA_E_CONNECT,
-                          "socket: %s", dgc_errstr(e, eb, sizeof eb));
+                              "socket: %s", dgc_errstr(e, eb, sizeof eb));
         }
         if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
             c->fd = fd;
@@ -161,9 +161,9 @@ int dgemma_connect(dgemma_t *c, const char *path, double wait_s)
         if ((e != ENOENT && e != ECONNREFUSED && e != EAGAIN && e != EINTR) || left <= 0) {
             if (wait_s > 0 && (e == ENOENT || e == ECONNREFUSED || e == EAGAIN))
                 return dgc_seterr(c, DGEMMA_E_CONNECT, "connect %.300s: %s (waited %.3g s)", path,
-                              dgc_errstr(e, eb, sizeof eb), wait_s);
+                                  dgc_errstr(e, eb, sizeof eb), wait_s);
             return dgc_seterr(c, DGEMMA_E_CONNECT, "connect %.300s: %s", path,
-                          dgc_errstr(e, eb, sizeof eb));
+                              dgc_errstr(e, eb, sizeof eb));
         }
         {
             const long ns = (long)((left < RETRY_MS ? left : RETRY_MS) * 1e6);
@@ -220,15 +220,17 @@ int dgc_send_all(dgemma_t *c, const char *s, size_t n, const char *what)
             /* the caller made the socket non-blocking: wait for room */
             struct pollfd p = {c->fd, POLLOUT, 0};
             if (poll(&p, 1, -1) < 0 && errno != EINTR)
-                return dgc_seterr(c, DGEMMA_E_IO, "%s: poll: %s", what, dgc_errstr(errno, eb, sizeof eb));
+                return dgc_seterr(c, DGEMMA_E_IO, "%s: poll: %s", what,
+                                  dgc_errstr(errno, eb, sizeof eb));
             continue;
         }
         if (w < 0 && (errno == EPIPE || errno == ECONNRESET))
             return dgc_seterr(c, DGEMMA_E_CLOSED, "%s: the daemon closed the connection", what);
         if (w < 0 && (errno == ENOMEM || errno == ENOBUFS))
-            return dgc_seterr(c, DGEMMA_E_NOMEM, "%s: send: %s", what, dgc_errstr(errno, eb, sizeof eb));
+            return dgc_seterr(c, DGEMMA_E_NOMEM, "%s: send: %s", what,
+                              dgc_errstr(errno, eb, sizeof eb));
         return dgc_seterr(c, DGEMMA_E_IO, "%s: send: %s", what,
-                      w < 0 ? dgc_errstr(errno, eb, sizeof eb) : "sent nothing");
+                          w < 0 ? dgc_errstr(errno, eb, sizeof eb) : "sent nothing");
     }
     return DGEMMA_OK;
 }
