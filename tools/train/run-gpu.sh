@@ -19,7 +19,9 @@
 #      results in OUTDIR/hf-eval.jsonl.
 # Steps 4 and 5 are cut at EVAL_S seconds each (default 90; 0 skips both,
 # for a call whose training another call continues).  dgemma is
-# built beforehand (build/bin); nothing is compiled here.
+# built beforehand (build/bin); nothing is compiled here.  The shipped
+# model's three calls and their options: docs/notes.md, "From scratch in
+# one device session, third try (runs 67–69)".
 set -u -o pipefail
 out=${1:?usage: tools/train/run-gpu.sh OUTDIR [train.py train options...]}
 shift
