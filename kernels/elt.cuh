@@ -30,6 +30,25 @@ __device__ static inline void dg_st(float *p, float v)
     *p = v;
 }
 
+/* gelu with the tanh approximation, in fp32 (lib/ref-ops.h's dg_gelu_tanh):
+ *   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (one definition, so the fused and the separate gated MLP round alike) */
+__device__ static inline float dg_gelu_tanh_f(float g)
+{
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+/* v as a value of type T would hold it (bf16: rounded to nearest even) */
+__device__ static inline float dg_round_as(const __nv_bfloat16 *, float v)
+{
+    return __bfloat162float(__float2bfloat16(v));
+}
+
+__device__ static inline float dg_round_as(const float *, float v)
+{
+    return v;
+}
+
 /* Eight consecutive elements (16-byte aligned for bf16, 32 for fp32). */
 __device__ static inline void dg_ld8(const __nv_bfloat16 *p, float v[8])
 {

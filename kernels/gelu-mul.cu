@@ -20,8 +20,7 @@ __global__ static void gelu_mul_kernel(T *out, int64_t ld_out, const T *gate, in
         return;
     g = dg_ld(gate + r * ld_gate + i);
     u = dg_ld(up + r * ld_up + i);
-    g = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-    dg_st(out + r * ld_out + i, g * u);
+    dg_st(out + r * ld_out + i, dg_gelu_tanh_f(g) * u);
 }
 
 extern "C" int dg_cuda_gelu_mul_e(enum dg_elt e, void *out, int64_t ld_out, const void *gate,

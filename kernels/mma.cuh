@@ -85,17 +85,22 @@ __device__ static inline void dg_cp_wait(void)
  * from w (rows kb bytes apart) at byte k0, and the first mrows rows of the
  * row tile likewise from x, into shared rows LDB bytes apart, 16-byte
  * copies over the block's 128 threads.  Bytes past kb, and rows from `rows`
- * on, load as zeros (reading nothing). */
+ * on, load as zeros (reading nothing).  With up_rows > 0 the weight tile
+ * interleaves two halves of w in runs of 8 rows: tile row t holds w's row
+ * (t / 16) 8 + t % 8, plus up_rows where (t / 8) is odd (a gate run, then
+ * the up run of the same rows: moe-gemm.cu's gated form). */
 template <int BN, int SB, int LDB>
 __device__ static inline void dg_stage_load(unsigned char *ws, unsigned char *xs,
                                             const unsigned char *w, const unsigned char *x,
-                                            int mrows, int rows, int64_t k0, int64_t kb)
+                                            int mrows, int rows, int64_t k0, int64_t kb,
+                                            int64_t up_rows = 0)
 {
     constexpr int CH = SB / 16;
     for (int i = threadIdx.x; i < BN * CH; i += 128) {
         const int r = i / CH, c = (i % CH) * 16;
         const int in_k = k0 + c < kb;
-        dg_cp16(ws + r * LDB + c, w + (int64_t)r * kb + (in_k ? k0 + c : 0), in_k);
+        const int64_t wr = up_rows ? (r >> 4) * 8 + (r & 7) + ((r >> 3) & 1) * up_rows : r;
+        dg_cp16(ws + r * LDB + c, w + wr * kb + (in_k ? k0 + c : 0), in_k);
     }
     for (int i = threadIdx.x; i < mrows * CH; i += 128) {
         const int r = i / CH, c = (i % CH) * 16;

@@ -19,12 +19,26 @@
  * (only the m-tiles that hold rows are loaded; rows past the group's
  * count load as zeros and are not stored).  While a group's rows fit one pass
  * (small batches) every weight byte is read once: the kernel runs at the
- * memory's pace, which is what a denoising step at batch 1 is. */
+ * memory's pace, which is what a denoising step at batch 1 is.
+ *
+ * The gated form (GATED; dg_cuda_grouped_gemm_gelu) takes W_j = [gate_j;
+ * up_j] ([2I, K]) and writes the gated MLP's middle directly:
+ *
+ *   Y[r, i] = gelu_tanh(g) u,   g = rnd(sum_k X[r, k] gate_j[i, k]),
+ *                               u = rnd(sum_k X[r, k] up_j[i, k])
+ *
+ * rnd rounding as Y's type holds a value (what storing [gate | up] and
+ * reading it back did), Y rows of I.  A block's 64 weight rows are gate
+ * rows i0 + 8 h .. + 7 then up rows of the same i, for h < 4, so a warp's
+ * n-tiles 2q and 2q + 1 hold one set of eight i's gate and up sums in the
+ * same registers: the epilogue needs no exchange, and the [rows, 2I]
+ * intermediate and the separate gelu pass are gone. */
 #include "kernels/moe-gemm.h"
 
 #include <cuda_bf16.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
 #include "kernels/mma.cuh"
 
 #define GG_BN 64
@@ -42,8 +56,9 @@ static const char *const CONFIGS[] = {"K step 64, 4 stages", "K step 128, 4 stag
 /* grid (N / GG_BN, groups), 128 threads; MT m-tiles of 16 rows a pass, K
  * in steps of BK through ST stages (K a multiple of 64: with BK 128 the
  * last step may be half, its other half loading as zeros); WM rows of
- * warps (MT / WM m-tiles and GG_BN / (4 / WM) columns each) */
-template <int MT, int BK, int ST, int WM, typename Out>
+ * warps (MT / WM m-tiles and GG_BN / (4 / WM) columns each); GATED: N is
+ * 2I (gate and up rows), a block GG_BN / 2 of Y's I columns */
+template <int MT, int BK, int ST, int WM, bool GATED, typename Out>
 __global__ static void __launch_bounds__(128)
     grouped_gemm_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                         const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
@@ -57,7 +72,8 @@ __global__ static void __launch_bounds__(128)
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
-    const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
+    /* the block's first column of Y (GATED: also its first gate row) */
+    const int64_t n0 = (int64_t)blockIdx.x * (GATED ? GG_BN / 2 : GG_BN);
     const int count = counts[j];
     const int64_t row0 = offsets[j];
     const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
@@ -80,7 +96,7 @@ __global__ static void __launch_bounds__(128)
             dg_stage_load<GG_BN, 2 * BK, 2 * LD>(
                 (unsigned char *)(Ws + s * GG_BN * LD), (unsigned char *)(Xs + s * MT * 16 * LD),
                 (const unsigned char *)Wj, (const unsigned char *)Xp, mrows, rows,
-                2 * (int64_t)ks * BK, 2 * K);
+                2 * (int64_t)ks * BK, 2 * K, GATED ? N / 2 : 0);
         };
 
         __syncthreads(); /* the stages are free (the previous pass) */
@@ -122,17 +138,40 @@ __global__ static void __launch_bounds__(128)
             }
         }
         dg_cp_wait<0>();
+        if constexpr (GATED) {
+            /* n-tile 2q: the gate sums of Y's columns n0 + (wn WC + 16 q) / 2
+             * + 0..7, n-tile 2q + 1 their up sums */
+            const int64_t I = N / 2;
 #pragma unroll
-        for (int m = 0; m < MW; m++)
+            for (int m = 0; m < MW; m++)
 #pragma unroll
-            for (int n = 0; n < NW; n++) {
-                const int r = (wm * MW + m) * 16 + gid;
-                const int64_t col = n0 + wn * WC + n * 8 + tig * 2;
-                if (r < rows)
-                    dg_store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0], acc[m][n][1]);
-                if (r + 8 < rows)
-                    dg_store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2], acc[m][n][3]);
-            }
+                for (int q = 0; q < NW / 2; q++) {
+                    const int r = (wm * MW + m) * 16 + gid;
+                    const int64_t col = n0 + (wn * WC) / 2 + q * 8 + tig * 2;
+                    float h[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        h[e] = dg_gelu_tanh_f(dg_round_as(Y, acc[m][2 * q][e])) *
+                               dg_round_as(Y, acc[m][2 * q + 1][e]);
+                    if (r < rows)
+                        dg_store2(Y + (row0 + p0 + r) * I + col, h[0], h[1]);
+                    if (r + 8 < rows)
+                        dg_store2(Y + (row0 + p0 + r + 8) * I + col, h[2], h[3]);
+                }
+        } else {
+#pragma unroll
+            for (int m = 0; m < MW; m++)
+#pragma unroll
+                for (int n = 0; n < NW; n++) {
+                    const int r = (wm * MW + m) * 16 + gid;
+                    const int64_t col = n0 + wn * WC + n * 8 + tig * 2;
+                    if (r < rows)
+                        dg_store2(Y + (row0 + p0 + r) * N + col, acc[m][n][0], acc[m][n][1]);
+                    if (r + 8 < rows)
+                        dg_store2(Y + (row0 + p0 + r + 8) * N + col, acc[m][n][2],
+                                  acc[m][n][3]);
+                }
+        }
     }
 }
 
@@ -141,16 +180,16 @@ extern "C" int dg_cuda_grouped_gemm_fits(int64_t N, int64_t K)
     return N > 0 && K > 0 && N % 128 == 0 && K % 64 == 0 && N / GG_BN <= 65535;
 }
 
-template <int MT, int BK, int ST, int WM, typename Out>
+template <int MT, int BK, int ST, int WM, bool GATED = false, typename Out>
 static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
                   const int32_t *counts, int groups, int64_t N, int64_t K, cudaStream_t st,
                   int dev, struct dg_error *err)
 {
     const size_t shared = sizeof(__nv_bfloat16) * ST * (GG_BN + MT * 16) * (BK + 8);
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, BK, ST, WM, Out>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, BK, ST, WM, GATED, Out>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    grouped_gemm_kernel<MT, BK, ST, WM, Out>
+    grouped_gemm_kernel<MT, BK, ST, WM, GATED, Out>
         <<<dim3((unsigned)(N / GG_BN), (unsigned)groups), 128, shared, st>>>(Y, X, W, offsets,
                                                                             counts, N, K);
     DG_LAUNCH_CHECK();
@@ -177,6 +216,27 @@ static int launch_config(int config, Out *Y, const __nv_bfloat16 *X, const __nv_
     default:
         return launch<MT, 64, 4, 1>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
     }
+}
+
+/* the gated form (configuration 0's K step, depth and warps) */
+template <int MT, typename Out>
+static int launch_gated(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                        const int32_t *offsets, const int32_t *counts, int groups, int64_t I,
+                        int64_t K, cudaStream_t st, int dev, struct dg_error *err)
+{
+    return launch<MT, 64, 4, 1, true>(Y, X, W, offsets, counts, groups, 2 * I, K, st, dev, err);
+}
+
+template <typename Out>
+static int pick_gated(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                      const int32_t *offsets, const int32_t *counts, int groups, int64_t I,
+                      int64_t K, int rows_hint, cudaStream_t st, int dev, struct dg_error *err)
+{
+    if (rows_hint > 64)
+        return launch_gated<8>(Y, X, W, offsets, counts, groups, I, K, st, dev, err);
+    if (rows_hint > 16)
+        return launch_gated<4>(Y, X, W, offsets, counts, groups, I, K, st, dev, err);
+    return launch_gated<2>(Y, X, W, offsets, counts, groups, I, K, st, dev, err);
 }
 
 template <typename Out>
@@ -230,4 +290,29 @@ extern "C" int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const voi
 {
     return dg_cuda_grouped_gemm_config(0, Y, y_f32, X, W, offsets, counts, groups, N, K,
                                        rows_hint, stream, dev, err);
+}
+
+extern "C" int dg_cuda_grouped_gemm_gelu_fits(int64_t I, int64_t K)
+{
+    return I > 0 && K > 0 && I % (GG_BN / 2) == 0 && K % 64 == 0 && I / (GG_BN / 2) <= 65535;
+}
+
+extern "C" int dg_cuda_grouped_gemm_gelu(void *Y, int y_f32, const void *X, const void *W,
+                                         const int32_t *offsets, const int32_t *counts,
+                                         int groups, int64_t I, int64_t K, int rows_hint,
+                                         dg_stream_t stream, int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)X, *w = (const __nv_bfloat16 *)W;
+    if (!dg_cuda_grouped_gemm_gelu_fits(I, K) || groups < 0 || groups > 65535)
+        return dg_error_set(err, DG_E_INVAL,
+                            "GPU %d: grouped gated GEMM: %d groups of [2 x %lld x %lld]", dev,
+                            groups, (long long)I, (long long)K);
+    if (groups == 0)
+        return 0;
+    if (y_f32)
+        return pick_gated((float *)Y, x, w, offsets, counts, groups, I, K, rows_hint, st, dev,
+                          err);
+    return pick_gated((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, I, K, rows_hint, st,
+                      dev, err);
 }

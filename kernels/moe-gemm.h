@@ -30,6 +30,24 @@ int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const void *W, const
                          const int32_t *counts, int groups, int64_t N, int64_t K, int rows_hint,
                          dg_stream_t stream, int dev, struct dg_error *err);
 
+/* Whether gated weights [2I, K] have the gated kernel: I a multiple of 32,
+ * K of 64. */
+int dg_cuda_grouped_gemm_gelu_fits(int64_t I, int64_t K);
+
+/* The gated MLP's first product and middle in one pass, for j < groups:
+ *   Y[r, i] = gelu_tanh(g) u,  g = X[r, :] gate_j[i, :]^T, u = X[r, :] up_j[i, :]^T
+ * for the group's rows r and i < I, W_j = W + j 2I K elements ([2I, K]:
+ * the I gate rows, then the I up rows), g and u rounded as Y's type holds
+ * them first (so Y has the bits dg_cuda_grouped_gemm into [gate | up]
+ * followed by dg_cuda_gelu_mul_e gives), gelu in fp32; X rows of K, Y rows
+ * of I (fp32 when y_f32, else bf16).  rows_hint: as dg_cuda_grouped_gemm.
+ * The weights are read once per pass, and the [rows, 2I] intermediate is
+ * never written.  Errors: DG_E_INVAL (shapes that do not fit), DG_E_CUDA. */
+int dg_cuda_grouped_gemm_gelu(void *Y, int y_f32, const void *X, const void *W,
+                              const int32_t *offsets, const int32_t *counts, int groups,
+                              int64_t I, int64_t K, int rows_hint, dg_stream_t stream, int dev,
+                              struct dg_error *err);
+
 /* The kernel's configurations (K step, pipeline depth, warp grid), for the
  * benchmark that compares them (bench/gpu/bench-moe-gemm.c) and the test
  * that checks each: how many there are, and configuration i's name (NULL

@@ -374,15 +374,13 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                                    counts, n_exp, l.rows, H, I, hint, stream, dev, err)) < 0)
             goto out;
     } else if (e == DG_ELT_BF16 && picks <= 128 * (int64_t)n_exp &&
-               dg_cuda_grouped_gemm_fits(2 * I, H) && dg_cuda_grouped_gemm_fits(H, I)) {
+               dg_cuda_grouped_gemm_gelu_fits(I, H) && dg_cuda_grouped_gemm_fits(H, I)) {
         /* few rows an expert: one grouped GEMM each, every weight read
-         * once (moe-gemm.h) */
+         * once, the first with the gelu in its epilogue (moe-gemm.h: the
+         * same bits as the GEMM into [gate | up] and dg_cuda_gelu_mul_e) */
         const int hint = (int)((picks + n_exp - 1) / n_exp);
-        if ((rc = dg_cuda_grouped_gemm(sc + l.gu, 0, sc + l.xs, W_gu, offsets, counts, n_exp,
-                                       2 * (int64_t)I, H, hint, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, 2 * (int64_t)I,
-                                     sc + l.gu + I * esz, 2 * (int64_t)I, l.rows, I, stream, dev,
-                                     err)) < 0 ||
+        if ((rc = dg_cuda_grouped_gemm_gelu(sc + l.hh, 0, sc + l.xs, W_gu, offsets, counts, n_exp,
+                                            I, H, hint, stream, dev, err)) < 0 ||
             (rc = dg_cuda_grouped_gemm(sc + l.ys, 1, sc + l.hh, W_down, offsets, counts, n_exp, H,
                                        I, hint, stream, dev, err)) < 0)
             goto out;

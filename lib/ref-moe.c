@@ -5,6 +5,18 @@
 
 #include "lib/ref-ops.h"
 
+void dg_ref_expert_hidden(float *out, const float *x, int64_t T, int H, int I,
+                          const struct dg_weight *gate_up, float *u, float *row)
+{
+    const struct dg_weight wg = dg_weight_rows(gate_up, 0, I),
+                           wu = dg_weight_rows(gate_up, I, 2 * (int64_t)I);
+    for (int64_t t = 0; t < T; t++) {
+        dg_ref_matmul(out + t * I, x + t * H, 1, &wg, row);
+        dg_ref_matmul(u, x + t * H, 1, &wu, row);
+        dg_ref_gelu_mul(out + t * I, out + t * I, u, I);
+    }
+}
+
 int dg_ref_moe(float *out, const float *x, int64_t T, int H, const int32_t *idx, const float *w,
                int K, int e0, int n_exp, int I, const struct dg_weight *gate_up,
                const struct dg_weight *down)
@@ -23,14 +35,9 @@ int dg_ref_moe(float *out, const float *x, int64_t T, int H, const int32_t *idx,
     for (int64_t t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
             const int e = idx[t * K + k] - e0;
-            struct dg_weight wg, wu;
             if (e < 0 || e >= n_exp)
                 continue;
-            wg = dg_weight_rows(&gate_up[e], 0, I);
-            wu = dg_weight_rows(&gate_up[e], I, 2 * (int64_t)I);
-            dg_ref_matmul(g, x + t * H, 1, &wg, row);
-            dg_ref_matmul(u, x + t * H, 1, &wu, row);
-            dg_ref_gelu_mul(g, g, u, I);
+            dg_ref_expert_hidden(g, x + t * H, 1, H, I, &gate_up[e], u, row);
             dg_ref_matmul(y, g, 1, &down[e], row);
             for (int i = 0; i < H; i++)
                 out[t * H + i] += w[t * K + k] * y[i];

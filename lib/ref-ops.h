@@ -128,6 +128,14 @@ void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, in
 void dg_ref_router_topk(int *idx, float *w, const float *logits, int E, int K,
                         const float *per_expert_scale);
 
+/* One expert's hidden activations over T rows x ([T, H]) (the oracle of
+ * dg_cuda_grouped_gemm_gelu for one group):
+ *   out[t, i] = gelu_tanh(x_t gate_i) * (x_t up_i)     i < I, fp32
+ * gate_up: the expert's [2I, H] (gate rows, then up rows); u: I floats of
+ * scratch, row: H floats (dg_ref_matmul's). */
+void dg_ref_expert_hidden(float *out, const float *x, int64_t T, int H, int I,
+                          const struct dg_weight *gate_up, float *u, float *row);
+
 /* The experts e0 .. e0+n_exp-1 (one rank's) over T tokens routed by idx,
  * w ([T, K], dg_ref_router_topk's output):
  *   out[t] = sum_k w[t,k] down_e(gelu_tanh(gate_e x_t) * up_e x_t),  e = idx[t,k]

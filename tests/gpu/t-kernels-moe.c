@@ -18,6 +18,9 @@
  * depth, warp grid) against dg_ref_matmul_f64 per group, at means of 16,
  * 35 and 85 rows a group (passes of 2, 4 and 8 m-tiles), fp32 outputs
  * equal to configuration 0's to the bit (grouped_configs).
+ * The gated form (the gelu in the first product's epilogue) against the
+ * separate GEMM and gelu, to the bit, and dg_ref_expert_hidden
+ * (grouped_gelu).
  * The routing stages (counts, tile schedule, slots, gather) and the
  * ordered sum on their own against dg_ref_moe_route and
  * dg_ref_moe_combine (route_combine).
@@ -597,6 +600,139 @@ static int grouped_configs(void)
     return 0;
 }
 
+/* The gated grouped GEMM (dg_cuda_grouped_gemm_gelu: the experts' first
+ * product with the gelu in its epilogue) against the separate way, the
+ * grouped GEMM into [gate | up] then dg_cuda_gelu_mul_e: the same bits on
+ * every row of a group; and against dg_ref_expert_hidden per group within
+ * BOUND_F32 (fp32 out) or BOUND (bf16 out: g, u and the output rounded).
+ * Groups of 0, 1, 17, 33, 64, 150, 3, 16 rows with gaps (gap rows stay
+ * poisoned) at I 64, K 704; the 26B-A4B's experts (I 704, K 2816) at 16
+ * rows a group; means of 85 rows (passes of 8 m-tiles) at I 96 (a
+ * multiple of 32, not of 64, where the separate way does not fit and the
+ * reference alone judges), K 256.  Guard words intact; I not a
+ * multiple of 32 and K not of 64 refused. */
+static int grouped_gelu(void)
+{
+    static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
+    static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const int32_t counts_c[8] = {130, 70, 200, 1, 0, 65, 128, 90};
+    static const struct {
+        const int32_t *counts;
+        int64_t I, K;
+    } shapes[3] = {{counts_a, 64, 704}, {counts_b, 704, 2816}, {counts_c, 96, 256}};
+    struct dg_error err = {0};
+    for (int si = 0; si < 3; si++) {
+        const int64_t I = shapes[si].I, K = shapes[si].K, N = 2 * I;
+        int32_t offsets[8];
+        int64_t rows = 0, total = 0;
+        uint16_t *hx = NULL, *hw = NULL;
+        float *fx = NULL, *fw = NULL, *ref, *got, *sep, *u, *row_buf;
+        unsigned char *covered;
+        void *dx, *dw, *doff, *dcnt;
+        int separate;
+        for (int j = 0; j < 8; j++) {
+            rows += 5;
+            offsets[j] = (int32_t)rows;
+            rows += shapes[si].counts[j];
+            total += shapes[si].counts[j];
+        }
+        rows += 3;
+        CHECK(gt_rand_bf16((size_t)(rows * K), 1.0f, &hx, &fx) == 0 &&
+              gt_rand_bf16((size_t)(8 * N * K), 0.05f, &hw, &fw) == 0);
+        ref = calloc((size_t)(rows * I), sizeof(float));
+        got = malloc(sizeof(float) * (size_t)(rows * I + GUARD));
+        sep = malloc(sizeof(float) * (size_t)(rows * I));
+        u = malloc(sizeof(float) * (size_t)I);
+        row_buf = malloc(sizeof(float) * (size_t)K);
+        covered = calloc((size_t)rows, 1);
+        CHECK(ref && got && sep && u && row_buf && covered);
+        for (int j = 0; j < 8; j++) {
+            const struct dg_weight w = {.data = hw + (size_t)j * N * K, .dtype = DG_DTYPE_BF16,
+                                        .rows = N, .cols = K, .stride = K};
+            dg_ref_expert_hidden(ref + (int64_t)offsets[j] * I, fx + (int64_t)offsets[j] * K,
+                                 shapes[si].counts[j], (int)K, (int)I, &w, u, row_buf);
+            memset(covered + offsets[j], 1, (size_t)shapes[si].counts[j]);
+        }
+        dx = gt_upload(hx, 2 * (size_t)(rows * K), &err);
+        dw = gt_upload(hw, 2 * (size_t)(8 * N * K), &err);
+        doff = gt_upload(offsets, sizeof offsets, &err);
+        dcnt = gt_upload(shapes[si].counts, 8 * sizeof(int32_t), &err);
+        CHECKF(dx && dw && doff && dcnt, "%s", err.msg);
+        CHECK(dg_cuda_grouped_gemm_gelu_fits(I, K));
+        /* (the separate way needs 2I a multiple of 128) */
+        separate = dg_cuda_grouped_gemm_fits(N, K);
+        for (int f = 1; f >= 0; f--) {
+            const enum dg_elt e = f ? DG_ELT_F32 : DG_ELT_BF16;
+            const size_t esz = f ? 4 : 2;
+            void *dy = out_buf((size_t)(rows * I), &err), *dgu = out_buf((size_t)(rows * N), &err),
+                 *dhh = out_buf((size_t)(rows * I), &err);
+            double num = 0, den = 0, rel;
+            int64_t differ = 0;
+            CHECKF(dy && dgu && dhh, "%s", err.msg);
+            CHECK_OK(dg_cuda_grouped_gemm_gelu(dy, f, dx, dw, doff, dcnt, 8, I, K,
+                                               (int)(total / 8), NULL, 0, &err), &err);
+            if (separate) {
+                CHECK_OK(dg_cuda_grouped_gemm(dgu, f, dx, dw, doff, dcnt, 8, N, K,
+                                              (int)(total / 8), NULL, 0, &err), &err);
+                CHECK_OK(dg_cuda_gelu_mul_e(e, dhh, I, dgu, N, (unsigned char *)dgu + I * esz, N,
+                                            rows, (int)I, NULL, 0, &err), &err);
+            }
+            CHECK_OK(dg_cuda_sync(0, &err), &err);
+            CHECK_OK(dg_cuda_download(got, dy, sizeof(float) * (size_t)(rows * I + GUARD), 0,
+                                      &err), &err);
+            if (separate)
+                CHECK_OK(dg_cuda_download(sep, dhh, esz * (size_t)(rows * I), 0, &err), &err);
+            dg_cuda_free(dy), dg_cuda_free(dgu), dg_cuda_free(dhh);
+            for (int i = 0; i < GUARD; i++)
+                CHECKF(got[rows * I + i] == GUARD_F, "gated, I %lld: guard word %d overwritten",
+                       (long long)I, i);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t n = 0; n < I; n++) {
+                    const int64_t i = r * I + n;
+                    float g;
+                    if (f)
+                        g = got[i];
+                    else {
+                        uint16_t h;
+                        memcpy(&h, (const unsigned char *)got + 2 * i, 2);
+                        g = dg_bf16_to_f32(h);
+                    }
+                    if (!covered[r]) {
+                        CHECKF(isnan(g), "gated: row %lld is in no group but was written",
+                               (long long)r);
+                        continue;
+                    }
+                    differ += separate && memcmp((const unsigned char *)got + esz * i,
+                                     (const unsigned char *)sep + esz * i, esz) != 0;
+                    num += ((double)g - ref[i]) * ((double)g - ref[i]);
+                    den += (double)ref[i] * ref[i];
+                }
+            rel = den > 0 ? sqrt(num / den) : INFINITY;
+            printf("# grouped gated GEMM, [2 x %lld x %lld], %s out: relative error %.2e, ",
+                   (long long)I, (long long)K, f ? "fp32" : "bf16", rel);
+            if (separate)
+                printf("%lld of %lld values apart from the separate way\n", (long long)differ,
+                       (long long)(total * I));
+            else
+                printf("no separate way at this width\n");
+            CHECK(rel <= (f ? BOUND_F32 : BOUND));
+            CHECKF(differ == 0, "gated, I %lld, %s out: %lld values not the bits of the separate "
+                   "GEMM and gelu", (long long)I, f ? "fp32" : "bf16", (long long)differ);
+        }
+        dg_cuda_free(dx), dg_cuda_free(dw), dg_cuda_free(doff), dg_cuda_free(dcnt);
+        free(hx), free(hw), free(fx), free(fw), free(ref), free(got), free(sep), free(u);
+        free(row_buf), free(covered);
+    }
+    CHECK(!dg_cuda_grouped_gemm_gelu_fits(48, 256) && !dg_cuda_grouped_gemm_gelu_fits(64, 100));
+    CHECK_FAILS(dg_cuda_grouped_gemm_gelu(NULL, 1, NULL, NULL, NULL, NULL, 8, 48, 256, 16, NULL,
+                                          0, &err),
+                &err, DG_E_INVAL, "grouped gated GEMM");
+    CHECK_FAILS(dg_cuda_grouped_gemm_gelu(NULL, 1, NULL, NULL, NULL, NULL, 8, 64, 100, 16, NULL,
+                                          0, &err),
+                &err, DG_E_INVAL, "grouped gated GEMM");
+    return 0;
+}
+
 int main(void)
 {
     const int rc = gt_setup("t-kernels-moe");
@@ -607,5 +743,6 @@ int main(void)
     TEST_CASE(elt_refused);
     TEST_CASE(route_combine);
     TEST_CASE(grouped_configs);
+    TEST_CASE(grouped_gelu);
     return test_finish();
 }
