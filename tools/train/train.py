@@ -850,7 +850,7 @@ def main():
     ap.add_argument("mode", choices=["train", "eval", "plot"])
     ap.add_argument("--out")
     ap.add_argument("--minutes", type=float, default=7.0)
-    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log", default="train-log.csv")
@@ -877,18 +877,18 @@ def main():
     ap.add_argument("--fixed", type=int, default=1,
                     help="1 (with the lean forward): fixed-shape batches of mixed kinds "
                          "(tools/train/fixed.py), checked against unpadded ones first")
-    ap.add_argument("--parts", type=int, default=8,
+    ap.add_argument("--parts", type=int, default=32,
                     help="draws (one kind and size each) a fixed-shape batch holds")
     ap.add_argument("--prep-steps", type=int, default=16,
                     help="fixed-shape path: batches made this many steps' at a time")
     ap.add_argument("--graph", type=int, default=1,
                     help="1: with --fixed, each step one CUDA graph replay")
-    ap.add_argument("--kind-odds", default="",
-                    help="relative odds of the kinds a draw takes, e.g. add=2 (others 1)")
+    ap.add_argument("--kind-odds", default="add=2,get=2",
+                    help="relative odds of the kinds a draw takes (others 1; '' for equal)")
     ap.add_argument("--amp", type=int, default=0,
                     help="1: with --fixed, the forward under bf16 autocast (fp32 weights and "
                          "losses); if its graph fails to capture, fp32")
-    ap.add_argument("--warmup", type=int, default=200, help="steps of linear learning-rate warm-up")
+    ap.add_argument("--warmup", type=int, default=100, help="steps of linear learning-rate warm-up")
     ap.add_argument("--init", help="start from this fp32 state (DIR-state.pt, saved beside a "
                                    "model) or a saved model's directory (model/default)")
     ap.add_argument("--resume", help="continue the run that saved this (DIR-resume.pt, saved "
