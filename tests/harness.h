@@ -17,10 +17,21 @@
 #ifndef DG_TEST_HARNESS_H
 #define DG_TEST_HARNESS_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "lib/error.h"
+
+/* xorshift64 (Marsaglia): the next value of the stream *state (which
+ * must not be 0), for tests that draw their own inputs. */
+static inline uint64_t test_xorshift(uint64_t *state)
+{
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
 
 /* Record a failure of the running case (first one wins) and return 1. */
 int test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -479,6 +479,94 @@ static int route_combine(void)
     return 0;
 }
 
+/* Eight groups of rows for the grouped GEMMs: group j is rows offsets[j]
+ * .. offsets[j] + counts[j] - 1, with 5 rows in no group before each group
+ * and 3 after the last; random bf16 rows X [rows, K] (amplitude 1) and
+ * eight weights [N, K] (0.05) on the host (bits and floats) and on the
+ * device, with the offsets and counts. */
+struct groups {
+    const int32_t *counts;
+    int32_t offsets[8];
+    int64_t rows, total, N, K;
+    uint16_t *hx, *hw;
+    float *fx, *fw;
+    unsigned char *covered; /* [rows]: 1 where the row is in a group */
+    void *dx, *dw, *doff, *dcnt;
+};
+
+static void groups_free(struct groups *g)
+{
+    dg_cuda_free(g->dx), dg_cuda_free(g->dw), dg_cuda_free(g->doff), dg_cuda_free(g->dcnt);
+    free(g->hx), free(g->hw), free(g->fx), free(g->fw), free(g->covered);
+    memset(g, 0, sizeof *g);
+}
+
+static int groups_make(struct groups *g, const int32_t counts[8], int64_t N, int64_t K)
+{
+    struct dg_error err = {0};
+    memset(g, 0, sizeof *g);
+    g->counts = counts, g->N = N, g->K = K;
+    for (int j = 0; j < 8; j++) {
+        g->rows += 5;
+        g->offsets[j] = (int32_t)g->rows;
+        g->rows += counts[j];
+        g->total += counts[j];
+    }
+    g->rows += 3;
+    CHECK(gt_rand_bf16((size_t)(g->rows * K), 1.0f, &g->hx, &g->fx) == 0 &&
+          gt_rand_bf16((size_t)(8 * N * K), 0.05f, &g->hw, &g->fw) == 0);
+    CHECK((g->covered = calloc((size_t)g->rows, 1)) != NULL);
+    for (int j = 0; j < 8; j++)
+        memset(g->covered + g->offsets[j], 1, (size_t)counts[j]);
+    g->dx = gt_upload(g->hx, 2 * (size_t)(g->rows * K), &err);
+    g->dw = gt_upload(g->hw, 2 * (size_t)(8 * N * K), &err);
+    g->doff = gt_upload(g->offsets, sizeof g->offsets, &err);
+    g->dcnt = gt_upload(counts, 8 * sizeof(int32_t), &err);
+    CHECKF(g->dx && g->dw && g->doff && g->dcnt, "%s", err.msg);
+    return 0;
+}
+
+/* Weight j of g as a dg_weight ([N, K] bf16). */
+static struct dg_weight groups_weight(const struct groups *g, int j)
+{
+    const struct dg_weight w = {.data = g->hw + (size_t)j * g->N * g->K, .dtype = DG_DTYPE_BF16,
+                                .rows = g->N, .cols = g->K, .stride = g->K};
+    return w;
+}
+
+/* An output of g's rows, [rows, n] (fp32 when f, else bf16), downloaded
+ * into got with its guard words: the guard words intact, the rows in no
+ * group still poisoned (NaN), and in *rel ||got - ref|| / ||ref|| over the
+ * groups' rows. */
+static int groups_check_out(const struct groups *g, const float *got, const float *ref,
+                            int64_t n, int f, const char *what, double *rel)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < GUARD; i++)
+        CHECKF(got[g->rows * n + i] == GUARD_F, "%s: guard word %d overwritten", what, i);
+    for (int64_t r = 0; r < g->rows; r++)
+        for (int64_t c = 0; c < n; c++) {
+            const int64_t i = r * n + c;
+            float v;
+            if (f)
+                v = got[i];
+            else {
+                uint16_t h;
+                memcpy(&h, (const unsigned char *)got + 2 * i, 2);
+                v = dg_bf16_to_f32(h);
+            }
+            if (!g->covered[r]) {
+                CHECKF(isnan(v), "%s: row %lld is in no group but was written", what,
+                       (long long)r);
+                continue;
+            }
+            num += ((double)v - ref[i]) * ((double)v - ref[i]);
+            den += (double)ref[i] * ref[i];
+        }
+    *rel = den > 0 ? sqrt(num / den) : INFINITY;
+    return 0;
+}
+
 /* The grouped GEMM (moe-gemm.cu) alone, each of its configurations (K
  * step, pipeline depth), against dg_ref_matmul_f64 per group: eight groups of
  * 0, 1, 17, 33, 64, 150, 3 and 16 rows with gaps between (gap rows stay
@@ -505,97 +593,57 @@ static int grouped_configs(void)
           !dg_cuda_grouped_gemm_config_name(n_cfg));
     for (int si = 0; si < 3; si++) {
         const int64_t N = shapes[si].N, K = shapes[si].K;
-        int32_t offsets[8];
-        int64_t rows = 0, total = 0;
-        uint16_t *hx = NULL, *hw = NULL;
-        float *fx = NULL, *fw = NULL, *ref, *got, *first, *row_buf;
-        unsigned char *covered;
-        void *dx, *dw, *doff, *dcnt;
-        for (int j = 0; j < 8; j++) {
-            rows += 5;
-            offsets[j] = (int32_t)rows;
-            rows += shapes[si].counts[j];
-            total += shapes[si].counts[j];
-        }
-        rows += 3;
-        CHECK(gt_rand_bf16((size_t)(rows * K), 1.0f, &hx, &fx) == 0 &&
-              gt_rand_bf16((size_t)(8 * N * K), 0.05f, &hw, &fw) == 0);
-        ref = calloc((size_t)(rows * N), sizeof(float));
-        got = malloc(sizeof(float) * (size_t)(rows * N + GUARD));
-        first = malloc(sizeof(float) * (size_t)(rows * N));
+        struct groups g;
+        float *ref, *got, *first, *row_buf;
+        if (groups_make(&g, shapes[si].counts, N, K))
+            return 1;
+        ref = calloc((size_t)(g.rows * N), sizeof(float));
+        got = malloc(sizeof(float) * (size_t)(g.rows * N + GUARD));
+        first = malloc(sizeof(float) * (size_t)(g.rows * N));
         row_buf = malloc(sizeof(float) * (size_t)K);
-        covered = calloc((size_t)rows, 1);
-        CHECK(ref && got && first && row_buf && covered);
+        CHECK(ref && got && first && row_buf);
         for (int j = 0; j < 8; j++) {
-            const struct dg_weight w = {.data = hw + (size_t)j * N * K, .dtype = DG_DTYPE_BF16,
-                                        .rows = N, .cols = K, .stride = K};
-            if (shapes[si].counts[j]) {
-                double *d = malloc(sizeof(double) * (size_t)(shapes[si].counts[j] * N));
+            const struct dg_weight w = groups_weight(&g, j);
+            if (g.counts[j]) {
+                double *d = malloc(sizeof(double) * (size_t)(g.counts[j] * N));
                 CHECK(d);
-                dg_ref_matmul_f64(d, fx + (int64_t)offsets[j] * K, shapes[si].counts[j], &w,
-                                  row_buf);
-                for (int64_t i = 0; i < shapes[si].counts[j] * N; i++)
-                    ref[(int64_t)offsets[j] * N + i] = (float)d[i];
+                dg_ref_matmul_f64(d, g.fx + (int64_t)g.offsets[j] * K, g.counts[j], &w, row_buf);
+                for (int64_t i = 0; i < g.counts[j] * N; i++)
+                    ref[(int64_t)g.offsets[j] * N + i] = (float)d[i];
                 free(d);
             }
-            memset(covered + offsets[j], 1, (size_t)shapes[si].counts[j]);
         }
-        dx = gt_upload(hx, 2 * (size_t)(rows * K), &err);
-        dw = gt_upload(hw, 2 * (size_t)(8 * N * K), &err);
-        doff = gt_upload(offsets, sizeof offsets, &err);
-        dcnt = gt_upload(shapes[si].counts, 8 * sizeof(int32_t), &err);
-        CHECKF(dx && dw && doff && dcnt, "%s", err.msg);
         for (int c = 0; c < n_cfg; c++)
             for (int f = 1; f >= 0; f--) {
-                void *dy = out_buf((size_t)(rows * N), &err);
-                double num = 0, den = 0, rel;
+                void *dy = out_buf((size_t)(g.rows * N), &err);
+                double rel;
                 CHECKF(dy, "%s", err.msg);
-                CHECK_OK(dg_cuda_grouped_gemm_config(c, dy, f, dx, dw, doff, dcnt, 8, N, K,
-                                                     (int)(total / 8), NULL, 0, &err), &err);
+                CHECK_OK(dg_cuda_grouped_gemm_config(c, dy, f, g.dx, g.dw, g.doff, g.dcnt, 8, N,
+                                                     K, (int)(g.total / 8), NULL, 0, &err),
+                         &err);
                 CHECK_OK(dg_cuda_sync(0, &err), &err);
-                CHECK_OK(dg_cuda_download(got, dy, sizeof(float) * (size_t)(rows * N + GUARD), 0,
-                                          &err), &err);
+                CHECK_OK(dg_cuda_download(got, dy, sizeof(float) * (size_t)(g.rows * N + GUARD),
+                                          0, &err), &err);
                 dg_cuda_free(dy);
-                for (int i = 0; i < GUARD; i++)
-                    CHECKF(got[rows * N + i] == GUARD_F, "%s: guard word %d overwritten",
-                           dg_cuda_grouped_gemm_config_name(c), i);
-                for (int64_t r = 0; r < rows; r++)
-                    for (int64_t n = 0; n < N; n++) {
-                        const int64_t i = r * N + n;
-                        float g;
-                        if (f)
-                            g = got[i];
-                        else {
-                            uint16_t h;
-                            memcpy(&h, (const unsigned char *)got + 2 * i, 2);
-                            g = dg_bf16_to_f32(h);
-                        }
-                        if (!covered[r]) {
-                            CHECKF(isnan(g), "%s: row %lld is in no group but was written",
-                                   dg_cuda_grouped_gemm_config_name(c), (long long)r);
-                            continue;
-                        }
-                        num += ((double)g - ref[i]) * ((double)g - ref[i]);
-                        den += (double)ref[i] * ref[i];
-                    }
-                rel = den > 0 ? sqrt(num / den) : INFINITY;
+                if (groups_check_out(&g, got, ref, N, f, dg_cuda_grouped_gemm_config_name(c),
+                                     &rel))
+                    return 1;
                 printf("# grouped GEMM, %s, [%lld x %lld], %s out: relative error %.2e\n",
                        dg_cuda_grouped_gemm_config_name(c), (long long)N, (long long)K,
                        f ? "fp32" : "bf16", rel);
                 CHECK(rel <= (f ? BOUND_F32 : 8e-3));
                 if (f && c == 0)
-                    memcpy(first, got, sizeof(float) * (size_t)(rows * N));
+                    memcpy(first, got, sizeof(float) * (size_t)(g.rows * N));
                 else if (f)
-                    CHECKF(!memcmp(first, got, sizeof(float) * (size_t)(rows * N)),
+                    CHECKF(!memcmp(first, got, sizeof(float) * (size_t)(g.rows * N)),
                            "%s: not the same bits as %s", dg_cuda_grouped_gemm_config_name(c),
                            dg_cuda_grouped_gemm_config_name(0));
             }
-        CHECK_FAILS(dg_cuda_grouped_gemm_config(n_cfg, NULL, 1, dx, dw, doff, dcnt, 8, N, K, 16,
-                                                NULL, 0, &err),
+        CHECK_FAILS(dg_cuda_grouped_gemm_config(n_cfg, NULL, 1, g.dx, g.dw, g.doff, g.dcnt, 8, N,
+                                                K, 16, NULL, 0, &err),
                     &err, DG_E_INVAL, "no such configuration");
-        dg_cuda_free(dx), dg_cuda_free(dw), dg_cuda_free(doff), dg_cuda_free(dcnt);
-        free(hx), free(hw), free(fx), free(fw), free(ref), free(got), free(first), free(row_buf);
-        free(covered);
+        groups_free(&g);
+        free(ref), free(got), free(first), free(row_buf);
     }
     return 0;
 }
@@ -623,105 +671,65 @@ static int grouped_gelu(void)
     struct dg_error err = {0};
     for (int si = 0; si < 3; si++) {
         const int64_t I = shapes[si].I, K = shapes[si].K, N = 2 * I;
-        int32_t offsets[8];
-        int64_t rows = 0, total = 0;
-        uint16_t *hx = NULL, *hw = NULL;
-        float *fx = NULL, *fw = NULL, *ref, *got, *sep, *u, *row_buf;
-        unsigned char *covered;
-        void *dx, *dw, *doff, *dcnt;
-        int separate;
-        for (int j = 0; j < 8; j++) {
-            rows += 5;
-            offsets[j] = (int32_t)rows;
-            rows += shapes[si].counts[j];
-            total += shapes[si].counts[j];
-        }
-        rows += 3;
-        CHECK(gt_rand_bf16((size_t)(rows * K), 1.0f, &hx, &fx) == 0 &&
-              gt_rand_bf16((size_t)(8 * N * K), 0.05f, &hw, &fw) == 0);
-        ref = calloc((size_t)(rows * I), sizeof(float));
-        got = malloc(sizeof(float) * (size_t)(rows * I + GUARD));
-        sep = malloc(sizeof(float) * (size_t)(rows * I));
+        /* (the separate way needs 2I a multiple of 128) */
+        const int separate = dg_cuda_grouped_gemm_fits(N, K);
+        struct groups g;
+        float *ref, *got, *sep, *u, *row_buf;
+        if (groups_make(&g, shapes[si].counts, N, K))
+            return 1;
+        ref = calloc((size_t)(g.rows * I), sizeof(float));
+        got = malloc(sizeof(float) * (size_t)(g.rows * I + GUARD));
+        sep = malloc(sizeof(float) * (size_t)(g.rows * I));
         u = malloc(sizeof(float) * (size_t)I);
         row_buf = malloc(sizeof(float) * (size_t)K);
-        covered = calloc((size_t)rows, 1);
-        CHECK(ref && got && sep && u && row_buf && covered);
+        CHECK(ref && got && sep && u && row_buf);
         for (int j = 0; j < 8; j++) {
-            const struct dg_weight w = {.data = hw + (size_t)j * N * K, .dtype = DG_DTYPE_BF16,
-                                        .rows = N, .cols = K, .stride = K};
-            dg_ref_expert_hidden(ref + (int64_t)offsets[j] * I, fx + (int64_t)offsets[j] * K,
-                                 shapes[si].counts[j], (int)K, (int)I, &w, u, row_buf);
-            memset(covered + offsets[j], 1, (size_t)shapes[si].counts[j]);
+            const struct dg_weight w = groups_weight(&g, j);
+            dg_ref_expert_hidden(ref + (int64_t)g.offsets[j] * I, g.fx + (int64_t)g.offsets[j] * K,
+                                 g.counts[j], (int)K, (int)I, &w, u, row_buf);
         }
-        dx = gt_upload(hx, 2 * (size_t)(rows * K), &err);
-        dw = gt_upload(hw, 2 * (size_t)(8 * N * K), &err);
-        doff = gt_upload(offsets, sizeof offsets, &err);
-        dcnt = gt_upload(shapes[si].counts, 8 * sizeof(int32_t), &err);
-        CHECKF(dx && dw && doff && dcnt, "%s", err.msg);
         CHECK(dg_cuda_grouped_gemm_gelu_fits(I, K));
-        /* (the separate way needs 2I a multiple of 128) */
-        separate = dg_cuda_grouped_gemm_fits(N, K);
         for (int f = 1; f >= 0; f--) {
             const enum dg_elt e = f ? DG_ELT_F32 : DG_ELT_BF16;
             const size_t esz = f ? 4 : 2;
-            void *dy = out_buf((size_t)(rows * I), &err), *dgu = out_buf((size_t)(rows * N), &err),
-                 *dhh = out_buf((size_t)(rows * I), &err);
-            double num = 0, den = 0, rel;
+            void *dy = out_buf((size_t)(g.rows * I), &err),
+                 *dgu = out_buf((size_t)(g.rows * N), &err),
+                 *dhh = out_buf((size_t)(g.rows * I), &err);
+            double rel;
             int64_t differ = 0;
             CHECKF(dy && dgu && dhh, "%s", err.msg);
-            CHECK_OK(dg_cuda_grouped_gemm_gelu(dy, f, dx, dw, doff, dcnt, 8, I, K,
-                                               (int)(total / 8), NULL, 0, &err), &err);
+            CHECK_OK(dg_cuda_grouped_gemm_gelu(dy, f, g.dx, g.dw, g.doff, g.dcnt, 8, I, K,
+                                               (int)(g.total / 8), NULL, 0, &err), &err);
             if (separate) {
-                CHECK_OK(dg_cuda_grouped_gemm(dgu, f, dx, dw, doff, dcnt, 8, N, K,
-                                              (int)(total / 8), NULL, 0, &err), &err);
+                CHECK_OK(dg_cuda_grouped_gemm(dgu, f, g.dx, g.dw, g.doff, g.dcnt, 8, N, K,
+                                              (int)(g.total / 8), NULL, 0, &err), &err);
                 CHECK_OK(dg_cuda_gelu_mul_e(e, dhh, I, dgu, N, (unsigned char *)dgu + I * esz, N,
-                                            rows, (int)I, NULL, 0, &err), &err);
+                                            g.rows, (int)I, NULL, 0, &err), &err);
             }
             CHECK_OK(dg_cuda_sync(0, &err), &err);
-            CHECK_OK(dg_cuda_download(got, dy, sizeof(float) * (size_t)(rows * I + GUARD), 0,
+            CHECK_OK(dg_cuda_download(got, dy, sizeof(float) * (size_t)(g.rows * I + GUARD), 0,
                                       &err), &err);
             if (separate)
-                CHECK_OK(dg_cuda_download(sep, dhh, esz * (size_t)(rows * I), 0, &err), &err);
+                CHECK_OK(dg_cuda_download(sep, dhh, esz * (size_t)(g.rows * I), 0, &err), &err);
             dg_cuda_free(dy), dg_cuda_free(dgu), dg_cuda_free(dhh);
-            for (int i = 0; i < GUARD; i++)
-                CHECKF(got[rows * I + i] == GUARD_F, "gated, I %lld: guard word %d overwritten",
-                       (long long)I, i);
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t n = 0; n < I; n++) {
-                    const int64_t i = r * I + n;
-                    float g;
-                    if (f)
-                        g = got[i];
-                    else {
-                        uint16_t h;
-                        memcpy(&h, (const unsigned char *)got + 2 * i, 2);
-                        g = dg_bf16_to_f32(h);
-                    }
-                    if (!covered[r]) {
-                        CHECKF(isnan(g), "gated: row %lld is in no group but was written",
-                               (long long)r);
-                        continue;
-                    }
-                    differ += separate && memcmp((const unsigned char *)got + esz * i,
-                                     (const unsigned char *)sep + esz * i, esz) != 0;
-                    num += ((double)g - ref[i]) * ((double)g - ref[i]);
-                    den += (double)ref[i] * ref[i];
-                }
-            rel = den > 0 ? sqrt(num / den) : INFINITY;
+            if (groups_check_out(&g, got, ref, I, f, "gated", &rel))
+                return 1;
+            for (int64_t i = 0; separate && i < g.rows * I; i++)
+                differ += g.covered[i / I] && memcmp((const unsigned char *)got + esz * i,
+                                                     (const unsigned char *)sep + esz * i, esz);
             printf("# grouped gated GEMM, [2 x %lld x %lld], %s out: relative error %.2e, ",
                    (long long)I, (long long)K, f ? "fp32" : "bf16", rel);
             if (separate)
                 printf("%lld of %lld values apart from the separate way\n", (long long)differ,
-                       (long long)(total * I));
+                       (long long)(g.total * I));
             else
                 printf("no separate way at this width\n");
             CHECK(rel <= (f ? BOUND_F32 : BOUND));
             CHECKF(differ == 0, "gated, I %lld, %s out: %lld values not the bits of the separate "
                    "GEMM and gelu", (long long)I, f ? "fp32" : "bf16", (long long)differ);
         }
-        dg_cuda_free(dx), dg_cuda_free(dw), dg_cuda_free(doff), dg_cuda_free(dcnt);
-        free(hx), free(hw), free(fx), free(fw), free(ref), free(got), free(sep), free(u);
-        free(row_buf), free(covered);
+        groups_free(&g);
+        free(ref), free(got), free(sep), free(u), free(row_buf);
     }
     CHECK(!dg_cuda_grouped_gemm_gelu_fits(48, 256) && !dg_cuda_grouped_gemm_gelu_fits(64, 100));
     CHECK_FAILS(dg_cuda_grouped_gemm_gelu(NULL, 1, NULL, NULL, NULL, NULL, 8, 48, 256, 16, NULL,

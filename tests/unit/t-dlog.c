@@ -17,14 +17,11 @@
 static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                      "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
 
-static unsigned long long rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
-static unsigned long long next(void)
+static uint64_t next(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    return test_xorshift(&rng);
 }
 
 /* the reference: the C library's calendar, the logger's snprintf layout */

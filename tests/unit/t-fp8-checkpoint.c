@@ -37,10 +37,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static float uniform(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (float)((rng >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
+    return (float)((test_xorshift(&rng) >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
 }
 
 /* The tiny preset, bf16, packed banks, written to dir. */

@@ -19,10 +19,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static uint32_t next32(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
+    return (uint32_t)(test_xorshift(&rng) >> 16);
 }
 
 /* uniform in [-1, 1) times 2^e for e in [lo, hi] */

@@ -27,10 +27,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull; /* (xorshift: the inputs' lengths a
 
 static uint64_t rnd(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    return test_xorshift(&rng);
 }
 
 static int setup(void)

@@ -239,10 +239,7 @@ static int case_feature_tokenizers(void)
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(uint32_t n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng % n);
+    return (uint32_t)(test_xorshift(&rng) % n);
 }
 
 /* random ids drawn from pools: byte tokens, specials, ordinary, invalid */
