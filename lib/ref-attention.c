@@ -55,6 +55,15 @@ static void visible_run(const int64_t *k_pos, int64_t Tk, enum dg_attn_mask mask
     *lo = a;
 }
 
+/* q . k over hd values, summed in the order i = 0, 1, ... */
+static float dot1(const float *q, const float *k, int hd)
+{
+    float s = 0;
+    for (int i = 0; i < hd; i++)
+        s += q[i] * k[i];
+    return s;
+}
+
 /* s[u] = q . k_u for four keys k_u (rows kdim apart) over hd values: each
  * sum in the order i = 0, 1, ..., its own chain, so the four run side by
  * side and each equals the one-key loop's bits. */
@@ -213,13 +222,9 @@ void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, in
                         j++;
                         continue;
                     } else {
-                        for (int u = 0; u < 4; u++) {
-                            const float *qv = q + t * qdim + (int64_t)(h + u) * hd;
-                            float d = 0;
-                            for (int i = 0; i < hd; i++)
-                                d += qv[i] * kc[j * kdim + i];
-                            sc[u][j] = d;
-                        }
+                        for (int u = 0; u < 4; u++)
+                            sc[u][j] = dot1(q + t * qdim + (int64_t)(h + u) * hd, kc + j * kdim,
+                                            hd);
                         n = 1;
                     }
                     for (int e = 0; e < n; e++, j++)
@@ -248,12 +253,8 @@ void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, in
                     } else if (!dg_mask_visible(mask, qp, k_pos[j], window)) {
                         scores[j++] = -INFINITY;
                         continue;
-                    } else {
-                        float d = 0;
-                        for (int i = 0; i < hd; i++)
-                            d += qv[i] * kv[i];
-                        s4[0] = d;
-                    }
+                    } else
+                        s4[0] = dot1(qv, kv, hd);
                     for (int u = 0; u < n; u++, j++) {
                         scores[j] = s4[u];
                         if (s4[u] > mx)
