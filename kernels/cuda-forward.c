@@ -171,6 +171,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
     {
         const struct { void **ptr; size_t bytes; } plan[] = {
             {&cx->x, (size_t)(T * H) * es},        {&cx->a, (size_t)(T * H) * es},
+            {&cx->a_router, (size_t)(T * H) * es}, {&cx->a_experts, (size_t)(T * H) * es},
             {&cx->attn, (size_t)(T * H) * es},     {&cx->soft, (size_t)(T * H) * es},
             {&cx->q, (size_t)(T * qmax) * es},     {&cx->o, (size_t)(T * qmax) * es},
             {&cx->kraw, (size_t)(T * kvmax) * es}, {&cx->vraw, (size_t)(T * kvmax) * es},
@@ -477,13 +478,17 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     MARK("o projection");
     TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
     MARK("all-reduce");
-    TRY(dg_cuda_rmsnorm_add_e(e, cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f, st, dev,
-                              err));
+    /* and in the same pass the three norms of h the feed-forward block
+     * reads: the dense MLP's, the router's and the experts' inputs */
+    {
+        void *const y[3] = {cx->a, cx->a_router, cx->a_experts};
+        const void *const wy[3] = {L->pre_ffn_norm, L->router_scale, L->pre_ffn_norm_2};
+        TRY(dg_cuda_rmsnorm_add_norms_e(e, cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f,
+                                        3, y, wy, st, dev, err));
+    }
     MARK("norms");
 
     /* dense MLP: down(gelu(gate u) * up u), u = rms(h) */
-    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm, T, H, eps, st, dev, err));
-    MARK("norms");
     TRY(proj(cx, cx->gu, 0, 0, cx->a, T, L->mlp_gu, L->mlp_gu_s, 2 * (int64_t)I, H, NULL,
              err));
     TRY(dg_cuda_gelu_mul_e(e, cx->act, I, cx->gu, 2 * (int64_t)I, at(cx->gu, I, e),
@@ -492,24 +497,20 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     MARK("dense mlp");
 
     /* router: softmax(rms(h) * scale * H^-1/2 . W_r^T), top-K */
-    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->router_scale, T, H, eps, st, dev, err));
-    MARK("norms");
-    TRY(dg_blas_gemm_e(cx->blas, e, cx->rlogits, 1, cx->a, T, L->router_proj, 0, E, H, H,
+    TRY(dg_blas_gemm_e(cx->blas, e, cx->rlogits, 1, cx->a_router, T, L->router_proj, 0, E, H, H,
                        1.0f / sqrtf((float)H), 0.0f, err));
     TRY(dg_cuda_router_topk(cx->ridx, cx->rw, cx->rlogits, T, E, K, L->router_expert_scale, st,
                             dev, err));
     MARK("router");
 
     /* experts on v = rms(h), then x' = (h + rms(rms(d) + rms(m))) * s */
-    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->pre_ffn_norm_2, T, H, eps, st, dev, err));
-    MARK("norms");
     if (L->exp_gu_s)
-        TRY(dg_cuda_moe_q(cx->blas, moe, (const uint16_t *)cx->a, T, H, cx->ridx, cx->rw, K,
+        TRY(dg_cuda_moe_q(cx->blas, moe, (const uint16_t *)cx->a_experts, T, H, cx->ridx, cx->rw, K,
                           cm->e0, cm->n_exp, Im, (const uint8_t *)L->exp_gu, L->exp_gu_s,
                           (const uint8_t *)L->exp_down, L->exp_down_s, cx->moe_scratch, st,
                           err));
     else
-        TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp,
+        TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a_experts, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp,
                           Im, L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
     MARK("experts");
     /* both partial sums (adjacent, fp32) in one all-reduce */

@@ -83,6 +83,46 @@ __device__ static inline void dg_st8(float *p, const float v[8])
     ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
+/* Eight consecutive elements as loaded, not yet converted: one 16-byte
+ * load (bf16) or two (fp32).  Loading a row's pieces into these first and
+ * converting after issues all of a thread's loads before any is used, so
+ * the row costs one memory latency instead of one per piece. */
+template <typename T> struct dg_raw8;
+template <> struct dg_raw8<__nv_bfloat16> {
+    uint4 u;
+};
+template <> struct dg_raw8<float> {
+    float4 a, b;
+};
+
+__device__ static inline void dg_load_raw8(dg_raw8<__nv_bfloat16> *r, const __nv_bfloat16 *p)
+{
+    r->u = *(const uint4 *)p;
+}
+
+__device__ static inline void dg_load_raw8(dg_raw8<float> *r, const float *p)
+{
+    r->a = ((const float4 *)p)[0];
+    r->b = ((const float4 *)p)[1];
+}
+
+/* the eight values of r in fp32 (what dg_ld8 of the same address gives) */
+__device__ static inline void dg_unpack8(const dg_raw8<__nv_bfloat16> &r, float v[8])
+{
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&r.u;
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+__device__ static inline void dg_unpack8(const dg_raw8<float> &r, float v[8])
+{
+    v[0] = r.a.x, v[1] = r.a.y, v[2] = r.a.z, v[3] = r.a.w;
+    v[4] = r.b.x, v[5] = r.b.y, v[6] = r.b.z, v[7] = r.b.w;
+}
+
 /* Whether rows of dim elements of esz bytes at every pointer given (NULL
  * allowed) can be read eight at a time. */
 static inline bool dg_rows_by8(int dim, int esz, const void *a, const void *b = 0,

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/rows.cuh"
 
 #define COMBINE_THREADS 256
 
@@ -81,51 +82,75 @@ __global__ static void ffn_combine_kernel(T *x, const float *dense, const float 
     }
 }
 
-/* The same, one warp per row and eight values a load (dg_rows_by8), 4
- * rows per block of 128 threads; sums in the warp's order (bf16 elements
- * only: fp32 keeps the block kernel's order, as rmsnorm.cu does). */
-template <typename T>
-__global__ static void ffn_combine_warp_kernel(T *x, const float *dense, const float *moe,
-                                               const T *w1, const T *w2, const T *w,
-                                               int64_t rows, int dim, float eps, float scale)
+/* The same for bf16 x with the rows held in registers: TPR threads a row
+ * (32: four rows a block of 128; 128: one), each holding the row's pieces
+ * of eight values c TPR + i (i its index in the row, c < RC), every load
+ * issued before any is used (one memory latency a row instead of one per
+ * piece and pass; dim a multiple of 8 of at most RC TPR 8, rows aligned:
+ * dg_rows_by8).  s is computed twice from the registers, for its sum and
+ * for the store.  Sums as rows.cuh orders them; with TPR 32 that is the
+ * order of the warp kernel this replaced, bit for bit. */
+template <int TPR, int RC>
+__global__ static void __launch_bounds__(128)
+    ffn_combine_rows_kernel(__nv_bfloat16 *x, const float *dense, const float *moe,
+                            const __nv_bfloat16 *w1, const __nv_bfloat16 *w2,
+                            const __nv_bfloat16 *w, int64_t rows, int dim, float eps,
+                            float scale)
 {
-    const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    const int64_t off = row * dim;
-    const float *dr = dense + off, *mr = moe + off;
-    T *xr = x + off;
-    float sd = 0.0f, sm = 0.0f, ss = 0.0f, rd, rm, rs = 0.0f;
-    if (row >= rows)
+    __shared__ float sh[8];
+    const int64_t row = (int64_t)blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
+    const int i = (int)(threadIdx.x % TPR);
+    dg_raw8<float> dr[RC], mr[RC];
+    dg_raw8<__nv_bfloat16> w1r[RC], w2r[RC], wr[RC], xr[RC];
+    float sd = 0.0f, sm = 0.0f, ss = 0.0f, rd, rm, rs;
+    float2 t;
+    if (row >= rows) /* (TPR 128: the whole block) */
         return;
-    for (int i = lane * 8; i < dim; i += 256) {
-        float d[8], m[8];
-        dg_ld8(dr + i, d);
-        dg_ld8(mr + i, m);
-        for (int u = 0; u < 8; u++) {
-            sd += d[u] * d[u];
-            sm += m[u] * m[u];
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        sd += __shfl_xor_sync(0xffffffffu, sd, o);
-        sm += __shfl_xor_sync(0xffffffffu, sm, o);
-    }
-    rd = rsqrtf(sd / (float)dim + eps);
-    rm = rsqrtf(sm / (float)dim + eps);
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1) {
-            for (int o = 16; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            rs = rsqrtf(ss / (float)dim + eps);
-        }
-        for (int i = lane * 8; i < dim; i += 256) {
-            float d[8], m[8], a[8], b[8], c[8], xv[8];
-            dg_ld8(dr + i, d);
-            dg_ld8(mr + i, m);
+    __nv_bfloat16 *xp = x + row * dim;
+#pragma unroll
+    for (int c = 0; c < RC; c++) {
+        const int off = (c * TPR + i) * 8;
+        if (off < dim) {
+            dg_load_raw8(&dr[c], dense + row * dim + off);
+            dg_load_raw8(&mr[c], moe + row * dim + off);
             if (w1)
-                dg_ld8(w1 + i, a);
+                dg_load_raw8(&w1r[c], w1 + off);
             if (w2)
-                dg_ld8(w2 + i, b);
+                dg_load_raw8(&w2r[c], w2 + off);
+            if (w)
+                dg_load_raw8(&wr[c], w + off);
+            dg_load_raw8(&xr[c], xp + off);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < RC; c++)
+        if ((c * TPR + i) * 8 < dim) {
+            float d[8], m[8];
+            dg_unpack8(dr[c], d);
+            dg_unpack8(mr[c], m);
+            for (int u = 0; u < 8; u++) {
+                sd += d[u] * d[u];
+                sm += m[u] * m[u];
+            }
+        }
+    t = dg_row_sum2<TPR>(sd, sm, sh);
+    rd = rsqrtf(t.x / (float)dim + eps);
+    rm = rsqrtf(t.y / (float)dim + eps);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            rs = rsqrtf(dg_row_sum<TPR>(ss, sh) / (float)dim + eps);
+#pragma unroll
+        for (int c = 0; c < RC; c++) {
+            const int off = (c * TPR + i) * 8;
+            if (off >= dim)
+                continue;
+            float d[8], m[8], a[8], b[8], cw[8], xv[8];
+            dg_unpack8(dr[c], d);
+            dg_unpack8(mr[c], m);
+            if (w1)
+                dg_unpack8(w1r[c], a);
+            if (w2)
+                dg_unpack8(w2r[c], b);
             for (int u = 0; u < 8; u++)
                 d[u] = d[u] * rd * (w1 ? a[u] : 1.0f) + m[u] * rm * (w2 ? b[u] : 1.0f);
             if (pass == 0) {
@@ -134,18 +159,21 @@ __global__ static void ffn_combine_warp_kernel(T *x, const float *dense, const f
                 continue;
             }
             if (w)
-                dg_ld8(w + i, c);
-            dg_ld8(xr + i, xv);
+                dg_unpack8(wr[c], cw);
+            dg_unpack8(xr[c], xv);
             for (int u = 0; u < 8; u++) {
                 float v = d[u] * rs;
                 if (w)
-                    v *= c[u];
+                    v *= cw[u];
                 xv[u] = (xv[u] + v) * scale;
             }
-            dg_st8(xr + i, xv);
+            dg_st8(xp + off, xv);
         }
     }
 }
+
+/* pieces of eight a thread holds at most: rows of up to 4 x 128 x 8 values */
+#define COMBINE_RC 4
 
 extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
                                      const float *moe, const void *w1, const void *w2,
@@ -161,12 +189,19 @@ extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
     if (rows < 0 || dim < 1 || rows > 0x7fffffff)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: %lld rows of %d", dev,
                             (long long)rows, dim);
-    if (e == DG_ELT_BF16 && dg_rows_by8(dim, 2, x, w1, w2, w) &&
+    if (e == DG_ELT_BF16 && dim <= COMBINE_RC * 128 * 8 && dg_rows_by8(dim, 2, x, w1, w2, w) &&
         dg_rows_by8(dim, 4, dense, moe)) {
-        ffn_combine_warp_kernel<__nv_bfloat16>
-            <<<(unsigned)((rows + 3) / 4), 128, 0, (cudaStream_t)stream>>>(
-                (__nv_bfloat16 *)x, dense, moe, (const __nv_bfloat16 *)w1,
-                (const __nv_bfloat16 *)w2, (const __nv_bfloat16 *)w, rows, dim, eps, scale);
+        __nv_bfloat16 *xx = (__nv_bfloat16 *)x;
+        const __nv_bfloat16 *a = (const __nv_bfloat16 *)w1, *b = (const __nv_bfloat16 *)w2,
+                            *c = (const __nv_bfloat16 *)w;
+        if (dim <= COMBINE_RC * 32 * 8)
+            ffn_combine_rows_kernel<32, COMBINE_RC>
+                <<<(unsigned)((rows + 3) / 4), 128, 0, (cudaStream_t)stream>>>(
+                    xx, dense, moe, a, b, c, rows, dim, eps, scale);
+        else
+            ffn_combine_rows_kernel<128, COMBINE_RC><<<(unsigned)rows, 128, 0,
+                                                       (cudaStream_t)stream>>>(
+                xx, dense, moe, a, b, c, rows, dim, eps, scale);
         DG_LAUNCH_CHECK();
         return 0;
     }

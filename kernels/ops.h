@@ -237,6 +237,16 @@ int dg_cuda_rmsnorm_e(enum dg_elt e, void *y, const void *x, const void *w, int6
 int dg_cuda_rmsnorm_add_e(enum dg_elt e, void *resid, const void *x, const void *w,
                           int64_t rows, int dim, float eps, float scale, dg_stream_t stream,
                           int dev, struct dg_error *err);
+/* dg_cuda_rmsnorm_add_e, then n_out (0 to 3) RMSNorms of the updated
+ * residual in the same pass, each exactly as dg_cuda_rmsnorm_e(e, y[j],
+ * resid, wy[j], ...) after it would compute it (wy[j] NULL: no weight):
+ * the norms that read the residual one after another (a layer's
+ * feed-forward input norms) in one launch.  y[j] must not be resid or
+ * overlap it.  Reference: dg_ref_rmsnorm, composed. */
+int dg_cuda_rmsnorm_add_norms_e(enum dg_elt e, void *resid, const void *x, const void *w,
+                                int64_t rows, int dim, float eps, float scale, int n_out,
+                                void *const *y, const void *const *wy, dg_stream_t stream,
+                                int dev, struct dg_error *err);
 int dg_cuda_embed_e(enum dg_elt e, void *y, const int32_t *ids, int64_t T, const void *emb,
                     int64_t v0, int64_t n_rows, int dim, float scale, dg_stream_t stream, int dev,
                     struct dg_error *err);

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/rows.cuh"
 
 #define NORM_THREADS 256
 
@@ -53,58 +54,149 @@ __global__ static void rmsnorm_kernel(T *y, const T *x, const T *w, int dim, flo
     }
 }
 
-/* The same, one warp per row and eight elements a load (dim a multiple
- * of 8, rows aligned: dg_rows_by8); rows per block of 128 threads: 4.  The
- * sum of squares is the warp's, in another order than the block's, so
- * fp32 elements (the path held to the CPU's results) keep the block
- * kernel. */
-template <bool ADD, typename T>
-__global__ static void rmsnorm_warp_kernel(T *y, const T *x, const T *w, int64_t rows, int dim,
-                                           float eps, float scale)
+/* The norms that follow an add (dg_cuda_rmsnorm_add_norms_e): up to
+ * three outputs and their weights. */
+#define NORM_OUTS 3
+struct norm_outs {
+    __nv_bfloat16 *y[NORM_OUTS];
+    const __nv_bfloat16 *w[NORM_OUTS];
+};
+
+/* The same for bf16 rows held in registers: TPR threads a row (32: four
+ * rows a block of 128; 128: one), each thread holding the row's pieces of
+ * eight elements c TPR + i (i its index in the row, c < RC), all loaded
+ * before any is used (one memory latency a row; dim a multiple of 8 of
+ * at most RC TPR 8, rows aligned: dg_rows_by8).  The row is read once.
+ * Sums as rows.cuh orders them; with TPR 32 that is the order the warp
+ * kernel this replaced used, bit for bit.  NOUT > 0 (ADD only): then, as
+ * dg_cuda_rmsnorm_e on the updated resid (its bf16 values) would,
+ *   r2 = (sum_i resid_i^2 / dim + eps)^(-1/2),  out_j,i = bf16(resid_i r2 w_j,i)
+ * for j < NOUT (w_j NULL: no weight). */
+template <bool ADD, int NOUT, int TPR, int RC>
+__global__ static void __launch_bounds__(128)
+    rmsnorm_rows_kernel(__nv_bfloat16 *y, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                        int64_t rows, int dim, float eps, float scale, struct norm_outs outs)
 {
-    const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    const T *xr = x + row * dim;
-    T *yr = y + row * dim;
-    float ss = 0.0f, r;
-    if (row >= rows)
+    __shared__ float sh[8];
+    const int64_t row = (int64_t)blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
+    const int i = (int)(threadIdx.x % TPR);
+    dg_raw8<__nv_bfloat16> xr[RC], wr[RC], yr[RC], wo[NOUT > 0 ? NOUT : 1][RC];
+    float ss = 0.0f, s2 = 0.0f, r;
+    if (row >= rows) /* (TPR 128: the whole block) */
         return;
-    for (int i = lane * 8; i < dim; i += 256) {
-        float v[8];
-        dg_ld8(xr + i, v);
-        for (int u = 0; u < 8; u++)
-            ss += v[u] * v[u];
-    }
-    for (int o = 16; o > 0; o >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    r = rsqrtf(ss / (float)dim + eps);
-    for (int i = lane * 8; i < dim; i += 256) {
-        float v[8], wv[8], yv[8];
-        dg_ld8(xr + i, v);
-        if (w)
-            dg_ld8(w + i, wv);
-        if (ADD)
-            dg_ld8(yr + i, yv);
-        for (int u = 0; u < 8; u++) {
-            v[u] *= r;
+    const __nv_bfloat16 *xp = x + row * dim;
+    __nv_bfloat16 *yp = y + row * dim;
+#pragma unroll
+    for (int c = 0; c < RC; c++) {
+        const int off = (c * TPR + i) * 8;
+        if (off < dim) {
+            dg_load_raw8(&xr[c], xp + off);
             if (w)
-                v[u] *= wv[u];
+                dg_load_raw8(&wr[c], w + off);
             if (ADD)
-                v[u] = yv[u] + v[u] * scale;
+                dg_load_raw8(&yr[c], yp + off);
+#pragma unroll
+            for (int j = 0; j < NOUT; j++)
+                if (outs.w[j])
+                    dg_load_raw8(&wo[j][c], outs.w[j] + off);
         }
-        dg_st8(yr + i, v);
     }
+#pragma unroll
+    for (int c = 0; c < RC; c++)
+        if ((c * TPR + i) * 8 < dim) {
+            float v[8];
+            dg_unpack8(xr[c], v);
+            for (int u = 0; u < 8; u++)
+                ss += v[u] * v[u];
+        }
+    r = rsqrtf(dg_row_sum<TPR>(ss, sh) / (float)dim + eps);
+#pragma unroll
+    for (int c = 0; c < RC; c++) {
+        const int off = (c * TPR + i) * 8;
+        if (off < dim) {
+            float v[8], wv[8], yv[8];
+            dg_unpack8(xr[c], v);
+            if (w)
+                dg_unpack8(wr[c], wv);
+            if (ADD)
+                dg_unpack8(yr[c], yv);
+            for (int u = 0; u < 8; u++) {
+                v[u] *= r;
+                if (w)
+                    v[u] *= wv[u];
+                if (ADD)
+                    v[u] = yv[u] + v[u] * scale;
+            }
+            dg_st8(yp + off, v);
+            if (NOUT > 0) {
+                /* the stored values, for the norms after */
+                __nv_bfloat162 *h = (__nv_bfloat162 *)&xr[c].u;
+                for (int u = 0; u < 4; u++) {
+                    h[u] = __floats2bfloat162_rn(v[2 * u], v[2 * u + 1]);
+                    const float2 f = __bfloat1622float2(h[u]);
+                    s2 += f.x * f.x;
+                    s2 += f.y * f.y;
+                }
+            }
+        }
+    }
+    if (NOUT == 0)
+        return;
+    r = rsqrtf(dg_row_sum<TPR>(s2, sh) / (float)dim + eps);
+#pragma unroll
+    for (int j = 0; j < NOUT; j++)
+#pragma unroll
+        for (int c = 0; c < RC; c++) {
+            const int off = (c * TPR + i) * 8;
+            if (off < dim) {
+                float v[8], wv[8];
+                dg_unpack8(xr[c], v);
+                if (outs.w[j])
+                    dg_unpack8(wo[j][c], wv);
+                for (int u = 0; u < 8; u++) {
+                    v[u] *= r;
+                    if (outs.w[j])
+                        v[u] *= wv[u];
+                }
+                dg_st8(outs.y[j] + row * dim + off, v);
+            }
+        }
+}
+
+/* Pieces of eight a thread holds at most, and the widest row the register
+ * kernels take (TPR 128). */
+#define NORM_RC 4
+#define NORM_ROWS_MAX (NORM_RC * 128 * 8)
+
+/* Launch the register kernel for these rows (bf16, aligned, dim <= NORM_ROWS_MAX). */
+template <bool ADD, int NOUT>
+static void rows_launch(__nv_bfloat16 *y, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                        int64_t rows, int dim, float eps, float scale,
+                        const struct norm_outs &outs, cudaStream_t st)
+{
+    if (dim <= NORM_RC * 32 * 8)
+        rmsnorm_rows_kernel<ADD, NOUT, 32, NORM_RC>
+            <<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(y, x, w, rows, dim, eps, scale, outs);
+    else
+        rmsnorm_rows_kernel<ADD, NOUT, 128, NORM_RC>
+            <<<(unsigned)rows, 128, 0, st>>>(y, x, w, rows, dim, eps, scale, outs);
+}
+
+/* Whether the register kernels take these rows. */
+static bool rows_fit(enum dg_elt e, int dim, const void *y, const void *x, const void *w)
+{
+    return e == DG_ELT_BF16 && dim <= NORM_ROWS_MAX && dg_rows_by8(dim, 2, y, x, w);
 }
 
 template <bool ADD>
 static void rmsnorm_launch(enum dg_elt e, void *y, const void *x, const void *w, int64_t rows,
                            int dim, float eps, float scale, dg_stream_t stream)
 {
-    const unsigned wblocks = (unsigned)((rows + 3) / 4);
-    if (e == DG_ELT_BF16 && dg_rows_by8(dim, 2, y, x, w)) {
-        rmsnorm_warp_kernel<ADD, __nv_bfloat16><<<wblocks, 128, 0, (cudaStream_t)stream>>>(
-            (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, (const __nv_bfloat16 *)w, rows, dim,
-            eps, scale);
+    if (rows_fit(e, dim, y, x, w)) {
+        const struct norm_outs none = {{NULL, NULL, NULL}, {NULL, NULL, NULL}};
+        rows_launch<ADD, 0>((__nv_bfloat16 *)y, (const __nv_bfloat16 *)x,
+                            (const __nv_bfloat16 *)w, rows, dim, eps, scale, none,
+                            (cudaStream_t)stream);
         return;
     }
     if (e == DG_ELT_F32)
@@ -167,4 +259,60 @@ extern "C" int dg_cuda_rmsnorm_add(uint16_t *resid, const uint16_t *x, const uin
 {
     return dg_cuda_rmsnorm_add_e(DG_ELT_BF16, resid, x, w, rows, dim, eps, scale, stream, dev,
                                  err);
+}
+
+extern "C" int dg_cuda_rmsnorm_add_norms_e(enum dg_elt e, void *resid, const void *x,
+                                           const void *w, int64_t rows, int dim, float eps,
+                                           float scale, int n_out, void *const *y,
+                                           const void *const *wy, dg_stream_t stream, int dev,
+                                           struct dg_error *err)
+{
+    int rc = 0;
+    bool fit;
+    if (n_out < 0 || n_out > NORM_OUTS || (n_out > 0 && (!y || !wy)))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: %d outputs (0 to %d)",
+                            dev, n_out, NORM_OUTS);
+    for (int j = 0; j < n_out; j++)
+        if (!y[j] || y[j] == resid)
+            return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: output %d is %s",
+                                dev, j, y[j] ? "the residual" : "NULL");
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: element type %d", dev,
+                            (int)e);
+    if (rows <= 0)
+        return 0;
+    if (dim < 1 || rows > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: %lld rows of %d", dev,
+                            (long long)rows, dim);
+    fit = rows_fit(e, dim, resid, x, w);
+    for (int j = 0; j < n_out && fit; j++)
+        fit = dg_rows_by8(dim, 2, y[j], wy[j]);
+    if (!fit) {
+        /* the separate kernels, one after another */
+        rc = dg_cuda_rmsnorm_add_e(e, resid, x, w, rows, dim, eps, scale, stream, dev, err);
+        for (int j = 0; j < n_out && rc == 0; j++)
+            rc = dg_cuda_rmsnorm_e(e, y[j], resid, wy[j], rows, dim, eps, stream, dev, err);
+        return rc;
+    }
+    {
+        struct norm_outs o = {{NULL, NULL, NULL}, {NULL, NULL, NULL}};
+        __nv_bfloat16 *r = (__nv_bfloat16 *)resid;
+        const __nv_bfloat16 *xx = (const __nv_bfloat16 *)x, *ww = (const __nv_bfloat16 *)w;
+        const cudaStream_t st = (cudaStream_t)stream;
+        for (int j = 0; j < n_out; j++) {
+            o.y[j] = (__nv_bfloat16 *)y[j];
+            o.w[j] = (const __nv_bfloat16 *)wy[j];
+        }
+        if (n_out == 0)
+            rows_launch<true, 0>(r, xx, ww, rows, dim, eps, scale, o, st);
+        else if (n_out == 1)
+            rows_launch<true, 1>(r, xx, ww, rows, dim, eps, scale, o, st);
+        else if (n_out == 2)
+            rows_launch<true, 2>(r, xx, ww, rows, dim, eps, scale, o, st);
+        else
+            rows_launch<true, 3>(r, xx, ww, rows, dim, eps, scale, o, st);
+    }
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
 }

@@ -1,7 +1,9 @@
 /*
  * Description: the row-wise kernels (RMSNorm, RMSNorm + residual add,
- * embedding gather over a vocabulary slice, the gather of rows from
- * anywhere (exact: a copy), RoPE, the feed-forward block's combine) against their plain-C references on fresh random inputs at
+ * the add followed by up to three norms of the new residual, embedding
+ * gather over a vocabulary slice, the gather of rows from anywhere
+ * (exact: a copy), RoPE, the feed-forward block's combine) against their plain-C
+ * references on fresh random inputs at
  * several shapes (sizes that are not multiples of the block sizes among
  * them), each with bf16 and with fp32 elements (the _e forms).  Every
  * output buffer is poisoned (NaN) before the launch (in-place ones hold
@@ -107,7 +109,8 @@ static double compare(enum dg_elt e, const void *d, size_t n, const float *ref, 
 static const struct {
     int64_t rows;
     int dim;
-} NORM_SHAPES[] = {{1, 5}, {7, 256}, {33, 1000}, {64, 2816}, {3, 5376}, {300, 257}};
+} NORM_SHAPES[] = {{1, 5},     {7, 256},     {33, 1000}, {64, 2816},
+                   {5, 1024},  {130, 4096},  {3, 5376},  {300, 257}};
 
 static int rmsnorm(void)
 {
@@ -201,6 +204,127 @@ static int rmsnorm_add(void)
             free(fr);
             free(ref);
         }
+    return 0;
+}
+
+/* bytes of n elements of type e on the device, equal to those at d2 */
+static int same_bytes(enum dg_elt e, const void *d1, const void *d2, size_t n)
+{
+    const size_t bytes = n * (size_t)dg_elt_size(e);
+    struct dg_error err = {0};
+    unsigned char *a = malloc(bytes), *b = malloc(bytes);
+    int same = a && b && dg_cuda_sync(0, &err) == 0 && dg_cuda_download(a, d1, bytes, 0, &err) == 0 &&
+               dg_cuda_download(b, d2, bytes, 0, &err) == 0 && memcmp(a, b, bytes) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
+/* The add followed by n_out norms of the new residual in one launch,
+ * against the references composed (the residual rounded to the element
+ * type before its norms, as it is stored) and, bit for bit, against the
+ * separate kernels run one after another on a copy.  Output 1 has no
+ * weight. */
+static int rmsnorm_add_norms(void)
+{
+    for (size_t k = 0; k < sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]; k++)
+        for (size_t ei = 0; ei < N_ELTS; ei++)
+            for (int n_out = 0; n_out <= 3; n_out++) {
+                const enum dg_elt el = ELTS[ei];
+                const size_t sz = (size_t)dg_elt_size(el);
+                const int64_t R = NORM_SHAPES[k].rows;
+                const int D = NORM_SHAPES[k].dim;
+                const size_t n = (size_t)R * D;
+                const float scale = 0.8125f;
+                struct dg_error err = {0};
+                void *hx, *hw, *hr, *hwo[3], *dx, *dw, *dr, *dr2, *dwo[3] = {0}, *dy[3] = {0},
+                                                                 *dy2[3] = {0};
+                float *fx, *fw, *fr, *fwo[3], *res = malloc(n * sizeof *res),
+                                               *ref = malloc(n * sizeof *ref);
+                char what[112];
+                double e;
+                CHECK(res && ref && gt_rand_elts(el, n, 3.0f, &hx, &fx) == 0 &&
+                      gt_rand_elts(el, (size_t)D, 1.5f, &hw, &fw) == 0 &&
+                      gt_rand_elts(el, n, 2.0f, &hr, &fr) == 0);
+                for (int j = 0; j < 3; j++)
+                    CHECK(gt_rand_elts(el, (size_t)D, 1.5f, &hwo[j], &fwo[j]) == 0);
+                dx = gt_upload(hx, n * sz, &err);
+                dw = gt_upload(hw, (size_t)D * sz, &err);
+                dr = out_buf(el, n, hr, &err);
+                dr2 = out_buf(el, n, hr, &err);
+                CHECKF(dx && dw && dr && dr2, "%s", err.msg);
+                for (int j = 0; j < n_out; j++) {
+                    dwo[j] = j == 1 ? NULL : gt_upload(hwo[j], (size_t)D * sz, &err);
+                    dy[j] = out_buf(el, n, NULL, &err);
+                    dy2[j] = out_buf(el, n, NULL, &err);
+                    CHECKF((j == 1 || dwo[j]) && dy[j] && dy2[j], "%s", err.msg);
+                }
+                CHECK_OK(dg_cuda_rmsnorm_add_norms_e(el, dr, dx, dw, R, D, 1e-6f, scale, n_out,
+                                                     dy, (const void *const *)dwo, NULL, 0,
+                                                     &err),
+                         &err);
+                /* the separate kernels on the copy */
+                CHECK_OK(dg_cuda_rmsnorm_add_e(el, dr2, dx, dw, R, D, 1e-6f, scale, NULL, 0,
+                                               &err),
+                         &err);
+                for (int j = 0; j < n_out; j++)
+                    CHECK_OK(dg_cuda_rmsnorm_e(el, dy2[j], dr2, dwo[j], R, D, 1e-6f, NULL, 0,
+                                               &err),
+                             &err);
+                /* the references: the residual as stored, then its norms */
+                dg_ref_rmsnorm(res, fx, fw, R, D, 1e-6f);
+                for (size_t i = 0; i < n; i++) {
+                    res[i] = fr[i] + res[i] * scale;
+                    if (el == DG_ELT_BF16)
+                        res[i] = dg_bf16_to_f32(dg_f32_to_bf16(res[i]));
+                }
+                snprintf(what, sizeof what, "rmsnorm_add_norms%s %lld x %d, %d out: residual",
+                         tag(el), (long long)R, D, n_out);
+                e = compare(el, dr, n, res, what);
+                CHECKF(e >= 0 && e <= bound(el), "%s: %.3e", what, e);
+                CHECKF(same_bytes(el, dr, dr2, n), "%s: not the separate kernel's bits", what);
+                for (int j = 0; j < n_out; j++) {
+                    dg_ref_rmsnorm(ref, res, j == 1 ? NULL : fwo[j], R, D, 1e-6f);
+                    snprintf(what, sizeof what, "rmsnorm_add_norms%s %lld x %d, %d out: norm %d",
+                             tag(el), (long long)R, D, n_out, j);
+                    e = compare(el, dy[j], n, ref, what);
+                    printf("# %s: relative error %.2e\n", what, e);
+                    CHECKF(e >= 0 && e <= bound(el), "%s: %.3e", what, e);
+                    CHECKF(same_bytes(el, dy[j], dy2[j], n), "%s: not the separate kernel's bits",
+                           what);
+                }
+                for (int j = 0; j < 3; j++) {
+                    dg_cuda_free(dwo[j]);
+                    dg_cuda_free(dy[j]);
+                    dg_cuda_free(dy2[j]);
+                    free(hwo[j]);
+                    free(fwo[j]);
+                }
+                dg_cuda_free(dx);
+                dg_cuda_free(dw);
+                dg_cuda_free(dr);
+                dg_cuda_free(dr2);
+                free(hx);
+                free(fx);
+                free(hw);
+                free(fw);
+                free(hr);
+                free(fr);
+                free(res);
+                free(ref);
+            }
+    {
+        /* refused: more outputs than three, an output on the residual */
+        struct dg_error err = {0};
+        void *y[1] = {(void *)(uintptr_t)256};
+        const void *w[1] = {NULL};
+        CHECK_FAILS(dg_cuda_rmsnorm_add_norms_e(DG_ELT_BF16, NULL, NULL, NULL, 4, 8, 1e-6f, 1.0f,
+                                                4, y, w, NULL, 0, &err),
+                    &err, DG_E_INVAL, "outputs");
+        CHECK_FAILS(dg_cuda_rmsnorm_add_norms_e(DG_ELT_BF16, y[0], NULL, NULL, 4, 8, 1e-6f, 1.0f,
+                                                1, y, w, NULL, 0, &err),
+                    &err, DG_E_INVAL, "the residual");
+    }
     return 0;
 }
 
@@ -375,7 +499,8 @@ static int ffn_combine(void)
     static const struct {
         int64_t rows;
         int dim;
-    } shapes[] = {{1, 48}, {7, 333}, {33, 2816}, {1, 1}, {3, 8192}, {130, 1000}, {5, 5376}};
+    } shapes[] = {{1, 48},   {7, 333},   {33, 2816}, {1, 1},   {3, 8192},
+                  {130, 1000}, {5, 5376}, {9, 4096},  {4, 1024}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
         for (size_t ei = 0; ei < N_ELTS; ei++) {
             const enum dg_elt el = ELTS[ei];
@@ -496,6 +621,7 @@ int main(void)
     gt_seed(0x853c49e6748fea9bull);
     TEST_CASE(rmsnorm);
     TEST_CASE(rmsnorm_add);
+    TEST_CASE(rmsnorm_add_norms);
     TEST_CASE(embed);
     TEST_CASE(rows_gather);
     TEST_CASE(rope);
