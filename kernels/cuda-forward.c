@@ -450,13 +450,11 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                      err));
     }
     MARK("qkv projection");
-    TRY(dg_cuda_rmsnorm_e(e, cx->q, cx->q, L->q_norm, T * nh, hd, eps, st, dev, err));
-    TRY(dg_cuda_rmsnorm_e(e, cx->k, cx->kraw, L->k_norm, T * nkv, hd, eps, st, dev, err));
-    /* full layers: V is the raw K projection, normed without a weight */
-    TRY(dg_cuda_rmsnorm_e(e, cx->v, L->sliding ? cx->vraw : cx->kraw, NULL, T * nkv, hd, eps, st,
-                          dev, err));
-    TRY(dg_cuda_rope_e(e, cx->q, cx->pos, T, nh, hd, L->inv_freq, st, dev, err));
-    TRY(dg_cuda_rope_e(e, cx->k, cx->pos, T, nkv, hd, L->inv_freq, st, dev, err));
+    /* q and k normed and rotated, v normed (full layers: V is the raw K
+     * projection, normed without a weight), in one pass */
+    TRY(dg_cuda_head_norm_rope_e(e, cx->q, cx->k, cx->kraw, cx->v,
+                                 L->sliding ? cx->vraw : cx->kraw, cx->pos, T, nh, nkv, hd,
+                                 L->q_norm, L->k_norm, L->inv_freq, eps, st, dev, err));
     MARK("qk norm, rope");
 
     /* every token's K/V into its sequence's cache, then attention over

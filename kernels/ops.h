@@ -252,6 +252,21 @@ int dg_cuda_embed_e(enum dg_elt e, void *y, const int32_t *ids, int64_t T, const
                     struct dg_error *err);
 int dg_cuda_rope_e(enum dg_elt e, void *x, const int64_t *pos, int64_t T, int n_heads, int hd,
                    const float *inv_freq, dg_stream_t stream, int dev, struct dg_error *err);
+/* The attention's per-head preparation in one launch, for T tokens at
+ * positions pos (references: dg_ref_rmsnorm, then dg_ref_rope):
+ *     q[t, h] = rope(rmsnorm(q[t, h]) * wq, pos[t])      in place, h < nh
+ *     k[t, c] = rope(rmsnorm(kraw[t, c]) * wk, pos[t])   c < nkv
+ *     v[t, c] = rmsnorm(vraw[t, c])                       (no weight, no rotation)
+ * over head rows of hd values; each norm's output is rounded to the
+ * element type before it is rotated, as dg_cuda_rmsnorm_e then
+ * dg_cuda_rope_e (which run instead where the one-pass kernel does not
+ * take the shape: fp32, hd not a power of two in [16, 1024], unaligned
+ * rows).  kraw and vraw may be the same buffer; wq, wk NULL: no weight;
+ * inv_freq: hd / 2 floats. */
+int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, const void *kraw, void *v,
+                             const void *vraw, const int64_t *pos, int64_t T, int nh, int nkv,
+                             int hd, const void *wq, const void *wk, const float *inv_freq,
+                             float eps, dg_stream_t stream, int dev, struct dg_error *err);
 int dg_cuda_gelu_mul_e(enum dg_elt e, void *out, int64_t ld_out, const void *gate,
                        int64_t ld_gate, const void *up, int64_t ld_up, int64_t rows, int n,
                        dg_stream_t stream, int dev, struct dg_error *err);

@@ -2,7 +2,8 @@
  * Description: the row-wise kernels (RMSNorm, RMSNorm + residual add,
  * the add followed by up to three norms of the new residual, embedding
  * gather over a vocabulary slice, the gather of rows from anywhere
- * (exact: a copy), RoPE, the feed-forward block's combine) against their plain-C
+ * (exact: a copy), RoPE, the per-head norms and RoPE of q, k and v in one
+ * pass, the feed-forward block's combine) against their plain-C
  * references on fresh random inputs at
  * several shapes (sizes that are not multiples of the block sizes among
  * them), each with bf16 and with fp32 elements (the _e forms).  Every
@@ -490,6 +491,130 @@ static int rope(void)
     return 0;
 }
 
+/* The attention's per-head norms and RoPE in one launch against the
+ * references composed: q normed (weight) and rotated in place, k from
+ * kraw likewise, v from vraw normed (no weight), each norm's output
+ * rounded to the element type before its rotation (as it is stored
+ * between the separate kernels).  kraw and vraw are one buffer where
+ * shared_kv (a full layer).  Shapes the one-pass kernel does not take (hd
+ * 96, 2048; every fp32 run) go through the separate kernels. */
+static int head_norm_rope(void)
+{
+    static const struct {
+        int64_t T;
+        int nh, nkv, hd, zero_from, shared_kv;
+    } shapes[] = {{1, 2, 1, 64, 32, 0},    {9, 16, 8, 256, 128, 0}, {5, 16, 2, 512, 64, 1},
+                  {3, 4, 2, 1024, 512, 0}, {7, 4, 2, 128, 40, 1},   {4, 2, 1, 16, 8, 0},
+                  {4, 2, 1, 96, 48, 0},    {2, 2, 1, 2048, 1024, 0}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (size_t ei = 0; ei < N_ELTS; ei++) {
+            const enum dg_elt el = ELTS[ei];
+            const size_t sz = (size_t)dg_elt_size(el);
+            const int64_t T = shapes[k].T;
+            const int nh = shapes[k].nh, nkv = shapes[k].nkv, hd = shapes[k].hd;
+            const size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
+            const float eps = 1e-6f;
+            struct dg_error err = {0};
+            void *hq, *hk, *hv, *hwq, *hwk, *dq, *dkraw, *dvraw, *dk, *dv, *dwq, *dwk;
+            float *fq, *fk, *fv, *fwq, *fwk, *rq = malloc(nq * 4), *rk = malloc(nk * 4),
+                                               *rv = malloc(nk * 4),
+                                               *inv = malloc((size_t)hd / 2 * 4);
+            int64_t *pos = malloc((size_t)T * sizeof *pos);
+            void *dpos = NULL, *dinv = NULL;
+            char what[112];
+            double e;
+            CHECK(rq && rk && rv && inv && pos && gt_rand_elts(el, nq, 2.0f, &hq, &fq) == 0 &&
+                  gt_rand_elts(el, nk, 3.0f, &hk, &fk) == 0 &&
+                  gt_rand_elts(el, nk, 1.0f, &hv, &fv) == 0 &&
+                  gt_rand_elts(el, (size_t)hd, 1.5f, &hwq, &fwq) == 0 &&
+                  gt_rand_elts(el, (size_t)hd, 1.5f, &hwk, &fwk) == 0);
+            for (int i = 0; i < hd / 2; i++)
+                inv[i] = i < shapes[k].zero_from ? powf(10000.0f, -2.0f * (float)i / (float)hd)
+                                                 : 0.0f;
+            for (int64_t t = 0; t < T; t++)
+                pos[t] = t == 0 ? 0 : (int64_t)((gt_uniform() + 1.0f) * 60000.0f) + t;
+            /* the references */
+            dg_ref_rmsnorm(rq, fq, fwq, T * nh, hd, eps);
+            dg_ref_rmsnorm(rk, fk, fwk, T * nkv, hd, eps);
+            dg_ref_rmsnorm(rv, shapes[k].shared_kv ? fk : fv, NULL, T * nkv, hd, eps);
+            if (el == DG_ELT_BF16) {
+                for (size_t i = 0; i < nq; i++)
+                    rq[i] = dg_bf16_to_f32(dg_f32_to_bf16(rq[i]));
+                for (size_t i = 0; i < nk; i++)
+                    rk[i] = dg_bf16_to_f32(dg_f32_to_bf16(rk[i]));
+            }
+            for (int64_t t = 0; t < T; t++) {
+                dg_ref_rope(rq + (size_t)t * nh * hd, nh, hd, inv, pos[t]);
+                dg_ref_rope(rk + (size_t)t * nkv * hd, nkv, hd, inv, pos[t]);
+            }
+            dq = out_buf(el, nq, hq, &err);
+            dkraw = gt_upload(hk, nk * sz, &err);
+            dvraw = shapes[k].shared_kv ? dkraw : gt_upload(hv, nk * sz, &err);
+            dk = out_buf(el, nk, NULL, &err);
+            dv = out_buf(el, nk, NULL, &err);
+            dwq = gt_upload(hwq, (size_t)hd * sz, &err);
+            dwk = gt_upload(hwk, (size_t)hd * sz, &err);
+            CHECKF(dq && dkraw && dvraw && dk && dv && dwq && dwk &&
+                       dg_cuda_alloc(&dpos, (size_t)T * 8, 0, &err) == 0 &&
+                       dg_cuda_upload(dpos, pos, (size_t)T * 8, 0, &err) == 0 &&
+                       dg_cuda_alloc(&dinv, (size_t)hd / 2 * 4, 0, &err) == 0 &&
+                       dg_cuda_upload(dinv, inv, (size_t)hd / 2 * 4, 0, &err) == 0,
+                   "%s", err.msg);
+            CHECK_OK(dg_cuda_head_norm_rope_e(el, dq, dk, dkraw, dv, dvraw, dpos, T, nh, nkv, hd,
+                                              dwq, dwk, dinv, eps, NULL, 0, &err),
+                     &err);
+            snprintf(what, sizeof what, "head_norm_rope%s %lld tokens, %d + 2 x %d heads of %d%s",
+                     tag(el), (long long)T, nh, nkv, hd, shapes[k].shared_kv ? ", v = k" : "");
+            e = compare(el, dq, nq, rq, what);
+            printf("# %s: q %.2e", what, e);
+            CHECKF(e >= 0 && e <= bound(el), "%s: q %.3e", what, e);
+            e = compare(el, dk, nk, rk, what);
+            printf(", k %.2e", e);
+            CHECKF(e >= 0 && e <= bound(el), "%s: k %.3e", what, e);
+            e = compare(el, dv, nk, rv, what);
+            printf(", v %.2e\n", e);
+            CHECKF(e >= 0 && e <= bound(el), "%s: v %.3e", what, e);
+            dg_cuda_free(dq);
+            dg_cuda_free(dkraw);
+            if (!shapes[k].shared_kv)
+                dg_cuda_free(dvraw);
+            dg_cuda_free(dk);
+            dg_cuda_free(dv);
+            dg_cuda_free(dwq);
+            dg_cuda_free(dwk);
+            dg_cuda_free(dpos);
+            dg_cuda_free(dinv);
+            free(hq);
+            free(hk);
+            free(hv);
+            free(hwq);
+            free(hwk);
+            free(fq);
+            free(fk);
+            free(fv);
+            free(fwq);
+            free(fwk);
+            free(rq);
+            free(rk);
+            free(rv);
+            free(inv);
+            free(pos);
+        }
+    {
+        struct dg_error err = {0};
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, NULL, NULL, NULL, NULL, NULL, NULL, 4,
+                                             0, 1, 64, NULL, NULL, NULL, 1e-6f, NULL, 0, &err),
+                    &err, DG_E_INVAL, "heads");
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, NULL, NULL, NULL, NULL, NULL, NULL, 4,
+                                             2, 1, 63, NULL, NULL, NULL, 1e-6f, NULL, 0, &err),
+                    &err, DG_E_INVAL, "heads");
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(BAD_ELT, NULL, NULL, NULL, NULL, NULL, NULL, 4, 2,
+                                             1, 64, NULL, NULL, NULL, 1e-6f, NULL, 0, &err),
+                    &err, DG_E_INVAL, "element type");
+    }
+    return 0;
+}
+
 /* The end of the feed-forward block: fp32 dense and MoE rows, weights of
  * the element type, the residual x of the element type updated in place
  * (uploaded into a guarded buffer); dense and moe must come back
@@ -625,6 +750,7 @@ int main(void)
     TEST_CASE(embed);
     TEST_CASE(rows_gather);
     TEST_CASE(rope);
+    TEST_CASE(head_norm_rope);
     TEST_CASE(ffn_combine);
     TEST_CASE(refusals);
     return test_finish();
