@@ -65,6 +65,72 @@ __global__ static void router_kernel(int32_t *idx, float *w, const float *logits
     }
 }
 
+/* The same with each lane's logits in registers (e = lane + 32 r, r < RP:
+ * E <= 32 RP): read once, a taken expert marked by a bit of its lane, and
+ * pick k's id and weight kept by lane k.  The same comparisons and sums in
+ * the same order: the same ids and weights, bit for bit. */
+template <int RP>
+__global__ static void router_regs_kernel(int32_t *idx, float *w, const float *logits,
+                                          int64_t T, int E, int K, const float *scale)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t t = (int64_t)blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
+    float lv[RP];
+    float m = -INFINITY, s = 0.0f, sel = 0.0f, my_p = 0.0f;
+    unsigned taken = 0;
+    int my_e = 0;
+
+    if (t >= T)
+        return;
+#pragma unroll
+    for (int r = 0; r < RP; r++)
+        lv[r] = lane + 32 * r < E ? logits[t * E + lane + 32 * r] : -INFINITY;
+#pragma unroll
+    for (int r = 0; r < RP; r++)
+        if (lane + 32 * r < E)
+            m = fmaxf(m, lv[r]);
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+#pragma unroll
+    for (int r = 0; r < RP; r++)
+        if (lane + 32 * r < E)
+            s += expf(lv[r] - m);
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int k = 0; k < K; k++) {
+        float best = -INFINITY, p;
+        int be = 0x7fffffff;
+#pragma unroll
+        for (int r = 0; r < RP; r++) {
+            const int e = lane + 32 * r;
+            if (e < E && !((taken >> r) & 1u) && (lv[r] > best || (lv[r] == best && e < be))) {
+                best = lv[r];
+                be = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ob > best || (ob == best && oe < be)) {
+                best = ob;
+                be = oe;
+            }
+        }
+        if ((be & 31) == lane)
+            taken |= 1u << (be >> 5);
+        p = expf(best - m) / s;
+        sel += p;
+        if (lane == k) {
+            my_e = be;
+            my_p = p;
+        }
+    }
+    if (lane < K) {
+        idx[t * K + lane] = my_e;
+        w[t * K + lane] = my_p / sel * scale[my_e];
+    }
+}
+
 extern "C" int dg_cuda_router_topk(int32_t *idx, float *w, const float *logits, int64_t T, int E,
                                    int K, const float *per_expert_scale, dg_stream_t stream,
                                    int dev, struct dg_error *err)
@@ -74,8 +140,19 @@ extern "C" int dg_cuda_router_topk(int32_t *idx, float *w, const float *logits, 
         return 0;
     if (E < 1 || K < 1 || K > 32 || K > E)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: router: top-%d of %d experts", dev, K, E);
-    router_kernel<<<(unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS), 32 * ROUTER_WARPS, 0,
-                    (cudaStream_t)stream>>>(idx, w, logits, T, E, K, per_expert_scale);
+    {
+        const unsigned blocks = (unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS);
+        const cudaStream_t st = (cudaStream_t)stream;
+        if (E <= 32 * 4)
+            router_regs_kernel<4><<<blocks, 32 * ROUTER_WARPS, 0, st>>>(idx, w, logits, T, E, K,
+                                                                       per_expert_scale);
+        else if (E <= 32 * 8)
+            router_regs_kernel<8><<<blocks, 32 * ROUTER_WARPS, 0, st>>>(idx, w, logits, T, E, K,
+                                                                       per_expert_scale);
+        else
+            router_kernel<<<blocks, 32 * ROUTER_WARPS, 0, st>>>(idx, w, logits, T, E, K,
+                                                               per_expert_scale);
+    }
     DG_LAUNCH_CHECK();
 out:
     return rc;

@@ -407,7 +407,8 @@ static int router(void)
     static const struct {
         int64_t T;
         int E, K;
-    } shapes[] = {{1, 128, 8}, {37, 128, 8}, {256, 8, 2}, {5, 6, 3}, {100, 40, 1}, {3, 130, 32}};
+    } shapes[] = {{1, 128, 8}, {37, 128, 8}, {256, 8, 2}, {5, 6, 3}, {100, 40, 1}, {3, 130, 32},
+                  {9, 256, 8}, {4, 300, 8}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int64_t T = shapes[k].T;
         const int E = shapes[k].E, K = shapes[k].K;
