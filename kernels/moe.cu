@@ -43,7 +43,7 @@ static int64_t max_tiles(int64_t picks, int n_exp, int ts)
 struct moe_layout {
     int ts;
     int64_t tiles, rows;         /* tile bound, padded rows (tiles x ts) */
-    size_t counts, cursor, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys;
+    size_t counts, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys;
     size_t q, qs, total;         /* FP8: the quantized rows (of H or I bytes) and their scales */
 };
 
@@ -57,8 +57,7 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
     l.tiles = max_tiles(S, n_exp, l.ts);
     l.rows = l.tiles * l.ts;
     l.counts = 0;
-    l.cursor = l.counts + ALIGN(sizeof(int32_t) * (size_t)n_exp);
-    l.offsets = l.cursor + ALIGN(sizeof(int32_t) * (size_t)n_exp);
+    l.offsets = l.counts + ALIGN(sizeof(int32_t) * (size_t)n_exp);
     l.slot_of = l.offsets + ALIGN(sizeof(int32_t) * (size_t)(n_exp + 1));
     l.ptrs = l.slot_of + ALIGN(sizeof(int32_t) * (size_t)S);
     l.xs = l.ptrs + ALIGN(6 * sizeof(void *) * (size_t)l.tiles);
@@ -92,53 +91,85 @@ extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
 }
 
 /* counts[e] = picks of expert e0 + e */
-__global__ static void count_kernel(int32_t *counts, const int32_t *idx, int64_t picks, int e0,
-                                    int n_exp)
-{
-    const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int e;
-    if (p >= picks)
-        return;
-    e = idx[p] - e0;
-    if (e >= 0 && e < n_exp)
-        atomicAdd(&counts[e], 1);
-}
-
-/* The tile schedule, one block, thread j for expert j (n_exp <= 1024):
+/* The routing of the picks, one block (thread j < n_exp serves expert
+ * j where a step is per expert; n_exp <= 1024), counting in shared
+ * memory:
+ *   c_j = #{p : idx[p] - e0 = j}                 (counts)
  *   pad_j = ceil(c_j / ts) ts,  offsets[j] = sum_{i<j} pad_i  (a scan)
  *   tile t of expert j's k-th ts rows (t = offsets[j] / ts + k):
  *     A1[t] = xs + (offsets[j] + k ts) H,  B1[t] = W_gu_j,    C1[t] = gu + (...) 2I
  *     A2[t] = hh + (offsets[j] + k ts) I,  B2[t] = W_down_j,  C2[t] = ys + (...) H
  *   tiles past the last used one compute into the dummies (the batched
- *   GEMMs have a fixed count: the host's bound). */
-__global__ static void schedule_kernel(int32_t *offsets, void **ptrs, const int32_t *counts,
-                                       int n_exp, int ts, int64_t tiles, unsigned char *xs,
-                                       unsigned char *gu, unsigned char *hh, unsigned char *ys,
-                                       const unsigned char *wgu, const unsigned char *wdn,
-                                       unsigned char *dummy_gu, unsigned char *dummy_ys, int H,
-                                       int I, int esz)
+ *   GEMMs have a fixed count: the host's bound);
+ *   slot_of[p] = offsets[j] + (p's place among expert j's picks), or -1
+ *   for another rank's expert (the order within a run is free: rows are
+ *   independent).
+ * shared: 2 n_exp + 1 int32. */
+__global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *slot_of,
+                                    void **ptrs, const int32_t *idx, int64_t picks, int e0,
+                                    int n_exp, int ts, int64_t tiles, unsigned char *xs,
+                                    unsigned char *gu, unsigned char *hh, unsigned char *ys,
+                                    const unsigned char *wgu, const unsigned char *wdn,
+                                    unsigned char *dummy_gu, unsigned char *dummy_ys, int H,
+                                    int I, int esz)
 {
-    extern __shared__ int32_t pad[]; /* [n_exp] then the scan */
+    extern __shared__ int32_t s_route[]; /* counts, then offsets [n_exp + 1] */
+    __shared__ int32_t s_warp[32];
+    int32_t *s_count = s_route, *s_off = s_route + n_exp;
     const int j = threadIdx.x;
     void **A1 = ptrs, **B1 = ptrs + tiles, **C1 = ptrs + 2 * tiles;
     void **A2 = ptrs + 3 * tiles, **B2 = ptrs + 4 * tiles, **C2 = ptrs + 5 * tiles;
     int64_t used;
-    if (j < n_exp)
-        pad[j] = (counts[j] + ts - 1) / ts * ts;
+    int32_t pad = 0;
+
+    for (int i = j; i < n_exp; i += blockDim.x)
+        s_count[i] = 0;
     __syncthreads();
-    if (j == 0) {
-        int32_t acc = 0;
-        for (int i = 0; i < n_exp; i++) {
-            offsets[i] = acc;
-            acc += pad[i];
-        }
-        offsets[n_exp] = acc;
+    for (int64_t p = j; p < picks; p += blockDim.x) {
+        const int e = idx[p] - e0;
+        if (e >= 0 && e < n_exp)
+            atomicAdd(&s_count[e], 1);
     }
     __syncthreads();
+    /* the exclusive scan of the padded counts: each warp's inclusive scan
+     * (shuffles), the warps' totals scanned by warp 0, added back */
+    {
+        const int lane = j & 31, warp = j >> 5;
+        int32_t v = j < n_exp ? (s_count[j] + ts - 1) / ts * ts : 0, incl = v;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t u = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o)
+                incl += u;
+        }
+        if (lane == 31)
+            s_warp[warp] = incl;
+        __syncthreads();
+        if (warp == 0) {
+            int32_t t = lane < (int)(blockDim.x >> 5) ? s_warp[lane] : 0, ti = t;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int32_t u = __shfl_up_sync(0xffffffffu, ti, o);
+                if (lane >= o)
+                    ti += u;
+            }
+            s_warp[lane] = ti - t; /* the warps before this one */
+        }
+        __syncthreads();
+        if (j < n_exp)
+            s_off[j] = s_warp[warp] + incl - v;
+        if (j == n_exp - 1)
+            s_off[n_exp] = s_warp[warp] + incl;
+    }
+    __syncthreads();
+    for (int i = j; i <= n_exp; i += blockDim.x) {
+        offsets[i] = s_off[i];
+        if (i < n_exp)
+            counts[i] = s_count[i];
+    }
     if (j < n_exp) {
         const int64_t I2 = 2 * (int64_t)I;
-        for (int32_t r = 0; r < pad[j]; r += ts) {
-            const int64_t row = (int64_t)offsets[j] + r, t = row / ts;
+        pad = (s_count[j] + ts - 1) / ts * ts;
+        for (int32_t r = 0; r < pad; r += ts) {
+            const int64_t row = (int64_t)s_off[j] + r, t = row / ts;
             A1[t] = xs + row * H * esz;
             B1[t] = (void *)(wgu + (int64_t)j * I2 * H * esz);
             C1[t] = gu + row * I2 * esz;
@@ -147,7 +178,7 @@ __global__ static void schedule_kernel(int32_t *offsets, void **ptrs, const int3
             C2[t] = ys + row * H * 4;
         }
     }
-    used = offsets[n_exp] / ts;
+    used = s_off[n_exp] / ts;
     for (int64_t t = used + j; t < tiles; t += blockDim.x) {
         A1[t] = xs;
         B1[t] = (void *)wgu;
@@ -156,19 +187,15 @@ __global__ static void schedule_kernel(int32_t *offsets, void **ptrs, const int3
         B2[t] = (void *)wdn;
         C2[t] = dummy_ys;
     }
-}
-
-/* each pick its row in its expert's run (order within a run is free: rows
- * are independent), or -1 for another rank's expert */
-__global__ static void fill_kernel(int32_t *slot_of, int32_t *cursor, const int32_t *offsets,
-                                   const int32_t *idx, int64_t picks, int e0, int n_exp)
-{
-    const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    int e;
-    if (p >= picks)
-        return;
-    e = idx[p] - e0;
-    slot_of[p] = e < 0 || e >= n_exp ? -1 : offsets[e] + atomicAdd(&cursor[e], 1);
+    /* the counts become cursors: each pick takes the next row of its run */
+    __syncthreads();
+    for (int i = j; i < n_exp; i += blockDim.x)
+        s_count[i] = 0;
+    __syncthreads();
+    for (int64_t p = j; p < picks; p += blockDim.x) {
+        const int e = idx[p] - e0;
+        slot_of[p] = e < 0 || e >= n_exp ? -1 : s_off[e] + atomicAdd(&s_count[e], 1);
+    }
 }
 
 /* grid (picks, ceil(H / 256)): xs[slot_of[p]] = x[p / K] (a copy: E is the
@@ -213,30 +240,22 @@ __global__ static void combine_kernel(float *out, const float *ys, const int32_t
 }
 
 /* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
- * l: zeroed counts and cursors, the counts, the tile schedule, each pick's
- * slot and the gathered rows.  Nothing waits for the device. */
+ * l: the counts, the tile schedule and each pick's slot (one launch),
+ * then the gathered rows.  Nothing waits for the device. */
 static int route(enum dg_elt e, const struct moe_layout *l, const void *x, int64_t T, int H,
                  const int32_t *idx, int K, int e0, int n_exp, int I, const void *W_gu,
                  const void *W_down, unsigned char *sc, cudaStream_t st, int dev,
                  struct dg_error *err)
 {
     const int64_t esz = dg_elt_size(e), picks = T * K;
-    int32_t *counts = (int32_t *)(sc + l->counts), *cursor = (int32_t *)(sc + l->cursor);
+    int32_t *counts = (int32_t *)(sc + l->counts);
     int32_t *offsets = (int32_t *)(sc + l->offsets), *slot_of = (int32_t *)(sc + l->slot_of);
     int rc = 0;
 
-    DG_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)n_exp, st));
-    DG_CUDA_CHECK(cudaMemsetAsync(cursor, 0, sizeof(int32_t) * (size_t)n_exp, st));
-    count_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(counts, idx, picks, e0, n_exp);
-    DG_LAUNCH_CHECK();
-    schedule_kernel<<<1, (unsigned)((n_exp + 31) / 32 * 32), sizeof(int32_t) * (size_t)n_exp,
-                      st>>>(offsets, (void **)(sc + l->ptrs), counts, n_exp, l->ts, l->tiles,
-                            sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys,
-                            (const unsigned char *)W_gu, (const unsigned char *)W_down,
-                            sc + l->dummy_gu, sc + l->dummy_ys, H, I, (int)esz);
-    DG_LAUNCH_CHECK();
-    fill_kernel<<<(unsigned)((picks + 255) / 256), 256, 0, st>>>(slot_of, cursor, offsets, idx,
-                                                                 picks, e0, n_exp);
+    route_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * n_exp + 1), st>>>(
+        counts, offsets, slot_of, (void **)(sc + l->ptrs), idx, picks, e0, n_exp, l->ts,
+        l->tiles, sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys, (const unsigned char *)W_gu,
+        (const unsigned char *)W_down, sc + l->dummy_gu, sc + l->dummy_ys, H, I, (int)esz);
     DG_LAUNCH_CHECK();
     if ((H * esz) % 16 == 0 && !((uintptr_t)x & 15)) {
         const int n16 = (int)(H * esz / 16);
