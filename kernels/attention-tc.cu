@@ -329,10 +329,18 @@ __global__ static void attention_fold_kernel(__nv_bfloat16 *out, const float *pa
     }
 }
 
-/* Key ranges per row tile: enough blocks for about two waves of 132
- * multiprocessors (the H200's), at most 8, and only as many as the
- * scratch holds. */
-#define TC_TARGET_BLOCKS 264
+/* Key ranges per row tile.  The blocks of one launch run in waves of
+ * `slots` (the blocks a multiprocessor holds at once, by registers and
+ * shared memory, times the multiprocessors), and a block's time grows
+ * with its keys: splitting each tile's keys s ways makes s times the
+ * blocks with 1/s of the keys each, so the launch takes about
+ * ceil(blocks s / slots) / s of the unsplit one.  The fewest splits (up
+ * to 8, and as many as the scratch holds) that minimise that; ties go to
+ * fewer (each split adds partial results and the fold).  On the H200 at
+ * batch 1: sliding layers 64 tiles over 264 slots (two blocks of 238
+ * registers a multiprocessor) take 4 splits, one wave where the earlier
+ * rule's 5 made 320 blocks, two waves; full layers 128 tiles over 132
+ * slots (167 KB of shared memory a block) take none, and no fold. */
 #define TC_MAX_SPLITS 8
 
 static int64_t tc_blocks(int64_t Tq, int nh, int nkv, int hd)
@@ -346,20 +354,68 @@ static size_t tc_part_bytes(int splits, int64_t Tq, int nh, int hd)
                       : 0;
 }
 
-static int tc_splits(int64_t Tq, int nh, int nkv, int hd, size_t scratch_bytes)
+static int tc_splits(int64_t Tq, int nh, int nkv, int hd, size_t scratch_bytes, int64_t slots)
 {
     const int64_t blocks = tc_blocks(Tq, nh, nkv, hd);
-    int s = (int)min((int64_t)TC_MAX_SPLITS, (TC_TARGET_BLOCKS + blocks - 1) / blocks);
-    while (s > 1 && tc_part_bytes(s, Tq, nh, hd) > scratch_bytes)
-        s--;
-    return s < 1 ? 1 : s;
+    int best = 1;
+    int64_t best_waves = (blocks + slots - 1) / slots; /* cost best_waves / best */
+    if (slots < 1)
+        return 1;
+    for (int s = 2; s <= TC_MAX_SPLITS && tc_part_bytes(s, Tq, nh, hd) <= scratch_bytes; s++) {
+        const int64_t waves = (blocks * s + slots - 1) / slots;
+        if (waves * best < best_waves * s) { /* waves / s < best_waves / best */
+            best = s;
+            best_waves = waves;
+        }
+    }
+    return best;
+}
+
+/* the kernel's dynamic shared memory at head size hd, column block DV */
+static size_t tc_shared(int hd, int DV)
+{
+    return sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + TC_BUFS * TC_KEYS) * (hd + TC_PAD) +
+           sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (DV + TC_PAD) +
+           (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS;
+}
+
+/* DV: hd's column block (64, 128, else 256) */
+static int tc_dv(int hd)
+{
+    return hd == 64 ? 64 : hd == 128 ? 128 : 256;
+}
+
+/* The blocks of the kernel for head size hd that the current device runs
+ * at once (0 where it cannot say: then no split). */
+template <int DV>
+static int64_t tc_slots_dv(size_t shared)
+{
+    int d, sms = 0, per = 0;
+    if (cudaGetDevice(&d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
+        cudaFuncSetAttribute(attention_tc_kernel<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)shared) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_tc_kernel<DV>, 128,
+                                                      shared) != cudaSuccess) {
+        (void)cudaGetLastError(); /* (not sticky: clear it) */
+        return 0;
+    }
+    return (int64_t)sms * per;
+}
+
+static int64_t tc_slots(int hd)
+{
+    const int DV = tc_dv(hd);
+    const size_t shared = tc_shared(hd, DV);
+    return DV == 64 ? tc_slots_dv<64>(shared) : DV == 128 ? tc_slots_dv<128>(shared)
+                                                          : tc_slots_dv<256>(shared);
 }
 
 extern "C" size_t dg_cuda_attention_tc_scratch(int64_t Tq, int nh, int nkv, int hd)
 {
     if (Tq <= 0 || nkv < 1 || !dg_cuda_attention_tc_fits(hd))
         return 0;
-    return tc_part_bytes(tc_splits(Tq, nh, nkv, hd, SIZE_MAX), Tq, nh, hd);
+    return tc_part_bytes(tc_splits(Tq, nh, nkv, hd, SIZE_MAX, tc_slots(hd)), Tq, nh, hd);
 }
 
 extern "C" int dg_cuda_attention_tc_fits(int hd)
@@ -373,10 +429,7 @@ static int launch(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat
                   const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask, int window,
                   cudaStream_t st, int dev, struct dg_error *err)
 {
-    const size_t shared = sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + TC_BUFS * TC_KEYS) *
-                              (hd + TC_PAD) +
-                          sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (DV + TC_PAD) +
-                          (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS;
+    const size_t shared = tc_shared(hd, DV);
     const int g = nh / nkv;
     const dim3 grid((unsigned)((Tq * g + TC_ROWS - 1) / TC_ROWS), (unsigned)nkv,
                     (unsigned)(hd / DV * splits));
@@ -426,7 +479,7 @@ extern "C" int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_p
                             "heads of %d", dev, nh, nkv, hd);
     if (Tq <= 0)
         return 0;
-    splits = scratch ? tc_splits(Tq, nh, nkv, hd, scratch_bytes) : 1;
+    splits = scratch ? tc_splits(Tq, nh, nkv, hd, scratch_bytes, tc_slots(hd)) : 1;
     return launch_dv(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask,
                      window, st, dev, err);
 }
