@@ -175,6 +175,7 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             {&cx->attn, (size_t)(T * H) * es},     {&cx->soft, (size_t)(T * H) * es},
             {&cx->q, (size_t)(T * qmax) * es},     {&cx->o, (size_t)(T * qmax) * es},
             {&cx->kraw, (size_t)(T * kvmax) * es}, {&cx->vraw, (size_t)(T * kvmax) * es},
+            {&cx->qkv, (size_t)(T * (qmax + 2 * kvmax)) * es},
             {&cx->attn_ws, ws},
             {&cx->k, (size_t)(T * kvmax) * es},    {&cx->v, (size_t)(T * kvmax) * es},
             {&cx->gu, (size_t)(T * 2 * wide) * es}, {&cx->act, (size_t)(T * wide) * es},
@@ -417,6 +418,21 @@ static int proj(struct dg_cuda_ctx *cx, void *y, int y_f32, int accumulate, cons
                                 cx->dev, err);
 }
 
+/* Whether layer L's q, k (and on sliding layers v) projections lie one
+ * after another in memory, rows and (FP8) row scales alike, so that one
+ * GEMM of qdim + kvdim (+ kvdim) rows computes all three
+ * (cuda-model.c places a layer's matrices so where the sizes allow). */
+static int qkv_adjacent(const struct dg_cuda_model *cm, const struct dg_cuda_layer *L,
+                        int64_t qdim, int64_t kvdim, int64_t H)
+{
+    const int64_t wes = L->q_proj_s ? 1 : dg_elt_size(cm->elt); /* bytes a weight */
+    const char *q = L->q_proj, *k = L->k_proj, *v = L->v_proj;
+    if (k != q + qdim * H * wes || (L->sliding && v != k + kvdim * H * wes))
+        return 0;
+    return !L->q_proj_s || (L->k_proj_s == L->q_proj_s + qdim &&
+                            (!L->sliding || L->v_proj_s == L->k_proj_s + kvdim));
+}
+
 static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                          struct dg_error *err)
 {
@@ -441,30 +457,44 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
     MARK("norms");
     {
-        int a_in_qa = 0; /* q, k and v read one input: quantized once */
-        TRY(proj(cx, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, &a_in_qa, err));
-        TRY(proj(cx, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, &a_in_qa,
-                 err));
-        if (L->sliding)
-            TRY(proj(cx, cx->vraw, 0, 0, cx->a, T, L->v_proj, L->v_proj_s, kvdim, H, &a_in_qa,
-                     err));
-    }
-    MARK("qkv projection");
-    /* q and k normed and rotated, v normed (full layers: V is the raw K
-     * projection, normed without a weight), in one pass */
-    TRY(dg_cuda_head_norm_rope_e(e, cx->q, cx->k, cx->kraw, cx->v,
-                                 L->sliding ? cx->vraw : cx->kraw, cx->pos, T, nh, nkv, hd,
-                                 L->q_norm, L->k_norm, L->inv_freq, eps, st, dev, err));
-    MARK("qk norm, rope");
-
-    /* every token's K/V into its sequence's cache, then attention over
-     * the rows the layer's table names (encoder: causal, decoder: all) */
-    {
+        /* the layer's table of sequences (its K/V caches) */
         const struct dg_attn_seq *tab = cx->seq_tab + (size_t)l * (size_t)(cx->seq_cap + 1);
         const int mask = decoder ? 0 : L->sliding ? 2 : 1;
-        TRY(dg_cuda_kv_append_e(e, tab, cx->q_seq, cx->pos, cx->k, cx->v, T, kvdim, st, dev,
-                                err));
-        MARK("kv append");
+        const void *qsrc, *ksrc, *vsrc;
+        int64_t ld_q, ld_kv;
+        if (qkv_adjacent(cm, L, qdim, kvdim, H)) {
+            /* one GEMM over the three matrices side by side: [T, q | k | v] */
+            const int64_t n = qdim + kvdim + (L->sliding ? kvdim : 0);
+            TRY(proj(cx, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H, NULL, err));
+            qsrc = cx->qkv;
+            ksrc = at(cx->qkv, qdim, e);
+            vsrc = L->sliding ? at(cx->qkv, qdim + kvdim, e) : ksrc;
+            ld_q = ld_kv = n;
+        } else {
+            int a_in_qa = 0; /* q, k and v read one input: quantized once */
+            TRY(proj(cx, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, &a_in_qa,
+                     err));
+            TRY(proj(cx, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, &a_in_qa,
+                     err));
+            if (L->sliding)
+                TRY(proj(cx, cx->vraw, 0, 0, cx->a, T, L->v_proj, L->v_proj_s, kvdim, H,
+                         &a_in_qa, err));
+            qsrc = cx->q;
+            ksrc = cx->kraw;
+            vsrc = L->sliding ? cx->vraw : cx->kraw;
+            ld_q = qdim;
+            ld_kv = kvdim;
+        }
+        MARK("qkv projection");
+        /* q and k normed and rotated, v normed (full layers: V is the raw
+         * K projection, normed without a weight), k and v into each
+         * token's sequence's cache, in one pass */
+        TRY(dg_cuda_head_norm_rope_e(e, cx->q, cx->k, cx->v, qsrc, ld_q, ksrc, vsrc, ld_kv,
+                                     cx->pos, T, nh, nkv, hd, L->q_norm, L->k_norm, L->inv_freq,
+                                     eps, tab, cx->q_seq, st, dev, err));
+        MARK("qk norm, rope, kv append");
+        /* attention over the rows the layer's table names (encoder:
+         * causal, decoder: all) */
         TRY(dg_cuda_attention_batch_ws_e(e, cx->o, cx->q, cx->pos, cx->q_seq, T, tab, nh, nkv,
                                          hd, mask, W, cx->attn_ws, cx->attn_ws_bytes, st, dev,
                                          err));

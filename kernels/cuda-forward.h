@@ -95,6 +95,7 @@ struct dg_cuda_ctx {
     /* views into scratch */
     void *x, *a, *q, *kraw, *vraw, *k, *v, *o, *attn, *gu, *act, *soft; /* elements */
     void *a_router, *a_experts; /* the router's and the experts' normed inputs */
+    void *qkv;                /* [T, q | k | v]: one GEMM's q, k and v projections */
     float *dense, *rlogits, *rw;  /* dense: [2, T, H] the dense MLP's and the experts' outputs */
     int32_t *ridx, *ids;
     int64_t *pos;

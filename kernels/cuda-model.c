@@ -106,23 +106,19 @@ static int add_rect(struct plan *p, int64_t r0, int64_t nr, int64_t c0, int64_t 
 }
 
 /* Sizes and offsets, once every tensor is in (a tensor without rectangles
- * is held whole: one rectangle appended for it). */
+ * is held whole: one rectangle appended for it).  The arena holds the
+ * tensors in the plan's order, the FP8 scales after all of them (in their
+ * order), so matrices added one after another are adjacent (a layer's q,
+ * k and v projections: one GEMM reads them as one where the sizes keep
+ * them adjacent, cuda-forward.c), and so are their scales. */
 static int finish_plan(struct plan *p, struct dg_error *err)
 {
     int rc;
     p->bytes = 0;
     for (int i = 0; i < p->n; i++) {
         struct entry *e = &p->e[i];
-        if (e->scales_of) {
-            /* one fp32 scale per row its matrix holds (the matrix comes first) */
-            const struct entry *mx = &p->e[e->scales_of - 1];
-            e->n = 0;
-            for (int k = 0; k < mx->n_rects; k++)
-                e->n += (uint64_t)p->rects[mx->rect0 + k].nr;
-            e->off = p->bytes;
-            p->bytes += (e->n * 4 + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
-            continue;
-        }
+        if (e->scales_of)
+            continue; /* (placed after the tensors, below) */
         if (e->n_rects == 0) {
             e->rect0 = p->n_rects;
             if ((rc = push_rect(p, (struct rect){0, e->R, 0, e->C}, err)) < 0)
@@ -135,6 +131,19 @@ static int finish_plan(struct plan *p, struct dg_error *err)
         e->off = p->bytes;
         p->bytes += (e->n * (uint64_t)(e->f32 ? 4 : e->q8 ? 1 : p->elt_size) + ALIGN - 1) &
                     ~(uint64_t)(ALIGN - 1);
+    }
+    for (int i = 0; i < p->n; i++) {
+        struct entry *e = &p->e[i];
+        const struct entry *mx;
+        if (!e->scales_of)
+            continue;
+        /* one fp32 scale per row its matrix holds */
+        mx = &p->e[e->scales_of - 1];
+        e->n = 0;
+        for (int k = 0; k < mx->n_rects; k++)
+            e->n += (uint64_t)p->rects[mx->rect0 + k].nr;
+        e->off = p->bytes;
+        p->bytes += (e->n * 4 + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
     }
     return 0;
 }

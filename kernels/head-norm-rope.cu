@@ -3,7 +3,9 @@
  * dg_ref_rope, composed).
  *
  * One warp a head row of hd values (four a block of 128 threads): rows
- * [0, T nh) are q's, then T nkv of k, then T nkv of v.  Lane l holds the
+ * [0, T nh) are q's, then T nkv of k, then T nkv of v, each read from its
+ * source's row stride and written packed (k and v also into the cache
+ * row of the token's position, where a table is given).  Lane l holds the
  * row's pieces of eight values c 32 + l (c < RC = max(1, hd / 256): the
  * fewest registers, so the most warps a multiprocessor), loaded before
  * any is used, then
@@ -25,18 +27,22 @@
 
 #define HNR_RC 4 /* pieces of eight a lane holds at most: hd <= 4 x 32 x 8 */
 
+/* q, k or v: head row (t, h) read at src + t ld + h hd, written at dst +
+ * (t heads + h) hd; cache: 0, or 1 (k) / 2 (v): also into the token's
+ * sequence's cache */
 struct hnr_part {
     const __nv_bfloat16 *src;
     __nv_bfloat16 *dst;
     const __nv_bfloat16 *w;
-    int heads, rope;
+    int64_t ld;
+    int heads, rope, cache;
 };
 
 template <int RC>
 __global__ static void __launch_bounds__(128)
     head_norm_rope_kernel(struct hnr_part pq, struct hnr_part pk, struct hnr_part pv,
                           const int64_t *pos, int64_t T, int hd, const float *inv_freq,
-                          float eps)
+                          float eps, const struct dg_attn_seq *seqs, const int32_t *q_seq)
 {
     const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, half = hd / 2, hc = hd / 16;
@@ -59,13 +65,14 @@ __global__ static void __launch_bounds__(128)
         pt = pv;
         row = r0 - nq - nk;
     }
+    const int64_t t = row / pt.heads, h = row % pt.heads;
     if (pt.rope)
-        p = (float)pos[row / pt.heads];
+        p = (float)pos[t];
 #pragma unroll
     for (int c = 0; c < RC; c++) {
         const int off = (c * 32 + lane) * 8;
         if (off < hd) {
-            dg_load_raw8(&xr[c], pt.src + row * hd + off);
+            dg_load_raw8(&xr[c], pt.src + t * pt.ld + h * hd + off);
             if (pt.w)
                 dg_load_raw8(&wr[c], pt.w + off);
             if (pt.rope)
@@ -128,31 +135,59 @@ __global__ static void __launch_bounds__(128)
             }
         }
     }
+    __nv_bfloat16 *cache = NULL;
+    if (pt.cache && seqs) {
+        /* the cache row of the token's position: nkv heads of hd */
+        const struct dg_attn_seq *sq = &seqs[q_seq[t]];
+        cache = (__nv_bfloat16 *)(pt.cache == 1 ? sq->k : sq->v) +
+                (pos[t] * pt.heads + h) * hd;
+    }
 #pragma unroll
     for (int c = 0; c < RC; c++) {
         const int off = (c * 32 + lane) * 8;
-        if (off < hd)
+        if (off < hd) {
             dg_st8(pt.dst + row * hd + off, y[c]);
+            if (cache)
+                dg_st8(cache + off, y[c]);
+        }
     }
 }
 
 /* Whether the one-pass kernel takes this shape: bf16, hd a power of two
  * in [16, 1024], every row and the frequencies 16-byte aligned. */
-static bool hnr_fits(enum dg_elt e, int hd, const void *q, const void *k, const void *kraw,
-                     const void *v, const void *vraw, const void *wq, const void *wk,
-                     const float *inv_freq)
+static bool hnr_fits(enum dg_elt e, int hd, int64_t ld_q, int64_t ld_kv, const void *q,
+                     const void *k, const void *v, const void *qsrc, const void *ksrc,
+                     const void *vsrc, const void *wq, const void *wk, const float *inv_freq)
 {
     return e == DG_ELT_BF16 && hd >= 16 && hd <= HNR_RC * 32 * 8 && (hd & (hd - 1)) == 0 &&
-           dg_rows_by8(hd, 2, q, k, kraw, v) && dg_rows_by8(hd, 2, vraw, wq, wk) &&
-           dg_rows_by8(hd, 4, inv_freq);
+           ld_q % 8 == 0 && ld_kv % 8 == 0 && dg_rows_by8(hd, 2, q, k, v, qsrc) &&
+           dg_rows_by8(hd, 2, ksrc, vsrc, wq, wk) && dg_rows_by8(hd, 4, inv_freq);
 }
 
-extern "C" int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, const void *kraw,
-                                        void *v, const void *vraw, const int64_t *pos,
+/* dst [T, heads hd] <- the rows of src (row stride ld elements) where
+ * they are not there already */
+static int gather_heads(enum dg_elt e, void *dst, const void *src, int64_t ld, int64_t T,
+                        int heads, int hd, cudaStream_t st, int dev, struct dg_error *err)
+{
+    const size_t es = (size_t)dg_elt_size(e), w = (size_t)heads * (size_t)hd * es;
+    int rc = 0;
+    if (dst == src && (size_t)ld * es == w)
+        return 0;
+    DG_CUDA_CHECK(cudaMemcpy2DAsync(dst, w, src, (size_t)ld * es, w, (size_t)T,
+                                    cudaMemcpyDeviceToDevice, st));
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, void *v,
+                                        const void *qsrc, int64_t ld_q, const void *ksrc,
+                                        const void *vsrc, int64_t ld_kv, const int64_t *pos,
                                         int64_t T, int nh, int nkv, int hd, const void *wq,
                                         const void *wk, const float *inv_freq, float eps,
+                                        const struct dg_attn_seq *seqs, const int32_t *q_seq,
                                         dg_stream_t stream, int dev, struct dg_error *err)
 {
+    const cudaStream_t st = (cudaStream_t)stream;
     int rc = 0;
     if (e != DG_ELT_BF16 && e != DG_ELT_F32)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: head_norm_rope: element type %d", dev,
@@ -160,35 +195,49 @@ extern "C" int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, const v
     if (T <= 0)
         return 0;
     if (hd < 2 || hd % 2 || nh < 1 || nkv < 1 || nh > 65535 || nkv > 65535 ||
-        T > 0x7fffffff / (nh + 2 * nkv))
+        T > 0x7fffffff / (nh + 2 * nkv) || ld_q < (int64_t)nh * hd ||
+        ld_kv < (int64_t)nkv * hd || (seqs && !q_seq) ||
+        (qsrc == q && ld_q != (int64_t)nh * hd))
         return dg_error_set(err, DG_E_INVAL, "GPU %d: head_norm_rope: %lld tokens, %d + 2 x %d "
-                            "heads of %d", dev, (long long)T, nh, nkv, hd);
-    if (!hnr_fits(e, hd, q, k, kraw, v, vraw, wq, wk, inv_freq)) {
-        /* the separate kernels, one after another */
-        if ((rc = dg_cuda_rmsnorm_e(e, q, q, wq, T * nh, hd, eps, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_rmsnorm_e(e, k, kraw, wk, T * nkv, hd, eps, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_rmsnorm_e(e, v, vraw, NULL, T * nkv, hd, eps, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_rope_e(e, q, pos, T, nh, hd, inv_freq, stream, dev, err)) < 0)
+                            "heads of %d, rows %lld and %lld apart%s", dev, (long long)T, nh,
+                            nkv, hd, (long long)ld_q, (long long)ld_kv,
+                            seqs && !q_seq ? ", a cache without the tokens' sequences"
+                            : qsrc == q && ld_q != (int64_t)nh * hd ? ", q in place strided"
+                                                                     : "");
+    if (!hnr_fits(e, hd, ld_q, ld_kv, q, k, v, qsrc, ksrc, vsrc, wq, wk, inv_freq)) {
+        /* the rows where the outputs go, then the separate kernels in place */
+        if ((rc = gather_heads(e, q, qsrc, ld_q, T, nh, hd, st, dev, err)) < 0 ||
+            (rc = gather_heads(e, k, ksrc, ld_kv, T, nkv, hd, st, dev, err)) < 0 ||
+            (rc = gather_heads(e, v, vsrc, ld_kv, T, nkv, hd, st, dev, err)) < 0 ||
+            (rc = dg_cuda_rmsnorm_e(e, q, q, wq, T * nh, hd, eps, stream, dev, err)) < 0 ||
+            (rc = dg_cuda_rmsnorm_e(e, k, k, wk, T * nkv, hd, eps, stream, dev, err)) < 0 ||
+            (rc = dg_cuda_rmsnorm_e(e, v, v, NULL, T * nkv, hd, eps, stream, dev, err)) < 0 ||
+            (rc = dg_cuda_rope_e(e, q, pos, T, nh, hd, inv_freq, stream, dev, err)) < 0 ||
+            (rc = dg_cuda_rope_e(e, k, pos, T, nkv, hd, inv_freq, stream, dev, err)) < 0)
             return rc;
-        return dg_cuda_rope_e(e, k, pos, T, nkv, hd, inv_freq, stream, dev, err);
+        return seqs ? dg_cuda_kv_append_e(e, seqs, q_seq, pos, k, v, T, (int64_t)nkv * hd,
+                                          stream, dev, err)
+                    : 0;
     }
     {
-        const struct hnr_part pq = {(const __nv_bfloat16 *)q, (__nv_bfloat16 *)q,
-                                    (const __nv_bfloat16 *)wq, nh, 1};
-        const struct hnr_part pk = {(const __nv_bfloat16 *)kraw, (__nv_bfloat16 *)k,
-                                    (const __nv_bfloat16 *)wk, nkv, 1};
-        const struct hnr_part pv = {(const __nv_bfloat16 *)vraw, (__nv_bfloat16 *)v, NULL, nkv,
-                                    0};
+        const struct hnr_part pq = {(const __nv_bfloat16 *)qsrc, (__nv_bfloat16 *)q,
+                                    (const __nv_bfloat16 *)wq, ld_q, nh, 1, 0};
+        const struct hnr_part pk = {(const __nv_bfloat16 *)ksrc, (__nv_bfloat16 *)k,
+                                    (const __nv_bfloat16 *)wk, ld_kv, nkv, 1, 1};
+        const struct hnr_part pv = {(const __nv_bfloat16 *)vsrc, (__nv_bfloat16 *)v, NULL,
+                                    ld_kv, nkv, 0, 2};
         const int64_t rows = T * (nh + 2 * (int64_t)nkv);
         const unsigned blocks = (unsigned)((rows + 3) / 4);
-        const cudaStream_t st = (cudaStream_t)stream;
         /* pieces a lane holds: hd / 256, at least one */
         if (hd <= 256)
-            head_norm_rope_kernel<1><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq, eps);
+            head_norm_rope_kernel<1><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
+                                                              eps, seqs, q_seq);
         else if (hd == 512)
-            head_norm_rope_kernel<2><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq, eps);
+            head_norm_rope_kernel<2><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
+                                                              eps, seqs, q_seq);
         else
-            head_norm_rope_kernel<4><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq, eps);
+            head_norm_rope_kernel<4><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
+                                                              eps, seqs, q_seq);
     }
     DG_LAUNCH_CHECK();
 out:

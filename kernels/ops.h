@@ -252,21 +252,6 @@ int dg_cuda_embed_e(enum dg_elt e, void *y, const int32_t *ids, int64_t T, const
                     struct dg_error *err);
 int dg_cuda_rope_e(enum dg_elt e, void *x, const int64_t *pos, int64_t T, int n_heads, int hd,
                    const float *inv_freq, dg_stream_t stream, int dev, struct dg_error *err);
-/* The attention's per-head preparation in one launch, for T tokens at
- * positions pos (references: dg_ref_rmsnorm, then dg_ref_rope):
- *     q[t, h] = rope(rmsnorm(q[t, h]) * wq, pos[t])      in place, h < nh
- *     k[t, c] = rope(rmsnorm(kraw[t, c]) * wk, pos[t])   c < nkv
- *     v[t, c] = rmsnorm(vraw[t, c])                       (no weight, no rotation)
- * over head rows of hd values; each norm's output is rounded to the
- * element type before it is rotated, as dg_cuda_rmsnorm_e then
- * dg_cuda_rope_e (which run instead where the one-pass kernel does not
- * take the shape: fp32, hd not a power of two in [16, 1024], unaligned
- * rows).  kraw and vraw may be the same buffer; wq, wk NULL: no weight;
- * inv_freq: hd / 2 floats. */
-int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, const void *kraw, void *v,
-                             const void *vraw, const int64_t *pos, int64_t T, int nh, int nkv,
-                             int hd, const void *wq, const void *wk, const float *inv_freq,
-                             float eps, dg_stream_t stream, int dev, struct dg_error *err);
 int dg_cuda_gelu_mul_e(enum dg_elt e, void *out, int64_t ld_out, const void *gate,
                        int64_t ld_gate, const void *up, int64_t ld_up, int64_t rows, int n,
                        dg_stream_t stream, int dev, struct dg_error *err);
@@ -331,6 +316,31 @@ size_t dg_cuda_attention_batch_ws_bytes(enum dg_elt e, int64_t Tq, int nh, int n
 int dg_cuda_kv_append_e(enum dg_elt e, const struct dg_attn_seq *seqs, const int32_t *q_seq,
                         const int64_t *q_pos, const void *k_new, const void *v_new, int64_t Tq,
                         int64_t row, dg_stream_t stream, int dev, struct dg_error *err);
+
+/* The attention's per-head preparation in one launch, for T tokens at
+ * positions pos (references: dg_ref_rmsnorm, then dg_ref_rope, then the
+ * append as dg_cuda_kv_append_e):
+ *     q[t, h] = rope(rmsnorm(qsrc[t, h]) * wq, pos[t])   h < nh
+ *     k[t, c] = rope(rmsnorm(ksrc[t, c]) * wk, pos[t])   c < nkv
+ *     v[t, c] = rmsnorm(vsrc[t, c])                       (no weight, no rotation)
+ * over head rows of hd values, and with seqs (not NULL: the layer's
+ * table, q_seq each token's sequence) k[t] and v[t] also into the
+ * token's sequence's cache at row pos[t].  Source row (t, h) is at
+ * src + t ld + h hd (ld_q for q, ld_kv for k and v: the columns of one
+ * projection's output, or of q, k and v side by side); q, k, v are
+ * written packed ([T, heads, hd]); qsrc may be q with ld_q = nh hd (in
+ * place), ksrc and vsrc the same rows.  Each norm's output is rounded to
+ * the element type before it is rotated, as dg_cuda_rmsnorm_e then
+ * dg_cuda_rope_e (which run, after the rows are copied to their outputs,
+ * where the one-pass kernel does not take the shape: fp32, hd not a
+ * power of two in [16, 1024], unaligned rows).  wq, wk NULL: no weight;
+ * inv_freq: hd / 2 floats. */
+int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, void *v, const void *qsrc,
+                             int64_t ld_q, const void *ksrc, const void *vsrc, int64_t ld_kv,
+                             const int64_t *pos, int64_t T, int nh, int nkv, int hd,
+                             const void *wq, const void *wk, const float *inv_freq, float eps,
+                             const struct dg_attn_seq *seqs, const int32_t *q_seq,
+                             dg_stream_t stream, int dev, struct dg_error *err);
 
 /* Batched y_i = x_i W_i^T (nn.Linear) for i < count, as dg_blas_gemm_e
  * with w_kn 0, alpha 1, beta 0: x_i [m, K], W_i [N, K] with row stride

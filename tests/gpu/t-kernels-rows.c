@@ -491,13 +491,30 @@ static int rope(void)
     return 0;
 }
 
+/* Rows [T, w] (row stride ld elements in the device copy) of type e:
+ * host values h at column c0 of a device buffer of T ld elements. */
+static int put_cols(enum dg_elt e, void *d, int64_t ld, int64_t c0, const void *h, int64_t T,
+                    int64_t w, struct dg_error *err)
+{
+    const size_t sz = (size_t)dg_elt_size(e);
+    for (int64_t t = 0; t < T; t++)
+        if (dg_cuda_upload((char *)d + ((size_t)(t * ld + c0)) * sz,
+                           (const char *)h + (size_t)(t * w) * sz, (size_t)w * sz, 0, err) < 0)
+            return -1;
+    return 0;
+}
+
 /* The attention's per-head norms and RoPE in one launch against the
- * references composed: q normed (weight) and rotated in place, k from
- * kraw likewise, v from vraw normed (no weight), each norm's output
- * rounded to the element type before its rotation (as it is stored
- * between the separate kernels).  kraw and vraw are one buffer where
- * shared_kv (a full layer).  Shapes the one-pass kernel does not take (hd
- * 96, 2048; every fp32 run) go through the separate kernels. */
+ * references composed: q normed (weight) and rotated, k likewise, v
+ * normed (no weight), each norm's output rounded to the element type
+ * before its rotation (as it is stored between the separate kernels).
+ * Sources two ways: one projection each (q in place, k and v in their own
+ * buffers, or v = k where shared_kv: a full layer), or side by side in one
+ * [T, q | k (| v)] buffer.  k and v also go into two sequences' caches
+ * (tokens alternating between them, each at its position), which must
+ * hold exactly k's and v's rows there and their poison everywhere else.
+ * Shapes the one-pass kernel does not take (hd 96, 2048; every fp32 run)
+ * go through the copies and the separate kernels. */
 static int head_norm_rope(void)
 {
     static const struct {
@@ -507,109 +524,215 @@ static int head_norm_rope(void)
                   {3, 4, 2, 1024, 512, 0}, {7, 4, 2, 128, 40, 1},   {4, 2, 1, 16, 8, 0},
                   {4, 2, 1, 96, 48, 0},    {2, 2, 1, 2048, 1024, 0}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
-        for (size_t ei = 0; ei < N_ELTS; ei++) {
-            const enum dg_elt el = ELTS[ei];
-            const size_t sz = (size_t)dg_elt_size(el);
-            const int64_t T = shapes[k].T;
-            const int nh = shapes[k].nh, nkv = shapes[k].nkv, hd = shapes[k].hd;
-            const size_t nq = (size_t)T * nh * hd, nk = (size_t)T * nkv * hd;
-            const float eps = 1e-6f;
-            struct dg_error err = {0};
-            void *hq, *hk, *hv, *hwq, *hwk, *dq, *dkraw, *dvraw, *dk, *dv, *dwq, *dwk;
-            float *fq, *fk, *fv, *fwq, *fwk, *rq = malloc(nq * 4), *rk = malloc(nk * 4),
-                                               *rv = malloc(nk * 4),
-                                               *inv = malloc((size_t)hd / 2 * 4);
-            int64_t *pos = malloc((size_t)T * sizeof *pos);
-            void *dpos = NULL, *dinv = NULL;
-            char what[112];
-            double e;
-            CHECK(rq && rk && rv && inv && pos && gt_rand_elts(el, nq, 2.0f, &hq, &fq) == 0 &&
-                  gt_rand_elts(el, nk, 3.0f, &hk, &fk) == 0 &&
-                  gt_rand_elts(el, nk, 1.0f, &hv, &fv) == 0 &&
-                  gt_rand_elts(el, (size_t)hd, 1.5f, &hwq, &fwq) == 0 &&
-                  gt_rand_elts(el, (size_t)hd, 1.5f, &hwk, &fwk) == 0);
-            for (int i = 0; i < hd / 2; i++)
-                inv[i] = i < shapes[k].zero_from ? powf(10000.0f, -2.0f * (float)i / (float)hd)
-                                                 : 0.0f;
-            for (int64_t t = 0; t < T; t++)
-                pos[t] = t == 0 ? 0 : (int64_t)((gt_uniform() + 1.0f) * 60000.0f) + t;
-            /* the references */
-            dg_ref_rmsnorm(rq, fq, fwq, T * nh, hd, eps);
-            dg_ref_rmsnorm(rk, fk, fwk, T * nkv, hd, eps);
-            dg_ref_rmsnorm(rv, shapes[k].shared_kv ? fk : fv, NULL, T * nkv, hd, eps);
-            if (el == DG_ELT_BF16) {
-                for (size_t i = 0; i < nq; i++)
-                    rq[i] = dg_bf16_to_f32(dg_f32_to_bf16(rq[i]));
-                for (size_t i = 0; i < nk; i++)
-                    rk[i] = dg_bf16_to_f32(dg_f32_to_bf16(rk[i]));
+        for (size_t ei = 0; ei < N_ELTS; ei++)
+            for (int side = 0; side < 2; side++) {
+                const enum dg_elt el = ELTS[ei];
+                const size_t sz = (size_t)dg_elt_size(el);
+                const int64_t T = shapes[k].T;
+                const int nh = shapes[k].nh, nkv = shapes[k].nkv, hd = shapes[k].hd;
+                const int shared = shapes[k].shared_kv;
+                const int64_t qw = (int64_t)nh * hd, kw = (int64_t)nkv * hd;
+                const int64_t ld = qw + kw + (shared ? 0 : kw); /* side by side */
+                const size_t nq = (size_t)T * qw, nk = (size_t)T * kw;
+                const float eps = 1e-6f;
+                struct dg_error err = {0};
+                void *hq, *hk, *hv, *hwq, *hwk, *dq, *dk, *dv, *dwq, *dwk;
+                void *dsrc = NULL, *dkraw = NULL, *dvraw = NULL, *dpos = NULL, *dinv = NULL;
+                void *dseq = NULL, *dtab = NULL, *cache[2][2] = {{0}};
+                const void *qsrc, *ksrc, *vsrc;
+                float *fq, *fk, *fv, *fwq, *fwk, *rq = malloc(nq * 4), *rk = malloc(nk * 4),
+                                                   *rv = malloc(nk * 4),
+                                                   *inv = malloc((size_t)hd / 2 * 4);
+                int64_t *pos = malloc((size_t)T * sizeof *pos), rows = 0;
+                int32_t *seq = malloc((size_t)T * sizeof *seq);
+                struct dg_attn_seq tab[2];
+                char what[128];
+                double e;
+                CHECK(rq && rk && rv && inv && pos && seq &&
+                      gt_rand_elts(el, nq, 2.0f, &hq, &fq) == 0 &&
+                      gt_rand_elts(el, nk, 3.0f, &hk, &fk) == 0 &&
+                      gt_rand_elts(el, nk, 1.0f, &hv, &fv) == 0 &&
+                      gt_rand_elts(el, (size_t)hd, 1.5f, &hwq, &fwq) == 0 &&
+                      gt_rand_elts(el, (size_t)hd, 1.5f, &hwk, &fwk) == 0);
+                for (int i = 0; i < hd / 2; i++)
+                    inv[i] = i < shapes[k].zero_from
+                                 ? powf(10000.0f, -2.0f * (float)i / (float)hd)
+                                 : 0.0f;
+                /* positions distinct and rising within each sequence */
+                for (int64_t t = 0; t < T; t++) {
+                    seq[t] = (int32_t)(t % 2);
+                    pos[t] = 37 * t + (int64_t)(gt_next() % 37);
+                    rows = pos[t] + 1 > rows ? pos[t] + 1 : rows;
+                }
+                /* the references */
+                dg_ref_rmsnorm(rq, fq, fwq, T * nh, hd, eps);
+                dg_ref_rmsnorm(rk, fk, fwk, T * nkv, hd, eps);
+                dg_ref_rmsnorm(rv, shared ? fk : fv, NULL, T * nkv, hd, eps);
+                if (el == DG_ELT_BF16) {
+                    for (size_t i = 0; i < nq; i++)
+                        rq[i] = dg_bf16_to_f32(dg_f32_to_bf16(rq[i]));
+                    for (size_t i = 0; i < nk; i++)
+                        rk[i] = dg_bf16_to_f32(dg_f32_to_bf16(rk[i]));
+                }
+                for (int64_t t = 0; t < T; t++) {
+                    dg_ref_rope(rq + (size_t)t * qw, nh, hd, inv, pos[t]);
+                    dg_ref_rope(rk + (size_t)t * kw, nkv, hd, inv, pos[t]);
+                }
+                /* the sources, the outputs, the caches */
+                dk = out_buf(el, nk, NULL, &err);
+                dv = out_buf(el, nk, NULL, &err);
+                if (side) {
+                    dq = out_buf(el, nq, NULL, &err);
+                    CHECKF(dg_cuda_alloc(&dsrc, (size_t)(T * ld) * sz, 0, &err) == 0 &&
+                               put_cols(el, dsrc, ld, 0, hq, T, qw, &err) == 0 &&
+                               put_cols(el, dsrc, ld, qw, hk, T, kw, &err) == 0 &&
+                               (shared || put_cols(el, dsrc, ld, qw + kw, hv, T, kw, &err) == 0),
+                           "%s", err.msg);
+                    qsrc = dsrc;
+                    ksrc = (char *)dsrc + (size_t)qw * sz;
+                    vsrc = shared ? ksrc : (char *)dsrc + (size_t)(qw + kw) * sz;
+                } else {
+                    dq = out_buf(el, nq, hq, &err);
+                    dkraw = gt_upload(hk, nk * sz, &err);
+                    dvraw = shared ? dkraw : gt_upload(hv, nk * sz, &err);
+                    qsrc = dq;
+                    ksrc = dkraw;
+                    vsrc = dvraw;
+                }
+                for (int si = 0; si < 2; si++) {
+                    for (int kv = 0; kv < 2; kv++)
+                        cache[si][kv] = out_buf(el, (size_t)(rows * kw), NULL, &err);
+                    tab[si] = (struct dg_attn_seq){cache[si][0], cache[si][1], 0, rows};
+                }
+                dwq = gt_upload(hwq, (size_t)hd * sz, &err);
+                dwk = gt_upload(hwk, (size_t)hd * sz, &err);
+                dseq = gt_upload(seq, (size_t)T * 4, &err);
+                dtab = gt_upload(tab, sizeof tab, &err);
+                CHECKF(dq && qsrc && ksrc && vsrc && dk && dv && dwq && dwk && dseq && dtab &&
+                           cache[0][0] && cache[0][1] && cache[1][0] && cache[1][1] &&
+                           dg_cuda_alloc(&dpos, (size_t)T * 8, 0, &err) == 0 &&
+                           dg_cuda_upload(dpos, pos, (size_t)T * 8, 0, &err) == 0 &&
+                           dg_cuda_alloc(&dinv, (size_t)hd / 2 * 4, 0, &err) == 0 &&
+                           dg_cuda_upload(dinv, inv, (size_t)hd / 2 * 4, 0, &err) == 0,
+                       "%s", err.msg);
+                CHECK_OK(dg_cuda_head_norm_rope_e(el, dq, dk, dv, qsrc, side ? ld : qw, ksrc,
+                                                  vsrc, side ? ld : kw, dpos, T, nh, nkv, hd, dwq,
+                                                  dwk, dinv, eps, dtab, dseq, NULL, 0, &err),
+                         &err);
+                snprintf(what, sizeof what,
+                         "head_norm_rope%s %lld tokens, %d + 2 x %d heads of %d%s%s", tag(el),
+                         (long long)T, nh, nkv, hd, shared ? ", v = k" : "",
+                         side ? ", side by side" : "");
+                e = compare(el, dq, nq, rq, what);
+                printf("# %s: q %.2e", what, e);
+                CHECKF(e >= 0 && e <= bound(el), "%s: q %.3e", what, e);
+                e = compare(el, dk, nk, rk, what);
+                printf(", k %.2e", e);
+                CHECKF(e >= 0 && e <= bound(el), "%s: k %.3e", what, e);
+                e = compare(el, dv, nk, rv, what);
+                printf(", v %.2e\n", e);
+                CHECKF(e >= 0 && e <= bound(el), "%s: v %.3e", what, e);
+                {
+                    /* the caches: k's and v's rows at the tokens' positions, poison
+                     * elsewhere (a NaN bit pattern: 0xff bytes) */
+                    const size_t rb = (size_t)kw * sz;
+                    unsigned char *out[2], *c = malloc((size_t)rows * rb + GUARD * sz);
+                    out[0] = malloc(nk * sz);
+                    out[1] = malloc(nk * sz);
+                    CHECK(c && out[0] && out[1] &&
+                          dg_cuda_download(out[0], dk, nk * sz, 0, &err) == 0 &&
+                          dg_cuda_download(out[1], dv, nk * sz, 0, &err) == 0);
+                    for (int si = 0; si < 2; si++)
+                        for (int kv = 0; kv < 2; kv++) {
+                            CHECK(dg_cuda_download(c, cache[si][kv],
+                                                   (size_t)rows * rb + GUARD * sz, 0,
+                                                   &err) == 0);
+                            for (int64_t r = 0; r < rows; r++) {
+                                int64_t tok = -1;
+                                for (int64_t t = 0; t < T; t++)
+                                    if (seq[t] == si && pos[t] == r)
+                                        tok = t;
+                                if (tok >= 0)
+                                    CHECKF(!memcmp(c + (size_t)r * rb,
+                                                   out[kv] + (size_t)tok * rb, rb),
+                                           "%s: cache %d %s row %lld is not token %lld's", what,
+                                           si, kv ? "v" : "k", (long long)r, (long long)tok);
+                                else
+                                    for (size_t b = 0; b < rb; b++)
+                                        CHECKF(c[(size_t)r * rb + b] == POISON_BYTE,
+                                               "%s: cache %d %s row %lld written", what, si,
+                                               kv ? "v" : "k", (long long)r);
+                            }
+                            for (size_t b = 0; b < GUARD * sz; b++)
+                                CHECKF(c[(size_t)rows * rb + b] == GUARD_BYTE,
+                                       "%s: cache %d %s: guard byte %zu changed", what, si,
+                                       kv ? "v" : "k", b);
+                        }
+                    free(c);
+                    free(out[0]);
+                    free(out[1]);
+                }
+                dg_cuda_free(dq);
+                dg_cuda_free(dsrc);
+                dg_cuda_free(dkraw);
+                if (!shared)
+                    dg_cuda_free(dvraw);
+                dg_cuda_free(dk);
+                dg_cuda_free(dv);
+                dg_cuda_free(dwq);
+                dg_cuda_free(dwk);
+                dg_cuda_free(dpos);
+                dg_cuda_free(dinv);
+                dg_cuda_free(dseq);
+                dg_cuda_free(dtab);
+                for (int si = 0; si < 2; si++)
+                    for (int kv = 0; kv < 2; kv++)
+                        dg_cuda_free(cache[si][kv]);
+                free(hq);
+                free(hk);
+                free(hv);
+                free(hwq);
+                free(hwk);
+                free(fq);
+                free(fk);
+                free(fv);
+                free(fwq);
+                free(fwk);
+                free(rq);
+                free(rk);
+                free(rv);
+                free(inv);
+                free(pos);
+                free(seq);
             }
-            for (int64_t t = 0; t < T; t++) {
-                dg_ref_rope(rq + (size_t)t * nh * hd, nh, hd, inv, pos[t]);
-                dg_ref_rope(rk + (size_t)t * nkv * hd, nkv, hd, inv, pos[t]);
-            }
-            dq = out_buf(el, nq, hq, &err);
-            dkraw = gt_upload(hk, nk * sz, &err);
-            dvraw = shapes[k].shared_kv ? dkraw : gt_upload(hv, nk * sz, &err);
-            dk = out_buf(el, nk, NULL, &err);
-            dv = out_buf(el, nk, NULL, &err);
-            dwq = gt_upload(hwq, (size_t)hd * sz, &err);
-            dwk = gt_upload(hwk, (size_t)hd * sz, &err);
-            CHECKF(dq && dkraw && dvraw && dk && dv && dwq && dwk &&
-                       dg_cuda_alloc(&dpos, (size_t)T * 8, 0, &err) == 0 &&
-                       dg_cuda_upload(dpos, pos, (size_t)T * 8, 0, &err) == 0 &&
-                       dg_cuda_alloc(&dinv, (size_t)hd / 2 * 4, 0, &err) == 0 &&
-                       dg_cuda_upload(dinv, inv, (size_t)hd / 2 * 4, 0, &err) == 0,
-                   "%s", err.msg);
-            CHECK_OK(dg_cuda_head_norm_rope_e(el, dq, dk, dkraw, dv, dvraw, dpos, T, nh, nkv, hd,
-                                              dwq, dwk, dinv, eps, NULL, 0, &err),
-                     &err);
-            snprintf(what, sizeof what, "head_norm_rope%s %lld tokens, %d + 2 x %d heads of %d%s",
-                     tag(el), (long long)T, nh, nkv, hd, shapes[k].shared_kv ? ", v = k" : "");
-            e = compare(el, dq, nq, rq, what);
-            printf("# %s: q %.2e", what, e);
-            CHECKF(e >= 0 && e <= bound(el), "%s: q %.3e", what, e);
-            e = compare(el, dk, nk, rk, what);
-            printf(", k %.2e", e);
-            CHECKF(e >= 0 && e <= bound(el), "%s: k %.3e", what, e);
-            e = compare(el, dv, nk, rv, what);
-            printf(", v %.2e\n", e);
-            CHECKF(e >= 0 && e <= bound(el), "%s: v %.3e", what, e);
-            dg_cuda_free(dq);
-            dg_cuda_free(dkraw);
-            if (!shapes[k].shared_kv)
-                dg_cuda_free(dvraw);
-            dg_cuda_free(dk);
-            dg_cuda_free(dv);
-            dg_cuda_free(dwq);
-            dg_cuda_free(dwk);
-            dg_cuda_free(dpos);
-            dg_cuda_free(dinv);
-            free(hq);
-            free(hk);
-            free(hv);
-            free(hwq);
-            free(hwk);
-            free(fq);
-            free(fk);
-            free(fv);
-            free(fwq);
-            free(fwk);
-            free(rq);
-            free(rk);
-            free(rv);
-            free(inv);
-            free(pos);
-        }
     {
         struct dg_error err = {0};
-        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, NULL, NULL, NULL, NULL, NULL, NULL, 4,
-                                             0, 1, 64, NULL, NULL, NULL, 1e-6f, NULL, 0, &err),
+        void *p = (void *)(uintptr_t)256;
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, p, p, p, p, 64, p, p, 64, NULL, 4, 0,
+                                             1, 64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL, 0,
+                                             &err),
                     &err, DG_E_INVAL, "heads");
-        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, NULL, NULL, NULL, NULL, NULL, NULL, 4,
-                                             2, 1, 63, NULL, NULL, NULL, 1e-6f, NULL, 0, &err),
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, p, p, p, p, 126, p, p, 63, NULL, 4, 2,
+                                             1, 63, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL, 0,
+                                             &err),
                     &err, DG_E_INVAL, "heads");
-        CHECK_FAILS(dg_cuda_head_norm_rope_e(BAD_ELT, NULL, NULL, NULL, NULL, NULL, NULL, 4, 2,
-                                             1, 64, NULL, NULL, NULL, 1e-6f, NULL, 0, &err),
+        /* rows closer than a token's heads; q in place at another stride; a
+         * cache without the tokens' sequences */
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, p, p, p, NULL, 64, p, p, 64, NULL, 4,
+                                             2, 1, 64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL,
+                                             0, &err),
+                    &err, DG_E_INVAL, "apart");
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, p, p, p, p, 256, p, p, 64, NULL, 4, 2,
+                                             1, 64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL, 0,
+                                             &err),
+                    &err, DG_E_INVAL, "in place");
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(DG_ELT_BF16, p, p, p, NULL, 128, p, p, 64, NULL, 4,
+                                             2, 1, 64, NULL, NULL, NULL, 1e-6f, p, NULL, NULL, 0,
+                                             &err),
+                    &err, DG_E_INVAL, "sequences");
+        CHECK_FAILS(dg_cuda_head_norm_rope_e(BAD_ELT, p, p, p, p, 128, p, p, 64, NULL, 4, 2, 1,
+                                             64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL, 0,
+                                             &err),
                     &err, DG_E_INVAL, "element type");
     }
     return 0;
