@@ -7,14 +7,14 @@
  *   Y[r, n] = sum_k X[r, k] W_j[n, k]        W_j = W + j N K  ([N, K] row-major)
  *
  * bf16 X and W, fp32 accumulation (mma.sync m16n8k16), Y bf16 or fp32.
- * Block (n-slice of GG_BN columns, group j), 4 warps: WM = 1, each warp
- * GG_BN / 4 columns of all the pass's rows, or WM = 2, a 2 x 2 grid of
- * warps, each GG_BN / 2 columns of half the rows (per 16 of K a warp then
+ * Block (n-slice of BN columns, group j; 64 or 128), 4 warps: WM = 1,
+ * each warp BN / 4 columns of all the pass's rows, or WM = 2, a 2 x 2 grid
+ * of warps, each BN / 2 columns of half the rows (per 16 of K a warp then
  * loads 6 fragments for 16 products where the first loads MT + 1 = 9 at
  * 128 rows: the row fragments are not read by all four warps); it takes
  * the group's rows MT x 16 at a time and, for
  * each, runs over K in steps of BK with an ST-deep cp.async pipeline of
- * the weight tile [GG_BN x BK] and the row tile [MT 16 x BK] (BK and ST:
+ * the weight tile [BN x BK] and the row tile [MT 16 x BK] (BK and ST:
  * a configuration, moe-gemm.h; the default 64 and 4)
  * (only the m-tiles that hold rows are loaded; rows past the group's
  * count load as zeros and are not stored).  While a group's rows fit one pass
@@ -41,39 +41,46 @@
 #include "kernels/elt.cuh"
 #include "kernels/mma.cuh"
 
-#define GG_BN 64
+#define GG_BN 64 /* columns a block, unless a configuration says otherwise */
 
 /* The configurations' names (moe-gemm.h), in launch_config's order: K
- * step in elements, pipeline stages, and the last the 2 x 2 warps (WM = 2;
- * where a pass has 4 m-tiles or more).  The shared row stride is BK + 8
+ * step in elements, pipeline stages, the 2 x 2 warps (WM = 2; where a
+ * pass has 4 m-tiles or more), and 128 columns a block (BN; half the
+ * blocks, so each group's rows are read by half as many: run 77's ncu has
+ * the L2 87% busy in the gate/up product, 253 MB of those re-reads a
+ * layer beside 1,015 MB of weights; run 80's bench-moe-gemm: at 16 rows
+ * an expert no faster than 64 columns, 0.301 against 0.299 ms, at 64
+ * rows 12-14% faster, as fast as the 2 x 2 warps).  The shared row
+ * stride is BK + 8
  * elements (2 BK + 16 bytes, 16 modulo 128: ldmatrix's eight rows fall in
  * distinct banks). */
 static const char *const CONFIGS[] = {"K step 64, 4 stages", "K step 128, 4 stages",
                                       "K step 128, 3 stages", "K step 64, 6 stages",
-                                      "K step 64, 4 stages, 2 x 2 warps"};
+                                      "K step 64, 4 stages, 2 x 2 warps",
+                                      "K step 64, 4 stages, 128 columns"};
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
-/* grid (N / GG_BN, groups), 128 threads; MT m-tiles of 16 rows a pass, K
+/* grid (N / BN, groups), 128 threads; MT m-tiles of 16 rows a pass, K
  * in steps of BK through ST stages (K a multiple of 64: with BK 128 the
  * last step may be half, its other half loading as zeros); WM rows of
- * warps (MT / WM m-tiles and GG_BN / (4 / WM) columns each); GATED: N is
- * 2I (gate and up rows), a block GG_BN / 2 of Y's I columns */
-template <int MT, int BK, int ST, int WM, bool GATED, typename Out>
+ * warps (MT / WM m-tiles and BN / (4 / WM) columns each); GATED: N is
+ * 2I (gate and up rows), a block BN / 2 of Y's I columns */
+template <int MT, int BK, int ST, int WM, bool GATED, typename Out, int BN>
 __global__ static void __launch_bounds__(128)
     grouped_gemm_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                         const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int LD = BK + 8;                   /* shared row stride, elements */
-    using G = dg_warp_grid<GG_BN, MT, WM>;
+    using G = dg_warp_grid<BN, MT, WM>;
     constexpr int WN = G::WN, WC = G::WC, NW = G::NW, MW = G::MW;
     __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem;   /* [ST][BN][LD] */
-    __nv_bfloat16 *Xs = Ws + ST * GG_BN * LD;    /* [ST][MT 16][LD] */
+    __nv_bfloat16 *Xs = Ws + ST * BN * LD;       /* [ST][MT 16][LD] */
     const int j = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wm = warp / WN, wn = warp % WN;
     const int gid = lane >> 2, tig = lane & 3;
     /* the block's first column of Y (GATED: also its first gate row) */
-    const int64_t n0 = (int64_t)blockIdx.x * (GATED ? GG_BN / 2 : GG_BN);
+    const int64_t n0 = (int64_t)blockIdx.x * (GATED ? BN / 2 : BN);
     const int count = counts[j];
     const int64_t row0 = offsets[j];
     const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
@@ -93,8 +100,8 @@ __global__ static void __launch_bounds__(128)
         /* stage s <- k step ks: the weights' tile, the rows of the
          * m-tiles in use (in bytes: 2 a value) */
         auto load = [&](int s, int ks) {
-            dg_stage_load<GG_BN, 2 * BK, 2 * LD>(
-                (unsigned char *)(Ws + s * GG_BN * LD), (unsigned char *)(Xs + s * MT * 16 * LD),
+            dg_stage_load<BN, 2 * BK, 2 * LD>(
+                (unsigned char *)(Ws + s * BN * LD), (unsigned char *)(Xs + s * MT * 16 * LD),
                 (const unsigned char *)Wj, (const unsigned char *)Xp, mrows, rows,
                 2 * (int64_t)ks * BK, 2 * K, GATED ? N / 2 : 0);
         };
@@ -108,7 +115,7 @@ __global__ static void __launch_bounds__(128)
         }
         for (int ks = 0; ks < ksteps; ks++) {
             const int s = ks % ST;
-            const __nv_bfloat16 *ws = Ws + s * GG_BN * LD, *xs = Xs + s * MT * 16 * LD;
+            const __nv_bfloat16 *ws = Ws + s * BN * LD, *xs = Xs + s * MT * 16 * LD;
             dg_cp_wait<ST - 2>();
             __syncthreads();
             /* the stage the previous step read is free: fill it */
@@ -180,18 +187,18 @@ extern "C" int dg_cuda_grouped_gemm_fits(int64_t N, int64_t K)
     return N > 0 && K > 0 && N % 128 == 0 && K % 64 == 0 && N / GG_BN <= 65535;
 }
 
-template <int MT, int BK, int ST, int WM, bool GATED = false, typename Out>
+template <int MT, int BK, int ST, int WM, bool GATED = false, int BN = GG_BN, typename Out>
 static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
                   const int32_t *counts, int groups, int64_t N, int64_t K, cudaStream_t st,
                   int dev, struct dg_error *err)
 {
-    const size_t shared = sizeof(__nv_bfloat16) * ST * (GG_BN + MT * 16) * (BK + 8);
+    const size_t shared = sizeof(__nv_bfloat16) * ST * (BN + MT * 16) * (BK + 8);
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, BK, ST, WM, GATED, Out>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<MT, BK, ST, WM, GATED, Out, BN>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    grouped_gemm_kernel<MT, BK, ST, WM, GATED, Out>
-        <<<dim3((unsigned)(N / GG_BN), (unsigned)groups), 128, shared, st>>>(Y, X, W, offsets,
-                                                                            counts, N, K);
+    grouped_gemm_kernel<MT, BK, ST, WM, GATED, Out, BN>
+        <<<dim3((unsigned)(N / BN), (unsigned)groups), 128, shared, st>>>(Y, X, W, offsets,
+                                                                         counts, N, K);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -213,6 +220,9 @@ static int launch_config(int config, Out *Y, const __nv_bfloat16 *X, const __nv_
     case 4: /* (2 x 2 warps from 4 m-tiles: at 2 the second row of warps would idle) */
         return launch<MT, 64, 4, (MT >= 4 ? 2 : 1)>(Y, X, W, offsets, counts, groups, N, K, st,
                                                    dev, err);
+    case 5: /* 128 columns a block */
+        return launch<MT, 64, 4, 1, false, 128>(Y, X, W, offsets, counts, groups, N, K, st, dev,
+                                                err);
     default:
         return launch<MT, 64, 4, 1>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
     }
