@@ -51,7 +51,9 @@ int dg_cuda_grouped_gemm_gelu(void *Y, int y_f32, const void *X, const void *W,
 /* The kernel's configurations (K step, pipeline depth, warp grid), for the
  * benchmark that compares them (bench/gpu/bench-moe-gemm.c) and the test
  * that checks each: how many there are, and configuration i's name (NULL
- * past the last).  Configuration 0 is the one dg_cuda_grouped_gemm uses. */
+ * past the last).  dg_cuda_grouped_gemm uses configuration 4, the 2 x 2
+ * warps (where a pass has 4 m-tiles or more; configuration 0 below that);
+ * configuration 0 is the one the others are compared with, bit for bit. */
 int dg_cuda_grouped_gemm_configs(void);
 const char *dg_cuda_grouped_gemm_config_name(int config);
 
