@@ -40,6 +40,7 @@
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
 #include "kernels/mma.cuh"
+#include "kernels/moe-wgmma.h"
 
 #define GG_BN 64 /* columns a block, unless a configuration says otherwise */
 
@@ -50,15 +51,18 @@
  * the L2 87% busy in the gate/up product, 253 MB of those re-reads a
  * layer beside 1,015 MB of weights; run 80's bench-moe-gemm: at 16 rows
  * an expert no faster than 64 columns, 0.301 against 0.299 ms, at 64
- * rows 12-14% faster, as fast as the 2 x 2 warps).  The shared row
- * stride is BK + 8
+ * rows 12-14% faster, as fast as the 2 x 2 warps); and Hopper's warpgroup
+ * products (moe-wgmma.cu, its own kernel: the default where the device
+ * has them).  The shared row stride is BK + 8
  * elements (2 BK + 16 bytes, 16 modulo 128: ldmatrix's eight rows fall in
  * distinct banks). */
 static const char *const CONFIGS[] = {"K step 64, 4 stages", "K step 128, 4 stages",
                                       "K step 128, 3 stages", "K step 64, 6 stages",
                                       "K step 64, 4 stages, 2 x 2 warps",
-                                      "K step 64, 4 stages, 128 columns"};
+                                      "K step 64, 4 stages, 128 columns",
+                                      "wgmma, 64 weight rows a block"};
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
+#define WGMMA_CONFIG 6 /* moe-wgmma.cu's kernel */
 
 /* grid (N / BN, groups), 128 threads; MT m-tiles of 16 rows a pass, K
  * in steps of BK through ST stages (K a multiple of 64: with BK 128 the
@@ -269,6 +273,11 @@ extern "C" int dg_cuda_grouped_gemm_configs(void)
     return N_CONFIGS;
 }
 
+extern "C" int dg_cuda_grouped_gemm_config_exact(int config)
+{
+    return config >= 0 && config < N_CONFIGS && config != WGMMA_CONFIG;
+}
+
 extern "C" const char *dg_cuda_grouped_gemm_config_name(int config)
 {
     return config >= 0 && config < N_CONFIGS ? CONFIGS[config] : NULL;
@@ -289,6 +298,9 @@ extern "C" int dg_cuda_grouped_gemm_config(int config, void *Y, int y_f32, const
                             config < 0 || config >= N_CONFIGS ? " (no such configuration)" : "");
     if (groups == 0)
         return 0;
+    if (config == WGMMA_CONFIG)
+        return dg_cuda_grouped_wgmma(Y, y_f32, 0, X, W, offsets, counts, groups, N, K, rows_hint,
+                                     stream, dev, err);
     if (y_f32)
         return pick(config, (float *)Y, x, w, offsets, counts, groups, N, K, rows_hint, st, dev,
                     err);
@@ -301,12 +313,16 @@ extern "C" int dg_cuda_grouped_gemm(void *Y, int y_f32, const void *X, const voi
                                     int64_t N, int64_t K, int rows_hint, dg_stream_t stream,
                                     int dev, struct dg_error *err)
 {
-    /* the 2 x 2 warps (configuration 4; configuration 0 at 2 m-tiles a
-     * pass): at 64 rows an expert 0.300 ms against 0.344 for the down
-     * product, 0.569 against 0.655 for gate/up, the same at 16 (run 80's
-     * bench-moe-gemm, nvidia-h200) */
-    return dg_cuda_grouped_gemm_config(4, Y, y_f32, X, W, offsets, counts, groups, N, K,
-                                       rows_hint, stream, dev, err);
+    /* wgmma where the device has it (configuration 6; runs 84-85's
+     * bench-moe-gemm, nvidia-h200: gate/up 0.272 ms at 16 rows an expert,
+     * 0.365 at 64, against 0.304 and 0.568 for configuration 4; down
+     * 0.135 and 0.205 against 0.153 and 0.295); else the 2 x 2 warps
+     * (configuration 4; configuration 0 at 2 m-tiles a pass): at 64 rows
+     * an expert 0.300 ms against 0.344 for the down product, 0.569 against
+     * 0.655 for gate/up, the same at 16 (run 80) */
+    return dg_cuda_grouped_gemm_config(dg_cuda_grouped_wgmma_fits(dev, N, K) ? WGMMA_CONFIG : 4,
+                                       Y, y_f32, X, W, offsets, counts, groups, N, K, rows_hint,
+                                       stream, dev, err);
 }
 
 extern "C" int dg_cuda_grouped_gemm_gelu_fits(int64_t I, int64_t K)
@@ -327,6 +343,9 @@ extern "C" int dg_cuda_grouped_gemm_gelu(void *Y, int y_f32, const void *X, cons
                             groups, (long long)I, (long long)K);
     if (groups == 0)
         return 0;
+    if (dg_cuda_grouped_wgmma_fits(dev, 2 * I, K))
+        return dg_cuda_grouped_wgmma(Y, y_f32, 1, X, W, offsets, counts, groups, 2 * I, K,
+                                     rows_hint, stream, dev, err);
     if (y_f32)
         return pick_gated((float *)Y, x, w, offsets, counts, groups, I, K, rows_hint, st, dev,
                           err);

@@ -51,11 +51,21 @@ int dg_cuda_grouped_gemm_gelu(void *Y, int y_f32, const void *X, const void *W,
 /* The kernel's configurations (K step, pipeline depth, warp grid), for the
  * benchmark that compares them (bench/gpu/bench-moe-gemm.c) and the test
  * that checks each: how many there are, and configuration i's name (NULL
- * past the last).  dg_cuda_grouped_gemm uses configuration 4, the 2 x 2
- * warps (where a pass has 4 m-tiles or more; configuration 0 below that);
- * configuration 0 is the one the others are compared with, bit for bit. */
+ * past the last).  dg_cuda_grouped_gemm uses configuration 6, Hopper's
+ * warpgroup products (moe-wgmma.h), where the device and shape fit it,
+ * else configuration 4, the 2 x 2 warps (where a pass has 4 m-tiles or
+ * more; configuration 0 below that); dg_cuda_grouped_gemm_gelu likewise
+ * (wgmma where [2I, K] fits it), so the two forms take the same kernel
+ * and keep their bits alike.  Configuration 0 is the one the others are
+ * compared with, bit for bit where they add in its order
+ * (dg_cuda_grouped_gemm_config_exact). */
 int dg_cuda_grouped_gemm_configs(void);
 const char *dg_cuda_grouped_gemm_config_name(int config);
+
+/* Whether configuration config adds the same products in the same order
+ * as configuration 0 (its outputs equal to the bit); the wgmma
+ * configuration (moe-wgmma.h) does not. */
+int dg_cuda_grouped_gemm_config_exact(int config);
 
 /* dg_cuda_grouped_gemm with configuration config.  Errors: as that, and
  * DG_E_INVAL for a configuration that does not exist. */

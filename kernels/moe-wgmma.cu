@@ -1,0 +1,201 @@
+/* moe-wgmma.cu - the experts' grouped GEMM (moe-gemm.h's function) on
+ * Hopper's warpgroup products: a block of one warpgroup computes 64 of
+ * group j's weight rows against NT of its rows at a time, with the
+ * weights as wgmma's A (M = 64) and the rows as its B (N = NT: 32, 64 or
+ * 128), so that a few rows an expert waste no product:
+ *
+ *   Y[r, n0 + m] = sum_k W_j[n0 + m, k] X[r, k]      (the accumulators hold Y^T)
+ *
+ * K in steps of 64 through an ST-stage cp.async pipeline into 128-byte
+ * swizzled tiles (wgmma.cuh); the four k16 products of a step issued
+ * together, waited for before the stage is refilled.  The gated form
+ * (GATED) loads the block's 64 weight rows as moe-gemm.cu's does (runs of
+ * 8 gate rows, then the up rows of the same i), so a thread's accumulator
+ * rows gid and gid + 8 are one i's gate and up sums: Y[r, i] =
+ * gelu_tanh(rnd(g)) rnd(u), with rnd as in moe-gemm.cu.  fp32
+ * accumulation; the products add in the tensor cores' order, not
+ * mma.sync's (the same function, not the same bits as the other
+ * configurations). */
+#include "kernels/moe-wgmma.h"
+
+#include <cuda_bf16.h>
+
+#include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
+#include "kernels/wgmma.cuh"
+
+#define WG_BM 64  /* weight rows a block */
+#define WG_BK 64  /* K a stage: one 128-byte swizzled row */
+
+template <int NT>
+__device__ static inline void wg_mma(float (&d)[NT / 2], uint64_t a, uint64_t b, int acc)
+{
+    if constexpr (NT == 32)
+        dg_wgmma_m64n32(d, a, b, acc);
+    else if constexpr (NT == 64)
+        dg_wgmma_m64n64(d, a, b, acc);
+    else
+        dg_wgmma_m64n128(d, a, b, acc);
+}
+
+/* grid (N / 64, groups), 128 threads (one warpgroup); shared: ST stages of
+ * [64 weight rows][128 B] then [NT rows][128 B], swizzled, 1,024-aligned */
+template <int NT, int ST, bool GATED, typename Out>
+__global__ static void __launch_bounds__(128)
+    grouped_wgmma_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                         const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
+{
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    constexpr int WB = WG_BM * 128, STAGE = WB + NT * 128;
+    const uint32_t base = (dg_smem_u32(smem_raw) + 1023u) & ~1023u;
+    unsigned char *smem = smem_raw + (base - dg_smem_u32(smem_raw));
+    const int j = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int count = counts[j];
+    const int64_t row0 = offsets[j], I = N / 2;
+    /* the block's first weight row (GATED: first gate row, = Y's column) */
+    const int64_t n0 = (int64_t)blockIdx.x * (GATED ? WG_BM / 2 : WG_BM);
+    const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
+    const int ksteps = (int)(K / WG_BK);
+
+    for (int p0 = 0; p0 < count; p0 += NT) {
+        const int rows = min(NT, count - p0);
+        const __nv_bfloat16 *Xp = X + (row0 + p0) * K;
+        float d[NT / 2];
+        /* stage s <- k step ks: 64 weight rows, the pass's rows (those
+         * past `rows` not loaded: their outputs are not stored) */
+        auto load = [&](int s, int ks) {
+            unsigned char *ws = smem + s * STAGE, *xs = ws + WB;
+            const int64_t k0 = (int64_t)ks * WG_BK;
+            for (int i = threadIdx.x; i < WG_BM * 8; i += 128) {
+                const int r = i >> 3, c = i & 7;
+                const int64_t wr = GATED ? (r >> 4) * 8 + (r & 7) + ((r >> 3) & 1) * I : r;
+                dg_cp16(ws + dg_swz128(r, c), Wj + wr * K + k0 + c * 8, 1);
+            }
+            for (int i = threadIdx.x; i < rows * 8; i += 128) {
+                const int r = i >> 3, c = i & 7;
+                dg_cp16(xs + dg_swz128(r, c), Xp + (int64_t)r * K + k0 + c * 8, 1);
+            }
+        };
+#pragma unroll
+        for (int e = 0; e < NT / 2; e++)
+            d[e] = 0.0f;
+        __syncthreads(); /* the stages are free (the previous pass) */
+#pragma unroll
+        for (int s = 0; s < ST - 1; s++) {
+            if (s < ksteps)
+                load(s, s);
+            dg_cp_commit();
+        }
+        for (int ks = 0; ks < ksteps; ks++) {
+            const int s = ks % ST;
+            const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
+            dg_cp_wait<ST - 2>();
+            dg_fence_proxy_async();
+            __syncthreads();
+            /* the stage the previous step read is free (its products were
+             * waited for): fill it */
+            if (ks + ST - 1 < ksteps)
+                load((ks + ST - 1) % ST, ks + ST - 1);
+            dg_cp_commit();
+            dg_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < WG_BK / 16; kk++)
+                wg_mma<NT>(d, dg_wgmma_desc(wa + 32 * kk), dg_wgmma_desc(xa + 32 * kk),
+                           ks > 0 || kk > 0);
+            dg_wgmma_commit();
+            dg_wgmma_wait<0>();
+        }
+        dg_cp_wait<0>();
+        /* d[4c + e]: weight row 16 warp + gid + 8 (e / 2), pass row 8c + 2 tig + e % 2 */
+        if constexpr (GATED) {
+            const int64_t col = n0 + 8 * warp + gid;
+#pragma unroll
+            for (int c = 0; c < NT / 8; c++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int r = 8 * c + 2 * tig + u;
+                    if (r < rows)
+                        dg_st(Y + (row0 + p0 + r) * I + col,
+                              dg_gelu_tanh_f(dg_round_as(Y, d[4 * c + u])) *
+                                  dg_round_as(Y, d[4 * c + 2 + u]));
+                }
+        } else {
+#pragma unroll
+            for (int c = 0; c < NT / 8; c++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 8 * c + 2 * tig + (e & 1);
+                    if (r < rows)
+                        dg_st(Y + (row0 + p0 + r) * N + n0 + 16 * warp + gid + 8 * (e >> 1),
+                              d[4 * c + e]);
+                }
+        }
+    }
+}
+
+template <int NT, bool GATED, typename Out>
+static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
+                  const int32_t *counts, int groups, int64_t N, int64_t K, cudaStream_t st,
+                  int dev, struct dg_error *err)
+{
+    constexpr int ST = 4;
+    const size_t shared = (size_t)ST * (WG_BM + NT) * 128 + 1024;
+    auto kernel = grouped_wgmma_kernel<NT, ST, GATED, Out>;
+    int rc = 0;
+    DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared));
+    kernel<<<dim3((unsigned)(N / WG_BM), (unsigned)groups), 128, shared, st>>>(Y, X, W, offsets,
+                                                                               counts, N, K);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+template <bool GATED, typename Out>
+static int pick(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
+                const int32_t *counts, int groups, int64_t N, int64_t K, int rows_hint,
+                cudaStream_t st, int dev, struct dg_error *err)
+{
+    if (rows_hint > 32)
+        return launch<128, GATED>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    if (rows_hint > 16)
+        return launch<64, GATED>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+    return launch<32, GATED>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+}
+
+extern "C" int dg_cuda_grouped_wgmma_fits(int dev, int64_t N, int64_t K)
+{
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* (not sticky: clear it) */
+        return 0;
+    }
+    return major == 9 && minor == 0 && N > 0 && K > 0 && N % (2 * WG_BM) == 0 &&
+           K % WG_BK == 0 && N / WG_BM <= 65535;
+}
+
+extern "C" int dg_cuda_grouped_wgmma(void *Y, int y_f32, int gated, const void *X, const void *W,
+                                     const int32_t *offsets, const int32_t *counts, int groups,
+                                     int64_t N, int64_t K, int rows_hint, dg_stream_t stream,
+                                     int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)X, *w = (const __nv_bfloat16 *)W;
+    if (!dg_cuda_grouped_wgmma_fits(dev, N, K) || groups < 0 || groups > 65535)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: grouped wgmma: %d groups of [%lld x %lld] "
+                            "(N a multiple of 128, K of 64, a device of compute capability 9.0)",
+                            dev, groups, (long long)N, (long long)K);
+    if (groups == 0)
+        return 0;
+    if (gated)
+        return y_f32 ? pick<true>((float *)Y, x, w, offsets, counts, groups, N, K, rows_hint, st,
+                                  dev, err)
+                     : pick<true>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K,
+                                  rows_hint, st, dev, err);
+    return y_f32 ? pick<false>((float *)Y, x, w, offsets, counts, groups, N, K, rows_hint, st, dev,
+                               err)
+                 : pick<false>((__nv_bfloat16 *)Y, x, w, offsets, counts, groups, N, K, rows_hint,
+                               st, dev, err);
+}

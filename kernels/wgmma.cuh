@@ -1,0 +1,222 @@
+/*
+ * wgmma.cuh - Hopper's warpgroup matrix products (wgmma.mma_async, sm_90a)
+ * as PTX, for the kernels that use them (moe-wgmma.cu, fp8-wgmma.cu): the
+ * shared-memory matrix descriptor, the fences, and m64nN products with
+ * fp32 accumulators (bf16 k16, E4M3 k32) for the N the kernels take.
+ *
+ * Operands live in shared memory in the 128-byte swizzled K-major layout:
+ * rows of 128 bytes (64 bf16 or 128 E4M3 values), 16-byte chunk c of row
+ * r stored at chunk c ^ (r % 8) of the row, groups of 8 rows 1,024 bytes
+ * apart, the tile 1,024-byte aligned.  One descriptor covers a tile's rows; the k-th
+ * 32 bytes of K are the same descriptor with its address 32 k bytes on
+ * (the swizzle applies to the address bits, as the copies wrote them).
+ *
+ * (E4M3 operands take no transpose arguments: K-major is the only layout.)
+ *
+ * The accumulators of a warpgroup's 64 x N product, thread t (warp w = t /
+ * 32, lane l: gid = l / 4, tig = l % 4): d[4 c + e] is row 16 w + gid + 8
+ * (e / 2), column 8 c + 2 tig + e % 2 (mma.sync's C layout, N / 8 times).
+ */
+#ifndef DG_KERNELS_WGMMA_CUH
+#define DG_KERNELS_WGMMA_CUH
+
+#include <stdint.h>
+
+#include "kernels/mma.cuh"
+
+/* wgmma exists on sm_90a only: the build's portable PTX (compute_90)
+ * gets a trap instead, and the host side launches these kernels only on
+ * a device of compute capability 9.0 (dg_wgmma_device) */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DG_WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define DG_WGMMA_ASM(...) __trap()
+#endif
+
+/* the descriptor of a 128-byte-swizzled K-major tile at shared address a
+ * (1,024-aligned but for the k offset): start a / 16, leading offset 1
+ * (unused with this swizzle), stride 1,024 / 16 between 8-row groups,
+ * swizzle mode 1 (128 bytes) */
+__device__ static inline uint64_t dg_wgmma_desc(uint32_t a)
+{
+    return (uint64_t)((a & 0x3ffff) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 |
+           (uint64_t)1 << 62;
+}
+
+/* where a 128-byte-swizzled tile keeps 16-byte chunk c of row r */
+__device__ static inline uint32_t dg_swz128(int r, int c)
+{
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+/* before the first product of a batch (orders the accumulators' earlier
+ * writes and reads against it) */
+__device__ static inline void dg_wgmma_fence(void)
+{
+    DG_WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ static inline void dg_wgmma_commit(void)
+{
+    DG_WGMMA_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/* wait until at most N committed batches are in flight */
+template <int N>
+__device__ static inline void dg_wgmma_wait(void)
+{
+    DG_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* the generic proxy's shared-memory writes (cp.async's) made visible to
+ * the async proxy that wgmma reads through */
+__device__ static inline void dg_fence_proxy_async(void)
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* d (64 x 32, fp32: 16 a thread) = a b + (acc ? d : 0): a (64 x 16)
+ * and b (32 x 16), both K-major bf16, through their descriptors */
+__device__ static inline void dg_wgmma_m64n32(float (&d)[16], uint64_t a, uint64_t b, int acc)
+{
+    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, "
+                 "%8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+/* d (64 x 64, fp32: 32 a thread) = a b + (acc ? d : 0): a (64 x 16)
+ * and b (64 x 16), both K-major bf16, through their descriptors */
+__device__ static inline void dg_wgmma_m64n64(float (&d)[32], uint64_t a, uint64_t b, int acc)
+{
+    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, "
+                 "%8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, "
+                 "%24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+/* d (64 x 128, fp32: 64 a thread) = a b + (acc ? d : 0): a (64 x 16)
+ * and b (128 x 16), both K-major bf16, through their descriptors */
+__device__ static inline void dg_wgmma_m64n128(float (&d)[64], uint64_t a, uint64_t b, int acc)
+{
+    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, "
+                 "%8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, "
+                 "%24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, "
+                 "%40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, "
+                 "%56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+                   "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+/* d (64 x 32, fp32: 16 a thread) = a b + (acc ? d : 0): a (64 x 32)
+ * and b (32 x 32), both K-major E4M3, through their descriptors */
+__device__ static inline void dg_wgmma_e4m3_m64n32(float (&d)[16], uint64_t a, uint64_t b, int acc)
+{
+    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, "
+                 "%8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+/* d (64 x 64, fp32: 32 a thread) = a b + (acc ? d : 0): a (64 x 32)
+ * and b (64 x 32), both K-major E4M3, through their descriptors */
+__device__ static inline void dg_wgmma_e4m3_m64n64(float (&d)[32], uint64_t a, uint64_t b, int acc)
+{
+    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, "
+                 "%8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, "
+                 "%24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+/* d (64 x 128, fp32: 64 a thread) = a b + (acc ? d : 0): a (64 x 32)
+ * and b (128 x 32), both K-major E4M3, through their descriptors */
+__device__ static inline void dg_wgmma_e4m3_m64n128(float (&d)[64], uint64_t a, uint64_t b, int acc)
+{
+    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, "
+                 "%8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, "
+                 "%24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, "
+                 "%40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, "
+                 "%56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+                   "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+
+#endif
