@@ -56,12 +56,16 @@ int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const uint8_t *qa, 
 int dg_cuda_fp8_gemm_configs(void);
 const char *dg_cuda_fp8_gemm_config_name(int config);
 
-/* The configuration dg_cuda_fp8_gemm and dg_cuda_fp8_gemm_acc use for
- * groups of about rows_hint rows and K bytes a row: 1 (K steps of 128
- * bytes) for at most 16 rows and K of 2,048 or more, where the weight
- * stream sets the time and fewer, longer steps keep more bytes in flight;
- * 0 otherwise (measured: fp8-gemm.cu). */
+/* The mma.sync configuration for groups of about rows_hint rows and K
+ * bytes a row: 1 (K steps of 128 bytes) for at most 16 rows and K of
+ * 2,048 or more, where the weight stream sets the time and fewer, longer
+ * steps keep more bytes in flight; 0 otherwise (measured: fp8-gemm.cu). */
 int dg_cuda_fp8_gemm_default_config(int rows_hint, int64_t K);
+
+/* The configuration dg_cuda_fp8_gemm and dg_cuda_fp8_gemm_acc use on
+ * device dev for [N, K] weights: 6, Hopper's warpgroup products
+ * (fp8-wgmma.h), where they fit; else dg_cuda_fp8_gemm_default_config's. */
+int dg_cuda_fp8_gemm_pick(int dev, int rows_hint, int64_t N, int64_t K);
 
 /* dg_cuda_fp8_gemm_acc with configuration config.  Errors: as that, and
  * DG_E_INVAL for a configuration that does not exist. */

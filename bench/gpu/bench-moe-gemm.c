@@ -245,7 +245,7 @@ int main(int argc, char **argv)
                        (long long)N, (long long)K,
                        fp8 ? "FP8" : "bf16",
                        fp8 ? dg_cuda_fp8_gemm_config_name(c) : dg_cuda_grouped_gemm_config_name(c),
-                       fp8 && c == dg_cuda_fp8_gemm_default_config(hint, K) ? " (default)" : "",
+                       fp8 && c == dg_cuda_fp8_gemm_pick(0, hint, N, K) ? " (default)" : "",
                        ms,
                        floor_ms, ms / floor_ms, bytes / (ms * 1e-3) / 1e9,
                        same < 0 ? "" : same ? "yes" : "NO");

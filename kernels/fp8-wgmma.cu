@@ -1,0 +1,211 @@
+/* fp8-wgmma.cu - fp8-gemm.h's W8A8 product on Hopper's warpgroup products
+ * (reference: dg_ref_fp8_linear in lib/ref-fp8.c):
+ *
+ *   Y[r, n] = sa[r] * sw_j[n] * sum_k Q[r, k] * QW_j[n, k]   (or Y += that)
+ *
+ * As moe-wgmma.cu does for bf16: a block of one warpgroup takes 64 of
+ * group j's weight rows (wgmma's A, M = 64) against NT of its rows (B, N
+ * = NT: 32, 64 or 128), K in steps of 128 bytes (128 values: one
+ * 128-byte swizzled row, four m64nNk32 products) through an ST-stage
+ * cp.async pipeline; bytes past K (a multiple of 16) load as zeros in both
+ * tiles; rows past the pass's count are not loaded and not stored.  One
+ * group of all rows (offsets NULL: a projection) spreads its passes over
+ * grid.z as fp8-gemm.cu's kernel does.  The tensor cores add E4M3
+ * products into an accumulator of about 13 fraction bits (t-kernels-fp8's
+ * LT_F32_BOUND says more), so each step's four products start from zero
+ * and their sum is added into fp32 registers, as cuBLASLt does; then
+ * times sa and sw in fp8-gemm.cu's order.  Relative error about 1e-4
+ * against the exact sum, not mma.sync's 1e-6. */
+#include "kernels/fp8-wgmma.h"
+
+#include <cuda_bf16.h>
+
+#include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
+#include "kernels/wgmma.cuh"
+
+#define FW_BM 64  /* weight rows a block */
+#define FW_BK 128 /* K bytes a stage */
+
+template <int NT>
+__device__ static inline void fw_mma(float (&d)[NT / 2], uint64_t a, uint64_t b, int acc)
+{
+    if constexpr (NT == 32)
+        dg_wgmma_e4m3_m64n32(d, a, b, acc);
+    else if constexpr (NT == 64)
+        dg_wgmma_e4m3_m64n64(d, a, b, acc);
+    else
+        dg_wgmma_e4m3_m64n128(d, a, b, acc);
+}
+
+/* grid (N / 64, groups, z), 128 threads (one warpgroup); shared: ST
+ * stages of [64 weight rows][128 B] then [NT rows][128 B], swizzled,
+ * 1,024-aligned */
+template <int NT, int ST, typename Out>
+__global__ static void __launch_bounds__(128)
+    fp8_wgmma_kernel(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
+                     const float *SW, const int32_t *offsets, const int32_t *counts,
+                     int64_t rows_all, int64_t N, int64_t K, int accumulate)
+{
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    constexpr int WB = FW_BM * 128, STAGE = WB + NT * 128;
+    const uint32_t base = (dg_smem_u32(smem_raw) + 1023u) & ~1023u;
+    unsigned char *smem = smem_raw + (base - dg_smem_u32(smem_raw));
+    const int j = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int64_t count = offsets ? counts[j] : rows_all;
+    const int64_t row0 = offsets ? offsets[j] : 0;
+    const int64_t n0 = (int64_t)blockIdx.x * FW_BM;
+    const uint8_t *Wj = QW + (int64_t)j * N * K + n0 * K;
+    const float *SWj = SW + (int64_t)j * N;
+    const int ksteps = (int)((K + FW_BK - 1) / FW_BK);
+
+    for (int64_t p0 = (int64_t)blockIdx.z * NT; p0 < count; p0 += (int64_t)gridDim.z * NT) {
+        const int rows = (int)min((int64_t)NT, count - p0);
+        const uint8_t *Xp = QA + (row0 + p0) * K;
+        float d[NT / 2], acc[NT / 2];
+        /* stage s <- k step ks (chunks past K as zeros) */
+        auto load = [&](int s, int ks) {
+            unsigned char *ws = smem + s * STAGE, *xs = ws + WB;
+            const int64_t k0 = (int64_t)ks * FW_BK;
+            for (int i = threadIdx.x; i < FW_BM * 8; i += 128) {
+                const int r = i >> 3, c = i & 7;
+                const int in_k = k0 + c * 16 < K;
+                dg_cp16(ws + dg_swz128(r, c), Wj + (int64_t)r * K + (in_k ? k0 + c * 16 : 0),
+                        in_k);
+            }
+            for (int i = threadIdx.x; i < rows * 8; i += 128) {
+                const int r = i >> 3, c = i & 7;
+                const int in_k = k0 + c * 16 < K;
+                dg_cp16(xs + dg_swz128(r, c), Xp + (int64_t)r * K + (in_k ? k0 + c * 16 : 0),
+                        in_k);
+            }
+        };
+#pragma unroll
+        for (int e = 0; e < NT / 2; e++)
+            d[e] = acc[e] = 0.0f;
+        __syncthreads(); /* the stages are free (the previous pass) */
+#pragma unroll
+        for (int s = 0; s < ST - 1; s++) {
+            if (s < ksteps)
+                load(s, s);
+            dg_cp_commit();
+        }
+        for (int ks = 0; ks < ksteps; ks++) {
+            const int s = ks % ST;
+            const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
+            dg_cp_wait<ST - 2>();
+            dg_fence_proxy_async();
+            __syncthreads();
+            if (ks + ST - 1 < ksteps)
+                load((ks + ST - 1) % ST, ks + ST - 1);
+            dg_cp_commit();
+            dg_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < FW_BK / 32; kk++)
+                fw_mma<NT>(d, dg_wgmma_desc(wa + 32 * kk), dg_wgmma_desc(xa + 32 * kk), kk > 0);
+            dg_wgmma_commit();
+            dg_wgmma_wait<0>();
+            /* the step's sum into fp32 (the tensor cores add E4M3
+             * products into about 13 fraction bits) */
+#pragma unroll
+            for (int e = 0; e < NT / 2; e++)
+                acc[e] += d[e];
+        }
+        dg_cp_wait<0>();
+        /* d[4c + e]: weight row 16 warp + gid + 8 (e / 2), pass row 8c + 2 tig + e % 2 */
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const int64_t col = n0 + 16 * warp + gid + 8 * e2;
+            const float w = SWj[col];
+#pragma unroll
+            for (int c = 0; c < NT / 8; c++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int r = 8 * c + 2 * tig + u;
+                    if (r < rows) {
+                        Out *y = Y + (row0 + p0 + r) * N + col;
+                        float v = acc[4 * c + 2 * e2 + u] * SA[row0 + p0 + r] * w;
+                        if (accumulate)
+                            v += dg_ld(y);
+                        dg_st(y, v);
+                    }
+                }
+        }
+    }
+}
+
+template <int NT, typename Out>
+static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
+                  const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
+                  int64_t N, int64_t K, int accumulate, cudaStream_t st, int dev,
+                  struct dg_error *err)
+{
+    constexpr int ST = 4;
+    const size_t shared = (size_t)ST * (FW_BM + NT) * 128 + 1024;
+    auto kernel = fp8_wgmma_kernel<NT, ST, Out>;
+    /* one group: its passes over z, enough blocks for about two waves of
+     * 132 SMs (as fp8-gemm.cu) */
+    const int64_t passes = (rows_all + NT - 1) / NT, nb = N / FW_BM;
+    const unsigned z = offsets ? 1u
+                               : (unsigned)(passes < 1 ? 1
+                                            : passes < (264 + nb - 1) / nb ? passes
+                                            : (264 + nb - 1) / nb);
+    int rc = 0;
+    DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared));
+    kernel<<<dim3((unsigned)nb, (unsigned)groups, z), 128, shared, st>>>(
+        Y, QA, SA, QW, SW, offsets, counts, rows_all, N, K, accumulate);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+template <typename Out>
+static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
+                const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
+                int64_t N, int64_t K, int rows_hint, int accumulate, cudaStream_t st, int dev,
+                struct dg_error *err)
+{
+    if (rows_hint > 32)
+        return launch<128>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K,
+                           accumulate, st, dev, err);
+    if (rows_hint > 16)
+        return launch<64>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate,
+                          st, dev, err);
+    return launch<32>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate, st,
+                      dev, err);
+}
+
+extern "C" int dg_cuda_fp8_wgmma_fits(int dev, int64_t N, int64_t K)
+{
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* (not sticky: clear it) */
+        return 0;
+    }
+    return major == 9 && minor == 0 && N > 0 && K > 0 && N % FW_BM == 0 && K % 16 == 0 &&
+           N / FW_BM <= 0x7fffffff;
+}
+
+extern "C" int dg_cuda_fp8_wgmma(void *Y, int y_f32, int accumulate, const uint8_t *qa,
+                                 const float *sa, const uint8_t *qw, const float *sw,
+                                 const int32_t *offsets, const int32_t *counts, int groups,
+                                 int64_t rows, int64_t N, int64_t K, int rows_hint,
+                                 dg_stream_t stream, int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (!dg_cuda_fp8_wgmma_fits(dev, N, K) || groups < 1 || groups > 65535 ||
+        (!offsets && (groups != 1 || rows < 0)) || (!offsets != !counts))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 wgmma: %d group(s) of [%lld x %lld] "
+                            "(N a multiple of 64, K of 16, a device of compute capability 9.0)",
+                            dev, groups, (long long)N, (long long)K);
+    if (!offsets && rows == 0)
+        return 0;
+    if (y_f32)
+        return pick((float *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K, rows_hint,
+                    !!accumulate, st, dev, err);
+    return pick((__nv_bfloat16 *)Y, qa, sa, qw, sw, offsets, counts, groups, rows, N, K,
+                rows_hint, !!accumulate, st, dev, err);
+}
