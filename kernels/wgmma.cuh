@@ -75,148 +75,60 @@ __device__ static inline void dg_fence_proxy_async(void)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-/* d (64 x 32, fp32: 16 a thread) = a b + (acc ? d : 0): a (64 x 16)
- * and b (32 x 16), both K-major bf16, through their descriptors */
-__device__ static inline void dg_wgmma_m64n32(float (&d)[16], uint64_t a, uint64_t b, int acc)
-{
-    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, "
-                 "%8, %9, %10, %11, %12, %13, %14, %15"
-                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
-                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(a), "l"(b), "r"(acc));
-}
+/* The accumulators' operands: %0 .. %(R - 1) in the instruction, bound to
+ * d[0] .. d[R - 1] (R = 16, 32, 64) */
+#define DG_WG_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, " \
+    "%8, %9, %10, %11, %12, %13, %14, %15"
+#define DG_WG_REGS32 DG_WG_REGS16 ", " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31"
+#define DG_WG_REGS64 DG_WG_REGS32 ", " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, " \
+    "%40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63"
+#define DG_WG_OUT16(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), \
+    "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+    "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define DG_WG_OUT32(d) DG_WG_OUT16(d), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
+    "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define DG_WG_OUT64(d) DG_WG_OUT32(d), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+    "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+    "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), \
+    "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+    "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-/* d (64 x 64, fp32: 32 a thread) = a b + (acc ? d : 0): a (64 x 16)
- * and b (64 x 16), both K-major bf16, through their descriptors */
-__device__ static inline void dg_wgmma_m64n64(float (&d)[32], uint64_t a, uint64_t b, int acc)
-{
-    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, "
-                 "%8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, "
-                 "%24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
-                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(a), "l"(b), "r"(acc));
-}
+/* name(d, a, b, acc): d (64 x N, fp32, R = N / 2 a thread) = a b + (acc ? d
+ * : 0) through the operands' descriptors, `shape` the instruction's
+ * shape and types, `tail` what follows the scales (bf16: the two
+ * transpose flags, 0 for K-major; E4M3: nothing), pa, pb, pp the
+ * descriptors' and the predicate's operand numbers (R, R + 1, R + 2) */
+#define DG_WGMMA_FN(name, R, shape, tail, pa, pb, pp)                                          \
+    __device__ static inline void name(float(&d)[R], uint64_t a, uint64_t b, int acc)         \
+    {                                                                                           \
+        DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %" pp ", 0;\n"                          \
+                     "wgmma.mma_async.sync.aligned." shape " {" DG_WG_REGS##R "}, %" pa        \
+                     ", %" pb ", p, 1, 1" tail ";\n}\n"                                        \
+                     : DG_WG_OUT##R(d)                                                          \
+                     : "l"(a), "l"(b), "r"(acc));                                               \
+    }
 
-/* d (64 x 128, fp32: 64 a thread) = a b + (acc ? d : 0): a (64 x 16)
- * and b (128 x 16), both K-major bf16, through their descriptors */
-__device__ static inline void dg_wgmma_m64n128(float (&d)[64], uint64_t a, uint64_t b, int acc)
-{
-    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, "
-                 "%8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, "
-                 "%24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, "
-                 "%40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, "
-                 "%56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
-                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
-                   "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(a), "l"(b), "r"(acc));
-}
+/* bf16: a (64 x 16) and b (N x 16), both K-major */
+DG_WGMMA_FN(dg_wgmma_m64n32, 16, "m64n32k16.f32.bf16.bf16", ", 0, 0", "16", "17", "18")
+DG_WGMMA_FN(dg_wgmma_m64n64, 32, "m64n64k16.f32.bf16.bf16", ", 0, 0", "32", "33", "34")
+DG_WGMMA_FN(dg_wgmma_m64n128, 64, "m64n128k16.f32.bf16.bf16", ", 0, 0", "64", "65", "66")
 
-/* d (64 x 32, fp32: 16 a thread) = a b + (acc ? d : 0): a (64 x 32)
- * and b (32 x 32), both K-major E4M3, through their descriptors */
-__device__ static inline void dg_wgmma_e4m3_m64n32(float (&d)[16], uint64_t a, uint64_t b, int acc)
-{
-    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, "
-                 "%8, %9, %10, %11, %12, %13, %14, %15"
-                 "}, %16, %17, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
-                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(a), "l"(b), "r"(acc));
-}
-
-/* d (64 x 64, fp32: 32 a thread) = a b + (acc ? d : 0): a (64 x 32)
- * and b (64 x 32), both K-major E4M3, through their descriptors */
-__device__ static inline void dg_wgmma_e4m3_m64n64(float (&d)[32], uint64_t a, uint64_t b, int acc)
-{
-    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, "
-                 "%8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, "
-                 "%24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, %32, %33, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
-                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(a), "l"(b), "r"(acc));
-}
-
-/* d (64 x 128, fp32: 64 a thread) = a b + (acc ? d : 0): a (64 x 32)
- * and b (128 x 32), both K-major E4M3, through their descriptors */
-__device__ static inline void dg_wgmma_e4m3_m64n128(float (&d)[64], uint64_t a, uint64_t b, int acc)
-{
-    DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, "
-                 "%8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, "
-                 "%24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, "
-                 "%40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, "
-                 "%56, %57, %58, %59, %60, %61, %62, %63"
-                 "}, %64, %65, p, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
-                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
-                   "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(a), "l"(b), "r"(acc));
-}
+/* E4M3: a (64 x 32) and b (N x 32), both K-major */
+DG_WGMMA_FN(dg_wgmma_e4m3_m64n32, 16, "m64n32k32.f32.e4m3.e4m3", "", "16", "17", "18")
+DG_WGMMA_FN(dg_wgmma_e4m3_m64n64, 32, "m64n64k32.f32.e4m3.e4m3", "", "32", "33", "34")
+DG_WGMMA_FN(dg_wgmma_e4m3_m64n128, 64, "m64n128k32.f32.e4m3.e4m3", "", "64", "65", "66")
 
 #endif
