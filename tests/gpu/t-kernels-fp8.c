@@ -148,7 +148,8 @@ static void free_operands(struct operands *o)
  * 1.1e-3 at K 2,816, against 1.4e-4 seen (run 58).  The own wgmma kernel
  * (fp8-wgmma.cu: configuration 6, the default where it fits) meets the
  * same accumulator, moving its sums into fp32 every K 128, and takes the
- * same bound (run 85, before it moved them: 1.3e-4 at K 64).  The own
+ * same bound (run 85: 1.3e-4 at K 64 already, one step's sum; run 86,
+ * with the moves: at most 1.4e-4 at K 2,816).  The own
  * mma.sync kernel, which accumulates in fp32, keeps 1e-5; a scale applied
  * wrongly is off by O(1) either way. */
 #define LT_F32_BOUND 1e-3
