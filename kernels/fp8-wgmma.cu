@@ -179,14 +179,8 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
 
 extern "C" int dg_cuda_fp8_wgmma_fits(int dev, int64_t N, int64_t K)
 {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        (void)cudaGetLastError(); /* (not sticky: clear it) */
-        return 0;
-    }
-    return major == 9 && minor == 0 && N > 0 && K > 0 && N % FW_BM == 0 && K % 16 == 0 &&
-           N / FW_BM <= 0x7fffffff;
+    return N > 0 && K > 0 && N % FW_BM == 0 && K % 16 == 0 && N / FW_BM <= 0x7fffffff &&
+           dg_wgmma_device(dev);
 }
 
 extern "C" int dg_cuda_fp8_wgmma(void *Y, int y_f32, int accumulate, const uint8_t *qa,

@@ -166,14 +166,8 @@ static int pick(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const in
 
 extern "C" int dg_cuda_grouped_wgmma_fits(int dev, int64_t N, int64_t K)
 {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        (void)cudaGetLastError(); /* (not sticky: clear it) */
-        return 0;
-    }
-    return major == 9 && minor == 0 && N > 0 && K > 0 && N % (2 * WG_BM) == 0 &&
-           K % WG_BK == 0 && N / WG_BM <= 65535;
+    return N > 0 && K > 0 && N % (2 * WG_BM) == 0 && K % WG_BK == 0 && N / WG_BM <= 65535 &&
+           dg_wgmma_device(dev);
 }
 
 extern "C" int dg_cuda_grouped_wgmma(void *Y, int y_f32, int gated, const void *X, const void *W,

@@ -33,6 +33,19 @@
 #define DG_WGMMA_ASM(...) __trap()
 #endif
 
+/* Whether device dev runs sm_90a code (compute capability 9.0), on the
+ * host; 0 where it cannot say. */
+static inline int dg_wgmma_device(int dev)
+{
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* (not sticky: clear it) */
+        return 0;
+    }
+    return major == 9 && minor == 0;
+}
+
 /* the descriptor of a 128-byte-swizzled K-major tile at shared address a
  * (1,024-aligned but for the k offset): start a / 16, leading offset 1
  * (unused with this swizzle), stride 1,024 / 16 between 8-row groups,
