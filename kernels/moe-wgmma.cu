@@ -80,33 +80,16 @@ __global__ static void __launch_bounds__(128)
 #pragma unroll
         for (int e = 0; e < NT / 2; e++)
             d[e] = 0.0f;
-        __syncthreads(); /* the stages are free (the previous pass) */
+        dg_wgmma_kloop<ST>(
+            ksteps, load,
+            [&](int s, int ks) {
+                const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
 #pragma unroll
-        for (int s = 0; s < ST - 1; s++) {
-            if (s < ksteps)
-                load(s, s);
-            dg_cp_commit();
-        }
-        for (int ks = 0; ks < ksteps; ks++) {
-            const int s = ks % ST;
-            const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
-            dg_cp_wait<ST - 2>();
-            dg_fence_proxy_async();
-            __syncthreads();
-            /* the stage the previous step read is free (its products were
-             * waited for): fill it */
-            if (ks + ST - 1 < ksteps)
-                load((ks + ST - 1) % ST, ks + ST - 1);
-            dg_cp_commit();
-            dg_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < WG_BK / 16; kk++)
-                wg_mma<NT>(d, dg_wgmma_desc(wa + 32 * kk), dg_wgmma_desc(xa + 32 * kk),
-                           ks > 0 || kk > 0);
-            dg_wgmma_commit();
-            dg_wgmma_wait<0>();
-        }
-        dg_cp_wait<0>();
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    wg_mma<NT>(d, dg_wgmma_desc(wa + 32 * kk), dg_wgmma_desc(xa + 32 * kk),
+                               ks > 0 || kk > 0);
+            },
+            [](int) {});
         /* d[4c + e]: weight row 16 warp + gid + 8 (e / 2), pass row 8c + 2 tig + e % 2 */
         if constexpr (GATED) {
             const int64_t col = n0 + 8 * warp + gid;

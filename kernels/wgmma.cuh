@@ -88,6 +88,43 @@ __device__ static inline void dg_fence_proxy_async(void)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* The K loop of the wgmma kernels (moe-wgmma.cu, fp8-wgmma.cu): ksteps
+ * steps through an ST-stage cp.async pipeline.  load(s, ks) issues step
+ * ks's copies into stage s; products(s, ks) issues the step's products
+ * from stage s (between wgmma's fence and commit); done(ks) runs once they
+ * are complete.  A stage is refilled only at the step after the one that
+ * read it, past the barrier every thread reaches once its products from
+ * it were waited for; the copies reach wgmma's proxy through
+ * dg_fence_proxy_async before that barrier.  Starts with a barrier (the
+ * stages free of a previous pass) and ends with no copy in flight. */
+template <int ST, typename Load, typename Products, typename Done>
+__device__ static inline void dg_wgmma_kloop(int ksteps, Load &&load, Products &&products,
+                                             Done &&done)
+{
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < ksteps)
+            load(s, s);
+        dg_cp_commit();
+    }
+    for (int ks = 0; ks < ksteps; ks++) {
+        const int s = ks % ST;
+        dg_cp_wait<ST - 2>();
+        dg_fence_proxy_async();
+        __syncthreads();
+        if (ks + ST - 1 < ksteps)
+            load((ks + ST - 1) % ST, ks + ST - 1);
+        dg_cp_commit();
+        dg_wgmma_fence();
+        products(s, ks);
+        dg_wgmma_commit();
+        dg_wgmma_wait<0>();
+        done(ks);
+    }
+    dg_cp_wait<0>();
+}
+
 /* The accumulators' operands: %0 .. %(R - 1) in the instruction, bound to
  * d[0] .. d[R - 1] (R = 16, 32, 64) */
 #define DG_WG_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, " \
