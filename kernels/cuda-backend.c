@@ -263,8 +263,12 @@ static int rank_init(struct grank *R, struct dg_error *err)
                                               R->dev, err)
                   : dg_cuda_model_random_q_rank(&R->model, o->cfg, o->seed, o->fp8, plan,
                                                 R->index, R->dev, err);
-    if (rc >= 0 && R->model.fp8 && !o->fp8_own_gemm)
+    if (rc >= 0 && R->model.fp8 && !o->fp8_own_gemm) {
+        /* one for each of the context's streams (cuda-forward.h) */
         rc = dg_fp8_lt_create(R->dev, R->cx.stream, 0, &R->cx.lt, err);
+        if (rc >= 0)
+            rc = dg_fp8_lt_create(R->dev, R->cx.side, 0, &R->cx.side_lt, err);
+    }
     return rc;
 }
 

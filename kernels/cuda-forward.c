@@ -106,7 +106,11 @@ int dg_cuda_ctx_init(struct dg_cuda_ctx *cx, const struct dg_cuda_model *cm, str
     cx->cm = cm;
     cx->dev = cm->dev;
     if ((rc = dg_cuda_stream_create(&cx->stream, cm->dev, err)) < 0 ||
-        (rc = dg_blas_create(cm->dev, cx->stream, &cx->blas, err)) < 0) {
+        (rc = dg_blas_create(cm->dev, cx->stream, &cx->blas, err)) < 0 ||
+        (rc = dg_cuda_stream_create(&cx->side, cm->dev, err)) < 0 ||
+        (rc = dg_blas_create(cm->dev, cx->side, &cx->side_blas, err)) < 0 ||
+        (rc = dg_cuda_event_create(&cx->fork, cm->dev, err)) < 0 ||
+        (rc = dg_cuda_event_create(&cx->join, cm->dev, err)) < 0) {
         dg_cuda_ctx_free(cx);
         return rc;
     }
@@ -115,13 +119,19 @@ int dg_cuda_ctx_init(struct dg_cuda_ctx *cx, const struct dg_cuda_model *cm, str
 
 void dg_cuda_ctx_free(struct dg_cuda_ctx *cx)
 {
-    if (cx->stream) {
-        struct dg_error ignored;
+    struct dg_error ignored;
+    if (cx->stream)
         dg_cuda_stream_sync(cx->stream, cx->dev, &ignored);
-    }
+    if (cx->side)
+        dg_cuda_stream_sync(cx->side, cx->dev, &ignored);
     dg_blas_destroy(cx->blas);
+    dg_blas_destroy(cx->side_blas);
     dg_fp8_lt_destroy(cx->lt);
+    dg_fp8_lt_destroy(cx->side_lt);
+    dg_cuda_event_destroy(cx->fork);
+    dg_cuda_event_destroy(cx->join);
     dg_cuda_stream_destroy(cx->stream);
+    dg_cuda_stream_destroy(cx->side);
     dg_cuda_free(cx->scratch);
     dg_cuda_free(cx->seq_tab);
     dg_cuda_free(cx->dummy_kv);
@@ -384,37 +394,50 @@ static int reduce(struct dg_cuda_ctx *cx, void *buf, int64_t n, enum dg_nccl_typ
 
 /* x [T, H] -> x' for layer l.  Each sequence's K/V rows go into its cache
  * at rows length..; encoder: causal, decoder: bidirectional. */
-/* y[T, N] = x[T, K] W^T (+ y when accumulate), W [N, K] nn.Linear: bf16
- * or fp32 through cuBLAS (Ws NULL), or E4M3 with row scales Ws, x then
- * quantized per row first (W8A8, fp8-gemm.h) into cx->qa / cx->sa, unless
- * *x_in_qa says a projection before this one already put this x there
- * (then set; x_in_qa NULL: always quantize), the product through
- * cuBLASLt (cx->lt, fp8-lt.h) where it has an algorithm for the shape and
- * fp8-gemm.cu's kernel otherwise; y of the model's type, or fp32 when
- * y_f32. */
-static int proj(struct dg_cuda_ctx *cx, void *y, int y_f32, int accumulate, const void *x,
-                int64_t T, const void *W, const float *Ws, int64_t N, int64_t K, int *x_in_qa,
-                struct dg_error *err)
+/* Where a product is queued: a stream with its cuBLAS and cuBLASLt
+ * handles (the context's main stream, or its side stream). */
+struct lane {
+    dg_stream_t st;
+    struct dg_blas *blas;
+    struct dg_fp8_lt *lt;
+};
+
+static struct lane main_lane(const struct dg_cuda_ctx *cx)
+{
+    return (struct lane){cx->stream, cx->blas, cx->lt};
+}
+
+/* y[T, N] = x[T, K] W^T (+ y when accumulate), W [N, K] nn.Linear, queued
+ * on lane `on`: bf16 or fp32 through cuBLAS (Ws NULL), or E4M3 with row
+ * scales Ws, x then quantized per row first (W8A8, fp8-gemm.h) into
+ * cx->qa / cx->sa, unless *x_in_qa says a projection before this one
+ * already put this x there (then set; x_in_qa NULL: always quantize), the
+ * product through cuBLASLt (on->lt, fp8-lt.h) where it has an algorithm
+ * for the shape and fp8-gemm.cu's kernel otherwise; y of the model's type,
+ * or fp32 when y_f32. */
+static int proj(struct dg_cuda_ctx *cx, const struct lane *on, void *y, int y_f32,
+                int accumulate, const void *x, int64_t T, const void *W, const float *Ws,
+                int64_t N, int64_t K, int *x_in_qa, struct dg_error *err)
 {
     int rc;
     if (!Ws)
-        return dg_blas_gemm_e(cx->blas, cx->cm->elt, y, y_f32, x, T, W, 0, N, K, K, 1.0f,
+        return dg_blas_gemm_e(on->blas, cx->cm->elt, y, y_f32, x, T, W, 0, N, K, K, 1.0f,
                               accumulate ? 1.0f : 0.0f, err);
     if (!x_in_qa || !*x_in_qa)
-        TRY(dg_cuda_fp8_quantize_rows(cx->cm->elt, cx->qa, cx->sa, x, T, (int)K, cx->stream,
+        TRY(dg_cuda_fp8_quantize_rows(cx->cm->elt, cx->qa, cx->sa, x, T, (int)K, on->st,
                                       cx->dev, err));
     if (x_in_qa)
         *x_in_qa = 1;
-    if (cx->lt) {
+    if (on->lt) {
         /* cuBLASLt where it has an algorithm for the shape, else the kernel */
-        rc = dg_fp8_lt_gemm(cx->lt, y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W,
+        rc = dg_fp8_lt_gemm(on->lt, y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W,
                             Ws, T, N, K, err);
         if (rc != -DG_E_UNSUPPORTED)
             return rc;
     }
     /* (the hint only picks the rows a pass takes: 32, 64 or 128) */
     return dg_cuda_fp8_gemm_acc(y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W, Ws,
-                                NULL, NULL, 1, T, N, K, T > 128 ? 128 : (int)T, cx->stream,
+                                NULL, NULL, 1, T, N, K, T > 128 ? 128 : (int)T, on->st,
                                 cx->dev, err);
 }
 
@@ -451,6 +474,14 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     /* the experts' output right after the dense MLP's (this batch's T
      * rows each), so one all-reduce sums both */
     float *moe = cx->dense + T * H;
+    const struct lane on = main_lane(cx);
+    /* the dense MLP beside the router and the experts, on the side stream
+     * (it reads a, writes gu, act and dense, and with FP8 qa and sa: none
+     * of which the router or the experts touch); one stream where the side
+     * has no cuBLASLt handle to match the main one's, or under a profiler
+     * (so its marks time each stage alone) */
+    const int fork = cx->side && !cx->prof && (!cx->lt || cx->side_lt);
+    const struct lane dn = fork ? (struct lane){cx->side, cx->side_blas, cx->side_lt} : on;
     int rc;
 
     /* attention: q, k, v projections, their norms and RoPE for every token */
@@ -465,19 +496,19 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         if (qkv_adjacent(cm, L, qdim, kvdim, H)) {
             /* one GEMM over the three matrices side by side: [T, q | k | v] */
             const int64_t n = qdim + kvdim + (L->sliding ? kvdim : 0);
-            TRY(proj(cx, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H, NULL, err));
+            TRY(proj(cx, &on, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H, NULL, err));
             qsrc = cx->qkv;
             ksrc = at(cx->qkv, qdim, e);
             vsrc = L->sliding ? at(cx->qkv, qdim + kvdim, e) : ksrc;
             ld_q = ld_kv = n;
         } else {
             int a_in_qa = 0; /* q, k and v read one input: quantized once */
-            TRY(proj(cx, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, &a_in_qa,
+            TRY(proj(cx, &on, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, &a_in_qa,
                      err));
-            TRY(proj(cx, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, &a_in_qa,
+            TRY(proj(cx, &on, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, &a_in_qa,
                      err));
             if (L->sliding)
-                TRY(proj(cx, cx->vraw, 0, 0, cx->a, T, L->v_proj, L->v_proj_s, kvdim, H,
+                TRY(proj(cx, &on, cx->vraw, 0, 0, cx->a, T, L->v_proj, L->v_proj_s, kvdim, H,
                          &a_in_qa, err));
             qsrc = cx->q;
             ksrc = cx->kraw;
@@ -502,7 +533,7 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
      * is a partial sum, reduced in the element type */
-    TRY(proj(cx, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, NULL, err));
+    TRY(proj(cx, &on, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, NULL, err));
     MARK("o projection");
     TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
     MARK("all-reduce");
@@ -517,11 +548,13 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     MARK("norms");
 
     /* dense MLP: down(gelu(gate u) * up u), u = rms(h) */
-    TRY(proj(cx, cx->gu, 0, 0, cx->a, T, L->mlp_gu, L->mlp_gu_s, 2 * (int64_t)I, H, NULL,
+    if (fork)
+        TRY(dg_cuda_stream_after(dn.st, st, cx->fork, dev, err));
+    TRY(proj(cx, &dn, cx->gu, 0, 0, cx->a, T, L->mlp_gu, L->mlp_gu_s, 2 * (int64_t)I, H, NULL,
              err));
     TRY(dg_cuda_gelu_mul_e(e, cx->act, I, cx->gu, 2 * (int64_t)I, at(cx->gu, I, e),
-                           2 * (int64_t)I, T, I, st, dev, err));
-    TRY(proj(cx, cx->dense, 1, 0, cx->act, T, L->mlp_down, L->mlp_down_s, H, I, NULL, err));
+                           2 * (int64_t)I, T, I, dn.st, dev, err));
+    TRY(proj(cx, &dn, cx->dense, 1, 0, cx->act, T, L->mlp_down, L->mlp_down_s, H, I, NULL, err));
     MARK("dense mlp");
 
     /* router: softmax(rms(h) * scale * H^-1/2 . W_r^T), top-K */
@@ -541,6 +574,8 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a_experts, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp,
                           Im, L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
     MARK("experts");
+    if (fork) /* the dense MLP's output is in */
+        TRY(dg_cuda_stream_after(st, dn.st, cx->join, dev, err));
     /* both partial sums (adjacent, fp32) in one all-reduce */
     TRY(reduce(cx, cx->dense, 2 * T * H, DG_NCCL_F32, err));
     MARK("all-reduce");
@@ -587,6 +622,7 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
     const float eps = (float)c->rms_norm_eps;
     const dg_stream_t st = cx->stream;
     const int dev = cx->dev;
+    const struct lane on = main_lane(cx);
     int rc;
 
     if (T > cx->tokens_cap || (decoder && !logits))
@@ -605,11 +641,11 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
         TRY(dg_cuda_rows_gather_e(e, cx->soft, (const void *const *)cx->soft_src, T, H, st, dev,
                                   err));
         TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
-        TRY(proj(cx, cx->gu, 0, 0, cx->a, T, cm->sc_gu, cm->sc_gu_s, 2 * (int64_t)S, H, NULL,
+        TRY(proj(cx, &on, cx->gu, 0, 0, cx->a, T, cm->sc_gu, cm->sc_gu_s, 2 * (int64_t)S, H, NULL,
                  err));
         TRY(dg_cuda_gelu_mul_e(e, cx->act, S, cx->gu, 2 * (int64_t)S, at(cx->gu, S, e),
                                2 * (int64_t)S, T, S, st, dev, err));
-        TRY(proj(cx, cx->x, 0, 1, cx->act, T, cm->sc_down, cm->sc_down_s, H, S, NULL, err));
+        TRY(proj(cx, &on, cx->x, 0, 1, cx->act, T, cm->sc_down, cm->sc_down_s, H, S, NULL, err));
         /* the weight-free post-norm applies on every step */
         TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
         MARK("self-conditioning mlp");

@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda-model.h"
+#include "kernels/devmem.h"
 #include "kernels/ops.h"
 #include "lib/error.h"
 
@@ -105,6 +106,15 @@ struct dg_cuda_ctx {
     struct dg_fp8_lt *lt;     /* FP8 models: cuBLASLt for the projections (fp8-lt.h), or
                                  NULL: fp8-gemm.cu's kernel; set by the caller, freed
                                  with the context */
+    /* the side stream: each layer's dense MLP runs on it beside the router
+     * and the experts on `stream` (forked from and joined to it by the two
+     * events), with a cuBLAS handle of its own and, for FP8 with
+     * cuBLASLt, side_lt (set by the caller like lt; lt without side_lt,
+     * or a profiler attached: no fork, the dense MLP on `stream`) */
+    dg_stream_t side;
+    struct dg_blas *side_blas;
+    struct dg_fp8_lt *side_lt;
+    dg_cuda_event_t fork, join;
     void *attn_ws;            /* the attention's split keys (ops.h) */
     size_t attn_ws_bytes;
     /* the batch's sequences: per layer a table of their caches and the
@@ -119,8 +129,8 @@ struct dg_cuda_ctx {
     int64_t *h_pos;
 };
 
-/* Bind a context to cm on the calling thread's GPU (a stream and a cuBLAS
- * handle of its own).  Errors: DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */
+/* Bind a context to cm on the calling thread's GPU (two streams, each with
+ * a cuBLAS handle of its own, and the events that order them).  Errors: DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS. */
 int dg_cuda_ctx_init(struct dg_cuda_ctx *cx, const struct dg_cuda_model *cm,
                      struct dg_error *err);
 void dg_cuda_ctx_free(struct dg_cuda_ctx *cx);

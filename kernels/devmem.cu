@@ -97,6 +97,33 @@ out:
     return rc;
 }
 
+extern "C" int dg_cuda_event_create(dg_cuda_event_t *ev, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    cudaEvent_t e = NULL;
+    *ev = NULL;
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *ev = (dg_cuda_event_t)e;
+out:
+    return rc;
+}
+
+extern "C" void dg_cuda_event_destroy(dg_cuda_event_t ev)
+{
+    if (ev)
+        cudaEventDestroy((cudaEvent_t)ev);
+}
+
+extern "C" int dg_cuda_stream_after(dg_stream_t b, dg_stream_t a, dg_cuda_event_t ev, int dev,
+                                    struct dg_error *err)
+{
+    int rc = 0;
+    DG_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)a));
+    DG_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)b, (cudaEvent_t)ev, 0));
+out:
+    return rc;
+}
+
 extern "C" int dg_cuda_copy_async(void *dst, const void *src, size_t bytes, dg_stream_t s,
                                   int dev, struct dg_error *err)
 {

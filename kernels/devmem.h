@@ -40,6 +40,17 @@ int dg_cuda_stream_create(dg_stream_t *s, int dev, struct dg_error *err);
 void dg_cuda_stream_destroy(dg_stream_t s);
 int dg_cuda_stream_sync(dg_stream_t s, int dev, struct dg_error *err);
 
+/* Events that order one stream's work after another's (no timing): after
+ * dg_cuda_stream_after(b, a, ev), what b queues next starts once what a
+ * had queued so far is done.  While a is being captured into a CUDA graph
+ * this forks b into the capture (b must join a again the same way before
+ * the capture ends). */
+typedef struct CUevent_st *dg_cuda_event_t;
+int dg_cuda_event_create(dg_cuda_event_t *ev, int dev, struct dg_error *err);
+void dg_cuda_event_destroy(dg_cuda_event_t ev);
+int dg_cuda_stream_after(dg_stream_t b, dg_stream_t a, dg_cuda_event_t ev, int dev,
+                         struct dg_error *err);
+
 /* Copies and fills queued on stream s (either direction; host memory that
  * is not page-locked makes the copy synchronous with the host). */
 int dg_cuda_copy_async(void *dst, const void *src, size_t bytes, dg_stream_t s, int dev,

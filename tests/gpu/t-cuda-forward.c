@@ -21,7 +21,9 @@
  *   batch (small preset, bf16 weights, window 64, first layer, every
  *     expert): three sequences of different prefix lengths (one past the
  *     window) prefilled and decoded in one batch, each against the CPU on
- *     its own; the batch against a sequence run alone on the GPU (prefilled
+ *     its own; the batch with the dense MLP on the main stream against
+ *     it on the side stream beside the experts (cuda-forward.h): the same
+ *     bits; the batch against a sequence run alone on the GPU (prefilled
  *     in two chunks) within 1e-3; refused batches change nothing.
  *   out of memory: 4 TiB of device memory is DG_E_NOMEM, and not sticky.
  *   fp8: a small model whose every matrix fits the FP8 GEMM, quantized by
@@ -427,6 +429,23 @@ static int batch_run(enum dg_elt elt)
                  elt == DG_ELT_F32 ? "f32" : "bf16", NSEQ, i, (long long)plen[i]);
         CHECK(check_close(what, got + i * CL * V, ref, CL, V, REL_BOUND) == 0);
     }
+    /* the dense MLP on the main stream, not beside the experts on the side
+     * one: the same kernels on the same inputs, the same bits */
+    {
+        const dg_stream_t side = cx.side;
+        float *one = malloc(sizeof(float) * (size_t)(NSEQ * CL * V));
+        int rc1;
+        CHECK(one && side);
+        cx.side = NULL;
+        rc1 = dg_cuda_decode(&cx, seqs, NSEQ, dlogits, &err);
+        cx.side = side;
+        CHECK_OK(rc1, &err);
+        CHECK_OK(download_logits(one, dlogits, NSEQ * CL * V, cap, &err), &err);
+        CHECKF(memcmp(one, got, sizeof(float) * (size_t)(NSEQ * CL * V)) == 0,
+               "%s batch: the logits with the dense MLP on one stream differ from two",
+               elt == DG_ELT_F32 ? "f32" : "bf16");
+        free(one);
+    }
     /* the middle sequence alone, prefilled in two chunks */
     CHECK_OK(dg_cuda_kv_init(&alone, &gm, plen[1] + CL, (int)CL, &err), &err);
     {
@@ -530,8 +549,10 @@ static int depth_profile(const char *dir, const char *name, enum dg_elt elt, int
         CHECK_OK(dg_kv_cache_init(&ckv, &m.cfg, P + CL, &err), &err);
         CHECK_OK(dg_cuda_model_upload(&gm, &m, elt, 0, &err), &err);
         CHECK_OK(dg_cuda_ctx_init(&cx, &gm, &err), &err);
-        if (fp8_lt && gm.fp8)
+        if (fp8_lt && gm.fp8) { /* one a stream, as the backend makes them */
             CHECK_OK(dg_fp8_lt_create(0, cx.stream, 0, &cx.lt, &err), &err);
+            CHECK_OK(dg_fp8_lt_create(0, cx.side, 0, &cx.side_lt, &err), &err);
+        }
         CHECK_OK(dg_cuda_kv_init(&gkv, &gm, P + CL, (int)CL, &err), &err);
         CHECK_OK(dg_cpu_encode(&cpu, &ckv, prompt, P, NULL, &err), &err);
         for (int64_t t = 0; t < P; t += chunk) {
