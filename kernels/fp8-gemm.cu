@@ -81,6 +81,132 @@ __global__ static void quantize_rows_kernel(uint8_t *Q, float *S, const T *X, in
             (uint8_t)__nv_cvt_float_to_fp8(dg_ld(xr + k) / s, __NV_SATFINITE, __NV_E4M3);
 }
 
+#define QR_THREADS 128
+#define QR_CHUNKS 8 /* pieces of 8 columns a thread: rows of up to 8,192 */
+
+/* The same function as quantize_rows_kernel, a block a row: the row's
+ * pieces of 8 columns loaded at once (16-byte loads) and kept in
+ * registers, the maximum over the block, then 8 bytes stored a piece.
+ * Row r = rows_at[blockIdx.x] (nothing where it is negative), or
+ * blockIdx.x.  GELU: x's row is [gate | up], 2 cols wide, and the values
+ * quantized are h = gelu_tanh(gate) * up rounded to T, what
+ * dg_cuda_gelu_mul_e stores (so the bytes are the ones that pass and this
+ * kernel's plain form give).  cols a multiple of 8, at most 8 QR_THREADS
+ * QR_CHUNKS; x 16-byte aligned. */
+template <typename T, int GELU>
+__global__ static void __launch_bounds__(QR_THREADS)
+    quantize_rows8_kernel(uint8_t *Q, float *S, const T *X, const int32_t *rows_at, int cols)
+{
+    __shared__ float s_amax[QR_THREADS / 32];
+    __shared__ int s_nan[QR_THREADS / 32];
+    const int64_t r = rows_at ? (int64_t)rows_at[blockIdx.x] : (int64_t)blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n8 = cols / 8;
+    const T *xr = X + r * (GELU ? 2 : 1) * (int64_t)cols;
+    float v[QR_CHUNKS][8], amax = 0.0f, s;
+    int nan = 0;
+    if (r < 0)
+        return;
+#pragma unroll
+    for (int i = 0; i < QR_CHUNKS; i++) {
+        const int c8 = (int)threadIdx.x + i * QR_THREADS;
+        if (c8 >= n8)
+            continue;
+        if (GELU) {
+            float u[8];
+            dg_ld8(xr + c8 * 8, v[i]);
+            dg_ld8(xr + cols + c8 * 8, u);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[i][k] = dg_round_as(xr, dg_gelu_tanh_f(v[i][k]) * u[k]);
+        } else {
+            dg_ld8(xr + c8 * 8, v[i]);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float a = fabsf(v[i][k]);
+            nan |= isnan(a);
+            amax = fmaxf(amax, a);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+    }
+    if (lane == 0) {
+        s_amax[warp] = amax;
+        s_nan[warp] = nan;
+    }
+    __syncthreads();
+    for (int w = 0; w < QR_THREADS / 32; w++) {
+        amax = fmaxf(amax, s_amax[w]);
+        nan |= s_nan[w];
+    }
+    s = nan ? NAN : amax > 0.0f ? amax / 448.0f : 1.0f;
+    if (threadIdx.x == 0)
+        S[r] = s;
+#pragma unroll
+    for (int i = 0; i < QR_CHUNKS; i++) {
+        const int c8 = (int)threadIdx.x + i * QR_THREADS;
+        uint32_t w[2] = {0, 0};
+        if (c8 >= n8)
+            continue;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            w[k / 4] |= (uint32_t)__nv_cvt_float_to_fp8(v[i][k] / s, __NV_SATFINITE, __NV_E4M3)
+                        << (8 * (k % 4));
+        *(uint2 *)(Q + r * cols + c8 * 8) = make_uint2(w[0], w[1]);
+    }
+}
+
+/* whether quantize_rows8_kernel takes rows of cols from x into q */
+static int quantize8_fits(int cols, const void *x, const void *q)
+{
+    return cols >= 8 && cols % 8 == 0 && cols <= 8 * QR_THREADS * QR_CHUNKS &&
+           (uintptr_t)x % 16 == 0 && (uintptr_t)q % 8 == 0;
+}
+
+template <typename T>
+static void quantize8_launch(uint8_t *q, float *scale, const T *x, const int32_t *rows_at,
+                             int64_t n, int cols, int gelu, cudaStream_t st)
+{
+    if (gelu)
+        quantize_rows8_kernel<T, 1><<<(unsigned)n, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
+                                                                        cols);
+    else
+        quantize_rows8_kernel<T, 0><<<(unsigned)n, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
+                                                                        cols);
+}
+
+extern "C" int dg_cuda_fp8_quantize_rows_at_fits(int cols, const void *x, const void *q)
+{
+    return quantize8_fits(cols, x, q);
+}
+
+extern "C" int dg_cuda_fp8_quantize_rows_at(enum dg_elt e, uint8_t *q, float *scale,
+                                            const void *x, const int32_t *rows_at, int64_t n,
+                                            int cols, int gelu, dg_stream_t stream, int dev,
+                                            struct dg_error *err)
+{
+    int rc = 0;
+    if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || n < 0 || n > 0x7fffffff || !rows_at)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 quantize at rows: element type %d, "
+                            "%lld rows", dev, (int)e, (long long)n);
+    if (!quantize8_fits(cols, x, q))
+        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: fp8 quantize at rows: %d columns "
+                            "(a multiple of 8 up to %d, aligned)", dev, cols,
+                            8 * QR_THREADS * QR_CHUNKS);
+    if (n == 0)
+        return 0;
+    if (e == DG_ELT_F32)
+        quantize8_launch(q, scale, (const float *)x, rows_at, n, cols, gelu, (cudaStream_t)stream);
+    else
+        quantize8_launch(q, scale, (const __nv_bfloat16 *)x, rows_at, n, cols, gelu,
+                         (cudaStream_t)stream);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
 extern "C" int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale, const void *x,
                                          int64_t rows, int cols, dg_stream_t stream, int dev,
                                          struct dg_error *err)
@@ -94,6 +220,15 @@ extern "C" int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale
                             "of %d", dev, (int)e, (long long)rows, cols);
     if (rows == 0)
         return 0;
+    if (quantize8_fits(cols, x, q) && rows <= 0x7fffffff) {
+        /* a block a row */
+        if (e == DG_ELT_F32)
+            quantize8_launch(q, scale, (const float *)x, NULL, rows, cols, 0, st);
+        else
+            quantize8_launch(q, scale, (const __nv_bfloat16 *)x, NULL, rows, cols, 0, st);
+        DG_LAUNCH_CHECK();
+        return 0;
+    }
     if (e == DG_ELT_F32)
         quantize_rows_kernel<float><<<blocks, 128, 0, st>>>(q, scale, (const float *)x, rows,
                                                            cols);

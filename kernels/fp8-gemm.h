@@ -27,6 +27,21 @@ int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale, const voi
                               int64_t rows, int cols, dg_stream_t stream, int dev,
                               struct dg_error *err);
 
+/* The same for the rows rows_at[0 .. n) of x only (negative entries
+ * skipped), each into q and scale at its own row index; with gelu, x's
+ * rows are [gate | up] (2 cols elements) and the values quantized are
+ * gelu_tanh(gate) * up rounded to e, the bytes that dg_cuda_gelu_mul_e
+ * and dg_cuda_fp8_quantize_rows give.  Errors: DG_E_INVAL; DG_E_UNSUPPORTED
+ * where cols is not a multiple of 8 up to 8,192 or x is not 16-byte
+ * aligned (nothing queued); DG_E_CUDA. */
+int dg_cuda_fp8_quantize_rows_at(enum dg_elt e, uint8_t *q, float *scale, const void *x,
+                                 const int32_t *rows_at, int64_t n, int cols, int gelu,
+                                 dg_stream_t stream, int dev, struct dg_error *err);
+
+/* Whether dg_cuda_fp8_quantize_rows_at takes rows of cols columns from x
+ * into q. */
+int dg_cuda_fp8_quantize_rows_at_fits(int cols, const void *x, const void *q);
+
 /* Whether [N, K] weights have a kernel: N a multiple of 64, K of 16. */
 int dg_cuda_fp8_gemm_fits(int64_t N, int64_t K);
 

@@ -381,15 +381,33 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
         const int hint = (int)((picks + n_exp - 1) / n_exp);
         uint8_t *q = (uint8_t *)(sc + l.q);
         float *qs = (float *)(sc + l.qs);
-        if ((rc = dg_cuda_fp8_quantize_rows(e, q, qs, sc + l.xs, l.rows, H, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_fp8_gemm(sc + l.gu, 0, q, qs, (const uint8_t *)W_gu, S_gu, offsets,
-                                   counts, n_exp, l.rows, 2 * (int64_t)I, H, hint, stream, dev,
-                                   err)) < 0 ||
-            (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, 2 * (int64_t)I,
-                                     sc + l.gu + I * esz, 2 * (int64_t)I, l.rows, I, stream, dev,
-                                     err)) < 0 ||
-            (rc = dg_cuda_fp8_quantize_rows(e, q, qs, sc + l.hh, l.rows, I, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_fp8_gemm(sc + l.ys, 1, q, qs, (const uint8_t *)W_down, S_down, offsets,
+        /* only the picks' rows (slot_of: a third of the padded rows at
+         * batch 1), the gelu folded into the second quantization; the
+         * padded rows' bytes are never read into a stored output */
+        const int at = dg_cuda_fp8_quantize_rows_at_fits(H, sc + l.xs, q) &&
+                       dg_cuda_fp8_quantize_rows_at_fits(I, sc + l.gu, q);
+        if (at) {
+            if ((rc = dg_cuda_fp8_quantize_rows_at(e, q, qs, sc + l.xs, slot_of, picks, H, 0,
+                                                   stream, dev, err)) < 0 ||
+                (rc = dg_cuda_fp8_gemm(sc + l.gu, 0, q, qs, (const uint8_t *)W_gu, S_gu, offsets,
+                                       counts, n_exp, l.rows, 2 * (int64_t)I, H, hint, stream,
+                                       dev, err)) < 0 ||
+                (rc = dg_cuda_fp8_quantize_rows_at(e, q, qs, sc + l.gu, slot_of, picks, I, 1,
+                                                   stream, dev, err)) < 0)
+                goto out;
+        } else if ((rc = dg_cuda_fp8_quantize_rows(e, q, qs, sc + l.xs, l.rows, H, stream, dev,
+                                                   err)) < 0 ||
+                   (rc = dg_cuda_fp8_gemm(sc + l.gu, 0, q, qs, (const uint8_t *)W_gu, S_gu,
+                                          offsets, counts, n_exp, l.rows, 2 * (int64_t)I, H, hint,
+                                          stream, dev, err)) < 0 ||
+                   (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, 2 * (int64_t)I,
+                                            sc + l.gu + I * esz, 2 * (int64_t)I, l.rows, I,
+                                            stream, dev, err)) < 0 ||
+                   (rc = dg_cuda_fp8_quantize_rows(e, q, qs, sc + l.hh, l.rows, I, stream, dev,
+                                                   err)) < 0) {
+            goto out;
+        }
+        if ((rc = dg_cuda_fp8_gemm(sc + l.ys, 1, q, qs, (const uint8_t *)W_down, S_down, offsets,
                                    counts, n_exp, l.rows, H, I, hint, stream, dev, err)) < 0)
             goto out;
     } else if (e == DG_ELT_BF16 && picks <= 128 * (int64_t)n_exp &&

@@ -98,10 +98,105 @@ static int quantize_one(enum dg_elt e, int64_t rows, int cols)
 
 static int quantize(void)
 {
-    static const int shapes[][2] = {{3, 64}, {9, 704}, {33, 2816}, {300, 130}};
+    /* 130 and 8200 columns: the warp-a-row kernel; the others a block a row */
+    static const int shapes[][2] = {{3, 64}, {9, 704}, {33, 2816}, {300, 130}, {5, 8192},
+                                    {4, 8200}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int e = 0; e < 2; e++)
             CHECK(quantize_one((enum dg_elt)e, shapes[i][0], shapes[i][1]) == 0);
+    return 0;
+}
+
+/* dg_cuda_fp8_quantize_rows_at over a shuffled subset of rows (and -1
+ * entries): listed rows get the bytes and scale of dg_cuda_fp8_quantize_rows
+ * over the same input (plain), or over dg_cuda_gelu_mul_e's output (gelu);
+ * rows not listed keep their poison. */
+static int quantize_at_one(enum dg_elt e, int64_t rows, int cols, int gelu)
+{
+    const int64_t w = gelu ? 2 * (int64_t)cols : cols, n = rows / 2 + 2;
+    const size_t es = (size_t)dg_elt_size(e), nq = (size_t)(rows * cols);
+    struct dg_error err = {0};
+    void *hx = NULL, *dx, *dh = NULL, *dq, *ds, *dq2, *ds2, *dat;
+    float *fx = NULL;
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)n);
+    unsigned char *listed = calloc((size_t)rows, 1);
+    uint8_t *hq = malloc(nq + GUARD_BYTES), *hq2 = malloc(nq);
+    float *hs = malloc(sizeof(float) * (size_t)rows + GUARD_BYTES);
+    float *hs2 = malloc(sizeof(float) * (size_t)rows);
+    CHECK(at && listed && hq && hq2 && hs && hs2 &&
+          gt_rand_elts(e, (size_t)(rows * w), 3.0f, &hx, &fx) == 0);
+    for (int64_t i = 0; i < n; i++) {
+        at[i] = i % 7 == 3 ? -1 : (int32_t)(gt_next() % (uint64_t)rows);
+        if (at[i] >= 0 && listed[at[i]])
+            at[i] = -1; /* each row at most once */
+        if (at[i] >= 0)
+            listed[at[i]] = 1;
+    }
+    dx = gt_upload(hx, (size_t)(rows * w) * es, &err);
+    dat = gt_upload(at, sizeof(int32_t) * (size_t)n, &err);
+    dq = gt_out_alloc(nq, GUARD_BYTES, GUARD_BYTE, &err);
+    ds = gt_out_alloc(sizeof(float) * (size_t)rows, GUARD_BYTES, GUARD_BYTE, &err);
+    dq2 = gt_out_alloc(nq, 0, 0, &err);
+    ds2 = gt_out_alloc(sizeof(float) * (size_t)rows, 0, 0, &err);
+    CHECKF(dx && dat && dq && ds && dq2 && ds2, "%s", err.msg);
+    CHECK(dg_cuda_fp8_quantize_rows_at_fits(cols, dx, dq));
+    /* the two-pass way over every row */
+    if (gelu) {
+        CHECK_OK(dg_cuda_alloc(&dh, (size_t)(rows * cols) * es, 0, &err), &err);
+        CHECK_OK(dg_cuda_gelu_mul_e(e, dh, cols, dx, w, (unsigned char *)dx + (size_t)cols * es,
+                                    w, rows, cols, NULL, 0, &err),
+                 &err);
+    }
+    CHECK_OK(dg_cuda_fp8_quantize_rows(e, dq2, ds2, gelu ? dh : dx, rows, cols, NULL, 0, &err),
+             &err);
+    CHECK_OK(dg_cuda_fp8_quantize_rows_at(e, dq, ds, dx, dat, n, cols, gelu, NULL, 0, &err),
+             &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(hq, dq, nq + GUARD_BYTES, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(hs, ds, sizeof(float) * (size_t)rows + GUARD_BYTES, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(hq2, dq2, nq, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(hs2, ds2, sizeof(float) * (size_t)rows, 0, &err), &err);
+    CHECK(guard_intact(hq, nq) && guard_intact((unsigned char *)hs, sizeof(float) * (size_t)rows));
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *got = hq + r * cols, *want = hq2 + r * cols;
+        uint32_t sbits;
+        memcpy(&sbits, &hs[r], 4);
+        if (!listed[r]) {
+            CHECKF(sbits == 0xffffffffu, "row %lld not listed: scale written", (long long)r);
+            for (int k = 0; k < cols; k++)
+                CHECKF(got[k] == 0xff, "row %lld not listed: byte %d written", (long long)r, k);
+            continue;
+        }
+        CHECKF(memcmp(&hs[r], &hs2[r], 4) == 0 && memcmp(got, want, (size_t)cols) == 0,
+               "row %lld: scale %g against %g, or its bytes differ", (long long)r,
+               (double)hs[r], (double)hs2[r]);
+    }
+    printf("# quantize at rows %s %lld of %lld x %d%s: every listed row's bytes and scale equal "
+           "to the %s, the others untouched\n", e == DG_ELT_F32 ? "fp32" : "bf16",
+           (long long)n, (long long)rows, cols, gelu ? ", gelu" : "",
+           gelu ? "gelu pass and quantization" : "quantization");
+    dg_cuda_free(dx), dg_cuda_free(dat), dg_cuda_free(dq), dg_cuda_free(ds), dg_cuda_free(dq2);
+    dg_cuda_free(ds2), dg_cuda_free(dh);
+    free(hx), free(fx), free(at), free(listed), free(hq), free(hq2), free(hs), free(hs2);
+    return 0;
+}
+
+static int quantize_at(void)
+{
+    static const int shapes[][2] = {{7, 64}, {40, 704}, {19, 2816}, {3, 8192}};
+    struct dg_error err = {0};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int e = 0; e < 2; e++)
+            for (int gelu = 0; gelu < 2; gelu++)
+                CHECK(quantize_at_one((enum dg_elt)e, shapes[i][0], shapes[i][1], gelu) == 0);
+    /* columns it does not take: refused, nothing queued */
+    CHECK(!dg_cuda_fp8_quantize_rows_at_fits(130, (void *)(uintptr_t)256, (void *)(uintptr_t)256));
+    CHECK(!dg_cuda_fp8_quantize_rows_at_fits(8200, (void *)(uintptr_t)256, (void *)(uintptr_t)256));
+    CHECK(!dg_cuda_fp8_quantize_rows_at_fits(64, (void *)(uintptr_t)8, (void *)(uintptr_t)256));
+    CHECK_FAILS(dg_cuda_fp8_quantize_rows_at(DG_ELT_BF16, NULL, NULL, (void *)(uintptr_t)256,
+                                             (const int32_t *)(uintptr_t)256, 4, 130, 0, NULL, 0,
+                                             &err),
+                &err, DG_E_UNSUPPORTED, "columns");
     return 0;
 }
 
@@ -477,6 +572,7 @@ int main(void)
         return rc;
     gt_seed(0x3c6ef372fe94f82bull);
     TEST_CASE(quantize);
+    TEST_CASE(quantize_at);
     TEST_CASE(gemm_one_group);
     TEST_CASE(gemm_groups);
     TEST_CASE(gemm_accumulate);
