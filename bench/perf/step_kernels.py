@@ -26,9 +26,10 @@ import sys
 
 # (group, pattern on the kernel's name); the first match wins
 GROUPS = [
-    ("experts' grouped GEMMs", r"^grouped_gemm_kernel|^fp8_gemm_kernel"),
+    ("experts' grouped GEMMs", r"^grouped_gemm_kernel|^fp8_gemm_kernel|^grouped_wgmma_kernel"
+     r"|^fp8_wgmma_kernel"),
     ("attention", r"^attention"),
-    ("sampler (statistics, probabilities, fold)", r"^stats_kernel|^probs_kernel|^fold_kernel"),
+    ("sampler (statistics, probabilities, fold)", r"^stats_kernel|^probs_(vec_)?kernel|^fold_kernel"),
     ("row kernels (RMSNorm, add, feed-forward combine)", r"^rmsnorm|^ffn_combine"),
     ("q, k, v norms, RoPE, KV append", r"^head_norm_rope|^rope_kernel|^kv_append"),
     ("router", r"^router"),

@@ -5,9 +5,11 @@
 # template and argument lists): the step between the first and second
 # sampler statistics kernels has the launches and the microseconds that
 # awk sums from the same rows, each group the sum of its kernels (the
-# statistics kernel that ends the step in it, a kernel no rule names in a
-# group of its own), the kernels longest first with one kernel's launches
-# on one row; --step 0 and 2 bound their steps likewise; a step past the
+# statistics kernel that ends the step in it, the mma.sync and wgmma
+# grouped GEMMs with the experts, the probabilities' kernel in either form
+# with the sampler, a kernel no rule names in a group of its own), the
+# kernels longest first with one kernel's launches on one row; --step 0
+# and 2 bound their steps likewise; a step past the
 # last statistics kernel and a file with none are exit 1 with a message.
 # Skips (77) without python3.
 set -u
@@ -22,7 +24,7 @@ void fill_normal_rect_kernel(unsigned short *, long)|(4096, 1, 1)|6598848
 void rmsnorm_rows_kernel<0, 0, 128, 4>(__nv_bfloat16 *, const __nv_bfloat16 *)|(256, 1, 1)|3370
 stats_kernel(dg_row_stats *, float *, long)|(32, 256, 1)|657280
 void grouped_gemm_kernel<2, 64, 4, 1, 1, __nv_bfloat16>(__nv_bfloat16 *, const __nv_bfloat16 *)|(22, 128, 1)|301750
-void grouped_gemm_kernel<2, 64, 4, 1, 0, float>(float *, const __nv_bfloat16 *)|(44, 128, 1)|149840
+void grouped_wgmma_kernel<32, 4, 0, float>(float *, const __nv_bfloat16 *)|(44, 128, 1)|149840
 void attention_tc_kernel<256>(__nv_bfloat16 *, float *)|(8, 8, 4)|40080
 attention_fold_kernel(__nv_bfloat16 *, const float *, long, int, int)|(4096, 1, 1)|9460
 void rmsnorm_rows_kernel<1, 3, 128, 4>(__nv_bfloat16 *, const __nv_bfloat16 *)|(256, 1, 1)|5070
@@ -32,7 +34,7 @@ route_kernel(int *, int *, int *, void **)|(1, 1, 1)|4550
 a_kernel_of_its_own(int)|(7, 1, 1)|1234
 stats_kernel(dg_row_stats *, float *, long)|(32, 256, 1)|658010
 void rmsnorm_rows_kernel<0, 0, 128, 4>(__nv_bfloat16 *, const __nv_bfloat16 *)|(256, 1, 1)|3380
-probs_kernel<__nv_bfloat16>(__nv_bfloat16 *, const float *)|(256, 1024, 1)|340380
+probs_vec_kernel<__nv_bfloat16>(__nv_bfloat16 *, const float *)|(256, 128, 1)|100480
 stats_kernel(dg_row_stats *, float *, long)|(32, 256, 1)|656000
 void rmsnorm_rows_kernel<0, 0, 128, 4>(__nv_bfloat16 *, const __nv_bfloat16 *)|(256, 1, 1)|3390
 EOF
@@ -83,6 +85,10 @@ o=$tmp/step1.out
     bad sampler "$(group "$o" "sampler (statistics, probabilities, fold)")"
 [ "$(group "$o" "a_kernel_of_its_own")" = "1 1.2" ] && ok own_group ||
     bad own_group "$(group "$o" a_kernel_of_its_own)"
+# step 2's sampler group: the probabilities' kernel (vector form) with the
+# statistics kernel that ends the step
+g=$(group "$tmp/step2.out" "sampler (statistics, probabilities, fold)")
+[ "$g" = "2 756.5" ] && ok sampler_probs || bad sampler_probs "$g"
 # the second table longest first: the statistics kernel, then the gate/up
 # GEMM's two launches as one row, with the time a launch
 k=$(grep '^| `' "$o" | head -2)
