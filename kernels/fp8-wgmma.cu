@@ -27,17 +27,6 @@
 #define FW_BM 64  /* weight rows a block */
 #define FW_BK 128 /* K bytes a stage */
 
-template <int NT>
-__device__ static inline void fw_mma(float (&d)[NT / 2], uint64_t a, uint64_t b, int acc)
-{
-    if constexpr (NT == 32)
-        dg_wgmma_e4m3_m64n32(d, a, b, acc);
-    else if constexpr (NT == 64)
-        dg_wgmma_e4m3_m64n64(d, a, b, acc);
-    else
-        dg_wgmma_e4m3_m64n128(d, a, b, acc);
-}
-
 /* grid (N / 64, groups, z), 128 threads (one warpgroup); shared: ST
  * stages of [64 weight rows][128 B] then [NT rows][128 B], swizzled,
  * 1,024-aligned */
@@ -90,8 +79,8 @@ __global__ static void __launch_bounds__(128)
                 const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
 #pragma unroll
                 for (int kk = 0; kk < FW_BK / 32; kk++)
-                    fw_mma<NT>(d, dg_wgmma_desc(wa + 32 * kk), dg_wgmma_desc(xa + 32 * kk),
-                               kk > 0);
+                    dg_wgmma_n<NT, true>(d, dg_wgmma_desc(wa + 32 * kk),
+                                          dg_wgmma_desc(xa + 32 * kk), kk > 0);
             },
             /* the step's sum into fp32 (the tensor cores add E4M3
              * products into about 13 fraction bits) */

@@ -27,17 +27,6 @@
 #define WG_BM 64  /* weight rows a block */
 #define WG_BK 64  /* K a stage: one 128-byte swizzled row */
 
-template <int NT>
-__device__ static inline void wg_mma(float (&d)[NT / 2], uint64_t a, uint64_t b, int acc)
-{
-    if constexpr (NT == 32)
-        dg_wgmma_m64n32(d, a, b, acc);
-    else if constexpr (NT == 64)
-        dg_wgmma_m64n64(d, a, b, acc);
-    else
-        dg_wgmma_m64n128(d, a, b, acc);
-}
-
 /* grid (N / 64, groups), 128 threads (one warpgroup); shared: ST stages of
  * [64 weight rows][128 B] then [NT rows][128 B], swizzled, 1,024-aligned */
 template <int NT, int ST, bool GATED, typename Out>
@@ -86,8 +75,8 @@ __global__ static void __launch_bounds__(128)
                 const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++)
-                    wg_mma<NT>(d, dg_wgmma_desc(wa + 32 * kk), dg_wgmma_desc(xa + 32 * kk),
-                               ks > 0 || kk > 0);
+                    dg_wgmma_n<NT, false>(d, dg_wgmma_desc(wa + 32 * kk),
+                                           dg_wgmma_desc(xa + 32 * kk), ks > 0 || kk > 0);
             },
             [](int) {});
         /* d[4c + e]: weight row 16 warp + gid + 8 (e / 2), pass row 8c + 2 tig + e % 2 */

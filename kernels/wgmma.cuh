@@ -181,4 +181,22 @@ DG_WGMMA_FN(dg_wgmma_e4m3_m64n32, 16, "m64n32k32.f32.e4m3.e4m3", "", "16", "17",
 DG_WGMMA_FN(dg_wgmma_e4m3_m64n64, 32, "m64n64k32.f32.e4m3.e4m3", "", "32", "33", "34")
 DG_WGMMA_FN(dg_wgmma_e4m3_m64n128, 64, "m64n128k32.f32.e4m3.e4m3", "", "64", "65", "66")
 
+/* The product above for N = NT (32, 64 or 128): bf16 (k16) or E4M3 (k32). */
+template <int NT, bool E4M3>
+__device__ static inline void dg_wgmma_n(float (&d)[NT / 2], uint64_t a, uint64_t b, int acc)
+{
+    if constexpr (E4M3 && NT == 32)
+        dg_wgmma_e4m3_m64n32(d, a, b, acc);
+    else if constexpr (E4M3 && NT == 64)
+        dg_wgmma_e4m3_m64n64(d, a, b, acc);
+    else if constexpr (E4M3)
+        dg_wgmma_e4m3_m64n128(d, a, b, acc);
+    else if constexpr (NT == 32)
+        dg_wgmma_m64n32(d, a, b, acc);
+    else if constexpr (NT == 64)
+        dg_wgmma_m64n64(d, a, b, acc);
+    else
+        dg_wgmma_m64n128(d, a, b, acc);
+}
+
 #endif
