@@ -433,6 +433,11 @@ extern "C" const char *dg_cuda_fp8_gemm_config_name(int config)
     return config >= 0 && config < N_CONFIGS ? CONFIGS[config] : NULL;
 }
 
+extern "C" int dg_cuda_fp8_gemm_config_exact(int config)
+{
+    return config >= 0 && config < N_CONFIGS && config != WGMMA_CONFIG;
+}
+
 extern "C" int dg_cuda_fp8_gemm_config(int config, void *Y, int y_f32, int accumulate,
                                        const uint8_t *qa, const float *sa, const uint8_t *qw,
                                        const float *sw, const int32_t *offsets,

@@ -71,6 +71,12 @@ int dg_cuda_fp8_gemm_acc(void *Y, int y_f32, int accumulate, const uint8_t *qa, 
 int dg_cuda_fp8_gemm_configs(void);
 const char *dg_cuda_fp8_gemm_config_name(int config);
 
+/* Whether configuration config adds its products in fp32 as the mma.sync
+ * kernels do (within the own kernels' bound of the oracle, and equal to
+ * configuration 0's outputs); the wgmma configuration (fp8-wgmma.h) sums
+ * in Hopper's FP8 accumulator between its fp32 additions. */
+int dg_cuda_fp8_gemm_config_exact(int config);
+
 /* The mma.sync configuration for groups of about rows_hint rows and K
  * bytes a row: 1 (K steps of 128 bytes) for at most 16 rows and K of
  * 2,048 or more, where the weight stream sets the time and fewer, longer

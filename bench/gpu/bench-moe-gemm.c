@@ -236,7 +236,7 @@ int main(int argc, char **argv)
                     goto fail;
                 if (c == 0 && dg_cuda_copy_async(o.y0, o.y, ybytes, NULL, 0, &err) < 0)
                     goto fail;
-                if (c > 0 && (fp8 ? !strstr(dg_cuda_fp8_gemm_config_name(c), "wgmma")
+                if (c > 0 && (fp8 ? dg_cuda_fp8_gemm_config_exact(c)
                                   : dg_cuda_grouped_gemm_config_exact(c)))
                     same = same_output(o.y, o.y0, ybytes, &err);
                 printf("| %d | %lld | %.1f (%d-%d) | %s [%lld x %lld] | %s, %s%s | %.3f | %.3f | "

@@ -284,9 +284,8 @@ static int product_by(struct dg_fp8_lt *lt, const char *what, int64_t rows, int 
     int hint = 0;
     /* whether the own kernel runs on wgmma (configuration 6, or the
      * default where it fits: dg_cuda_fp8_gemm_pick) */
-    const int wgmma = !lt && (g_config >= 0
-                                  ? strstr(dg_cuda_fp8_gemm_config_name(g_config), "wgmma") != NULL
-                                  : dg_cuda_fp8_wgmma_fits(0, N, K));
+    const int wgmma = !lt && (g_config >= 0 ? !dg_cuda_fp8_gemm_config_exact(g_config)
+                                            : dg_cuda_fp8_wgmma_fits(0, N, K));
     CHECK(hy && ref && covered && base && make_operands(&o, rows, groups, N, K) == 0);
     dqa = gt_upload(o.qa, (size_t)(rows * K), &err);
     dsa = gt_upload(o.sa, sizeof(float) * (size_t)rows, &err);
@@ -462,10 +461,11 @@ static int gemm_configs(void)
     struct dg_error err = {0};
     const int n = dg_cuda_fp8_gemm_configs();
     CHECK(n >= 1 && dg_cuda_fp8_gemm_config_name(0) && !dg_cuda_fp8_gemm_config_name(n));
+    CHECK(dg_cuda_fp8_gemm_config_exact(0) && !dg_cuda_fp8_gemm_config_exact(n) &&
+          !dg_cuda_fp8_gemm_config_exact(-1));
     for (g_config = 0; g_config < n; g_config++) {
         printf("# configuration %d: %s\n", g_config, dg_cuda_fp8_gemm_config_name(g_config));
-        if (strstr(dg_cuda_fp8_gemm_config_name(g_config), "wgmma") &&
-            !dg_cuda_fp8_wgmma_fits(0, 64, 64)) {
+        if (!dg_cuda_fp8_gemm_config_exact(g_config) && !dg_cuda_fp8_wgmma_fits(0, 64, 64)) {
             printf("# (not on this device: skipped)\n");
             continue;
         }
