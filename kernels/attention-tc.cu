@@ -31,6 +31,16 @@
  * tile loaded then used, 23.77 ms pipelined together with the sampler's
  * Philox once a block (the two not timed apart).
  *
+ * Two forms of the products S = Q K^T: mma.sync (any GPU of the build),
+ * the Q and K tiles in rows padded for ldmatrix; or, where the device has
+ * Hopper's wgmma (compute capability 9.0; the default there), one
+ * warpgroup's m64n32k16 products straight from shared memory, Q and K in
+ * 128-byte swizzled sub-tiles of 64 columns (wgmma.cuh), no fragment
+ * loads.  The accumulators' layout is mma.sync's, so the softmax and
+ * O += P V (mma.sync from registers and V's padded rows) are the same
+ * code; S's sums run in the tensor cores' order, so the two forms agree
+ * within rounding, not to the bit.
+ *
  * Split keys (when the rows alone make too few blocks to fill the GPU):
  * each sequence's keys are cut into `splits` ranges, one per block; a
  * block writes its rows' (m, l) and unnormalised O (fp32) to scratch,
@@ -45,6 +55,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/mma.cuh"
+#include "kernels/wgmma.cuh"
 
 #define TC_ROWS 64
 #define TC_KEYS 32
@@ -76,17 +87,38 @@ __device__ static void load_rows_async(__nv_bfloat16 *dst, const __nv_bfloat16 *
     }
 }
 
+/* The wgmma form's Q or K tile: rows [0, n) of width w elements (a
+ * multiple of 64) from src (row stride ld elements) into `rows` rows of
+ * 128-byte swizzled sub-tiles of 64 columns at dst (sub-tile c / 8 at c /
+ * 8 x rows x 128 bytes), zeros for rows n .. rows-1; the caller commits
+ * and waits.  n >= 1. */
+__device__ static void load_swz_async(unsigned char *dst, const __nv_bfloat16 *src, int64_t ld,
+                                      int n, int rows, int w)
+{
+    const int per = w / 8;
+    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
+        const int r = i / per, c = i % per;
+        dg_cp16(dst + (c >> 3) * rows * 128 + dg_swz128(r, c & 7),
+                src + (int64_t)(r < n ? r : 0) * ld + c * 8, r < n);
+    }
+}
+
 /* grid (ceil(Tq g / 64), nkv, hd / DV); 128 threads.  Shared: Q [64][hd],
- * K [2][32][hd], V [2][32][DV] (rows padded; two buffers each), the
- * tile's tokens' sequences and positions. */
-template <int DV>
+ * K [2][32][hd], V [2][32][DV] (V's rows padded, Q's and K's too for
+ * mma.sync, swizzled and 1,024-aligned for WG; two buffers of K and V),
+ * the tile's tokens' sequences and positions.  WG: hd = 64 NKC (the
+ * products unrolled whole); NKC is 0 otherwise. */
+template <int DV, bool WG, int NKC>
 __global__ static void __launch_bounds__(128)
     attention_tc_kernel(__nv_bfloat16 *out, float *part, const __nv_bfloat16 *q,
                         const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                         const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask,
                         int window, int splits)
 {
-    extern __shared__ __align__(16) unsigned char smem[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t sbase =
+        WG ? (dg_smem_u32(smem_raw) + 1023u) & ~1023u : dg_smem_u32(smem_raw);
+    unsigned char *smem = smem_raw + (sbase - dg_smem_u32(smem_raw));
     const int n_dv = hd / DV, split = (int)blockIdx.z / n_dv;
     const int g = nh / nkv, c = blockIdx.y, dv0 = ((int)blockIdx.z % n_dv) * DV;
     const int64_t R0 = (int64_t)blockIdx.x * TC_ROWS;
@@ -94,7 +126,7 @@ __global__ static void __launch_bounds__(128)
     const int n_tok = (int)(min(Tq, (R0 + TC_ROWS - 1) / g + 1) - t_lo);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int qs = hd + TC_PAD, vs = DV + TC_PAD;
+    const int qs = WG ? hd : hd + TC_PAD, vs = DV + TC_PAD;
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *Ks = Qs + TC_ROWS * qs;
     __nv_bfloat16 *Vs = Ks + TC_BUFS * TC_KEYS * qs;
@@ -118,8 +150,13 @@ __global__ static void __launch_bounds__(128)
         uint4 v = make_uint4(0, 0, 0, 0);
         if (t < Tq)
             v = *(const uint4 *)(q + (t * nh + (int64_t)c * g + R % g) * hd + col);
-        *(uint4 *)(Qs + r * qs + col) = v;
+        if (WG)
+            *(uint4 *)(smem + (col >> 6) * TC_ROWS * 128 + dg_swz128(r, (col >> 3) & 7)) = v;
+        else
+            *(uint4 *)(Qs + r * qs + col) = v;
     }
+    if (WG)
+        dg_fence_proxy_async(); /* (wgmma reads Q through the async proxy) */
     __syncthreads();
     for (int h = 0; h < 2; h++) {
         const int64_t R = R0 + warp * 16 + gid + 8 * h, t = R / g;
@@ -165,7 +202,10 @@ __global__ static void __launch_bounds__(128)
          * up: the barrier after each) */
         if (ntiles > 0) {
             const int nk = (int)min((int64_t)TC_KEYS, j1 - j0);
-            load_rows_async(Ks, K + j0 * row, row, nk, TC_KEYS, hd);
+            if (WG)
+                load_swz_async((unsigned char *)Ks, K + j0 * row, row, nk, TC_KEYS, hd);
+            else
+                load_rows_async(Ks, K + j0 * row, row, nk, TC_KEYS, hd);
             load_rows_async(Vs, V + j0 * row, row, nk, TC_KEYS, DV);
         }
         dg_cp_commit();
@@ -179,49 +219,90 @@ __global__ static void __launch_bounds__(128)
             if (it + 1 < ntiles) {
                 const int64_t kn = kt + TC_KEYS;
                 const int nn = (int)min((int64_t)TC_KEYS, j1 - kn);
-                load_rows_async(Ks + (buf ^ 1) * TC_KEYS * qs, K + kn * row, row, nn, TC_KEYS,
-                                hd);
+                if (WG)
+                    load_swz_async((unsigned char *)(Ks + (buf ^ 1) * TC_KEYS * qs), K + kn * row,
+                                   row, nn, TC_KEYS, hd);
+                else
+                    load_rows_async(Ks + (buf ^ 1) * TC_KEYS * qs, K + kn * row, row, nn,
+                                    TC_KEYS, hd);
                 load_rows_async(Vs + (buf ^ 1) * TC_KEYS * vs, V + kn * row, row, nn, TC_KEYS,
                                 DV);
             }
             dg_cp_commit();
             dg_cp_wait<1>();
+            if (WG)
+                dg_fence_proxy_async(); /* (the K tile, for wgmma) */
             __syncthreads();
+            if constexpr (WG) {
+                /* S = Q K^T over the whole head: the warpgroup's m64n32k16
+                 * products, sub-tile by sub-tile, the first one not adding */
+                const uint32_t ka = sbase + (uint32_t)((const unsigned char *)Kb - smem);
+                float d[16];
+                dg_wgmma_fence();
 #pragma unroll
-            for (int n = 0; n < TC_KEYS / 8; n++)
-                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            /* S = Q K^T over the whole head */
-            for (int k0 = 0; k0 < hd; k0 += 16) {
-                uint32_t a[4];
-                dg_ldsm4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
+                for (int kc = 0; kc < NKC; kc++)
 #pragma unroll
-                for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
-                    uint32_t b[4];
-                    dg_ldsm4(b, Kb + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
-                                   ((lane >> 3) & 1) * 8);
-                    dg_mma_bf16(sc[n0 / 8], a, b[0], b[1]);
-                    dg_mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
+                    for (int kk = 0; kk < 4; kk++)
+                        dg_wgmma_m64n32(d, dg_wgmma_desc(sbase + kc * TC_ROWS * 128 + 32 * kk),
+                                        dg_wgmma_desc(ka + kc * TC_KEYS * 128 + 32 * kk),
+                                        kc > 0 || kk > 0);
+                dg_wgmma_commit();
+                dg_wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < 16; i++)
+                    sc[i / 4][i % 4] = d[i];
+            } else {
+#pragma unroll
+                for (int n = 0; n < TC_KEYS / 8; n++)
+                    sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+                /* S = Q K^T over the whole head */
+                for (int k0 = 0; k0 < hd; k0 += 16) {
+                    uint32_t a[4];
+                    dg_ldsm4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
+                        uint32_t b[4];
+                        dg_ldsm4(b, Kb + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
+                                       ((lane >> 3) & 1) * 8);
+                        dg_mma_bf16(sc[n0 / 8], a, b[0], b[1]);
+                        dg_mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
+                    }
                 }
             }
-            /* mask, online softmax */
+            /* mask, online softmax.  A tile that every row of the warp sees
+             * whole (one sequence, all its keys inside the range and
+             * visible) skips the per-key mask; the output is rescaled only
+             * where some row's maximum moved (alpha = 1 exactly where it
+             * did not, so skipping the multiply changes nothing) */
+            float alpha[2];
+            int whole = kt + TC_KEYS <= j1;
+            {
+                const int64_t kfirst = sq.k_start + kt, klast = kfirst + TC_KEYS - 1;
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    whole &= rseq[h] == s &&
+                             (mask == 0 ||
+                              (klast <= rpos[h] && (mask == 1 || kfirst > rpos[h] - window)));
+                whole = __all_sync(0xffffffffu, whole);
+            }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float mt = -INFINITY, mn, alpha, sum = 0.0f;
+                float mt = -INFINITY, mn, sum = 0.0f;
 #pragma unroll
                 for (int n = 0; n < TC_KEYS / 8; n++)
 #pragma unroll
                     for (int u = 0; u < 2; u++) {
                         const int64_t j = kt + n * 8 + tig * 2 + u;
                         float *v = &sc[n][2 * h + u];
-                        if (rseq[h] != s || j >= j1 ||
-                            !visible(mask, rpos[h], sq.k_start + j, window))
+                        if (!whole && (rseq[h] != s || j >= j1 ||
+                                       !visible(mask, rpos[h], sq.k_start + j, window)))
                             *v = -INFINITY;
                         mt = fmaxf(mt, *v);
                     }
                 mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
                 mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
                 mn = fmaxf(m[h], mt);
-                alpha = mn == -INFINITY ? 1.0f : __expf(m[h] - mn);
+                alpha[h] = mn == m[h] ? 1.0f : __expf(m[h] - mn); /* (mn -inf: m too) */
 #pragma unroll
                 for (int n = 0; n < TC_KEYS / 8; n++)
 #pragma unroll
@@ -232,12 +313,16 @@ __global__ static void __launch_bounds__(128)
                     }
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                l[h] = alpha * l[h] + sum;
+                l[h] = alpha[h] * l[h] + sum;
                 m[h] = mn;
+            }
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
                 for (int d = 0; d < DV / 8; d++) {
-                    o[d][2 * h] *= alpha;
-                    o[d][2 * h + 1] *= alpha;
+                    o[d][0] *= alpha[0];
+                    o[d][1] *= alpha[0];
+                    o[d][2] *= alpha[1];
+                    o[d][3] *= alpha[1];
                 }
             }
             /* O += P V: P from the score registers as A fragments */
@@ -371,12 +456,14 @@ static int tc_splits(int64_t Tq, int nh, int nkv, int hd, size_t scratch_bytes, 
     return best;
 }
 
-/* the kernel's dynamic shared memory at head size hd, column block DV */
-static size_t tc_shared(int hd, int DV)
+/* the kernel's dynamic shared memory at head size hd, column block DV, in
+ * the wgmma form (Q and K unpadded, and room to align them to 1,024) or
+ * not */
+static size_t tc_shared(int hd, int DV, int wg)
 {
-    return sizeof(__nv_bfloat16) * (size_t)(TC_ROWS + TC_BUFS * TC_KEYS) * (hd + TC_PAD) +
-           sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (DV + TC_PAD) +
-           (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS;
+    const size_t qk = (size_t)(TC_ROWS + TC_BUFS * TC_KEYS) * (size_t)(wg ? hd : hd + TC_PAD);
+    return sizeof(__nv_bfloat16) * qk + sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (DV + TC_PAD) +
+           (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS + (wg ? 1024 : 0);
 }
 
 /* DV: hd's column block (64, 128, else 256) */
@@ -385,17 +472,18 @@ static int tc_dv(int hd)
     return hd == 64 ? 64 : hd == 128 ? 128 : 256;
 }
 
-/* The blocks of the kernel for head size hd that the current device runs
- * at once (0 where it cannot say: then no split). */
-template <int DV>
+/* The blocks of the kernel that the current device runs at once (0 where
+ * it cannot say: then no split). */
+template <int DV, bool WG, int NKC>
 static int64_t tc_slots_dv(size_t shared)
 {
     int d, sms = 0, per = 0;
     if (cudaGetDevice(&d) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-        cudaFuncSetAttribute(attention_tc_kernel<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)shared) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_tc_kernel<DV>, 128,
+        cudaFuncSetAttribute(attention_tc_kernel<DV, WG, NKC>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_tc_kernel<DV, WG, NKC>, 128,
                                                       shared) != cudaSuccess) {
         (void)cudaGetLastError(); /* (not sticky: clear it) */
         return 0;
@@ -403,19 +491,41 @@ static int64_t tc_slots_dv(size_t shared)
     return (int64_t)sms * per;
 }
 
-static int64_t tc_slots(int hd)
+template <bool WG>
+static int64_t tc_slots_wg(int hd)
 {
-    const int DV = tc_dv(hd);
-    const size_t shared = tc_shared(hd, DV);
-    return DV == 64 ? tc_slots_dv<64>(shared) : DV == 128 ? tc_slots_dv<128>(shared)
-                                                          : tc_slots_dv<256>(shared);
+    const size_t shared = tc_shared(hd, tc_dv(hd), WG);
+    if (hd == 64)
+        return tc_slots_dv<64, WG, WG ? 1 : 0>(shared);
+    if (hd == 128)
+        return tc_slots_dv<128, WG, WG ? 2 : 0>(shared);
+    return hd == 256 ? tc_slots_dv<256, WG, WG ? 4 : 0>(shared)
+                     : tc_slots_dv<256, WG, WG ? 8 : 0>(shared);
+}
+
+static int64_t tc_slots(int hd, int wg)
+{
+    return wg ? tc_slots_wg<true>(hd) : tc_slots_wg<false>(hd);
+}
+
+/* the form a call takes: wgmma where asked, or by default where device dev
+ * has it; -1 where wgmma was asked of a device without it */
+static int tc_wg(enum dg_attn_tc_form form, int dev)
+{
+    const int has = dg_wgmma_device(dev);
+    return form == DG_ATTN_TC_MMA ? 0 : form == DG_ATTN_TC_WGMMA ? (has ? 1 : -1) : has;
 }
 
 extern "C" size_t dg_cuda_attention_tc_scratch(int64_t Tq, int nh, int nkv, int hd)
 {
+    int d = 0;
     if (Tq <= 0 || nkv < 1 || !dg_cuda_attention_tc_fits(hd))
         return 0;
-    return tc_part_bytes(tc_splits(Tq, nh, nkv, hd, SIZE_MAX, tc_slots(hd)), Tq, nh, hd);
+    if (cudaGetDevice(&d) != cudaSuccess)
+        (void)cudaGetLastError();
+    return tc_part_bytes(
+        tc_splits(Tq, nh, nkv, hd, SIZE_MAX, tc_slots(hd, tc_wg(DG_ATTN_TC_AUTO, d))), Tq, nh,
+        hd);
 }
 
 extern "C" int dg_cuda_attention_tc_fits(int hd)
@@ -423,21 +533,21 @@ extern "C" int dg_cuda_attention_tc_fits(int hd)
     return hd == 64 || hd == 128 || hd == 256 || hd == 512;
 }
 
-template <int DV>
+template <int DV, bool WG, int NKC>
 static int launch(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat16 *q,
                   const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                   const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask, int window,
                   cudaStream_t st, int dev, struct dg_error *err)
 {
-    const size_t shared = tc_shared(hd, DV);
+    const size_t shared = tc_shared(hd, DV, WG);
     const int g = nh / nkv;
     const dim3 grid((unsigned)((Tq * g + TC_ROWS - 1) / TC_ROWS), (unsigned)nkv,
                     (unsigned)(hd / DV * splits));
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV, WG, NKC>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    attention_tc_kernel<DV><<<grid, 128, shared, st>>>(out, part, q, q_pos, q_seq, Tq, seqs, nh,
-                                                       nkv, hd, mask, window, splits);
+    attention_tc_kernel<DV, WG, NKC><<<grid, 128, shared, st>>>(
+        out, part, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, splits);
     DG_LAUNCH_CHECK();
     if (splits > 1) {
         attention_fold_kernel<<<(unsigned)(Tq * nh), hd / 2, 0, st>>>(out, part, Tq * nh, hd,
@@ -448,20 +558,52 @@ out:
     return rc;
 }
 
-/* launch with DV = hd's column block (64, 128, else 256) */
+/* launch with DV = hd's column block (64, 128, else 256), and for WG the
+ * head's sub-tiles */
+template <bool WG>
 static int launch_dv(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat16 *q,
                      const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                      const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask,
                      int window, cudaStream_t st, int dev, struct dg_error *err)
 {
     if (hd == 64)
-        return launch<64>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window,
-                          st, dev, err);
+        return launch<64, WG, WG ? 1 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                          hd, mask, window, st, dev, err);
     if (hd == 128)
-        return launch<128>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window,
-                           st, dev, err);
-    return launch<256>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, st,
-                       dev, err);
+        return launch<128, WG, WG ? 2 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                           hd, mask, window, st, dev, err);
+    if (hd == 256)
+        return launch<256, WG, WG ? 4 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                           hd, mask, window, st, dev, err);
+    return launch<256, WG, WG ? 8 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd,
+                                       mask, window, st, dev, err);
+}
+
+extern "C" int dg_cuda_attention_tc_form(enum dg_attn_tc_form form, void *out, const void *q,
+                                         const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
+                                         const struct dg_attn_seq *seqs, int nh, int nkv, int hd,
+                                         int mask, int window, void *scratch,
+                                         size_t scratch_bytes, dg_stream_t stream, int dev,
+                                         struct dg_error *err)
+{
+    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+    const __nv_bfloat16 *qq = (const __nv_bfloat16 *)q;
+    const cudaStream_t st = (cudaStream_t)stream;
+    const int wg = tc_wg(form, dev);
+    int splits;
+    if (!dg_cuda_attention_tc_fits(hd) || nkv < 1 || nh % nkv != 0 || nkv > 65535)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: tensor-core attention: %d heads over %d KV "
+                            "heads of %d", dev, nh, nkv, hd);
+    if (wg < 0)
+        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: tensor-core attention: the wgmma "
+                            "form needs a device of compute capability 9.0", dev);
+    if (Tq <= 0)
+        return 0;
+    splits = scratch ? tc_splits(Tq, nh, nkv, hd, scratch_bytes, tc_slots(hd, wg)) : 1;
+    return wg ? launch_dv<true>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                hd, mask, window, st, dev, err)
+              : launch_dv<false>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                 hd, mask, window, st, dev, err);
 }
 
 extern "C" int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos,
@@ -470,16 +612,6 @@ extern "C" int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_p
                                     int mask, int window, void *scratch, size_t scratch_bytes,
                                     dg_stream_t stream, int dev, struct dg_error *err)
 {
-    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
-    const __nv_bfloat16 *qq = (const __nv_bfloat16 *)q;
-    const cudaStream_t st = (cudaStream_t)stream;
-    int splits;
-    if (!dg_cuda_attention_tc_fits(hd) || nkv < 1 || nh % nkv != 0 || nkv > 65535)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: tensor-core attention: %d heads over %d KV "
-                            "heads of %d", dev, nh, nkv, hd);
-    if (Tq <= 0)
-        return 0;
-    splits = scratch ? tc_splits(Tq, nh, nkv, hd, scratch_bytes, tc_slots(hd)) : 1;
-    return launch_dv(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask,
-                     window, st, dev, err);
+    return dg_cuda_attention_tc_form(DG_ATTN_TC_AUTO, out, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd,
+                                     mask, window, scratch, scratch_bytes, stream, dev, err);
 }

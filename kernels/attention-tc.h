@@ -30,6 +30,19 @@ int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos, const i
                          int mask, int window, void *scratch, size_t scratch_bytes,
                          dg_stream_t stream, int dev, struct dg_error *err);
 
+/* The products S = Q K^T through mma.sync, through Hopper's wgmma
+ * (compute capability 9.0), or (AUTO) wgmma where the device has it. */
+enum dg_attn_tc_form { DG_ATTN_TC_AUTO = 0, DG_ATTN_TC_MMA = 1, DG_ATTN_TC_WGMMA = 2 };
+
+/* dg_cuda_attention_tc in the given form (the tests run both).  Errors as
+ * dg_cuda_attention_tc, and DG_E_UNSUPPORTED for DG_ATTN_TC_WGMMA on a
+ * device without it. */
+int dg_cuda_attention_tc_form(enum dg_attn_tc_form form, void *out, const void *q,
+                              const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
+                              const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask,
+                              int window, void *scratch, size_t scratch_bytes, dg_stream_t stream,
+                              int dev, struct dg_error *err);
+
 /* Scratch bytes that let dg_cuda_attention_tc split the keys as it would
  * for these shapes (0: it would not split). */
 size_t dg_cuda_attention_tc_scratch(int64_t Tq, int nh, int nkv, int hd);

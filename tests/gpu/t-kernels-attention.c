@@ -20,7 +20,10 @@
  * sequence, the pads' outputs exactly zero, guard bytes after the output
  * and every cache; bf16 again with a work space, the keys split over more
  * blocks and folded (the output poisoned again, guard bytes after the
- * work space).  Exit 77 where there is no GPU.
+ * work space); bf16 at the tensor-core head sizes once more in each form
+ * of its S = Q K^T (mma.sync, and wgmma where the device has it, else
+ * refused), whole and split, against the same reference.  Exit 77 where
+ * there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -400,6 +403,47 @@ static int batch_one(enum dg_elt e, int mask, int window, int nh, int nkv, int h
             CHECK(sqrt(num / den) <= bound);
             dg_cuda_free(ws);
         }
+    }
+    /* bf16 at the tensor cores' head sizes: each form of S = Q K^T forced
+     * (mma.sync; wgmma where the device has it, else refused), with and
+     * without the keys split, the output poisoned again first */
+    if (e == DG_ELT_BF16 && dg_cuda_attention_tc_fits(hd)) {
+        const size_t wsb = dg_cuda_attention_tc_scratch(Tp, nh, nkv, hd);
+        void *ws = wsb ? gt_out_alloc(wsb, GUARD_BYTES, GUARD_BYTE, &err) : NULL;
+        CHECK(!wsb || ws);
+        for (int form = DG_ATTN_TC_MMA; form <= DG_ATTN_TC_WGMMA; form++)
+            for (int split = 0; split < 2; split++) {
+                int rc1;
+                if (split && !wsb)
+                    continue;
+                CHECK_OK(dg_cuda_memset(dout, 0xff, (size_t)(Tp * qrow) * es, 0, &err), &err);
+                rc1 = dg_cuda_attention_tc_form((enum dg_attn_tc_form)form, dout, dq, dqp, dqs,
+                                                Tp, dseqs, nh, nkv, hd, mask, window,
+                                                split ? ws : NULL, split ? wsb : 0, NULL, 0,
+                                                &err);
+                if (rc1 == -DG_E_UNSUPPORTED && form == DG_ATTN_TC_WGMMA) {
+                    printf("#   wgmma form: refused on this device (%s)\n", err.msg);
+                    break;
+                }
+                CHECK_OK(rc1, &err);
+                CHECK_OK(dg_cuda_download(hout, dout, (size_t)(Tp * qrow) * es + GUARD_BYTES, 0,
+                                          &err), &err);
+                CHECK(guard_changed(hout, (size_t)(Tp * qrow) * es) < 0);
+                num = den = 0;
+                for (size_t c = 0; c < (size_t)(Tp * qrow); c++) {
+                    const double g = elt_at(e, hout, c), d = g - ref[c];
+                    CHECKF(!isnan(g), "output %zu is NaN (form %d, split %d)", c, form, split);
+                    CHECKF(c < (size_t)(T * qrow) || g == 0.0, "pad output %zu is %g, not 0", c,
+                           g);
+                    num += d * d;
+                    den += (double)ref[c] * ref[c];
+                }
+                printf("#   %s form%s: relative error %.2e\n",
+                       form == DG_ATTN_TC_MMA ? "mma.sync" : "wgmma",
+                       split ? ", keys split" : "", sqrt(num / den));
+                CHECK(sqrt(num / den) <= bound);
+            }
+        dg_cuda_free(ws);
     }
     for (int i = 0; i < NSEQ; i++) {
         dg_cuda_free(dk[i]);
