@@ -47,7 +47,7 @@ static const char *const CONFIGS[] = {"K step 64 bytes, 4 stages", "K step 128 b
                                       "K step 128 bytes, 3 stages", "K step 256 bytes, 3 stages",
                                       "K step 64 bytes, 8 stages",
                                       "K step 64 bytes, 4 stages, 2 x 2 warps",
-                                      "wgmma, K step 128 bytes, 4 stages"};
+                                      "wgmma, K step 128 bytes, 3 stages"};
 #define WGMMA_CONFIG 6 /* fp8-wgmma.cu's kernel */
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
