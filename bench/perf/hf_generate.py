@@ -2,13 +2,17 @@
 """Hugging Face's DiffusionGemma on the harness's workload, for comparison.
 
 usage: hf_generate.py CONFIG_JSON OUT_JSON [--batches 1 4 16 32] [--prompt 512]
-                      [--canvases 4] [--steps 16]
+                      [--canvases 4] [--steps 16] [--best-of 1] [--best-of-upto 4]
 
 Builds DiffusionGemmaForBlockDiffusion from CONFIG_JSON (the released
 26B-A4B config.json) directly on the GPU in bf16 with the library's own
 random initialisation (a default vision tower, as the config has none),
 then per batch size runs one warm-up generate (the same prompt length, two
-canvases of two steps) and one timed generate:
+canvases of two steps) and one timed generate (--best-of N: N of them at
+batch sizes up to --best-of-upto, the same work each time, the one with
+the most tokens/s kept; its figures at small batches are bound by the
+host's pace and vary by 2x from one run to the next, so the best of a few
+is the fair one to compare with):
 B prompts of P random ids, C canvases (max_new_tokens = C x canvas length),
 exactly S denoising steps a canvas (stability threshold 65535 and a
 confidence threshold of 1e-30 keep the early stop off; the EOS id is the
@@ -21,7 +25,7 @@ time before the first denoising forward.
 
 Writes OUT_JSON: {"runs": [{batch, tokens, wall_ms, prefill_ms, denoise_ms
 (median), commit_ms (median), tokens_per_s, tokens_per_s_with_prefill,
-gpu_gib}]}.  Runs on the GPU machine (transformers 5.17.0, torch 2.11).
+gpu_gib, tries: the tokens/s of every timed generate}]}.  Runs on the GPU machine (transformers 5.17.0, torch 2.11).
 """
 import argparse
 import json
@@ -124,7 +128,11 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--canvases", type=int, default=4)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--best-of", type=int, default=1)
+    ap.add_argument("--best-of-upto", type=int, default=4)
     a = ap.parse_args()
+    if a.best_of < 1:
+        ap.error("--best-of: 1 or more")
     t0 = time.perf_counter()
     model, cfg = build(a.config)
     print(f"hf: transformers model built on the GPU in {time.perf_counter() - t0:.1f} s",
@@ -137,12 +145,17 @@ def main():
         # seconds of one-off cost (allocator growth, kernel selection)
         run(model, cfg, timer, B, a.prompt, 2, 2, seed=B)
         torch.cuda.reset_peak_memory_stats()
-        r = run(model, cfg, timer, B, a.prompt, a.canvases, a.steps, seed=1000 + B)
+        tries = []
+        for _ in range(a.best_of if B <= a.best_of_upto else 1):
+            r = run(model, cfg, timer, B, a.prompt, a.canvases, a.steps, seed=1000 + B)
+            tries.append(r)
+            print(f"hf: batch {B}: {r['tokens']} tokens in {r['wall_ms']:.0f} ms "
+                  f"(prefill {r['prefill_ms']:.0f}); denoise {r['denoise_ms']:.1f} ms x "
+                  f"{r['denoise_calls']}, commit {r['commit_ms']} ms x {r['commit_calls']}; "
+                  f"{r['tokens_per_s']:.0f} tok/s", flush=True)
+        r = max(tries, key=lambda t: t["tokens_per_s"])
+        r["tries"] = [t["tokens_per_s"] for t in tries]
         runs.append(r)
-        print(f"hf: batch {B}: {r['tokens']} tokens in {r['wall_ms']:.0f} ms "
-              f"(prefill {r['prefill_ms']:.0f}); denoise {r['denoise_ms']:.1f} ms x "
-              f"{r['denoise_calls']}, commit {r['commit_ms']} ms x {r['commit_calls']}; "
-              f"{r['tokens_per_s']:.0f} tok/s", flush=True)
     with open(a.out, "w") as f:
         json.dump(dict(workload=dict(prompt=a.prompt, canvases=a.canvases, steps=a.steps),
                        runs=runs), f, indent=1)
