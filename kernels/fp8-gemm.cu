@@ -285,21 +285,8 @@ __global__ static void __launch_bounds__(128)
                                          mrows, rows, (int64_t)ks * BK, K);
         };
 
-        __syncthreads();
-#pragma unroll
-        for (int s = 0; s < ST - 1; s++) {
-            if (s < ksteps)
-                load(s, s);
-            dg_cp_commit();
-        }
-        for (int ks = 0; ks < ksteps; ks++) {
-            const int s = ks % ST;
+        dg_cp_kloop<ST>(ksteps, load, [&](int s, int) {
             const unsigned char *ws = Ws + s * F8_BN * LD, *xs = Xs + s * MT * 16 * LD;
-            dg_cp_wait<ST - 2>();
-            __syncthreads();
-            if (ks + ST - 1 < ksteps)
-                load((ks + ST - 1) % ST, ks + ST - 1);
-            dg_cp_commit();
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 32) {
                 uint32_t b[NW / 2][4];
@@ -322,8 +309,7 @@ __global__ static void __launch_bounds__(128)
                     }
                 }
             }
-        }
-        dg_cp_wait<0>();
+        });
 #pragma unroll
         for (int m = 0; m < MW; m++)
 #pragma unroll

@@ -109,6 +109,36 @@ __device__ static inline void dg_stage_load(unsigned char *ws, unsigned char *xs
     }
 }
 
+/* The K loop of the grouped GEMMs on mma.sync (moe-gemm.cu, fp8-gemm.cu):
+ * ksteps steps through an ST-stage cp.async pipeline.  load(s, ks) issues
+ * step ks's copies into stage s; step(s, ks) computes from stage s.  The
+ * copies run ST - 1 steps ahead; a stage is refilled at the step after
+ * the one that read it, past the barrier every thread reaches once done
+ * with it.  Starts with a barrier (the stages free of a previous pass)
+ * and ends with no copy in flight.  (wgmma.cuh's dg_wgmma_kloop is this
+ * loop with wgmma's fences and waits.) */
+template <int ST, typename Load, typename Step>
+__device__ static inline void dg_cp_kloop(int ksteps, Load &&load, Step &&step)
+{
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < ksteps)
+            load(s, s);
+        dg_cp_commit();
+    }
+    for (int ks = 0; ks < ksteps; ks++) {
+        const int s = ks % ST;
+        dg_cp_wait<ST - 2>();
+        __syncthreads();
+        if (ks + ST - 1 < ksteps)
+            load((ks + ST - 1) % ST, ks + ST - 1);
+        dg_cp_commit();
+        step(s, ks);
+    }
+    dg_cp_wait<0>();
+}
+
 /* The 4 warps of a grouped GEMM's block over its BN columns and MT
  * m-tiles of 16 rows: WM rows of warps, WN = 4 / WM columns of them; a
  * warp holds WC columns (NW n-tiles of 8) of MW m-tiles. */

@@ -110,22 +110,8 @@ __global__ static void __launch_bounds__(128)
                 2 * (int64_t)ks * BK, 2 * K, GATED ? N / 2 : 0);
         };
 
-        __syncthreads(); /* the stages are free (the previous pass) */
-#pragma unroll
-        for (int s = 0; s < ST - 1; s++) {
-            if (s < ksteps)
-                load(s, s);
-            dg_cp_commit();
-        }
-        for (int ks = 0; ks < ksteps; ks++) {
-            const int s = ks % ST;
+        dg_cp_kloop<ST>(ksteps, load, [&](int s, int) {
             const __nv_bfloat16 *ws = Ws + s * BN * LD, *xs = Xs + s * MT * 16 * LD;
-            dg_cp_wait<ST - 2>();
-            __syncthreads();
-            /* the stage the previous step read is free: fill it */
-            if (ks + ST - 1 < ksteps)
-                load((ks + ST - 1) % ST, ks + ST - 1);
-            dg_cp_commit();
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 16) {
                 uint32_t b[NW / 2][4];
@@ -147,8 +133,7 @@ __global__ static void __launch_bounds__(128)
                     }
                 }
             }
-        }
-        dg_cp_wait<0>();
+        });
         if constexpr (GATED) {
             /* n-tile 2q: the gate sums of Y's columns n0 + (wn WC + 16 q) / 2
              * + 0..7, n-tile 2q + 1 their up sums */
