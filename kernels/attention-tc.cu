@@ -31,15 +31,17 @@
  * tile loaded then used, 23.77 ms pipelined together with the sampler's
  * Philox once a block (the two not timed apart).
  *
- * Two forms of the products S = Q K^T: mma.sync (any GPU of the build),
+ * Two forms of the products: mma.sync (any GPU of the build),
  * the Q and K tiles in rows padded for ldmatrix; or, where the device has
  * Hopper's wgmma (compute capability 9.0; the default there), one
  * warpgroup's m64n32k16 products straight from shared memory, Q and K in
  * 128-byte swizzled sub-tiles of 64 columns (wgmma.cuh), no fragment
- * loads.  The accumulators' layout is mma.sync's, so the softmax and
- * O += P V (mma.sync from registers and V's padded rows) are the same
- * code; S's sums run in the tensor cores' order, so the two forms agree
- * within rounding, not to the bit.
+ * loads; and O += P V as m64nDVk16 products with P from registers (the
+ * A fragments mma.sync takes) and the V tile, swizzled the same way, read
+ * N-major (wgmma's transposed B).  The accumulators' layout is mma.sync's,
+ * so the softmax and the epilogue are the same code; the sums run in the
+ * tensor cores' order, so the two forms agree within rounding, not to
+ * the bit.
  *
  * Split keys (when the rows alone make too few blocks to fill the GPU):
  * each sequence's keys are cut into `splits` ranges, one per block; a
@@ -104,8 +106,8 @@ __device__ static void load_swz_async(unsigned char *dst, const __nv_bfloat16 *s
 }
 
 /* grid (ceil(Tq g / 64), nkv, hd / DV); 128 threads.  Shared: Q [64][hd],
- * K [2][32][hd], V [2][32][DV] (V's rows padded, Q's and K's too for
- * mma.sync, swizzled and 1,024-aligned for WG; two buffers of K and V),
+ * K [2][32][hd], V [2][32][DV] (rows padded for mma.sync, swizzled and
+ * 1,024-aligned for WG; two buffers of K and V),
  * the tile's tokens' sequences and positions.  WG: hd = 64 NKC (the
  * products unrolled whole); NKC is 0 otherwise. */
 template <int DV, bool WG, int NKC>
@@ -126,7 +128,7 @@ __global__ static void __launch_bounds__(128)
     const int n_tok = (int)(min(Tq, (R0 + TC_ROWS - 1) / g + 1) - t_lo);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int qs = WG ? hd : hd + TC_PAD, vs = DV + TC_PAD;
+    const int qs = WG ? hd : hd + TC_PAD, vs = WG ? DV : DV + TC_PAD;
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *Ks = Qs + TC_ROWS * qs;
     __nv_bfloat16 *Vs = Ks + TC_BUFS * TC_KEYS * qs;
@@ -202,11 +204,13 @@ __global__ static void __launch_bounds__(128)
          * up: the barrier after each) */
         if (ntiles > 0) {
             const int nk = (int)min((int64_t)TC_KEYS, j1 - j0);
-            if (WG)
+            if (WG) {
                 load_swz_async((unsigned char *)Ks, K + j0 * row, row, nk, TC_KEYS, hd);
-            else
+                load_swz_async((unsigned char *)Vs, V + j0 * row, row, nk, TC_KEYS, DV);
+            } else {
                 load_rows_async(Ks, K + j0 * row, row, nk, TC_KEYS, hd);
-            load_rows_async(Vs, V + j0 * row, row, nk, TC_KEYS, DV);
+                load_rows_async(Vs, V + j0 * row, row, nk, TC_KEYS, DV);
+            }
         }
         dg_cp_commit();
         for (int64_t it = 0; it < ntiles; it++) {
@@ -219,19 +223,22 @@ __global__ static void __launch_bounds__(128)
             if (it + 1 < ntiles) {
                 const int64_t kn = kt + TC_KEYS;
                 const int nn = (int)min((int64_t)TC_KEYS, j1 - kn);
-                if (WG)
+                if (WG) {
                     load_swz_async((unsigned char *)(Ks + (buf ^ 1) * TC_KEYS * qs), K + kn * row,
                                    row, nn, TC_KEYS, hd);
-                else
+                    load_swz_async((unsigned char *)(Vs + (buf ^ 1) * TC_KEYS * vs), V + kn * row,
+                                   row, nn, TC_KEYS, DV);
+                } else {
                     load_rows_async(Ks + (buf ^ 1) * TC_KEYS * qs, K + kn * row, row, nn,
                                     TC_KEYS, hd);
-                load_rows_async(Vs + (buf ^ 1) * TC_KEYS * vs, V + kn * row, row, nn, TC_KEYS,
-                                DV);
+                    load_rows_async(Vs + (buf ^ 1) * TC_KEYS * vs, V + kn * row, row, nn,
+                                    TC_KEYS, DV);
+                }
             }
             dg_cp_commit();
             dg_cp_wait<1>();
             if (WG)
-                dg_fence_proxy_async(); /* (the K tile, for wgmma) */
+                dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
             __syncthreads();
             if constexpr (WG) {
                 /* S = Q K^T over the whole head: the warpgroup's m64n32k16
@@ -325,21 +332,46 @@ __global__ static void __launch_bounds__(128)
                     o[d][3] *= alpha[1];
                 }
             }
-            /* O += P V: P from the score registers as A fragments */
+            /* O += P V: P from the score registers as A fragments; WG:
+             * the warpgroup's m64nDVk16 products, B = the V tile read
+             * N-major (its swizzled 64-column sub-tiles TC_KEYS x 128
+             * bytes apart), the same O registers as mma.sync's layout */
+            if constexpr (WG) {
+                const uint32_t va = sbase + (uint32_t)((const unsigned char *)Vb - smem);
+                float(&od)[DV / 2] = *reinterpret_cast<float(*)[DV / 2]>(&o[0][0]);
+                dg_wgmma_fence();
 #pragma unroll
-            for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
-                uint32_t a[4];
-                a[0] = pack_bf16(sc[k0 / 8][0], sc[k0 / 8][1]);
-                a[1] = pack_bf16(sc[k0 / 8][2], sc[k0 / 8][3]);
-                a[2] = pack_bf16(sc[k0 / 8 + 1][0], sc[k0 / 8 + 1][1]);
-                a[3] = pack_bf16(sc[k0 / 8 + 1][2], sc[k0 / 8 + 1][3]);
+                for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
+                    const uint32_t a[4] = {pack_bf16(sc[k0 / 8][0], sc[k0 / 8][1]),
+                                           pack_bf16(sc[k0 / 8][2], sc[k0 / 8][3]),
+                                           pack_bf16(sc[k0 / 8 + 1][0], sc[k0 / 8 + 1][1]),
+                                           pack_bf16(sc[k0 / 8 + 1][2], sc[k0 / 8 + 1][3])};
+                    const uint64_t vd = dg_wgmma_desc_n(va + k0 * 128, TC_KEYS * 128);
+                    if constexpr (DV == 64)
+                        dg_wgmma_m64n64_rt(od, a, vd);
+                    else if constexpr (DV == 128)
+                        dg_wgmma_m64n128_rt(od, a, vd);
+                    else
+                        dg_wgmma_m64n256_rt(od, a, vd);
+                }
+                dg_wgmma_commit();
+                dg_wgmma_wait<0>();
+            } else {
 #pragma unroll
-                for (int d0 = 0; d0 < DV; d0 += 16) {
-                    uint32_t b[4];
-                    dg_ldsm4_t(b, Vb + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs + d0 +
-                                     (lane >> 4) * 8);
-                    dg_mma_bf16(o[d0 / 8], a, b[0], b[1]);
-                    dg_mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
+                for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
+                    uint32_t a[4];
+                    a[0] = pack_bf16(sc[k0 / 8][0], sc[k0 / 8][1]);
+                    a[1] = pack_bf16(sc[k0 / 8][2], sc[k0 / 8][3]);
+                    a[2] = pack_bf16(sc[k0 / 8 + 1][0], sc[k0 / 8 + 1][1]);
+                    a[3] = pack_bf16(sc[k0 / 8 + 1][2], sc[k0 / 8 + 1][3]);
+#pragma unroll
+                    for (int d0 = 0; d0 < DV; d0 += 16) {
+                        uint32_t b[4];
+                        dg_ldsm4_t(b, Vb + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs +
+                                          d0 + (lane >> 4) * 8);
+                        dg_mma_bf16(o[d0 / 8], a, b[0], b[1]);
+                        dg_mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
+                    }
                 }
             }
             __syncthreads(); /* this buffer is read: the next tile but one may land */
@@ -462,7 +494,8 @@ static int tc_splits(int64_t Tq, int nh, int nkv, int hd, size_t scratch_bytes, 
 static size_t tc_shared(int hd, int DV, int wg)
 {
     const size_t qk = (size_t)(TC_ROWS + TC_BUFS * TC_KEYS) * (size_t)(wg ? hd : hd + TC_PAD);
-    return sizeof(__nv_bfloat16) * qk + sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (DV + TC_PAD) +
+    return sizeof(__nv_bfloat16) * qk +
+           sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (size_t)(wg ? DV : DV + TC_PAD) +
            (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS + (wg ? 1024 : 0);
 }
 

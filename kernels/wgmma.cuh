@@ -56,6 +56,17 @@ __device__ static inline uint64_t dg_wgmma_desc(uint32_t a)
            (uint64_t)1 << 62;
 }
 
+/* the descriptor of a 128-byte-swizzled tile read N-major (wgmma's B
+ * transposed: the K rows of 128 bytes hold 64 consecutive N values each,
+ * as dg_swz128 stores them): start a / 16, leading offset `lbo` bytes
+ * between the tile's 64-column sub-tiles (along N), stride 1,024 / 16
+ * between 8-row groups (along K), swizzle mode 1 */
+__device__ static inline uint64_t dg_wgmma_desc_n(uint32_t a, uint32_t lbo)
+{
+    return (uint64_t)((a & 0x3ffff) >> 4) | (uint64_t)((lbo & 0x3ffff) >> 4) << 16 |
+           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
 /* where a 128-byte-swizzled tile keeps 16-byte chunk c of row r */
 __device__ static inline uint32_t dg_swz128(int r, int c)
 {
@@ -156,6 +167,33 @@ __device__ static inline void dg_wgmma_kloop(int ksteps, Load &&load, Products &
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
     "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
+#define DG_WG_REGS128 DG_WG_REGS64 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, " \
+    "%72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, " \
+    "%88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, " \
+    "%104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, " \
+    "%120, %121, %122, %123, %124, %125, %126, %127"
+#define DG_WG_OUT128(d) DG_WG_OUT64(d), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), \
+    "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+    "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), \
+    "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), \
+    "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), \
+    "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
+    "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), \
+    "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), \
+    "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
 /* name(d, a, b, acc): d (64 x N, fp32, R = N / 2 a thread) = a b + (acc ? d
  * : 0) through the operands' descriptors, `shape` the instruction's
  * shape and types, `tail` what follows the scales (bf16: the two
@@ -180,6 +218,27 @@ DG_WGMMA_FN(dg_wgmma_m64n128, 64, "m64n128k16.f32.bf16.bf16", ", 0, 0", "64", "6
 DG_WGMMA_FN(dg_wgmma_e4m3_m64n32, 16, "m64n32k32.f32.e4m3.e4m3", "", "16", "17", "18")
 DG_WGMMA_FN(dg_wgmma_e4m3_m64n64, 32, "m64n64k32.f32.e4m3.e4m3", "", "32", "33", "34")
 DG_WGMMA_FN(dg_wgmma_e4m3_m64n128, 64, "m64n128k32.f32.e4m3.e4m3", "", "64", "65", "66")
+
+/* name(d, a, b): d (64 x N, fp32) += a b, bf16 k16, A from registers
+ * (a[0..3]: mma.sync m16n8k16's A fragment of the thread's warp's 16 rows,
+ * the warpgroup's four warps rows 0-15, 16-31, 32-47, 48-63) and B through
+ * an N-major descriptor (dg_wgmma_desc_n): the instruction's transpose-B
+ * flag set.  pa = R, pb = R + 4. */
+#define DG_WGMMA_RA_FN(name, R, shape, pa0, pa1, pa2, pa3, pb)                                 \
+    __device__ static inline void name(float(&d)[R], const uint32_t(&a)[4], uint64_t b)       \
+    {                                                                                           \
+        DG_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                               \
+                     "wgmma.mma_async.sync.aligned." shape " {" DG_WG_REGS##R "}, {%" pa0      \
+                     ", %" pa1 ", %" pa2 ", %" pa3 "}, %" pb ", p, 1, 1, 1;\n}\n"               \
+                     : DG_WG_OUT##R(d)                                                          \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));                     \
+    }
+
+DG_WGMMA_RA_FN(dg_wgmma_m64n64_rt, 32, "m64n64k16.f32.bf16.bf16", "32", "33", "34", "35", "36")
+DG_WGMMA_RA_FN(dg_wgmma_m64n128_rt, 64, "m64n128k16.f32.bf16.bf16", "64", "65", "66", "67",
+               "68")
+DG_WGMMA_RA_FN(dg_wgmma_m64n256_rt, 128, "m64n256k16.f32.bf16.bf16", "128", "129", "130", "131",
+               "132")
 
 /* The product above for N = NT (32, 64 or 128): bf16 (k16) or E4M3 (k32). */
 template <int NT, bool E4M3>
