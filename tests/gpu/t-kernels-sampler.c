@@ -240,7 +240,8 @@ static int row_stats(void)
 {
     if (stats_case(4, 1000, 0, 30.0f, 0, 0) || stats_case(16, 65536, 131072, 30.0f, 0, 1) ||
         stats_case(33, 20000, 7, 30.0f, 1, 0) || stats_case(3, 8193, 0, 0.0f, 0, 1) ||
-        stats_case(64, 4096, 262144 - 4096, 30.0f, 1, 1))
+        stats_case(64, 4096, 262144 - 4096, 30.0f, 1, 1) ||
+        stats_case(2, 3 * 32768 + 1001, 3, 30.0f, 1, 1))
         return 1;
     return 0;
 }
