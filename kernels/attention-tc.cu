@@ -41,7 +41,10 @@
  * N-major (wgmma's transposed B).  The accumulators' layout is mma.sync's,
  * so the softmax and the epilogue are the same code; the sums run in the
  * tensor cores' order, so the two forms agree within rounding, not to
- * the bit.
+ * the bit.  At head size 512 the wgmma form is paired: two warpgroups
+ * over one row tile, each half the head's columns, S's two halves summed
+ * through shared memory, so that neither computes S for the other's
+ * half of O (see the kernel).
  *
  * Split keys (when the rows alone make too few blocks to fill the GPU):
  * each sequence's keys are cut into `splits` ranges, one per block; a
@@ -105,13 +108,22 @@ __device__ static void load_swz_async(unsigned char *dst, const __nv_bfloat16 *s
     }
 }
 
-/* grid (ceil(Tq g / 64), nkv, hd / DV); 128 threads.  Shared: Q [64][hd],
- * K [2][32][hd], V [2][32][DV] (rows padded for mma.sync, swizzled and
- * 1,024-aligned for WG; two buffers of K and V),
- * the tile's tokens' sequences and positions.  WG: hd = 64 NKC (the
- * products unrolled whole); NKC is 0 otherwise. */
-template <int DV, bool WG, int NKC>
-__global__ static void __launch_bounds__(128)
+/* grid (ceil(Tq g / 64), nkv, hd / DV splits); 128 threads.  Shared: Q
+ * [64][hd], K [2][32][hd], V [2][32][DV] (rows padded for mma.sync,
+ * swizzled and 1,024-aligned for WG; two buffers of K and V), the tile's
+ * tokens' sequences and positions.  WG: hd = 64 NKC (the products
+ * unrolled whole; PAIR: 128 NKC); NKC is 0 otherwise.
+ *
+ * PAIR (WG only; hd = 2 DV): grid (ceil(Tq g / 64), nkv, splits), 256
+ * threads, two warpgroups over the same 64 rows and key tiles.
+ * Warpgroup w takes the head's columns [w DV, (w + 1) DV): its S_w = Q_w
+ * K_w^T over them (NKC sub-tiles), the two exchanged through shared
+ * memory (Sx [2][16][128] fp32) so that each holds S = S_0 + S_1 (the
+ * same sum in both: addition is commutative), the same softmax, and O_w
+ * += P V_w; V [2][32][hd].  No product is done twice, where one
+ * warpgroup a column block computes all of S for each block. */
+template <int DV, bool WG, int NKC, bool PAIR>
+__global__ static void __launch_bounds__(PAIR ? 256 : 128)
     attention_tc_kernel(__nv_bfloat16 *out, float *part, const __nv_bfloat16 *q,
                         const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                         const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask,
@@ -121,18 +133,22 @@ __global__ static void __launch_bounds__(128)
     const uint32_t sbase =
         WG ? (dg_smem_u32(smem_raw) + 1023u) & ~1023u : dg_smem_u32(smem_raw);
     unsigned char *smem = smem_raw + (sbase - dg_smem_u32(smem_raw));
-    const int n_dv = hd / DV, split = (int)blockIdx.z / n_dv;
-    const int g = nh / nkv, c = blockIdx.y, dv0 = ((int)blockIdx.z % n_dv) * DV;
+    static_assert(!PAIR || WG, "the paired form is the wgmma one");
+    const int wg = PAIR ? (int)threadIdx.x >> 7 : 0;
+    const int n_dv = PAIR ? 1 : hd / DV, split = (int)blockIdx.z / n_dv;
+    const int g = nh / nkv, c = blockIdx.y;
+    const int dv0 = PAIR ? wg * DV : ((int)blockIdx.z % n_dv) * DV;
     const int64_t R0 = (int64_t)blockIdx.x * TC_ROWS;
     const int64_t t_lo = R0 / g;
     const int n_tok = (int)(min(Tq, (R0 + TC_ROWS - 1) / g + 1) - t_lo);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3; /* (in its warpgroup) */
     const int gid = lane >> 2, tig = lane & 3;
-    const int qs = WG ? hd : hd + TC_PAD, vs = WG ? DV : DV + TC_PAD;
+    const int qs = WG ? hd : hd + TC_PAD, vs = WG ? (PAIR ? 2 * DV : DV) : DV + TC_PAD;
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem;
     __nv_bfloat16 *Ks = Qs + TC_ROWS * qs;
     __nv_bfloat16 *Vs = Ks + TC_BUFS * TC_KEYS * qs;
-    int64_t *tpos = (int64_t *)(Vs + TC_BUFS * TC_KEYS * vs);
+    float *Sx = (float *)(Vs + TC_BUFS * TC_KEYS * vs); /* PAIR: [2][16][128] */
+    int64_t *tpos = (int64_t *)(Sx + (PAIR ? 2 * 16 * 128 : 0));
     int32_t *tseq = (int32_t *)(tpos + TC_ROWS);
     __shared__ int s_next;
     float o[DV / 8][4];
@@ -178,7 +194,7 @@ __global__ static void __launch_bounds__(128)
         const int64_t row = (int64_t)nkv * hd;
         const __nv_bfloat16 *K = (const __nv_bfloat16 *)sq.k + sq.k_start * row + (int64_t)c * hd;
         const __nv_bfloat16 *V = (const __nv_bfloat16 *)sq.v + sq.k_start * row + (int64_t)c * hd +
-                                 dv0;
+                                 (PAIR ? 0 : dv0);
         int64_t j0 = 0, j1 = sq.k_len;
         if (mask != 0) {
             /* keys no row of this sequence in the tile can see */
@@ -206,7 +222,7 @@ __global__ static void __launch_bounds__(128)
             const int nk = (int)min((int64_t)TC_KEYS, j1 - j0);
             if (WG) {
                 load_swz_async((unsigned char *)Ks, K + j0 * row, row, nk, TC_KEYS, hd);
-                load_swz_async((unsigned char *)Vs, V + j0 * row, row, nk, TC_KEYS, DV);
+                load_swz_async((unsigned char *)Vs, V + j0 * row, row, nk, TC_KEYS, vs);
             } else {
                 load_rows_async(Ks, K + j0 * row, row, nk, TC_KEYS, hd);
                 load_rows_async(Vs, V + j0 * row, row, nk, TC_KEYS, DV);
@@ -227,7 +243,7 @@ __global__ static void __launch_bounds__(128)
                     load_swz_async((unsigned char *)(Ks + (buf ^ 1) * TC_KEYS * qs), K + kn * row,
                                    row, nn, TC_KEYS, hd);
                     load_swz_async((unsigned char *)(Vs + (buf ^ 1) * TC_KEYS * vs), V + kn * row,
-                                   row, nn, TC_KEYS, DV);
+                                   row, nn, TC_KEYS, vs);
                 } else {
                     load_rows_async(Ks + (buf ^ 1) * TC_KEYS * qs, K + kn * row, row, nn,
                                     TC_KEYS, hd);
@@ -241,20 +257,36 @@ __global__ static void __launch_bounds__(128)
                 dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
             __syncthreads();
             if constexpr (WG) {
-                /* S = Q K^T over the whole head: the warpgroup's m64n32k16
-                 * products, sub-tile by sub-tile, the first one not adding */
+                /* S = Q K^T over the whole head (PAIR: over this
+                 * warpgroup's half, then the two halves added): the
+                 * warpgroup's m64n32k16 products, sub-tile by sub-tile,
+                 * the first one not adding */
                 const uint32_t ka = sbase + (uint32_t)((const unsigned char *)Kb - smem);
+                const int kc0 = wg * NKC;
                 float d[16];
                 dg_wgmma_fence();
 #pragma unroll
                 for (int kc = 0; kc < NKC; kc++)
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++)
-                        dg_wgmma_m64n32(d, dg_wgmma_desc(sbase + kc * TC_ROWS * 128 + 32 * kk),
-                                        dg_wgmma_desc(ka + kc * TC_KEYS * 128 + 32 * kk),
-                                        kc > 0 || kk > 0);
+                        dg_wgmma_m64n32(
+                            d, dg_wgmma_desc(sbase + (kc0 + kc) * TC_ROWS * 128 + 32 * kk),
+                            dg_wgmma_desc(ka + (kc0 + kc) * TC_KEYS * 128 + 32 * kk),
+                            kc > 0 || kk > 0);
                 dg_wgmma_commit();
                 dg_wgmma_wait<0>();
+                if constexpr (PAIR) {
+                    /* (Sx is free: every thread passed this tile's first
+                     * barrier after reading the last tile's) */
+                    const int t = threadIdx.x & 127;
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        Sx[(wg * 16 + i) * 128 + t] = d[i];
+                    __syncthreads();
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
+                }
 #pragma unroll
                 for (int i = 0; i < 16; i++)
                     sc[i / 4][i % 4] = d[i];
@@ -337,7 +369,8 @@ __global__ static void __launch_bounds__(128)
              * N-major (its swizzled 64-column sub-tiles TC_KEYS x 128
              * bytes apart), the same O registers as mma.sync's layout */
             if constexpr (WG) {
-                const uint32_t va = sbase + (uint32_t)((const unsigned char *)Vb - smem);
+                const uint32_t va = sbase + (uint32_t)((const unsigned char *)Vb - smem) +
+                                    (PAIR ? (uint32_t)(wg * (DV / 64) * TC_KEYS * 128) : 0u);
                 float(&od)[DV / 2] = *reinterpret_cast<float(*)[DV / 2]>(&o[0][0]);
                 dg_wgmma_fence();
 #pragma unroll
@@ -456,13 +489,24 @@ __global__ static void attention_fold_kernel(__nv_bfloat16 *out, const float *pa
  * fewer (each split adds partial results and the fold).  On the H200 at
  * batch 1: sliding layers 64 tiles over 264 slots (two blocks of 238
  * registers a multiprocessor) take 4 splits, one wave where the earlier
- * rule's 5 made 320 blocks, two waves; full layers 128 tiles over 132
- * slots (167 KB of shared memory a block) take none, and no fold. */
+ * rule's 5 made 320 blocks, two waves; full layers, paired, 64 tiles
+ * over 132 slots (215 KB of shared memory a block) take 2. */
 #define TC_MAX_SPLITS 8
 
-static int64_t tc_blocks(int64_t Tq, int nh, int nkv, int hd)
+/* whether the wgmma form (wg) at head size hd takes the paired kernel:
+ * at 512 only.  Run 101, the H200: the full layers (hd 512) 0.750 ->
+ * 0.490 ms at batch 1, 27.86 -> 11.05 at batch 16; paired at hd 256 too,
+ * the sliding layers went 1.347 -> 1.658 and 13.32 -> 31.80 ms (one
+ * block of 8 warps a multiprocessor, where unpaired fits two of 4). */
+static int tc_pair(int hd, int wg)
 {
-    return (Tq * (nh / nkv) + TC_ROWS - 1) / TC_ROWS * nkv * (hd > 256 ? hd / 256 : 1);
+    return wg && hd == 512;
+}
+
+static int64_t tc_blocks(int64_t Tq, int nh, int nkv, int hd, int pair)
+{
+    return (Tq * (nh / nkv) + TC_ROWS - 1) / TC_ROWS * nkv *
+           (!pair && hd > 256 ? hd / 256 : 1);
 }
 
 static size_t tc_part_bytes(int splits, int64_t Tq, int nh, int hd)
@@ -471,9 +515,10 @@ static size_t tc_part_bytes(int splits, int64_t Tq, int nh, int hd)
                       : 0;
 }
 
-static int tc_splits(int64_t Tq, int nh, int nkv, int hd, size_t scratch_bytes, int64_t slots)
+static int tc_splits(int64_t Tq, int nh, int nkv, int hd, int pair, size_t scratch_bytes,
+                     int64_t slots)
 {
-    const int64_t blocks = tc_blocks(Tq, nh, nkv, hd);
+    const int64_t blocks = tc_blocks(Tq, nh, nkv, hd, pair);
     int best = 1;
     int64_t best_waves = (blocks + slots - 1) / slots; /* cost best_waves / best */
     if (slots < 1)
@@ -490,34 +535,36 @@ static int tc_splits(int64_t Tq, int nh, int nkv, int hd, size_t scratch_bytes, 
 
 /* the kernel's dynamic shared memory at head size hd, column block DV, in
  * the wgmma form (Q and K unpadded, and room to align them to 1,024) or
- * not */
-static size_t tc_shared(int hd, int DV, int wg)
+ * not, paired (V's tiles whole, and the two halves of S) or not */
+static size_t tc_shared(int hd, int DV, int wg, int pair)
 {
     const size_t qk = (size_t)(TC_ROWS + TC_BUFS * TC_KEYS) * (size_t)(wg ? hd : hd + TC_PAD);
-    return sizeof(__nv_bfloat16) * qk +
-           sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * (size_t)(wg ? DV : DV + TC_PAD) +
+    const size_t vw = pair ? (size_t)hd : (size_t)(wg ? DV : DV + TC_PAD);
+    return sizeof(__nv_bfloat16) * qk + sizeof(__nv_bfloat16) * TC_BUFS * TC_KEYS * vw +
+           (pair ? sizeof(float) * 2 * 16 * 128 : 0) +
            (sizeof(int64_t) + sizeof(int32_t)) * TC_ROWS + (wg ? 1024 : 0);
 }
 
-/* DV: hd's column block (64, 128, else 256) */
-static int tc_dv(int hd)
+/* DV: hd's column block (64, 128, else 256); paired, half the head */
+static int tc_dv(int hd, int pair)
 {
-    return hd == 64 ? 64 : hd == 128 ? 128 : 256;
+    return pair ? hd / 2 : hd == 64 ? 64 : hd == 128 ? 128 : 256;
 }
 
 /* The blocks of the kernel that the current device runs at once (0 where
  * it cannot say: then no split). */
-template <int DV, bool WG, int NKC>
+template <int DV, bool WG, int NKC, bool PAIR>
 static int64_t tc_slots_dv(size_t shared)
 {
     int d, sms = 0, per = 0;
     if (cudaGetDevice(&d) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-        cudaFuncSetAttribute(attention_tc_kernel<DV, WG, NKC>,
+        cudaFuncSetAttribute(attention_tc_kernel<DV, WG, NKC, PAIR>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared) !=
             cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_tc_kernel<DV, WG, NKC>, 128,
-                                                      shared) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per, attention_tc_kernel<DV, WG, NKC, PAIR>, PAIR ? 256 : 128, shared) !=
+            cudaSuccess) {
         (void)cudaGetLastError(); /* (not sticky: clear it) */
         return 0;
     }
@@ -527,13 +574,18 @@ static int64_t tc_slots_dv(size_t shared)
 template <bool WG>
 static int64_t tc_slots_wg(int hd)
 {
-    const size_t shared = tc_shared(hd, tc_dv(hd), WG);
+    const int pair = tc_pair(hd, WG);
+    const size_t shared = tc_shared(hd, tc_dv(hd, pair), WG, pair);
     if (hd == 64)
-        return tc_slots_dv<64, WG, WG ? 1 : 0>(shared);
+        return tc_slots_dv<64, WG, WG ? 1 : 0, false>(shared);
     if (hd == 128)
-        return tc_slots_dv<128, WG, WG ? 2 : 0>(shared);
-    return hd == 256 ? tc_slots_dv<256, WG, WG ? 4 : 0>(shared)
-                     : tc_slots_dv<256, WG, WG ? 8 : 0>(shared);
+        return tc_slots_dv<128, WG, WG ? 2 : 0, false>(shared);
+    if (hd == 256)
+        return tc_slots_dv<256, WG, WG ? 4 : 0, false>(shared);
+    if constexpr (WG)
+        return tc_slots_dv<256, true, 4, true>(shared); /* hd 512: paired */
+    else
+        return tc_slots_dv<256, false, 0, false>(shared);
 }
 
 static int64_t tc_slots(int hd, int wg)
@@ -556,9 +608,9 @@ extern "C" size_t dg_cuda_attention_tc_scratch(int64_t Tq, int nh, int nkv, int 
         return 0;
     if (cudaGetDevice(&d) != cudaSuccess)
         (void)cudaGetLastError();
+    const int wg = tc_wg(DG_ATTN_TC_AUTO, d);
     return tc_part_bytes(
-        tc_splits(Tq, nh, nkv, hd, SIZE_MAX, tc_slots(hd, tc_wg(DG_ATTN_TC_AUTO, d))), Tq, nh,
-        hd);
+        tc_splits(Tq, nh, nkv, hd, tc_pair(hd, wg), SIZE_MAX, tc_slots(hd, wg)), Tq, nh, hd);
 }
 
 extern "C" int dg_cuda_attention_tc_fits(int hd)
@@ -566,20 +618,20 @@ extern "C" int dg_cuda_attention_tc_fits(int hd)
     return hd == 64 || hd == 128 || hd == 256 || hd == 512;
 }
 
-template <int DV, bool WG, int NKC>
+template <int DV, bool WG, int NKC, bool PAIR>
 static int launch(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat16 *q,
                   const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                   const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask, int window,
                   cudaStream_t st, int dev, struct dg_error *err)
 {
-    const size_t shared = tc_shared(hd, DV, WG);
+    const size_t shared = tc_shared(hd, DV, WG, PAIR);
     const int g = nh / nkv;
     const dim3 grid((unsigned)((Tq * g + TC_ROWS - 1) / TC_ROWS), (unsigned)nkv,
-                    (unsigned)(hd / DV * splits));
+                    (unsigned)((PAIR ? 1 : hd / DV) * splits));
     int rc = 0;
-    DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV, WG, NKC>,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(attention_tc_kernel<DV, WG, NKC, PAIR>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared));
-    attention_tc_kernel<DV, WG, NKC><<<grid, 128, shared, st>>>(
+    attention_tc_kernel<DV, WG, NKC, PAIR><<<grid, PAIR ? 256 : 128, shared, st>>>(
         out, part, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd, mask, window, splits);
     DG_LAUNCH_CHECK();
     if (splits > 1) {
@@ -592,7 +644,8 @@ out:
 }
 
 /* launch with DV = hd's column block (64, 128, else 256), and for WG the
- * head's sub-tiles */
+ * head's sub-tiles; WG at hd 512 paired (tc_pair): DV half the head and
+ * each warpgroup half the sub-tiles */
 template <bool WG>
 static int launch_dv(__nv_bfloat16 *out, float *part, int splits, const __nv_bfloat16 *q,
                      const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
@@ -600,16 +653,20 @@ static int launch_dv(__nv_bfloat16 *out, float *part, int splits, const __nv_bfl
                      int window, cudaStream_t st, int dev, struct dg_error *err)
 {
     if (hd == 64)
-        return launch<64, WG, WG ? 1 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
-                                          hd, mask, window, st, dev, err);
+        return launch<64, WG, WG ? 1 : 0, false>(out, part, splits, q, q_pos, q_seq, Tq, seqs,
+                                                 nh, nkv, hd, mask, window, st, dev, err);
     if (hd == 128)
-        return launch<128, WG, WG ? 2 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
-                                           hd, mask, window, st, dev, err);
+        return launch<128, WG, WG ? 2 : 0, false>(out, part, splits, q, q_pos, q_seq, Tq, seqs,
+                                                  nh, nkv, hd, mask, window, st, dev, err);
     if (hd == 256)
-        return launch<256, WG, WG ? 4 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
-                                           hd, mask, window, st, dev, err);
-    return launch<256, WG, WG ? 8 : 0>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv, hd,
-                                       mask, window, st, dev, err);
+        return launch<256, WG, WG ? 4 : 0, false>(out, part, splits, q, q_pos, q_seq, Tq, seqs,
+                                                  nh, nkv, hd, mask, window, st, dev, err);
+    if constexpr (WG)
+        return launch<256, true, 4, true>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                          hd, mask, window, st, dev, err);
+    else
+        return launch<256, false, 0, false>(out, part, splits, q, q_pos, q_seq, Tq, seqs, nh, nkv,
+                                            hd, mask, window, st, dev, err);
 }
 
 extern "C" int dg_cuda_attention_tc_form(enum dg_attn_tc_form form, void *out, const void *q,
@@ -632,7 +689,9 @@ extern "C" int dg_cuda_attention_tc_form(enum dg_attn_tc_form form, void *out, c
                             "form needs a device of compute capability 9.0", dev);
     if (Tq <= 0)
         return 0;
-    splits = scratch ? tc_splits(Tq, nh, nkv, hd, scratch_bytes, tc_slots(hd, wg)) : 1;
+    splits = scratch ? tc_splits(Tq, nh, nkv, hd, tc_pair(hd, wg), scratch_bytes,
+                                 tc_slots(hd, wg))
+                     : 1;
     return wg ? launch_dv<true>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv,
                                 hd, mask, window, st, dev, err)
               : launch_dv<false>(o, (float *)scratch, splits, qq, q_pos, q_seq, Tq, seqs, nh, nkv,
