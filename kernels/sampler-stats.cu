@@ -86,10 +86,15 @@ __device__ static inline int stats_one(struct stats_acc *a, float *x, int32_t id
  * its own word of the block, as the CPU draws it).  Then a tree fold over
  * the block; one record per (row, chunk).  (Run 60, batch 1: the sampler
  * and the self-conditioning 2.13 ms a step with a Philox block per id,
- * 1.88 this way.) */
-__global__ static void stats_kernel(struct dg_row_stats *parts, float *z, int64_t n, int64_t v0,
-                                    float cap, const float *T, const float *tau,
-                                    const struct dg_rand_site *sites, int chunks, int vec)
+ * 1.88 this way.)  Bound by issuing instructions (run 103: 71% of the
+ * issue slots, about 190 instructions an id), so 4 blocks a
+ * multiprocessor (64 registers, 8 bytes spilled) where 71 registers held
+ * it to 3: run 104, batch 1, 0.557 -> 0.509 ms (5 blocks, 48 registers:
+ * 0.525). */
+__global__ static void __launch_bounds__(STATS_THREADS, 4)
+    stats_kernel(struct dg_row_stats *parts, float *z, int64_t n, int64_t v0, float cap,
+                 const float *T, const float *tau, const struct dg_rand_site *sites, int chunks,
+                 int vec)
 {
     __shared__ struct dg_row_stats sh[STATS_THREADS];
     const int64_t r = blockIdx.y;
