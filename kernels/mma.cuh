@@ -109,16 +109,17 @@ __device__ static inline void dg_stage_load(unsigned char *ws, unsigned char *xs
     }
 }
 
-/* The K loop of the grouped GEMMs on mma.sync (moe-gemm.cu, fp8-gemm.cu):
- * ksteps steps through an ST-stage cp.async pipeline.  load(s, ks) issues
- * step ks's copies into stage s; step(s, ks) computes from stage s.  The
- * copies run ST - 1 steps ahead; a stage is refilled at the step after
- * the one that read it, past the barrier every thread reaches once done
- * with it.  Starts with a barrier (the stages free of a previous pass)
- * and ends with no copy in flight.  (wgmma.cuh's dg_wgmma_kloop is this
- * loop with wgmma's fences and waits.) */
-template <int ST, typename Load, typename Step>
-__device__ static inline void dg_cp_kloop(int ksteps, Load &&load, Step &&step)
+/* The K loop of the grouped GEMMs (moe-gemm.cu, fp8-gemm.cu; through
+ * wgmma.cuh's dg_wgmma_kloop, moe-wgmma.cu and fp8-wgmma.cu): ksteps steps
+ * through an ST-stage cp.async pipeline.  load(s, ks) issues step ks's
+ * copies into stage s; step(s, ks) computes from stage s; landed() runs
+ * once a step's copies have landed, before the barrier (dg_wgmma_kloop's
+ * proxy fence).  The copies run ST - 1 steps ahead; a stage is refilled
+ * at the step after the one that read it, past the barrier every thread
+ * reaches once done with it.  Starts with a barrier (the stages free of a
+ * previous pass) and ends with no copy in flight. */
+template <int ST, typename Load, typename Step, typename Landed>
+__device__ static inline void dg_cp_kloop(int ksteps, Load &&load, Step &&step, Landed &&landed)
 {
     __syncthreads();
 #pragma unroll
@@ -130,6 +131,7 @@ __device__ static inline void dg_cp_kloop(int ksteps, Load &&load, Step &&step)
     for (int ks = 0; ks < ksteps; ks++) {
         const int s = ks % ST;
         dg_cp_wait<ST - 2>();
+        landed();
         __syncthreads();
         if (ks + ST - 1 < ksteps)
             load((ks + ST - 1) % ST, ks + ST - 1);
@@ -137,6 +139,12 @@ __device__ static inline void dg_cp_kloop(int ksteps, Load &&load, Step &&step)
         step(s, ks);
     }
     dg_cp_wait<0>();
+}
+
+template <int ST, typename Load, typename Step>
+__device__ static inline void dg_cp_kloop(int ksteps, Load &&load, Step &&step)
+{
+    dg_cp_kloop<ST>(ksteps, load, step, [] {});
 }
 
 /* The 4 warps of a grouped GEMM's block over its BN columns and MT

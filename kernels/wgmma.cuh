@@ -99,8 +99,8 @@ __device__ static inline void dg_fence_proxy_async(void)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-/* The K loop of the wgmma kernels (moe-wgmma.cu, fp8-wgmma.cu): ksteps
- * steps through an ST-stage cp.async pipeline.  load(s, ks) issues step
+/* The K loop of the wgmma kernels (moe-wgmma.cu, fp8-wgmma.cu): mma.cuh's
+ * dg_cp_kloop with wgmma's fences and waits.  load(s, ks) issues step
  * ks's copies into stage s; products(s, ks) issues the step's products
  * from stage s (between wgmma's fence and commit); done(ks) runs once they
  * are complete.  A stage is refilled only at the step after the one that
@@ -112,28 +112,16 @@ template <int ST, typename Load, typename Products, typename Done>
 __device__ static inline void dg_wgmma_kloop(int ksteps, Load &&load, Products &&products,
                                              Done &&done)
 {
-    __syncthreads();
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < ksteps)
-            load(s, s);
-        dg_cp_commit();
-    }
-    for (int ks = 0; ks < ksteps; ks++) {
-        const int s = ks % ST;
-        dg_cp_wait<ST - 2>();
-        dg_fence_proxy_async();
-        __syncthreads();
-        if (ks + ST - 1 < ksteps)
-            load((ks + ST - 1) % ST, ks + ST - 1);
-        dg_cp_commit();
-        dg_wgmma_fence();
-        products(s, ks);
-        dg_wgmma_commit();
-        dg_wgmma_wait<0>();
-        done(ks);
-    }
-    dg_cp_wait<0>();
+    dg_cp_kloop<ST>(
+        ksteps, load,
+        [&](int s, int ks) {
+            dg_wgmma_fence();
+            products(s, ks);
+            dg_wgmma_commit();
+            dg_wgmma_wait<0>();
+            done(ks);
+        },
+        [] { dg_fence_proxy_async(); });
 }
 
 /* The accumulators' operands: %0 .. %(R - 1) in the instruction, bound to
