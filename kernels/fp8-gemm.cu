@@ -88,20 +88,24 @@ __global__ static void quantize_rows_kernel(uint8_t *Q, float *S, const T *X, in
  * pieces of 8 columns loaded at once (16-byte loads) and kept in
  * registers, the maximum over the block, then 8 bytes stored a piece.
  * Row r = rows_at[blockIdx.x] (nothing where it is negative), or
- * blockIdx.x.  GELU: x's row is [gate | up], 2 cols wide, and the values
- * quantized are h = gelu_tanh(gate) * up rounded to T, what
- * dg_cuda_gelu_mul_e stores (so the bytes are the ones that pass and this
- * kernel's plain form give).  cols a multiple of 8, at most 8 QR_THREADS
- * QR_CHUNKS; x 16-byte aligned. */
+ * blockIdx.x; it reads x's row r, or with kpick > 0 row blockIdx.x / kpick
+ * (pick blockIdx.x's token: the experts' picks straight from the tokens'
+ * rows) and writes q's and scale's row r.  GELU: x's row is [gate | up],
+ * 2 cols wide, and the values quantized are h = gelu_tanh(gate) * up
+ * rounded to T, what dg_cuda_gelu_mul_e stores (so the bytes are the ones
+ * that pass and this kernel's plain form give).  cols a multiple of 8, at
+ * most 8 QR_THREADS QR_CHUNKS; x 16-byte aligned. */
 template <typename T, int GELU>
 __global__ static void __launch_bounds__(QR_THREADS)
-    quantize_rows8_kernel(uint8_t *Q, float *S, const T *X, const int32_t *rows_at, int cols)
+    quantize_rows8_kernel(uint8_t *Q, float *S, const T *X, const int32_t *rows_at, int cols,
+                          int kpick)
 {
     __shared__ float s_amax[QR_THREADS / 32];
     __shared__ int s_nan[QR_THREADS / 32];
     const int64_t r = rows_at ? (int64_t)rows_at[blockIdx.x] : (int64_t)blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n8 = cols / 8;
-    const T *xr = X + r * (GELU ? 2 : 1) * (int64_t)cols;
+    const int64_t rx = kpick > 0 ? (int64_t)blockIdx.x / kpick : r;
+    const T *xr = X + rx * (GELU ? 2 : 1) * (int64_t)cols;
     float v[QR_CHUNKS][8], amax = 0.0f, s;
     int nan = 0;
     if (r < 0)
@@ -167,14 +171,14 @@ static int quantize8_fits(int cols, const void *x, const void *q)
 
 template <typename T>
 static void quantize8_launch(uint8_t *q, float *scale, const T *x, const int32_t *rows_at,
-                             int64_t n, int cols, int gelu, cudaStream_t st)
+                             int64_t n, int cols, int gelu, int kpick, cudaStream_t st)
 {
     if (gelu)
         quantize_rows8_kernel<T, 1><<<(unsigned)n, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
-                                                                        cols);
+                                                                        cols, kpick);
     else
         quantize_rows8_kernel<T, 0><<<(unsigned)n, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
-                                                                        cols);
+                                                                        cols, kpick);
 }
 
 extern "C" int dg_cuda_fp8_quantize_rows_at_fits(int cols, const void *x, const void *q)
@@ -198,9 +202,37 @@ extern "C" int dg_cuda_fp8_quantize_rows_at(enum dg_elt e, uint8_t *q, float *sc
     if (n == 0)
         return 0;
     if (e == DG_ELT_F32)
-        quantize8_launch(q, scale, (const float *)x, rows_at, n, cols, gelu, (cudaStream_t)stream);
+        quantize8_launch(q, scale, (const float *)x, rows_at, n, cols, gelu, 0,
+                         (cudaStream_t)stream);
     else
-        quantize8_launch(q, scale, (const __nv_bfloat16 *)x, rows_at, n, cols, gelu,
+        quantize8_launch(q, scale, (const __nv_bfloat16 *)x, rows_at, n, cols, gelu, 0,
+                         (cudaStream_t)stream);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_fp8_quantize_picks(enum dg_elt e, uint8_t *q, float *scale,
+                                          const void *x, const int32_t *slot_of, int64_t picks,
+                                          int K, int cols, dg_stream_t stream, int dev,
+                                          struct dg_error *err)
+{
+    int rc = 0;
+    if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || picks < 0 || picks > 0x7fffffff || K < 1 ||
+        !slot_of)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 quantize picks: element type %d, "
+                            "%lld picks, top-%d", dev, (int)e, (long long)picks, K);
+    if (!quantize8_fits(cols, x, q))
+        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: fp8 quantize picks: %d columns "
+                            "(a multiple of 8 up to %d, aligned)", dev, cols,
+                            8 * QR_THREADS * QR_CHUNKS);
+    if (picks == 0)
+        return 0;
+    if (e == DG_ELT_F32)
+        quantize8_launch(q, scale, (const float *)x, slot_of, picks, cols, 0, K,
+                         (cudaStream_t)stream);
+    else
+        quantize8_launch(q, scale, (const __nv_bfloat16 *)x, slot_of, picks, cols, 0, K,
                          (cudaStream_t)stream);
     DG_LAUNCH_CHECK();
 out:
@@ -223,9 +255,10 @@ extern "C" int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale
     if (quantize8_fits(cols, x, q) && rows <= 0x7fffffff) {
         /* a block a row */
         if (e == DG_ELT_F32)
-            quantize8_launch(q, scale, (const float *)x, NULL, rows, cols, 0, st);
+            quantize8_launch(q, scale, (const float *)x, NULL, rows, cols, 0, 0, st);
         else
-            quantize8_launch(q, scale, (const __nv_bfloat16 *)x, NULL, rows, cols, 0, st);
+            quantize8_launch(q, scale, (const __nv_bfloat16 *)x, NULL, rows, cols, 0, 0,
+                             st);
         DG_LAUNCH_CHECK();
         return 0;
     }

@@ -38,8 +38,17 @@ int dg_cuda_fp8_quantize_rows_at(enum dg_elt e, uint8_t *q, float *scale, const 
                                  const int32_t *rows_at, int64_t n, int cols, int gelu,
                                  dg_stream_t stream, int dev, struct dg_error *err);
 
-/* Whether dg_cuda_fp8_quantize_rows_at takes rows of cols columns from x
- * into q. */
+/* The experts' picks quantized straight from their tokens' rows: for p <
+ * picks with slot_of[p] >= 0, row slot_of[p] of q and scale from x's row
+ * p / K (the bytes and scale dg_cuda_fp8_quantize_rows gives that row),
+ * so no gathered copy of the rows is needed.  Errors and fit: as
+ * dg_cuda_fp8_quantize_rows_at. */
+int dg_cuda_fp8_quantize_picks(enum dg_elt e, uint8_t *q, float *scale, const void *x,
+                               const int32_t *slot_of, int64_t picks, int K, int cols,
+                               dg_stream_t stream, int dev, struct dg_error *err);
+
+/* Whether dg_cuda_fp8_quantize_rows_at (and _picks) takes rows of cols
+ * columns from x into q. */
 int dg_cuda_fp8_quantize_rows_at_fits(int cols, const void *x, const void *q);
 
 /* Whether [N, K] weights have a kernel: N a multiple of 64, K of 16. */

@@ -3,16 +3,18 @@
  * references on fresh random inputs.  Quantize: bf16 and fp32 rows (64,
  * 704, 2816 and 130 wide; a row of zeros, a row holding a NaN, values past
  * 448 times the scale's reach) to exactly dg_fp8_quantize_rows's bytes and
- * scales.  Product: one group of all rows (1 x 64 x 64, 37 x 128 x 2816,
- * 5 x 2112 x 704, 64 x 1024 x 2816) and eight groups with 0, 1, 17, 33, 64,
- * 150 (two passes of 128), 3 and 16 rows at offsets with gaps between,
- * against dg_ref_fp8_linear (the sum in double): fp32 output within 1e-5
- * relative, bf16 output within 8e-3; rows in the gaps left as poisoned,
- * guard bytes after every output; shapes that do not fit refused; the
- * same cases again with each of the kernel's configurations (K step and
- * pipeline depth).  The same product through cuBLASLt (kernels/fp8-lt.h)
- * at the projections' shapes, both ways it can apply the scales, to the
- * same bounds.  Exit 77 where there is no GPU.
+ * scales; the same for listed rows only (quantize_at) and for the experts'
+ * picks read from their tokens' rows (quantize_picks).  Product: one group
+ * of all rows (1 x 64 x 64, 37 x 128 x 2816, 5 x 2112 x 704, 64 x 1024 x
+ * 2816) and eight groups with 0, 1, 17, 33, 64, 150 (two passes of 128), 3
+ * and 16 rows at offsets with gaps between, against dg_ref_fp8_linear (the
+ * sum in double): fp32 output within 1e-5 relative, bf16 output within
+ * 8e-3; rows in the gaps left as poisoned, guard bytes after every output;
+ * shapes that do not fit refused; the same cases again with each of the
+ * kernel's configurations (K step and pipeline depth).  The same product
+ * through cuBLASLt (kernels/fp8-lt.h) at the projections' shapes, both
+ * ways it can apply the scales, to the same bounds.  Exit 77 where there is
+ * no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -197,6 +199,95 @@ static int quantize_at(void)
                                              (const int32_t *)(uintptr_t)256, 4, 130, 0, NULL, 0,
                                              &err),
                 &err, DG_E_UNSUPPORTED, "columns");
+    return 0;
+}
+
+/* The experts' picks quantized from their tokens' rows: T tokens of cols
+ * values, K picks each, pick p's slot a random distinct row of a q of
+ * T K + 5 rows or -1 (another rank's expert); every slot's bytes and
+ * scale those dg_fp8_quantize_rows gives the pick's token row, every other
+ * row untouched, guard bytes intact. */
+static int quantize_picks_one(enum dg_elt e, int64_t T, int K, int cols)
+{
+    const int64_t picks = T * K, rows = picks + 5;
+    const size_t es = (size_t)dg_elt_size(e), nq = (size_t)(rows * cols);
+    struct dg_error err = {0};
+    void *hx = NULL, *dx, *dq, *ds, *dslot;
+    float *fx = NULL;
+    int32_t *slot = malloc(sizeof(int32_t) * (size_t)picks);
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)rows), *token_of = malloc(sizeof(int64_t) *
+                                                                             (size_t)rows);
+    uint8_t *hq = malloc(nq + GUARD_BYTES), *want = malloc((size_t)(T * cols));
+    float *hs = malloc(sizeof(float) * (size_t)rows + GUARD_BYTES);
+    float *ws = malloc(sizeof(float) * (size_t)T);
+    CHECK(slot && perm && token_of && hq && want && hs && ws &&
+          gt_rand_elts(e, (size_t)(T * cols), 3.0f, &hx, &fx) == 0);
+    for (int64_t r = 0; r < rows; r++)
+        perm[r] = r, token_of[r] = -1;
+    for (int64_t r = rows - 1; r > 0; r--) { /* Fisher-Yates */
+        const int64_t j = (int64_t)(gt_next() % (uint64_t)(r + 1)), t = perm[r];
+        perm[r] = perm[j], perm[j] = t;
+    }
+    for (int64_t p = 0; p < picks; p++) {
+        slot[p] = p % 5 == 2 ? -1 : (int32_t)perm[p];
+        if (slot[p] >= 0)
+            token_of[slot[p]] = p / K;
+    }
+    dg_fp8_quantize_rows(fx, (size_t)T, (size_t)cols, (size_t)cols, want, ws);
+    dx = gt_upload(hx, (size_t)(T * cols) * es, &err);
+    dslot = gt_upload(slot, sizeof(int32_t) * (size_t)picks, &err);
+    dq = gt_out_alloc(nq, GUARD_BYTES, GUARD_BYTE, &err);
+    ds = gt_out_alloc(sizeof(float) * (size_t)rows, GUARD_BYTES, GUARD_BYTE, &err);
+    CHECKF(dx && dslot && dq && ds, "%s", err.msg);
+    CHECK_OK(dg_cuda_fp8_quantize_picks(e, dq, ds, dx, dslot, picks, K, cols, NULL, 0, &err),
+             &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(hq, dq, nq + GUARD_BYTES, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(hs, ds, sizeof(float) * (size_t)rows + GUARD_BYTES, 0, &err), &err);
+    CHECK(guard_intact(hq, nq) && guard_intact((unsigned char *)hs, sizeof(float) * (size_t)rows));
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = token_of[r];
+        const uint8_t *got = hq + r * cols;
+        uint32_t sbits;
+        memcpy(&sbits, &hs[r], 4);
+        if (t < 0) {
+            CHECKF(sbits == 0xffffffffu, "row %lld no slot: scale written", (long long)r);
+            for (int k = 0; k < cols; k++)
+                CHECKF(got[k] == 0xff, "row %lld no slot: byte %d written", (long long)r, k);
+            continue;
+        }
+        CHECKF(memcmp(&hs[r], &ws[t], 4) == 0 && memcmp(got, want + t * cols, (size_t)cols) == 0,
+               "slot %lld (token %lld): scale %g against %g, or its bytes differ", (long long)r,
+               (long long)t, (double)hs[r], (double)ws[t]);
+    }
+    printf("# quantize picks %s, %lld tokens x top-%d, %d columns: every slot's bytes and scale "
+           "the reference's for its token, the other rows untouched\n",
+           e == DG_ELT_F32 ? "fp32" : "bf16", (long long)T, K, cols);
+    dg_cuda_free(dx), dg_cuda_free(dslot), dg_cuda_free(dq), dg_cuda_free(ds);
+    free(hx), free(fx), free(slot), free(perm), free(token_of), free(hq), free(want), free(hs);
+    free(ws);
+    return 0;
+}
+
+static int quantize_picks(void)
+{
+    static const struct {
+        int64_t T;
+        int K, cols;
+    } shapes[] = {{1, 8, 2816}, {37, 8, 2816}, {9, 2, 64}, {20, 3, 704}, {2, 1, 8192}};
+    struct dg_error err = {0};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int e = 0; e < 2; e++)
+            CHECK(quantize_picks_one((enum dg_elt)e, shapes[i].T, shapes[i].K,
+                                     shapes[i].cols) == 0);
+    CHECK_FAILS(dg_cuda_fp8_quantize_picks(DG_ELT_BF16, NULL, NULL, (void *)(uintptr_t)256,
+                                           (const int32_t *)(uintptr_t)256, 4, 2, 130, NULL, 0,
+                                           &err),
+                &err, DG_E_UNSUPPORTED, "columns");
+    CHECK_FAILS(dg_cuda_fp8_quantize_picks(DG_ELT_BF16, NULL, NULL, (void *)(uintptr_t)256,
+                                           (const int32_t *)(uintptr_t)256, 4, 0, 64, NULL, 0,
+                                           &err),
+                &err, DG_E_INVAL, "top-0");
     return 0;
 }
 
@@ -574,6 +665,7 @@ int main(void)
     gt_seed(0x3c6ef372fe94f82bull);
     TEST_CASE(quantize);
     TEST_CASE(quantize_at);
+    TEST_CASE(quantize_picks);
     TEST_CASE(gemm_one_group);
     TEST_CASE(gemm_groups);
     TEST_CASE(gemm_accumulate);
