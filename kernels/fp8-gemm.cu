@@ -186,30 +186,40 @@ extern "C" int dg_cuda_fp8_quantize_rows_at_fits(int cols, const void *x, const 
     return quantize8_fits(cols, x, q);
 }
 
+/* The listed rows' launch (dg_cuda_fp8_quantize_rows_at, kpick 0;
+ * dg_cuda_fp8_quantize_picks, kpick = K), its arguments checked by the
+ * caller but for the columns: DG_E_UNSUPPORTED (what names the call) where
+ * the kernel does not take them, nothing queued. */
+static int quantize8_at(enum dg_elt e, uint8_t *q, float *scale, const void *x,
+                        const int32_t *rows_at, int64_t n, int cols, int gelu, int kpick,
+                        const char *what, dg_stream_t stream, int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    int rc = 0;
+    if (!quantize8_fits(cols, x, q))
+        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: fp8 quantize %s: %d columns (a "
+                            "multiple of 8 up to %d, aligned)", dev, what, cols,
+                            8 * QR_THREADS * QR_CHUNKS);
+    if (n == 0)
+        return 0;
+    if (e == DG_ELT_F32)
+        quantize8_launch(q, scale, (const float *)x, rows_at, n, cols, gelu, kpick, st);
+    else
+        quantize8_launch(q, scale, (const __nv_bfloat16 *)x, rows_at, n, cols, gelu, kpick, st);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
 extern "C" int dg_cuda_fp8_quantize_rows_at(enum dg_elt e, uint8_t *q, float *scale,
                                             const void *x, const int32_t *rows_at, int64_t n,
                                             int cols, int gelu, dg_stream_t stream, int dev,
                                             struct dg_error *err)
 {
-    int rc = 0;
     if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || n < 0 || n > 0x7fffffff || !rows_at)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 quantize at rows: element type %d, "
                             "%lld rows", dev, (int)e, (long long)n);
-    if (!quantize8_fits(cols, x, q))
-        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: fp8 quantize at rows: %d columns "
-                            "(a multiple of 8 up to %d, aligned)", dev, cols,
-                            8 * QR_THREADS * QR_CHUNKS);
-    if (n == 0)
-        return 0;
-    if (e == DG_ELT_F32)
-        quantize8_launch(q, scale, (const float *)x, rows_at, n, cols, gelu, 0,
-                         (cudaStream_t)stream);
-    else
-        quantize8_launch(q, scale, (const __nv_bfloat16 *)x, rows_at, n, cols, gelu, 0,
-                         (cudaStream_t)stream);
-    DG_LAUNCH_CHECK();
-out:
-    return rc;
+    return quantize8_at(e, q, scale, x, rows_at, n, cols, gelu, 0, "at rows", stream, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_quantize_picks(enum dg_elt e, uint8_t *q, float *scale,
@@ -217,26 +227,11 @@ extern "C" int dg_cuda_fp8_quantize_picks(enum dg_elt e, uint8_t *q, float *scal
                                           int K, int cols, dg_stream_t stream, int dev,
                                           struct dg_error *err)
 {
-    int rc = 0;
     if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || picks < 0 || picks > 0x7fffffff || K < 1 ||
         !slot_of)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: fp8 quantize picks: element type %d, "
                             "%lld picks, top-%d", dev, (int)e, (long long)picks, K);
-    if (!quantize8_fits(cols, x, q))
-        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: fp8 quantize picks: %d columns "
-                            "(a multiple of 8 up to %d, aligned)", dev, cols,
-                            8 * QR_THREADS * QR_CHUNKS);
-    if (picks == 0)
-        return 0;
-    if (e == DG_ELT_F32)
-        quantize8_launch(q, scale, (const float *)x, slot_of, picks, cols, 0, K,
-                         (cudaStream_t)stream);
-    else
-        quantize8_launch(q, scale, (const __nv_bfloat16 *)x, slot_of, picks, cols, 0, K,
-                         (cudaStream_t)stream);
-    DG_LAUNCH_CHECK();
-out:
-    return rc;
+    return quantize8_at(e, q, scale, x, slot_of, picks, cols, 0, K, "picks", stream, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_quantize_rows(enum dg_elt e, uint8_t *q, float *scale, const void *x,
