@@ -291,21 +291,32 @@ $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(BUILD)/tests/gpu/gpu-util.o $(HAR
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(CUDA_LIBS) $(SYS_LIBS) -o $@
 
-# libFuzzer targets: clang, ASan + UBSan, the library sources compiled in.
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=fuzzer,address,undefined \
-              -fno-sanitize-recover=all
-# (the daemon's request parser is fuzzed too: its source goes in as well)
+# libFuzzer targets: clang, ASan + UBSan, linked with the library sources
+# compiled once for them (with libFuzzer's coverage, not its main) into
+# $(BUILD)/fuzz/libfuzz.a.
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=fuzzer $(FUZZ_SAN)
+# (the daemon's request parser is fuzzed too: its sources go in as well)
 FUZZ_DAEMON_SRC := daemon/protocol.c daemon/shm-ring.c
+FUZZ_LIB := $(BUILD)/fuzz/libfuzz.a
+FUZZ_LIB_OBJ := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(LIB_SRC) $(FUZZ_DAEMON_SRC))
+$(BUILD)/fuzz/obj/%.o: %.c
+	$(call say,FUZZCC,$<)
+	@mkdir -p $(@D)
+	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -I. -MMD -MP -g -O1 -fsanitize=fuzzer-no-link \
+	    $(FUZZ_SAN) -c $< -o $@
+$(FUZZ_LIB): $(FUZZ_LIB_OBJ)
+	$(call say,AR,$@)
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
 # (a target that needs more, e.g. a client parser: FUZZ_EXTRA_<target>)
 FUZZ_EXTRA_fuzz-batch-input := client/batch-input.c
 $(BUILD)/fuzz/fuzz-batch-input: $(FUZZ_EXTRA_fuzz-batch-input) client/batch-input.h
 FUZZ_EXTRA_fuzz-problems := tools/eval/problems.c
 $(BUILD)/fuzz/fuzz-problems: $(FUZZ_EXTRA_fuzz-problems) tools/eval/problems.h tools/eval/eval.h
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(wildcard lib/*.h daemon/*.h tests/fuzz/*.h)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB) $(wildcard lib/*.h daemon/*.h tests/fuzz/*.h)
 	$(call say,FUZZ,$@)
 	@mkdir -p $(@D)
-	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(LIB_SRC) $(FUZZ_DAEMON_SRC) $(FUZZ_EXTRA_$*) $(STATIC_LIBS) \
-	    $(SYS_LIBS) -o $@
+	$(Q)$(CLANG) $(FUZZ_FLAGS) $< $(FUZZ_EXTRA_$*) $(FUZZ_LIB) $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
 # ---- test targets ----------------------------------------------------------
 test: all $(UNIT_BIN) $(INTEG_BIN)
