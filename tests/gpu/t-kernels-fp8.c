@@ -109,6 +109,37 @@ static int quantize(void)
     return 0;
 }
 
+/* The rows of a quantization to listed rows (hq, hs: rows of cols bytes
+ * and their scales, downloaded with the guard bytes after each): row r
+ * with src[r] >= 0 holds the bytes and the scale of row src[r] of want
+ * and ws, the others keep their poison (0xff) untouched; the guard bytes
+ * intact.  what names the call in the messages. */
+static int listed_rows_check(const uint8_t *hq, const float *hs, int64_t rows, int cols,
+                             const int64_t *src, const uint8_t *want, const float *ws,
+                             const char *what)
+{
+    CHECK(guard_intact(hq, (size_t)(rows * cols)) &&
+          guard_intact((const unsigned char *)hs, sizeof(float) * (size_t)rows));
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = src[r];
+        const uint8_t *got = hq + r * cols;
+        uint32_t sbits;
+        memcpy(&sbits, &hs[r], 4);
+        if (t < 0) {
+            CHECKF(sbits == 0xffffffffu, "%s: row %lld not listed: scale written", what,
+                   (long long)r);
+            for (int k = 0; k < cols; k++)
+                CHECKF(got[k] == 0xff, "%s: row %lld not listed: byte %d written", what,
+                       (long long)r, k);
+            continue;
+        }
+        CHECKF(memcmp(&hs[r], &ws[t], 4) == 0 && memcmp(got, want + t * cols, (size_t)cols) == 0,
+               "%s: row %lld (of row %lld): scale %g against %g, or its bytes differ", what,
+               (long long)r, (long long)t, (double)hs[r], (double)ws[t]);
+    }
+    return 0;
+}
+
 /* dg_cuda_fp8_quantize_rows_at over a shuffled subset of rows (and -1
  * entries): listed rows get the bytes and scale of dg_cuda_fp8_quantize_rows
  * over the same input (plain), or over dg_cuda_gelu_mul_e's output (gelu);
@@ -122,10 +153,11 @@ static int quantize_at_one(enum dg_elt e, int64_t rows, int cols, int gelu)
     float *fx = NULL;
     int32_t *at = malloc(sizeof(int32_t) * (size_t)n);
     unsigned char *listed = calloc((size_t)rows, 1);
+    int64_t *src = malloc(sizeof(int64_t) * (size_t)rows);
     uint8_t *hq = malloc(nq + GUARD_BYTES), *hq2 = malloc(nq);
     float *hs = malloc(sizeof(float) * (size_t)rows + GUARD_BYTES);
     float *hs2 = malloc(sizeof(float) * (size_t)rows);
-    CHECK(at && listed && hq && hq2 && hs && hs2 &&
+    CHECK(at && listed && src && hq && hq2 && hs && hs2 &&
           gt_rand_elts(e, (size_t)(rows * w), 3.0f, &hx, &fx) == 0);
     for (int64_t i = 0; i < n; i++) {
         at[i] = i % 7 == 3 ? -1 : (int32_t)(gt_next() % (uint64_t)rows);
@@ -158,28 +190,17 @@ static int quantize_at_one(enum dg_elt e, int64_t rows, int cols, int gelu)
     CHECK_OK(dg_cuda_download(hs, ds, sizeof(float) * (size_t)rows + GUARD_BYTES, 0, &err), &err);
     CHECK_OK(dg_cuda_download(hq2, dq2, nq, 0, &err), &err);
     CHECK_OK(dg_cuda_download(hs2, ds2, sizeof(float) * (size_t)rows, 0, &err), &err);
-    CHECK(guard_intact(hq, nq) && guard_intact((unsigned char *)hs, sizeof(float) * (size_t)rows));
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *got = hq + r * cols, *want = hq2 + r * cols;
-        uint32_t sbits;
-        memcpy(&sbits, &hs[r], 4);
-        if (!listed[r]) {
-            CHECKF(sbits == 0xffffffffu, "row %lld not listed: scale written", (long long)r);
-            for (int k = 0; k < cols; k++)
-                CHECKF(got[k] == 0xff, "row %lld not listed: byte %d written", (long long)r, k);
-            continue;
-        }
-        CHECKF(memcmp(&hs[r], &hs2[r], 4) == 0 && memcmp(got, want, (size_t)cols) == 0,
-               "row %lld: scale %g against %g, or its bytes differ", (long long)r,
-               (double)hs[r], (double)hs2[r]);
-    }
+    for (int64_t r = 0; r < rows; r++)
+        src[r] = listed[r] ? r : -1;
+    CHECK(listed_rows_check(hq, hs, rows, cols, src, hq2, hs2, "quantize at rows") == 0);
     printf("# quantize at rows %s %lld of %lld x %d%s: every listed row's bytes and scale equal "
            "to the %s, the others untouched\n", e == DG_ELT_F32 ? "fp32" : "bf16",
            (long long)n, (long long)rows, cols, gelu ? ", gelu" : "",
            gelu ? "gelu pass and quantization" : "quantization");
     dg_cuda_free(dx), dg_cuda_free(dat), dg_cuda_free(dq), dg_cuda_free(ds), dg_cuda_free(dq2);
     dg_cuda_free(ds2), dg_cuda_free(dh);
-    free(hx), free(fx), free(at), free(listed), free(hq), free(hq2), free(hs), free(hs2);
+    free(hx), free(fx), free(at), free(listed), free(src), free(hq), free(hq2), free(hs);
+    free(hs2);
     return 0;
 }
 
@@ -244,22 +265,7 @@ static int quantize_picks_one(enum dg_elt e, int64_t T, int K, int cols)
     CHECK_OK(dg_cuda_sync(0, &err), &err);
     CHECK_OK(dg_cuda_download(hq, dq, nq + GUARD_BYTES, 0, &err), &err);
     CHECK_OK(dg_cuda_download(hs, ds, sizeof(float) * (size_t)rows + GUARD_BYTES, 0, &err), &err);
-    CHECK(guard_intact(hq, nq) && guard_intact((unsigned char *)hs, sizeof(float) * (size_t)rows));
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t t = token_of[r];
-        const uint8_t *got = hq + r * cols;
-        uint32_t sbits;
-        memcpy(&sbits, &hs[r], 4);
-        if (t < 0) {
-            CHECKF(sbits == 0xffffffffu, "row %lld no slot: scale written", (long long)r);
-            for (int k = 0; k < cols; k++)
-                CHECKF(got[k] == 0xff, "row %lld no slot: byte %d written", (long long)r, k);
-            continue;
-        }
-        CHECKF(memcmp(&hs[r], &ws[t], 4) == 0 && memcmp(got, want + t * cols, (size_t)cols) == 0,
-               "slot %lld (token %lld): scale %g against %g, or its bytes differ", (long long)r,
-               (long long)t, (double)hs[r], (double)ws[t]);
-    }
+    CHECK(listed_rows_check(hq, hs, rows, cols, token_of, want, ws, "quantize picks") == 0);
     printf("# quantize picks %s, %lld tokens x top-%d, %d columns: every slot's bytes and scale "
            "the reference's for its token, the other rows untouched\n",
            e == DG_ELT_F32 ? "fp32" : "bf16", (long long)T, K, cols);
