@@ -294,8 +294,9 @@ $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(BUILD)/tests/gpu/gpu-util.o $(HAR
 # libFuzzer targets: clang, ASan + UBSan, linked with the library sources
 # compiled once for them (with libFuzzer's coverage, not its main) into
 # $(BUILD)/fuzz/libfuzz.a.
-FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=fuzzer $(FUZZ_SAN)
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=address,undefined \
+               -fno-sanitize-recover=all
+FUZZ_FLAGS := $(FUZZ_CFLAGS) -fsanitize=fuzzer
 # (the daemon's request parser is fuzzed too: its sources go in as well)
 FUZZ_DAEMON_SRC := daemon/protocol.c daemon/shm-ring.c
 FUZZ_LIB := $(BUILD)/fuzz/libfuzz.a
@@ -303,8 +304,7 @@ FUZZ_LIB_OBJ := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(LIB_SRC) $(FUZZ_DAEMON_SR
 $(BUILD)/fuzz/obj/%.o: %.c
 	$(call say,FUZZCC,$<)
 	@mkdir -p $(@D)
-	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -I. -MMD -MP -g -O1 -fsanitize=fuzzer-no-link \
-	    $(FUZZ_SAN) -c $< -o $@
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
 $(FUZZ_LIB): $(FUZZ_LIB_OBJ)
 	$(call say,AR,$@)
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
