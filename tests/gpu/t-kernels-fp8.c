@@ -152,19 +152,20 @@ static int quantize_at_one(enum dg_elt e, int64_t rows, int cols, int gelu)
     void *hx = NULL, *dx, *dh = NULL, *dq, *ds, *dq2, *ds2, *dat;
     float *fx = NULL;
     int32_t *at = malloc(sizeof(int32_t) * (size_t)n);
-    unsigned char *listed = calloc((size_t)rows, 1);
-    int64_t *src = malloc(sizeof(int64_t) * (size_t)rows);
+    int64_t *src = malloc(sizeof(int64_t) * (size_t)rows); /* r where listed, else -1 */
     uint8_t *hq = malloc(nq + GUARD_BYTES), *hq2 = malloc(nq);
     float *hs = malloc(sizeof(float) * (size_t)rows + GUARD_BYTES);
     float *hs2 = malloc(sizeof(float) * (size_t)rows);
-    CHECK(at && listed && src && hq && hq2 && hs && hs2 &&
+    CHECK(at && src && hq && hq2 && hs && hs2 &&
           gt_rand_elts(e, (size_t)(rows * w), 3.0f, &hx, &fx) == 0);
+    for (int64_t r = 0; r < rows; r++)
+        src[r] = -1;
     for (int64_t i = 0; i < n; i++) {
         at[i] = i % 7 == 3 ? -1 : (int32_t)(gt_next() % (uint64_t)rows);
-        if (at[i] >= 0 && listed[at[i]])
+        if (at[i] >= 0 && src[at[i]] >= 0)
             at[i] = -1; /* each row at most once */
         if (at[i] >= 0)
-            listed[at[i]] = 1;
+            src[at[i]] = at[i];
     }
     dx = gt_upload(hx, (size_t)(rows * w) * es, &err);
     dat = gt_upload(at, sizeof(int32_t) * (size_t)n, &err);
@@ -190,8 +191,6 @@ static int quantize_at_one(enum dg_elt e, int64_t rows, int cols, int gelu)
     CHECK_OK(dg_cuda_download(hs, ds, sizeof(float) * (size_t)rows + GUARD_BYTES, 0, &err), &err);
     CHECK_OK(dg_cuda_download(hq2, dq2, nq, 0, &err), &err);
     CHECK_OK(dg_cuda_download(hs2, ds2, sizeof(float) * (size_t)rows, 0, &err), &err);
-    for (int64_t r = 0; r < rows; r++)
-        src[r] = listed[r] ? r : -1;
     CHECK(listed_rows_check(hq, hs, rows, cols, src, hq2, hs2, "quantize at rows") == 0);
     printf("# quantize at rows %s %lld of %lld x %d%s: every listed row's bytes and scale equal "
            "to the %s, the others untouched\n", e == DG_ELT_F32 ? "fp32" : "bf16",
@@ -199,8 +198,7 @@ static int quantize_at_one(enum dg_elt e, int64_t rows, int cols, int gelu)
            gelu ? "gelu pass and quantization" : "quantization");
     dg_cuda_free(dx), dg_cuda_free(dat), dg_cuda_free(dq), dg_cuda_free(ds), dg_cuda_free(dq2);
     dg_cuda_free(ds2), dg_cuda_free(dh);
-    free(hx), free(fx), free(at), free(listed), free(src), free(hq), free(hq2), free(hs);
-    free(hs2);
+    free(hx), free(fx), free(at), free(src), free(hq), free(hq2), free(hs), free(hs2);
     return 0;
 }
 
