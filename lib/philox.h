@@ -42,15 +42,25 @@ enum dg_rand_purpose { DG_RAND_GUMBEL = 0, DG_RAND_INIT = 1, DG_RAND_RENOISE = 2
 
 /* out = Philox4x32-10(ctr, key): ten rounds of
  *   (c0, c1, c2, c3) -> (hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0))
- * with the key bumped by (W0, W1) between rounds. */
+ * with the key bumped by (W0, W1) between rounds.  The GPU takes each
+ * product's halves in 32-bit multiplies (__umulhi and the wrapping low
+ * product): the same bits, without the 64-bit arithmetic the compiler
+ * otherwise makes of the unrolled rounds. */
 DG_HD void dg_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
 {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
     uint32_t k0 = key[0], k1 = key[1];
     for (int r = 0; r < 10; r++) {
+#ifdef __CUDA_ARCH__
+        const uint32_t h0 = __umulhi(DG_PHILOX_M0, c0), l0 = DG_PHILOX_M0 * c0;
+        const uint32_t h1 = __umulhi(DG_PHILOX_M1, c2), l1 = DG_PHILOX_M1 * c2;
+#else
         const uint64_t p0 = (uint64_t)DG_PHILOX_M0 * c0, p1 = (uint64_t)DG_PHILOX_M1 * c2;
-        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n1 = (uint32_t)p1;
-        const uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1, n3 = (uint32_t)p0;
+        const uint32_t h0 = (uint32_t)(p0 >> 32), l0 = (uint32_t)p0;
+        const uint32_t h1 = (uint32_t)(p1 >> 32), l1 = (uint32_t)p1;
+#endif
+        const uint32_t n0 = h1 ^ c1 ^ k0, n1 = l1;
+        const uint32_t n2 = h0 ^ c3 ^ k1, n3 = l0;
         c0 = n0;
         c1 = n1;
         c2 = n2;

@@ -3,11 +3,15 @@
  * top-k/top-p threshold, max, sum of exponentials, entropy term, argmax,
  * Philox Gumbel-max sample, non-finite count) against the plain-C sampler
  * (dg_ref_softcap, then dg_row_stats_slice over each row) on fresh random
- * logits: rows of 1,000 to 65,536 ids (not multiples of the chunk),
+ * logits, spread wide (past the soft-cap's knee) and close together (the
+ * Gumbel noise deciding the sample): rows of 1,000 to 262,144 ids (some
+ * not multiples of the chunk),
  * vocabulary slices that start past 0, thresholds that keep all or part,
  * NaN logits.  Argmax and sample ids must be equal; max within fp32
  * rounding, S and D within 1e-5 relative (fp32 vs double exponentials),
- * the soft-capped logits written back within fp32 rounding (slices from
+ * the max equal to the bit to the CPU's over the GPU's own soft-capped
+ * logits (the kernel's division by T is IEEE division), the soft-capped
+ * logits written back within fp32 rounding (slices from
  * id 7 and 131,072: Philox blocks that straddle the chunks); the
  * probabilities (bf16) and the self-conditioning product P . E through
  * cuBLAS within the bf16 bound 1e-2 of dg_row_probs and a double product;
@@ -44,7 +48,13 @@ static double rel(double a, double b)
     return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1.0);
 }
 
-static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter, int with_nan)
+/* rows random rows of n logits uniform on [-spread, spread] (ids v0 ..
+ * v0 + n - 1) through dg_cuda_row_stats against dg_row_stats_slice: see
+ * the description above.  A small spread leaves the sample to the Gumbel
+ * noise, where the kernel's screen of losing ids (gumbel_loses) is what
+ * decides most ids. */
+static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter, int with_nan,
+                      float spread)
 {
     const size_t cells = (size_t)(rows * n);
     struct dg_error err = {0};
@@ -59,7 +69,7 @@ static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter
 
     CHECK(z && zc && zg && T && tau && sites && ref && got);
     for (size_t i = 0; i < cells; i++)
-        z[i] = gt_uniform() * 40.0f; /* past the soft-cap's knee */
+        z[i] = gt_uniform() * spread; /* 40: past the soft-cap's knee */
     if (with_nan)
         for (int64_t r = 0; r < rows; r++)
             z[(size_t)r * n + (size_t)(gt_next() % (uint64_t)n)] = NAN;
@@ -124,6 +134,15 @@ static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter
         }
         CHECKF(rel(g.max, ref[r].max) <= 1e-6, "row %lld: max %g vs %g", (long long)r, g.max,
                ref[r].max);
+        {
+            /* over the GPU's own soft-capped logits the division by T is
+             * the CPU's: the same max to the bit */
+            struct dg_row_stats own;
+            dg_row_stats_slice(zg + (size_t)r * n, v0, n, T[r], tau[r], NULL, &own);
+            CHECKF(g.max == own.max && g.argmax == own.argmax,
+                   "row %lld: max %.9g (id %d), the CPU's over the GPU's logits %.9g (id %d)",
+                   (long long)r, g.max, g.argmax, own.max, own.argmax);
+        }
         CHECKF(rel(g.sum, ref[r].sum) <= 1e-5 && fabs(g.dev - ref[r].dev) <= 1e-5 * (fabs(ref[r].dev) + ref[r].sum),
                "row %lld: S %g vs %g, D %g vs %g", (long long)r, g.sum, ref[r].sum, g.dev,
                ref[r].dev);
@@ -137,9 +156,9 @@ static int stats_case(int64_t rows, int64_t n, int64_t v0, float cap, int filter
                    (long long)r, h, hr);
         }
     }
-    printf("# row_stats %lld rows x %lld ids from %lld, cap %g%s%s: argmax and %d samples equal, "
-           "S within %.1e, soft-capped logits within %.1e\n",
-           (long long)rows, (long long)n, (long long)v0, cap, filter ? ", filtered" : "",
+    printf("# row_stats %lld rows x %lld ids from %lld, logits within %g, cap %g%s%s: argmax and "
+           "%d samples equal, S within %.1e, soft-capped logits within %.1e\n",
+           (long long)rows, (long long)n, (long long)v0, spread, cap, filter ? ", filtered" : "",
            with_nan ? ", NaNs" : "", samples_equal, worst_s, worst_z);
     dg_cuda_free(dz);
     dg_cuda_free(dT);
@@ -238,10 +257,16 @@ static int row_stats_fold(void)
 
 static int row_stats(void)
 {
-    if (stats_case(4, 1000, 0, 30.0f, 0, 0) || stats_case(16, 65536, 131072, 30.0f, 0, 1) ||
-        stats_case(33, 20000, 7, 30.0f, 1, 0) || stats_case(3, 8193, 0, 0.0f, 0, 1) ||
-        stats_case(64, 4096, 262144 - 4096, 30.0f, 1, 1) ||
-        stats_case(2, 3 * 32768 + 1001, 3, 30.0f, 1, 1))
+    if (stats_case(4, 1000, 0, 30.0f, 0, 0, 40.0f) ||
+        stats_case(16, 65536, 131072, 30.0f, 0, 1, 40.0f) ||
+        stats_case(33, 20000, 7, 30.0f, 1, 0, 40.0f) || stats_case(3, 8193, 0, 0.0f, 0, 1, 40.0f) ||
+        stats_case(64, 4096, 262144 - 4096, 30.0f, 1, 1, 40.0f) ||
+        stats_case(2, 3 * 32768 + 1001, 3, 30.0f, 1, 1, 40.0f) ||
+        /* the whole vocabulary, logits close together (as a random-weight
+         * model's): the Gumbel noise picks, nearly every id screened */
+        stats_case(8, 262144, 0, 30.0f, 0, 0, 0.5f) ||
+        stats_case(8, 262144, 0, 30.0f, 0, 1, 4.0f) ||
+        stats_case(5, 50001, 13, 0.0f, 1, 0, 2.0f))
         return 1;
     return 0;
 }
