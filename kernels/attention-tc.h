@@ -23,7 +23,8 @@ int dg_cuda_attention_tc_fits(int hd);
 /* dg_cuda_attention_batch_e with bf16 q, k, v and out.  With scratch
  * (device, scratch_bytes) the keys may be split over several blocks
  * when the rows make too few (small batches), as far as the scratch
- * holds their partial results; NULL: one block per row tile.  Errors:
+ * holds their partial results (scratch 16-byte and out 8-byte aligned,
+ * as allocations are); NULL: one block per row tile.  Errors:
  * DG_E_INVAL (a head size that does not fit, heads), DG_E_CUDA. */
 int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos, const int32_t *q_seq,
                          int64_t Tq, const struct dg_attn_seq *seqs, int nh, int nkv, int hd,
