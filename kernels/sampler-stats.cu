@@ -126,9 +126,11 @@ __device__ static inline int gumbel_loses(float u, float l, float best)
  * roundings of random sign (t-kernels-sampler's bound is 1e-5).  VEC:
  * every block whole inside the slice and 16-byte aligned (one load, no
  * per-id bounds).  Offsets within a row are 32-bit (v0 + n < 2^31,
- * checked by the caller).  Bound by issuing instructions (run 103: 71% of
- * the issue slots, about 190 instructions an id), so 4 blocks a
- * multiprocessor (run 104: 0.557 -> 0.509 ms at batch 1 against 3). */
+ * checked by the caller).  Bound by issuing instructions, so 4 blocks a
+ * multiprocessor (run 104: 0.557 -> 0.509 ms at batch 1 against 3).  Run
+ * 103 counted about 190 instructions an id, most in lanes that took the
+ * exact noise or a new maximum alone; with the warp's maximum and best
+ * value shared, run 126 counts about 135 (0.413 ms at batch 1). */
 template <int VEC>
 __global__ static void __launch_bounds__(STATS_THREADS, 4)
     stats_kernel(struct dg_row_stats *parts, float *z, int32_t n, int32_t v0, float cap,
