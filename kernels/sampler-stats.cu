@@ -303,14 +303,10 @@ extern "C" int dg_cuda_row_stats(struct dg_row_stats *out, float *z, int64_t row
         /* every Philox block whole and 16-byte aligned: one load a block */
         const int vec = v0 % 4 == 0 && n % 4 == 0 && (uintptr_t)z % 16 == 0;
         const dim3 grid((unsigned)chunks, (unsigned)rows);
-        if (vec)
-            stats_kernel<1><<<grid, STATS_THREADS, 0, (cudaStream_t)stream>>>(
-                (struct dg_row_stats *)scratch, z, (int32_t)n, (int32_t)v0, cap, T, tau, sites,
-                (int)chunks);
-        else
-            stats_kernel<0><<<grid, STATS_THREADS, 0, (cudaStream_t)stream>>>(
-                (struct dg_row_stats *)scratch, z, (int32_t)n, (int32_t)v0, cap, T, tau, sites,
-                (int)chunks);
+        auto kernel = vec ? stats_kernel<1> : stats_kernel<0>;
+        kernel<<<grid, STATS_THREADS, 0, (cudaStream_t)stream>>>(
+            (struct dg_row_stats *)scratch, z, (int32_t)n, (int32_t)v0, cap, T, tau, sites,
+            (int)chunks);
         DG_LAUNCH_CHECK();
     }
     fold_kernel<<<(unsigned)((rows + 127) / 128), 128, 0, (cudaStream_t)stream>>>(
