@@ -41,8 +41,9 @@ int dg_cuda_fp8_quantize_rows_at(enum dg_elt e, uint8_t *q, float *scale, const 
 /* The experts' picks quantized straight from their tokens' rows: for p <
  * picks with slot_of[p] >= 0, row slot_of[p] of q and scale from x's row
  * p / K (the bytes and scale dg_cuda_fp8_quantize_rows gives that row),
- * so no gathered copy of the rows is needed.  Errors and fit: as
- * dg_cuda_fp8_quantize_rows_at. */
+ * so no gathered copy of the rows is needed; each token's row is
+ * quantized once for its K picks (picks a multiple of K, else
+ * DG_E_INVAL).  Errors and fit: as dg_cuda_fp8_quantize_rows_at. */
 int dg_cuda_fp8_quantize_picks(enum dg_elt e, uint8_t *q, float *scale, const void *x,
                                const int32_t *slot_of, int64_t picks, int K, int cols,
                                dg_stream_t stream, int dev, struct dg_error *err);

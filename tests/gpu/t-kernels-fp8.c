@@ -292,6 +292,10 @@ static int quantize_picks(void)
                                            (const int32_t *)(uintptr_t)256, 4, 0, 64, NULL, 0,
                                            &err),
                 &err, DG_E_INVAL, "top-0");
+    CHECK_FAILS(dg_cuda_fp8_quantize_picks(DG_ELT_BF16, NULL, NULL, (void *)(uintptr_t)256,
+                                           (const int32_t *)(uintptr_t)256, 5, 2, 64, NULL, 0,
+                                           &err),
+                &err, DG_E_INVAL, "K picks a token");
     return 0;
 }
 
