@@ -27,23 +27,22 @@
 #define WG_BM 64  /* weight rows a block */
 #define WG_BK 64  /* K a stage: one 128-byte swizzled row */
 
-/* grid (N / 64, groups), 128 threads (one warpgroup); shared: ST stages of
- * [64 weight rows][128 B] then [NT rows][128 B], swizzled, 1,024-aligned */
+/* One block's work: 64 of group j's weight rows, the bx-th 64 (GATED:
+ * the gate and up rows of Y's columns 32 bx .. 32 bx + 31), against all
+ * of the group's rows, NT at a time;
+ * 128 threads (one warpgroup); smem: ST stages of [64 weight rows][128 B]
+ * then [NT rows][128 B], swizzled, at shared address base (1,024-aligned) */
 template <int NT, int ST, bool GATED, typename Out>
-__global__ static void __launch_bounds__(128)
-    grouped_wgmma_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
-                         const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
+__device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                                 int64_t row0, int count, int bx, int j, int64_t N,
+                                 int64_t K, unsigned char *smem, uint32_t base)
 {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
     constexpr int WB = WG_BM * 128, STAGE = WB + NT * 128;
-    const uint32_t base = (dg_smem_u32(smem_raw) + 1023u) & ~1023u;
-    unsigned char *smem = smem_raw + (base - dg_smem_u32(smem_raw));
-    const int j = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
-    const int count = counts[j];
-    const int64_t row0 = offsets[j], I = N / 2;
+    const int64_t I = N / 2;
     /* the block's first weight row (GATED: first gate row, = Y's column) */
-    const int64_t n0 = (int64_t)blockIdx.x * (GATED ? WG_BM / 2 : WG_BM);
+    const int64_t n0 = (int64_t)bx * (GATED ? WG_BM / 2 : WG_BM);
     const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
     const int ksteps = (int)(K / WG_BK);
 
@@ -106,6 +105,95 @@ __global__ static void __launch_bounds__(128)
     }
 }
 
+/* the dynamic shared memory of a block: its stages, 1,024-aligned */
+__device__ static inline unsigned char *stages(uint32_t *base)
+{
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    *base = (dg_smem_u32(smem_raw) + 1023u) & ~1023u;
+    return smem_raw + (*base - dg_smem_u32(smem_raw));
+}
+
+/* grid (N / 64, groups), 128 threads: block (x, j) takes group j's weight
+ * rows 64 x on (GATED: Y's columns 32 x on) */
+template <int NT, int ST, bool GATED, typename Out>
+__global__ static void __launch_bounds__(128)
+    grouped_wgmma_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                         const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
+{
+    uint32_t base;
+    unsigned char *smem = stages(&base);
+    const int j = blockIdx.y;
+    tile_rows<NT, ST, GATED>(Y, X, W, offsets[j], counts[j], (int)blockIdx.x, j, N, K, smem,
+                             base);
+}
+
+/* Both of the experts' products in one launch (dg_cuda_experts_wgmma):
+ * nb1 = 2I / 64 gated tiles a group, then nb2 = H / 64 down tiles a
+ * group.  A block takes the next ticket (sync[0]) and with it its tile:
+ * tickets 0 .. nb1 groups - 1 the gated tiles, group by group, then the
+ * down tiles likewise.  A gated tile, once stored, counts itself done in
+ * sync[1 + j]; a down tile of group j first waits until all nb1 of
+ * group j's gated tiles are (it reads all of their columns).  A ticket is
+ * taken by a block already running, so every tile a down tile waits for
+ * belongs to a block that is running or done: no block waits on one not
+ * yet placed, whatever order the hardware places blocks in.  The gated
+ * tiles' tail on the multiprocessors is filled with down tiles of the
+ * groups already done. */
+template <int NT, int ST>
+/* (the blocks a multiprocessor holds by shared memory, as the two
+ * kernels it replaces: left free, ptxas gives it registers for fewer) */
+__global__ static void __launch_bounds__(128, NT == 32 ? 6 : NT == 64 ? 4 : 3)
+    experts_wgmma_kernel(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
+                         const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
+                         const int32_t *offsets, const int32_t *counts, int32_t *sync, int groups,
+                         int64_t I, int64_t H)
+{
+    uint32_t base;
+    unsigned char *smem = stages(&base);
+    /* the ticket after the stages, in the alignment's slack: the
+     * dynamic memory starts 16-aligned, so at most 1,008 of its 1,024
+     * spare bytes lie before base (not one byte more: at 32 rows a pass
+     * six blocks fill a multiprocessor's 228 KB exactly) */
+    int *s_ticket = (int *)(smem + ST * (WG_BM + NT) * 128);
+    const int nb1 = (int)(2 * I / WG_BM), nb2 = (int)(H / WG_BM);
+    if (threadIdx.x == 0)
+        *s_ticket = atomicAdd(&sync[0], 1);
+    __syncthreads();
+    const int t = *s_ticket;
+    if (t < nb1 * groups) {
+        const int j = t / nb1;
+        tile_rows<NT, ST, true>(hh, xs, W_gu, offsets[j], counts[j], t % nb1, j, 2 * I, H, smem,
+                                base);
+        /* every thread's stores before the count (the fence after the
+         * barrier makes them visible to the device first) */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(&sync[1 + j], 1);
+        }
+    } else {
+        const int u = t - nb1 * groups, j = u / nb2;
+        const int count = counts[j];
+        if (count == 0)
+            return;
+        if (threadIdx.x == 0) {
+            int done;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
+                             : "=r"(done)
+                             : "l"(&sync[1 + j])
+                             : "memory");
+                if (done >= nb1)
+                    break;
+                __nanosleep(256);
+            }
+        }
+        __syncthreads();
+        tile_rows<NT, ST, false>(ys, hh, W_down, offsets[j], count, u % nb2, j, H, I, smem,
+                                 base);
+    }
+}
+
 template <int NT, bool GATED, typename Out>
 static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const int32_t *offsets,
                   const int32_t *counts, int groups, int64_t N, int64_t K, cudaStream_t st,
@@ -137,6 +225,61 @@ static int pick(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const in
     if (rows_hint > 16)
         return launch<64, GATED>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
     return launch<32, GATED>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
+}
+
+/* both products in one launch, NT rows a pass (experts_wgmma_kernel) */
+template <int NT>
+static int launch_experts(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
+                          const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
+                          const int32_t *offsets, const int32_t *counts, int32_t *sync,
+                          int groups, int64_t I, int64_t H, cudaStream_t st, int dev,
+                          struct dg_error *err)
+{
+    constexpr int ST = 3; /* as launch's */
+    const size_t shared = (size_t)ST * (WG_BM + NT) * 128 + 1024;
+    const int64_t blocks = (2 * I / WG_BM + H / WG_BM) * (int64_t)groups;
+    auto kernel = experts_wgmma_kernel<NT, ST>;
+    int rc = 0;
+    DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared));
+    kernel<<<(unsigned)blocks, 128, shared, st>>>(hh, ys, xs, W_gu, W_down, offsets, counts,
+                                                   sync, groups, I, H);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_experts_wgmma_fits(int dev, int64_t I, int64_t H)
+{
+    return dg_cuda_grouped_wgmma_fits(dev, 2 * I, H) && dg_cuda_grouped_wgmma_fits(dev, H, I) &&
+           (2 * I / WG_BM + H / WG_BM) * 65535 <= 0x7fffffff;
+}
+
+extern "C" int dg_cuda_experts_wgmma(void *hh, float *ys, const void *xs, const void *W_gu,
+                                     const void *W_down, const int32_t *offsets,
+                                     const int32_t *counts, int32_t *sync, int groups, int64_t I,
+                                     int64_t H, int rows_hint, dg_stream_t stream, int dev,
+                                     struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    __nv_bfloat16 *h = (__nv_bfloat16 *)hh;
+    const __nv_bfloat16 *x = (const __nv_bfloat16 *)xs, *wg = (const __nv_bfloat16 *)W_gu,
+                        *wd = (const __nv_bfloat16 *)W_down;
+    if (!dg_cuda_experts_wgmma_fits(dev, I, H) || groups < 0 || groups > 65535 || !sync)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: experts' wgmma: %d experts of [2 x %lld "
+                            "x %lld] and [%lld x %lld] (widths multiples of 64 and 128, a "
+                            "device of compute capability 9.0)", dev, groups, (long long)I,
+                            (long long)H, (long long)H, (long long)I);
+    if (groups == 0)
+        return 0;
+    if (rows_hint > 32)
+        return launch_experts<128>(h, ys, x, wg, wd, offsets, counts, sync, groups, I, H, st, dev,
+                                   err);
+    if (rows_hint > 16)
+        return launch_experts<64>(h, ys, x, wg, wd, offsets, counts, sync, groups, I, H, st, dev,
+                                  err);
+    return launch_experts<32>(h, ys, x, wg, wd, offsets, counts, sync, groups, I, H, st, dev,
+                              err);
 }
 
 extern "C" int dg_cuda_grouped_wgmma_fits(int dev, int64_t N, int64_t K)

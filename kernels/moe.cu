@@ -12,6 +12,7 @@
 #include "kernels/cuda-check.h"
 #include "kernels/fp8-gemm.h"
 #include "kernels/moe-gemm.h"
+#include "kernels/moe-wgmma.h"
 
 #define ALIGN(x) (((x) + 255) & ~(size_t)255)
 
@@ -44,6 +45,7 @@ struct moe_layout {
     int ts;
     int64_t tiles, rows;         /* tile bound, padded rows (tiles x ts) */
     size_t counts, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys;
+    size_t sync;                 /* the one-launch experts' ticket and counts (moe-wgmma.h) */
     size_t q, qs, total;         /* FP8: the quantized rows (of H or I bytes) and their scales */
 };
 
@@ -66,7 +68,8 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
     l.ys = l.hh + ALIGN(esz * (size_t)l.rows * (size_t)I);
     l.dummy_gu = l.ys + ALIGN(4 * (size_t)l.rows * (size_t)H);
     l.dummy_ys = l.dummy_gu + ALIGN(esz * (size_t)l.ts * 2 * (size_t)I);
-    l.q = l.dummy_ys + ALIGN(4 * (size_t)l.ts * (size_t)H);
+    l.sync = l.dummy_ys + ALIGN(4 * (size_t)l.ts * (size_t)H);
+    l.q = l.sync + ALIGN(sizeof(int32_t) * (size_t)(n_exp + 1));
     l.qs = l.q + (fp8 ? ALIGN((size_t)l.rows * (size_t)(H > I ? H : I)) : 0);
     l.total = l.qs + (fp8 ? ALIGN(4 * (size_t)l.rows) : 0);
     return l;
@@ -103,10 +106,11 @@ extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
  *   GEMMs have a fixed count: the host's bound);
  *   slot_of[p] = offsets[j] + (p's place among expert j's picks), or -1
  *   for another rank's expert (the order within a run is free: rows are
- *   independent).
+ *   independent);
+ *   sync[0 .. n_exp] = 0 (dg_cuda_experts_wgmma's, which runs after).
  * shared: 2 n_exp + 1 int32. */
 __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *slot_of,
-                                    void **ptrs, const int32_t *idx, int64_t picks, int e0,
+                                    int32_t *sync, void **ptrs, const int32_t *idx, int64_t picks, int e0,
                                     int n_exp, int ts, int64_t tiles, unsigned char *xs,
                                     unsigned char *gu, unsigned char *hh, unsigned char *ys,
                                     const unsigned char *wgu, const unsigned char *wdn,
@@ -161,6 +165,7 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
     }
     __syncthreads();
     for (int i = j; i <= n_exp; i += blockDim.x) {
+        sync[i] = 0;
         offsets[i] = s_off[i];
         if (i < n_exp)
             counts[i] = s_count[i];
@@ -253,7 +258,7 @@ static int route(enum dg_elt e, const struct moe_layout *l, const void *x, int64
     int rc = 0;
 
     route_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * n_exp + 1), st>>>(
-        counts, offsets, slot_of, (void **)(sc + l->ptrs), idx, picks, e0, n_exp, l->ts,
+        counts, offsets, slot_of, (int32_t *)(sc + l->sync), (void **)(sc + l->ptrs), idx, picks, e0, n_exp, l->ts,
         l->tiles, sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys, (const unsigned char *)W_gu,
         (const unsigned char *)W_down, sc + l->dummy_gu, sc + l->dummy_ys, H, I, (int)esz);
     DG_LAUNCH_CHECK();
@@ -311,7 +316,8 @@ extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int 
         .counts = (int32_t *)(sc + l.counts), .offsets = (int32_t *)(sc + l.offsets),
         .slot_of = (int32_t *)(sc + l.slot_of), .ptrs = (void **)(sc + l.ptrs),
         .xs = sc + l.xs, .gu = sc + l.gu, .hh = sc + l.hh, .ys = sc + l.ys,
-        .dummy_gu = sc + l.dummy_gu, .dummy_ys = sc + l.dummy_ys};
+        .dummy_gu = sc + l.dummy_gu, .dummy_ys = sc + l.dummy_ys,
+        .sync = (int32_t *)(sc + l.sync)};
     return route(e, &l, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, 1,
                  (cudaStream_t)stream, dev, err);
 }
@@ -428,11 +434,19 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
          * once, the first with the gelu in its epilogue (moe-gemm.h: the
          * same bits as the GEMM into [gate | up] and dg_cuda_gelu_mul_e) */
         const int hint = (int)((picks + n_exp - 1) / n_exp);
-        if ((rc = dg_cuda_grouped_gemm_gelu(sc + l.hh, 0, sc + l.xs, W_gu, offsets, counts, n_exp,
-                                            I, H, hint, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_grouped_gemm(sc + l.ys, 1, sc + l.hh, W_down, offsets, counts, n_exp, H,
-                                       I, hint, stream, dev, err)) < 0)
+        if (dg_cuda_experts_wgmma_fits(dev, I, H)) {
+            /* Hopper: both in one launch, each expert's down tiles
+             * starting once its gate/up tiles are stored */
+            if ((rc = dg_cuda_experts_wgmma(sc + l.hh, (float *)(sc + l.ys), sc + l.xs, W_gu,
+                                            W_down, offsets, counts, (int32_t *)(sc + l.sync),
+                                            n_exp, I, H, hint, stream, dev, err)) < 0)
+                goto out;
+        } else if ((rc = dg_cuda_grouped_gemm_gelu(sc + l.hh, 0, sc + l.xs, W_gu, offsets, counts,
+                                                   n_exp, I, H, hint, stream, dev, err)) < 0 ||
+                   (rc = dg_cuda_grouped_gemm(sc + l.ys, 1, sc + l.hh, W_down, offsets, counts,
+                                              n_exp, H, I, hint, stream, dev, err)) < 0) {
             goto out;
+        }
     } else {
         const int64_t I2 = 2 * (int64_t)I, nt = l.tiles;
         /* gu = xs W_gu^T (type e), hh = gelu(gate) * up (type e) over every

@@ -386,7 +386,8 @@ int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, i
  *         writes gu + r 2I (first GEMM), reads hh + r I, W_down + j H I and
  *         writes ys + r H, fp32 (second; element offsets, ys in floats);
  *         tiles from offsets[n_exp] / ts on read xs, W_gu, hh, W_down and
- *         write dummy_gu, dummy_ys.
+ *         write dummy_gu, dummy_ys;
+ *   sync[0 .. n_exp] = 0: dg_cuda_experts_wgmma's ticket and counts.
  * T >= 1; e bf16 or fp32; shapes as dg_cuda_moe_e (DG_E_INVAL).
  *
  * dg_cuda_moe_combine: out[t, i] = sum over k < K, in k order, of
@@ -398,6 +399,7 @@ struct dg_moe_route_view {
     int32_t *counts, *offsets, *slot_of;
     void **ptrs;
     void *xs, *gu, *hh, *ys, *dummy_gu, *dummy_ys;
+    int32_t *sync;                      /* n_exp + 1, zeroed (moe-wgmma.h's experts' launch) */
 };
 int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H, const int32_t *idx, int K,
                         int e0, int n_exp, int I, const void *W_gu, const void *W_down,

@@ -23,6 +23,8 @@
  * The gated form (the gelu in the first product's epilogue) against the
  * separate GEMM and gelu, to the bit, and dg_ref_expert_hidden
  * (grouped_gelu).
+ * Both products in one launch (Hopper) against the two launches, to the
+ * bit (experts_one_launch).
  * The routing stages (counts, tile schedule, slots, gather) and the
  * ordered sum on their own against dg_ref_moe_route and
  * dg_ref_moe_combine (route_combine).
@@ -338,6 +340,14 @@ static int route_one(const struct route_shape *s)
     memcpy(cnt, AT(v.counts), sizeof(int32_t) * (size_t)n_exp);
     memcpy(off, AT(v.offsets), sizeof(int32_t) * (size_t)(n_exp + 1));
     memcpy(slot, AT(v.slot_of), sizeof(int32_t) * (size_t)picks);
+    /* the one-launch experts' words, zeroed over the scratch's poison */
+    CHECK((const unsigned char *)v.sync >= (const unsigned char *)scratch &&
+          (const unsigned char *)(v.sync + n_exp + 1) <= (const unsigned char *)scratch + sbytes);
+    for (int j = 0; j <= n_exp; j++) {
+        int32_t w;
+        memcpy(&w, AT(v.sync + j), sizeof w);
+        CHECKF(w == 0, "route %s: sync word %d is %d, not 0", s->what, j, (int)w);
+    }
     CHECKF(v.ts >= 16 && v.ts <= 128 && !(v.ts & (v.ts - 1)) && v.rows == v.tiles * v.ts,
            "route %s: tiles of %d rows, %lld tiles, %lld rows", s->what, v.ts,
            (long long)v.tiles, (long long)v.rows);
@@ -751,6 +761,120 @@ static int grouped_gelu(void)
     return 0;
 }
 
+/* Both of the experts' products in one launch (dg_cuda_experts_wgmma,
+ * Hopper only) against the two launches it replaces
+ * (dg_cuda_grouped_wgmma gated into bf16 hh, then plain into fp32 ys):
+ * hh and ys the same bits on every row of a group, the rows in no group
+ * still poisoned, guard words intact.  Groups of 0, 1, 17, 33, 64, 150, 3
+ * and 16 rows with gaps at I 64, H 256, with a pass of 32, 64 and 128
+ * rows (groups longer than a pass take several), and the 26B-A4B's
+ * experts (I 704, H 2816) at 16 rows a group; each launch with its sync
+ * words zeroed first, twice on the same buffers (the second launch's
+ * tickets start again from zero).  Shapes it does not take and a NULL sync
+ * refused. */
+static int experts_one_launch(void)
+{
+    static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
+    static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const struct {
+        const int32_t *counts;
+        int64_t I, H;
+        int hint;
+    } shapes[4] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
+                   {counts_a, 64, 256, 85}, {counts_b, 704, 2816, 16}};
+    struct dg_error err = {0};
+    if (!dg_cuda_experts_wgmma_fits(0, 64, 256)) {
+        printf("# the experts' one launch: not on this device, skipped\n");
+        CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64,
+                                          256, 16, NULL, 0, &err),
+                    &err, DG_E_INVAL, "experts' wgmma");
+        return 0;
+    }
+    for (int si = 0; si < 4; si++) {
+        const int64_t I = shapes[si].I, H = shapes[si].H;
+        const int hint = shapes[si].hint;
+        struct groups g;
+        uint16_t *hwd = NULL;
+        float *fwd = NULL;
+        void *dwd, *dsync, *dhh, *dys, *dhh2, *dys2;
+        float *hh, *ys, *hh2, *ys2;
+        int64_t differ_h = 0, differ_y = 0;
+        if (groups_make(&g, shapes[si].counts, 2 * I, H))
+            return 1;
+        CHECK(gt_rand_bf16((size_t)(8 * H * I), 0.05f, &hwd, &fwd) == 0);
+        dwd = gt_upload(hwd, 2 * (size_t)(8 * H * I), &err);
+        CHECK_OK(dg_cuda_alloc(&dsync, sizeof(int32_t) * 9, 0, &err), &err);
+        dhh = out_buf((size_t)(g.rows * I), &err), dys = out_buf((size_t)(g.rows * H), &err);
+        dhh2 = out_buf((size_t)(g.rows * I), &err), dys2 = out_buf((size_t)(g.rows * H), &err);
+        CHECKF(dwd && dhh && dys && dhh2 && dys2, "%s", err.msg);
+        hh = malloc(sizeof(float) * (size_t)(g.rows * I + GUARD));
+        ys = malloc(sizeof(float) * (size_t)(g.rows * H + GUARD));
+        hh2 = malloc(sizeof(float) * (size_t)(g.rows * I + GUARD));
+        ys2 = malloc(sizeof(float) * (size_t)(g.rows * H + GUARD));
+        CHECK(hh && ys && hh2 && ys2);
+        CHECK_OK(dg_cuda_grouped_wgmma(dhh2, 0, 1, g.dx, g.dw, g.doff, g.dcnt, 8, 2 * I, H, hint,
+                                       NULL, 0, &err), &err);
+        CHECK_OK(dg_cuda_grouped_wgmma(dys2, 1, 0, dhh2, dwd, g.doff, g.dcnt, 8, H, I, hint, NULL,
+                                       0, &err), &err);
+        for (int rep = 0; rep < 2; rep++) {
+            CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 9, 0, &err), &err);
+            CHECK_OK(dg_cuda_experts_wgmma(dhh, (float *)dys, g.dx, g.dw, dwd, g.doff, g.dcnt,
+                                           (int32_t *)dsync, 8, I, H, hint, NULL, 0, &err),
+                     &err);
+        }
+        CHECK_OK(dg_cuda_sync(0, &err), &err);
+        CHECK_OK(dg_cuda_download(hh, dhh, sizeof(float) * (size_t)(g.rows * I + GUARD), 0, &err),
+                 &err);
+        CHECK_OK(dg_cuda_download(ys, dys, sizeof(float) * (size_t)(g.rows * H + GUARD), 0, &err),
+                 &err);
+        CHECK_OK(dg_cuda_download(hh2, dhh2, sizeof(float) * (size_t)(g.rows * I + GUARD), 0,
+                                  &err), &err);
+        CHECK_OK(dg_cuda_download(ys2, dys2, sizeof(float) * (size_t)(g.rows * H + GUARD), 0,
+                                  &err), &err);
+        /* hh: bf16 rows of I (in a buffer sized for fp32: its guard words
+         * after rows * I floats, its bf16 values in the first half) */
+        for (int i = 0; i < GUARD; i++)
+            CHECKF(hh[g.rows * I + i] == GUARD_F && ys[g.rows * H + i] == GUARD_F,
+                   "guard word %d overwritten", i);
+        for (int64_t r = 0; r < g.rows; r++) {
+            const unsigned char *a = (const unsigned char *)hh + 2 * r * I,
+                                *b = (const unsigned char *)hh2 + 2 * r * I;
+            if (!g.covered[r]) {
+                for (int64_t c = 0; c < I; c++)
+                    CHECKF(a[2 * c] == 0xff && a[2 * c + 1] == 0xff,
+                           "hh row %lld is in no group but was written", (long long)r);
+                for (int64_t c = 0; c < H; c++)
+                    CHECKF(isnan(ys[r * H + c]), "ys row %lld is in no group but was written",
+                           (long long)r);
+                continue;
+            }
+            for (int64_t c = 0; c < I; c++)
+                differ_h += memcmp(a + 2 * c, b + 2 * c, 2) != 0;
+            for (int64_t c = 0; c < H; c++)
+                differ_y += memcmp(&ys[r * H + c], &ys2[r * H + c], 4) != 0 ||
+                            isnan(ys[r * H + c]);
+        }
+        printf("# the experts' one launch, I %lld, H %lld, %d rows a group on average, pass hint "
+               "%d: %lld of %lld hidden values and %lld of %lld outputs apart from the two "
+               "launches\n", (long long)I, (long long)H, (int)(g.total / 8), hint,
+               (long long)differ_h, (long long)(g.total * I), (long long)differ_y,
+               (long long)(g.total * H));
+        CHECK(differ_h == 0 && differ_y == 0);
+        dg_cuda_free(dwd), dg_cuda_free(dsync), dg_cuda_free(dhh), dg_cuda_free(dys);
+        dg_cuda_free(dhh2), dg_cuda_free(dys2);
+        free(hwd), free(fwd), free(hh), free(ys), free(hh2), free(ys2);
+        groups_free(&g);
+    }
+    CHECK(!dg_cuda_experts_wgmma_fits(0, 96, 256) && !dg_cuda_experts_wgmma_fits(0, 64, 200));
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 96, 256,
+                                      16, NULL, 0, &err),
+                &err, DG_E_INVAL, "experts' wgmma");
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64, 256,
+                                      16, NULL, 0, &err),
+                &err, DG_E_INVAL, "experts' wgmma");
+    return 0;
+}
+
 int main(void)
 {
     const int rc = gt_setup("t-kernels-moe");
@@ -762,5 +886,6 @@ int main(void)
     TEST_CASE(route_combine);
     TEST_CASE(grouped_configs);
     TEST_CASE(grouped_gelu);
+    TEST_CASE(experts_one_launch);
     return test_finish();
 }
