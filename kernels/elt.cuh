@@ -68,6 +68,27 @@ __device__ static inline void dg_ld8(const float *p, float v[8])
     v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+/* dg_ld8 through the L2 only (ld.global.cg): for values another block
+ * wrote during this kernel, which this multiprocessor's L1 may hold an
+ * older copy of */
+__device__ static inline void dg_ld8_cg(const __nv_bfloat16 *p, float v[8])
+{
+    const uint4 u = __ldcg((const uint4 *)p);
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+__device__ static inline void dg_ld8_cg(const float *p, float v[8])
+{
+    const float4 a = __ldcg((const float4 *)p), b = __ldcg((const float4 *)p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 __device__ static inline void dg_st8(__nv_bfloat16 *p, const float v[8])
 {
     uint4 u;

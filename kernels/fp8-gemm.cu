@@ -31,6 +31,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/fp8-quant.cuh"
 #include "kernels/fp8-wgmma.h"
 #include "kernels/mma.cuh"
 
@@ -53,12 +54,6 @@ static const char *const CONFIGS[] = {"K step 64 bytes, 4 stages", "K step 128 b
 
 /* ---- quantize ---------------------------------------------------------------- */
 
-/* the row's scale from its maximum: amax / 448 (1 for zeros, NaN with a NaN) */
-__device__ static inline float quantize_scale(float amax, int nan)
-{
-    return nan ? NAN : amax > 0.0f ? amax / 448.0f : 1.0f;
-}
-
 template <typename T>
 __global__ static void quantize_rows_kernel(uint8_t *Q, float *S, const T *X, int64_t rows,
                                             int cols)
@@ -79,7 +74,7 @@ __global__ static void quantize_rows_kernel(uint8_t *Q, float *S, const T *X, in
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         nan |= __shfl_xor_sync(0xffffffffu, nan, o);
     }
-    s = quantize_scale(amax, nan);
+    s = dg_fp8_row_scale(amax, nan);
     if (lane == 0)
         S[r] = s;
     for (int k = lane; k < cols; k += 32)
@@ -89,45 +84,6 @@ __global__ static void quantize_rows_kernel(uint8_t *Q, float *S, const T *X, in
 
 #define QR_THREADS 128
 #define QR_CHUNKS 8 /* pieces of 8 columns a thread: rows of up to 8,192 */
-#define QW_CHUNKS 4 /* the warp form's pieces a lane: rows of up to 1,024 */
-
-/* Piece c8 (columns 8 c8 .. 8 c8 + 7) of the values row xr quantizes into
- * v, and |v|'s maximum and NaN into amax and nan.  GELU: xr's row is [gate
- * | up], 2 cols wide, and the values are h = gelu_tanh(gate) * up rounded
- * to T, what dg_cuda_gelu_mul_e stores. */
-template <typename T, int GELU>
-__device__ static inline void quantize_piece_load(const T *xr, int cols, int c8, float (&v)[8],
-                                                  float &amax, int &nan)
-{
-    if (GELU) {
-        float u[8];
-        dg_ld8(xr + c8 * 8, v);
-        dg_ld8(xr + cols + c8 * 8, u);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            v[k] = dg_round_as(xr, dg_gelu_tanh_f(v[k]) * u[k]);
-    } else {
-        dg_ld8(xr + c8 * 8, v);
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const float a = fabsf(v[k]);
-        nan |= isnan(a);
-        amax = fmaxf(amax, a);
-    }
-}
-
-/* the eight E4M3 bytes of v / s (nearest even, saturating) */
-__device__ static inline uint2 quantize_piece(const float (&v)[8], float s)
-{
-    uint32_t w[2] = {0, 0};
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        w[k / 4] |= (uint32_t)__nv_cvt_float_to_fp8(v[k] / s, __NV_SATFINITE, __NV_E4M3)
-                    << (8 * (k % 4));
-    return make_uint2(w[0], w[1]);
-}
-
 /* The same function as quantize_rows_kernel, a block a row: the row's
  * pieces of 8 columns loaded at once (16-byte loads) and kept in
  * registers, the maximum over the block, then 8 bytes stored a piece.
@@ -136,7 +92,7 @@ __device__ static inline uint2 quantize_piece(const float (&v)[8], float s)
  * kpick > 0 (the experts' picks straight from the tokens' rows) block t
  * is token t: x's row t, quantized once, into q's and scale's rows
  * rows_at[t kpick + k] for k < kpick (those that are not negative), the
- * same bytes in each.  GELU: as quantize_piece_load (so the bytes are the
+ * same bytes in each.  GELU: as dg_fp8_piece_load (so the bytes are the
  * ones that dg_cuda_gelu_mul_e and this kernel's plain form give).  cols
  * a multiple of 8, at most 8 QR_THREADS QR_CHUNKS; x 16-byte aligned. */
 template <typename T, int GELU>
@@ -158,7 +114,7 @@ __global__ static void __launch_bounds__(QR_THREADS)
 #pragma unroll
     for (int i = 0; i < QR_CHUNKS; i++)
         if ((int)threadIdx.x + i * QR_THREADS < n8)
-            quantize_piece_load<T, GELU>(xr, cols, (int)threadIdx.x + i * QR_THREADS, v[i], amax,
+            dg_fp8_piece_load<T, GELU>(xr, cols, (int)threadIdx.x + i * QR_THREADS, v[i], amax,
                                          nan);
     for (int o = 16; o > 0; o >>= 1) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -173,11 +129,11 @@ __global__ static void __launch_bounds__(QR_THREADS)
         amax = fmaxf(amax, s_amax[w]);
         nan |= s_nan[w];
     }
-    s = quantize_scale(amax, nan);
+    s = dg_fp8_row_scale(amax, nan);
 #pragma unroll
     for (int i = 0; i < QR_CHUNKS; i++)
         if ((int)threadIdx.x + i * QR_THREADS < n8)
-            qb[i] = quantize_piece(v[i], s);
+            qb[i] = dg_fp8_piece(v[i], s);
     for (int k = 0; k < (kpick > 0 ? kpick : 1); k++) {
         const int64_t r = kpick > 0 ? (int64_t)rows_at[(int64_t)blockIdx.x * kpick + k] : rx;
         if (r < 0)
@@ -193,40 +149,23 @@ __global__ static void __launch_bounds__(QR_THREADS)
     }
 }
 
-/* The same function, a warp a row, for rows of up to 32 QW_CHUNKS pieces
+/* The same function, a warp a row (fp8-quant.cuh's
+ * dg_fp8_quantize_row_warp), for rows of up to 32 DG_FQ_CHUNKS pieces
  * (1,024 columns): row r = rows_at[b] (nothing where it is negative) or b
- * for warp b < n of the grid (QR_THREADS / 32 a block); the maximum
- * through shuffles alone, no barrier, so a block's rows do not wait for
- * one another.  (A block a row leaves most of its threads idle at
- * these widths: the experts' 704.) */
+ * for warp b < n of the grid (QR_THREADS / 32 a block); no barrier, so a
+ * block's rows do not wait for one another.  (A block a row leaves most
+ * of its threads idle at these widths: the experts' 704.) */
 template <typename T, int GELU>
 __global__ static void __launch_bounds__(QR_THREADS)
     quantize_rows8_warp_kernel(uint8_t *Q, float *S, const T *X, const int32_t *rows_at,
                                int64_t n, int cols)
 {
-    const int lane = threadIdx.x & 31, n8 = cols / 8;
     const int64_t b = (int64_t)blockIdx.x * (QR_THREADS / 32) + (threadIdx.x >> 5);
     const int64_t r = b >= n ? -1 : rows_at ? (int64_t)rows_at[b] : b;
-    const T *xr = X + r * (GELU ? 2 : 1) * (int64_t)cols;
-    float v[QW_CHUNKS][8], amax = 0.0f, s;
-    int nan = 0;
-    if (r < 0)
-        return;
-#pragma unroll
-    for (int i = 0; i < QW_CHUNKS; i++)
-        if (lane + 32 * i < n8)
-            quantize_piece_load<T, GELU>(xr, cols, lane + 32 * i, v[i], amax, nan);
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        nan |= __shfl_xor_sync(0xffffffffu, nan, o);
-    }
-    s = quantize_scale(amax, nan);
-    if (lane == 0)
-        S[r] = s;
-#pragma unroll
-    for (int i = 0; i < QW_CHUNKS; i++)
-        if (lane + 32 * i < n8)
-            *(uint2 *)(Q + r * cols + (lane + 32 * i) * 8) = quantize_piece(v[i], s);
+    if (r >= 0)
+        dg_fp8_quantize_row_warp<T, GELU>(Q + r * cols, S + r,
+                                          X + r * (GELU ? 2 : 1) * (int64_t)cols, cols,
+                                          (int)threadIdx.x & 31);
 }
 
 /* whether quantize_rows8_kernel takes rows of cols from x into q */
@@ -243,10 +182,10 @@ static void quantize8_launch(uint8_t *q, float *scale, const T *x, const int32_t
                              int64_t n, int cols, int gelu, int kpick, cudaStream_t st)
 {
     const unsigned wblocks = (unsigned)((n + QR_THREADS / 32 - 1) / (QR_THREADS / 32));
-    if (kpick == 0 && cols <= 8 * 32 * QW_CHUNKS && gelu)
+    if (kpick == 0 && cols <= 8 * 32 * DG_FQ_CHUNKS && gelu)
         quantize_rows8_warp_kernel<T, 1><<<wblocks, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
                                                                           n, cols);
-    else if (kpick == 0 && cols <= 8 * 32 * QW_CHUNKS)
+    else if (kpick == 0 && cols <= 8 * 32 * DG_FQ_CHUNKS)
         quantize_rows8_warp_kernel<T, 0><<<wblocks, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
                                                                           n, cols);
     else if (gelu)

@@ -22,34 +22,32 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/fp8-quant.cuh"
 #include "kernels/wgmma.cuh"
 
 #define FW_BM 64  /* weight rows a block */
 #define FW_BK 128 /* K bytes a stage */
 
-/* grid (N / 64, groups, z), 128 threads (one warpgroup); shared: ST
- * stages of [64 weight rows][128 B] then [NT rows][128 B], swizzled,
- * 1,024-aligned */
+/* One block's work: the bx-th 64 of group j's weight rows (QW_j, SW_j)
+ * against the group's rows row0 .. row0 + count - 1, the passes of NT
+ * rows pz, pz + nz, ... (a projection's passes spread over grid.z);
+ * 128 threads (one warpgroup); smem: ST stages of [64 weight rows][128 B]
+ * then [NT rows][128 B], swizzled, at shared address base (1,024-aligned) */
 template <int NT, int ST, typename Out>
-__global__ static void __launch_bounds__(128)
-    fp8_wgmma_kernel(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
-                     const float *SW, const int32_t *offsets, const int32_t *counts,
-                     int64_t rows_all, int64_t N, int64_t K, int accumulate)
+__device__ static void fp8_tile(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
+                                const float *SW, int64_t row0, int64_t count, int bx, int j,
+                                int64_t N, int64_t K, int accumulate, int pz, int nz,
+                                unsigned char *smem, uint32_t base)
 {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
     constexpr int WB = FW_BM * 128, STAGE = WB + NT * 128;
-    const uint32_t base = (dg_smem_u32(smem_raw) + 1023u) & ~1023u;
-    unsigned char *smem = smem_raw + (base - dg_smem_u32(smem_raw));
-    const int j = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
-    const int64_t count = offsets ? counts[j] : rows_all;
-    const int64_t row0 = offsets ? offsets[j] : 0;
-    const int64_t n0 = (int64_t)blockIdx.x * FW_BM;
+    const int64_t n0 = (int64_t)bx * FW_BM;
     const uint8_t *Wj = QW + (int64_t)j * N * K + n0 * K;
     const float *SWj = SW + (int64_t)j * N;
     const int ksteps = (int)((K + FW_BK - 1) / FW_BK);
 
-    for (int64_t p0 = (int64_t)blockIdx.z * NT; p0 < count; p0 += (int64_t)gridDim.z * NT) {
+    for (int64_t p0 = (int64_t)pz * NT; p0 < count; p0 += (int64_t)nz * NT) {
         const int rows = (int)min((int64_t)NT, count - p0);
         const uint8_t *Xp = QA + (row0 + p0) * K;
         float d[NT / 2], acc[NT / 2];
@@ -111,6 +109,102 @@ __global__ static void __launch_bounds__(128)
     }
 }
 
+/* grid (N / 64, groups, z), 128 threads (one warpgroup): block (x, j, z)
+ * takes group j's weight rows 64 x on, passes z, z + gridDim.z, ... */
+template <int NT, int ST, typename Out>
+__global__ static void __launch_bounds__(128)
+    fp8_wgmma_kernel(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
+                     const float *SW, const int32_t *offsets, const int32_t *counts,
+                     int64_t rows_all, int64_t N, int64_t K, int accumulate)
+{
+    uint32_t base;
+    unsigned char *smem = dg_wgmma_stages(&base);
+    const int j = blockIdx.y;
+    fp8_tile<NT, ST>(Y, QA, SA, QW, SW, offsets ? offsets[j] : 0, offsets ? counts[j] : rows_all,
+                     (int)blockIdx.x, j, N, K, accumulate, (int)blockIdx.z, (int)gridDim.z, smem,
+                     base);
+}
+
+/* Both of the FP8 experts' products in one launch
+ * (dg_cuda_fp8_experts_wgmma), as moe-wgmma.cu's experts_wgmma_kernel
+ * takes the bf16 ones: tickets (sync[0]) 0 .. nb1 groups - 1 are the
+ * gate/up tiles (nb1 = 2I / 64 a group: gu = the bf16 [gate | up] rows),
+ * the rest the down tiles (nb2 = H / 64 a group: ys, fp32).  A gate/up
+ * tile, once stored, counts itself in sync[1 + j]; the one that brings
+ * the count to nb1 (the group's last) quantizes the group's hidden rows,
+ * gelu_tanh(gate) * up, a warp a row, into q2 and qs2 (the bytes
+ * dg_cuda_fp8_quantize_rows_at with gelu gives) and then sets sync[1 +
+ * groups + j]; a down tile of group j waits for that.  Every block a down
+ * tile waits on holds an earlier ticket, so it is running or done. */
+template <int NT, int ST>
+/* (the blocks a multiprocessor holds as for the product alone: 5 at 32
+ * rows a pass, by registers) */
+__global__ static void __launch_bounds__(128, NT == 32 ? 5 : NT == 64 ? 4 : 2)
+    fp8_experts_kernel(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
+                       const float *qs, const uint8_t *W_gu, const float *S_gu,
+                       const uint8_t *W_down, const float *S_down, const int32_t *offsets,
+                       const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H)
+{
+    uint32_t base;
+    unsigned char *smem = dg_wgmma_stages(&base);
+    /* a word after the stages, in the alignment's slack (the dynamic
+     * memory starts 16-aligned: at most 1,008 of the 1,024 spare bytes
+     * lie before base) */
+    int *s_word = (int *)(smem + ST * (FW_BM + NT) * 128);
+    const int nb1 = (int)(2 * I / FW_BM), nb2 = (int)(H / FW_BM);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0)
+        *s_word = atomicAdd(&sync[0], 1);
+    __syncthreads();
+    const int t = *s_word;
+    if (t < nb1 * groups) {
+        const int j = t / nb1, count = counts[j];
+        const int64_t row0 = offsets[j];
+        fp8_tile<NT, ST>(gu, q, qs, W_gu, S_gu, row0, count, t % nb1, j, 2 * I, H, 0, 0, 1, smem,
+                         base);
+        /* every thread's stores, then the count (the fence after the
+         * barrier makes them visible to the device first) */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            *s_word = atomicAdd(&sync[1 + j], 1) == nb1 - 1;
+            __threadfence();
+        }
+        __syncthreads();
+        if (!*s_word)
+            return;
+        /* the group's last gate/up tile: its hidden rows, read through
+         * the L2 (the other tiles' columns) */
+        for (int r = warp; r < count; r += 4)
+            dg_fp8_quantize_row_warp<__nv_bfloat16, 1, true>(
+                q2 + (row0 + r) * I, qs2 + row0 + r, gu + (row0 + r) * 2 * I, (int)I, lane);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicExch(&sync[1 + groups + j], 1);
+        }
+    } else {
+        const int u = t - nb1 * groups, j = u / nb2, count = counts[j];
+        if (count == 0)
+            return;
+        if (threadIdx.x == 0) {
+            int ready;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
+                             : "=r"(ready)
+                             : "l"(&sync[1 + groups + j])
+                             : "memory");
+                if (ready)
+                    break;
+                __nanosleep(256);
+            }
+        }
+        __syncthreads();
+        fp8_tile<NT, ST>(ys, q2, qs2, W_down, S_down, offsets[j], count, u % nb2, j, H, I, 0, 0,
+                         1, smem, base);
+    }
+}
+
 template <int NT, typename Out>
 static int launch(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, const float *SW,
                   const int32_t *offsets, const int32_t *counts, int groups, int64_t rows_all,
@@ -159,6 +253,64 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
                           st, dev, err);
     return launch<32>(Y, QA, SA, QW, SW, offsets, counts, groups, rows_all, N, K, accumulate, st,
                       dev, err);
+}
+
+/* both products in one launch, NT rows a pass (fp8_experts_kernel) */
+template <int NT>
+static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
+                          const float *qs, const uint8_t *W_gu, const float *S_gu,
+                          const uint8_t *W_down, const float *S_down, const int32_t *offsets,
+                          const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H,
+                          cudaStream_t st, int dev, struct dg_error *err)
+{
+    constexpr int ST = 3; /* as launch's */
+    const size_t shared = (size_t)ST * (FW_BM + NT) * 128 + 1024;
+    const int64_t blocks = (2 * I / FW_BM + H / FW_BM) * (int64_t)groups;
+    auto kernel = fp8_experts_kernel<NT, ST>;
+    int rc = 0;
+    DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared));
+    kernel<<<(unsigned)blocks, 128, shared, st>>>(gu, q2, qs2, ys, q, qs, W_gu, S_gu, W_down,
+                                                   S_down, offsets, counts, sync, groups, I, H);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_fp8_experts_wgmma_fits(int dev, int64_t I, int64_t H)
+{
+    /* the hidden rows a warp quantizes: at most 8 x 32 x DG_FQ_CHUNKS */
+    return dg_cuda_fp8_wgmma_fits(dev, 2 * I, H) && dg_cuda_fp8_wgmma_fits(dev, H, I) &&
+           I % 64 == 0 && H % 64 == 0 && I <= 8 * 32 * DG_FQ_CHUNKS &&
+           (2 * I / FW_BM + H / FW_BM) * 65535 <= 0x7fffffff;
+}
+
+extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, float *ys,
+                                         const uint8_t *q, const float *qs, const uint8_t *W_gu,
+                                         const float *S_gu, const uint8_t *W_down,
+                                         const float *S_down, const int32_t *offsets,
+                                         const int32_t *counts, int32_t *sync, int groups,
+                                         int64_t I, int64_t H, int rows_hint, dg_stream_t stream,
+                                         int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    __nv_bfloat16 *g = (__nv_bfloat16 *)gu;
+    if (!dg_cuda_fp8_experts_wgmma_fits(dev, I, H) || groups < 0 || groups > 65535 || !sync)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 experts' wgmma: %d experts of [2 x "
+                            "%lld x %lld] and [%lld x %lld] (widths multiples of 64, the hidden "
+                            "one at most %d, a device of compute capability 9.0)", dev, groups,
+                            (long long)I, (long long)H, (long long)H, (long long)I,
+                            8 * 32 * DG_FQ_CHUNKS);
+    if (groups == 0)
+        return 0;
+    if (rows_hint > 64)
+        return launch_experts<128>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                   counts, sync, groups, I, H, st, dev, err);
+    if (rows_hint > 16)
+        return launch_experts<64>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                  counts, sync, groups, I, H, st, dev, err);
+    return launch_experts<32>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets, counts,
+                              sync, groups, I, H, st, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_wgmma_fits(int dev, int64_t N, int64_t K)

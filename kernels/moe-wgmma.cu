@@ -105,14 +105,6 @@ __device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bflo
     }
 }
 
-/* the dynamic shared memory of a block: its stages, 1,024-aligned */
-__device__ static inline unsigned char *stages(uint32_t *base)
-{
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    *base = (dg_smem_u32(smem_raw) + 1023u) & ~1023u;
-    return smem_raw + (*base - dg_smem_u32(smem_raw));
-}
-
 /* grid (N / 64, groups), 128 threads: block (x, j) takes group j's weight
  * rows 64 x on (GATED: Y's columns 32 x on) */
 template <int NT, int ST, bool GATED, typename Out>
@@ -121,7 +113,7 @@ __global__ static void __launch_bounds__(128)
                          const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
 {
     uint32_t base;
-    unsigned char *smem = stages(&base);
+    unsigned char *smem = dg_wgmma_stages(&base);
     const int j = blockIdx.y;
     tile_rows<NT, ST, GATED>(Y, X, W, offsets[j], counts[j], (int)blockIdx.x, j, N, K, smem,
                              base);
@@ -149,7 +141,7 @@ __global__ static void __launch_bounds__(128, NT == 32 ? 6 : NT == 64 ? 4 : 3)
                          int64_t I, int64_t H)
 {
     uint32_t base;
-    unsigned char *smem = stages(&base);
+    unsigned char *smem = dg_wgmma_stages(&base);
     /* the ticket after the stages, in the alignment's slack: the
      * dynamic memory starts 16-aligned, so at most 1,008 of its 1,024
      * spare bytes lie before base (not one byte more: at 32 rows a pass

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/fp8-gemm.h"
+#include "kernels/fp8-wgmma.h"
 #include "kernels/moe-gemm.h"
 #include "kernels/moe-wgmma.h"
 
@@ -45,8 +46,9 @@ struct moe_layout {
     int ts;
     int64_t tiles, rows;         /* tile bound, padded rows (tiles x ts) */
     size_t counts, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys;
-    size_t sync;                 /* the one-launch experts' ticket and counts (moe-wgmma.h) */
+    size_t sync;                 /* the one-launch experts' words (moe-wgmma.h, fp8-wgmma.h) */
     size_t q, qs, total;         /* FP8: the quantized rows (of H or I bytes) and their scales */
+    size_t q2, qs2;              /* FP8, the one launch: the hidden rows quantized (I bytes) */
 };
 
 /* esz: bytes of one element of the gathered rows and the intermediates;
@@ -69,9 +71,11 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
     l.dummy_gu = l.ys + ALIGN(4 * (size_t)l.rows * (size_t)H);
     l.dummy_ys = l.dummy_gu + ALIGN(esz * (size_t)l.ts * 2 * (size_t)I);
     l.sync = l.dummy_ys + ALIGN(4 * (size_t)l.ts * (size_t)H);
-    l.q = l.sync + ALIGN(sizeof(int32_t) * (size_t)(n_exp + 1));
+    l.q = l.sync + ALIGN(sizeof(int32_t) * (size_t)(1 + 2 * n_exp));
     l.qs = l.q + (fp8 ? ALIGN((size_t)l.rows * (size_t)(H > I ? H : I)) : 0);
-    l.total = l.qs + (fp8 ? ALIGN(4 * (size_t)l.rows) : 0);
+    l.q2 = l.qs + (fp8 ? ALIGN(4 * (size_t)l.rows) : 0);
+    l.qs2 = l.q2 + (fp8 ? ALIGN((size_t)l.rows * (size_t)I) : 0);
+    l.total = l.qs2 + (fp8 ? ALIGN(4 * (size_t)l.rows) : 0);
     return l;
 }
 
@@ -107,7 +111,8 @@ extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
  *   slot_of[p] = offsets[j] + (p's place among expert j's picks), or -1
  *   for another rank's expert (the order within a run is free: rows are
  *   independent);
- *   sync[0 .. n_exp] = 0 (dg_cuda_experts_wgmma's, which runs after).
+ *   sync[0 .. 2 n_exp] = 0 (the one-launch experts' words: moe-wgmma.h,
+ *   fp8-wgmma.h).
  * shared: 2 n_exp + 1 int32. */
 __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *slot_of,
                                     int32_t *sync, void **ptrs, const int32_t *idx, int64_t picks, int e0,
@@ -164,8 +169,9 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
             s_off[n_exp] = s_warp[warp] + incl;
     }
     __syncthreads();
-    for (int i = j; i <= n_exp; i += blockDim.x) {
+    for (int i = j; i <= 2 * n_exp; i += blockDim.x)
         sync[i] = 0;
+    for (int i = j; i <= n_exp; i += blockDim.x) {
         offsets[i] = s_off[i];
         if (i < n_exp)
             counts[i] = s_count[i];
@@ -402,6 +408,24 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
          * at batch 1), direct: read from their tokens' rows (the same
          * bytes), the gelu folded into the second quantization; the padded
          * rows' bytes are never read into a stored output */
+        if (at && dg_cuda_fp8_experts_wgmma_fits(dev, I, H)) {
+            /* Hopper: the two products and the hidden rows' quantization
+             * in one launch, each expert's down tiles starting once its
+             * hidden rows are quantized (fp8-wgmma.h) */
+            if ((rc = direct ? dg_cuda_fp8_quantize_picks(e, q, qs, x, slot_of, picks, K, H,
+                                                          stream, dev, err)
+                             : dg_cuda_fp8_quantize_rows_at(e, q, qs, sc + l.xs, slot_of, picks,
+                                                            H, 0, stream, dev, err)) < 0)
+                goto out;
+            rc = dg_cuda_fp8_experts_wgmma(sc + l.gu, sc + l.q2, (float *)(sc + l.qs2),
+                                           (float *)(sc + l.ys), q, qs, (const uint8_t *)W_gu,
+                                           S_gu, (const uint8_t *)W_down, S_down, offsets, counts,
+                                           (int32_t *)(sc + l.sync), n_exp, I, H, hint, stream,
+                                           dev, err);
+            if (rc < 0)
+                goto out;
+            goto combine;
+        }
         if (at) {
             if ((rc = direct ? dg_cuda_fp8_quantize_picks(e, q, qs, x, slot_of, picks, K, H,
                                                           stream, dev, err)
@@ -463,6 +487,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                                          err)) < 0)
             goto out;
     }
+combine:
     rc = combine(out, (const float *)(sc + l.ys), slot_of, w, T, K, H, st, dev, err);
 out:
     return rc;

@@ -387,7 +387,8 @@ int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, i
  *         writes ys + r H, fp32 (second; element offsets, ys in floats);
  *         tiles from offsets[n_exp] / ts on read xs, W_gu, hh, W_down and
  *         write dummy_gu, dummy_ys;
- *   sync[0 .. n_exp] = 0: dg_cuda_experts_wgmma's ticket and counts.
+ *   sync[0 .. 2 n_exp] = 0: the words of the experts' one launch
+ *         (dg_cuda_experts_wgmma, dg_cuda_fp8_experts_wgmma).
  * T >= 1; e bf16 or fp32; shapes as dg_cuda_moe_e (DG_E_INVAL).
  *
  * dg_cuda_moe_combine: out[t, i] = sum over k < K, in k order, of
@@ -399,7 +400,7 @@ struct dg_moe_route_view {
     int32_t *counts, *offsets, *slot_of;
     void **ptrs;
     void *xs, *gu, *hh, *ys, *dummy_gu, *dummy_ys;
-    int32_t *sync;                      /* n_exp + 1, zeroed (moe-wgmma.h's experts' launch) */
+    int32_t *sync;                      /* 1 + 2 n_exp, zeroed (the experts' one launch) */
 };
 int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H, const int32_t *idx, int K,
                         int e0, int n_exp, int I, const void *W_gu, const void *W_down,

@@ -73,6 +73,16 @@ __device__ static inline uint32_t dg_swz128(int r, int c)
     return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
 }
 
+/* The block's dynamic shared memory from its first 1,024-aligned byte
+ * (the swizzled tiles' alignment; the launch asks for 1,024 bytes more
+ * than the tiles take), its shared address in *base. */
+__device__ static inline unsigned char *dg_wgmma_stages(uint32_t *base)
+{
+    extern __shared__ __align__(1024) unsigned char dg_wgmma_smem[];
+    *base = (dg_smem_u32(dg_wgmma_smem) + 1023u) & ~1023u;
+    return dg_wgmma_smem + (*base - dg_smem_u32(dg_wgmma_smem));
+}
+
 /* before the first product of a batch (orders the accumulators' earlier
  * writes and reads against it) */
 __device__ static inline void dg_wgmma_fence(void)

@@ -13,8 +13,9 @@
  * shapes that do not fit refused; the same cases again with each of the
  * kernel's configurations (K step and pipeline depth).  The same product
  * through cuBLASLt (kernels/fp8-lt.h) at the projections' shapes, both
- * ways it can apply the scales, to the same bounds.  Exit 77 where there is
- * no GPU.
+ * ways it can apply the scales, to the same bounds.  Both of the experts'
+ * products in one launch (Hopper) against the three launches it replaces,
+ * to the byte (experts_one_launch).  Exit 77 where there is no GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -645,6 +646,160 @@ static int lt_gemm(void)
     return 0;
 }
 
+/* ---- the experts' one launch ------------------------------------------------- */
+
+/* n bytes of device memory d (plus its GUARD_BYTES) into a new host buffer */
+static unsigned char *fetch(const void *d, size_t n)
+{
+    struct dg_error err = {0};
+    unsigned char *h = malloc(n + GUARD_BYTES);
+    if (h && dg_cuda_download(h, d, n + GUARD_BYTES, 0, &err) < 0) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* rows [0, rows) of width w bytes of a and b: equal on the rows covered[r],
+ * every byte 0xff (the poison) on the others; the guard bytes after a intact */
+static int rows_equal(const unsigned char *a, const unsigned char *b, int64_t rows, size_t w,
+                      const unsigned char *covered, const char *what, int64_t *differ)
+{
+    CHECKF(guard_intact(a, (size_t)rows * w), "%s: guard bytes overwritten", what);
+    for (int64_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < w; i++) {
+            const size_t at = (size_t)r * w + i;
+            if (covered[r])
+                *differ += a[at] != b[at];
+            else
+                CHECKF(a[at] == 0xff, "%s: row %lld is in no group but was written", what,
+                       (long long)r);
+        }
+    return 0;
+}
+
+/* Both of the FP8 experts' products in one launch (dg_cuda_fp8_experts_wgmma,
+ * Hopper only) against the three launches it replaces: dg_cuda_fp8_wgmma
+ * into the bf16 [gate | up] rows, dg_cuda_fp8_quantize_rows_at with gelu
+ * over the groups' rows, dg_cuda_fp8_wgmma into the fp32 outputs.  The
+ * [gate | up] rows, the quantized hidden rows and their scales, and the
+ * outputs the same bytes on every row of a group; rows in no group still
+ * poisoned; guard bytes intact.  Eight groups of 0, 1, 17, 33, 64, 150, 3
+ * and 16 rows with gaps, I 64, H 256, at passes of 32, 64 and 128 rows;
+ * the 26B-A4B's experts (I 704, H 2816) at 16 rows a group; each launch
+ * with its sync words zeroed, twice on the same buffers.  Shapes it does
+ * not take and a NULL sync refused. */
+static int experts_one_launch(void)
+{
+    static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
+    static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const struct {
+        const int32_t *counts;
+        int64_t I, H;
+        int hint;
+    } shapes[4] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
+                   {counts_a, 64, 256, 85}, {counts_b, 704, 2816, 16}};
+    struct dg_error err = {0};
+    if (!dg_cuda_fp8_experts_wgmma_fits(0, 64, 256)) {
+        printf("# the FP8 experts' one launch: not on this device, skipped\n");
+        return 0;
+    }
+    for (int si = 0; si < 4; si++) {
+        const int64_t I = shapes[si].I, H = shapes[si].H;
+        const int hint = shapes[si].hint;
+        int32_t offsets[8], *at = NULL;
+        int64_t rows = 0, n = 0, dg = 0, dq = 0, ds = 0, dy = 0;
+        unsigned char *covered;
+        struct operands up, dn;
+        void *dqa, *dsa, *dwg, *dsg, *dwd, *dsd, *doff, *dcnt, *dat, *dsync;
+        void *gu, *q2, *qs2, *ys, *gu_r, *q2_r, *qs2_r, *ys_r;
+        unsigned char *h[8];
+        for (int j = 0; j < 8; j++) {
+            rows += 5;
+            offsets[j] = (int32_t)rows;
+            rows += shapes[si].counts[j];
+        }
+        rows += 3;
+        covered = calloc((size_t)rows, 1);
+        at = malloc(sizeof(int32_t) * (size_t)rows);
+        CHECK(covered && at && make_operands(&up, rows, 8, 2 * I, H) == 0 &&
+              make_operands(&dn, 1, 8, H, I) == 0);
+        for (int j = 0; j < 8; j++)
+            for (int32_t r = 0; r < shapes[si].counts[j]; r++) {
+                covered[offsets[j] + r] = 1;
+                at[n++] = offsets[j] + r;
+            }
+        dqa = gt_upload(up.qa, (size_t)(rows * H), &err);
+        dsa = gt_upload(up.sa, sizeof(float) * (size_t)rows, &err);
+        dwg = gt_upload(up.qw, (size_t)(8 * 2 * I * H), &err);
+        dsg = gt_upload(up.sw, sizeof(float) * (size_t)(8 * 2 * I), &err);
+        dwd = gt_upload(dn.qw, (size_t)(8 * H * I), &err);
+        dsd = gt_upload(dn.sw, sizeof(float) * (size_t)(8 * H), &err);
+        doff = gt_upload(offsets, sizeof offsets, &err);
+        dcnt = gt_upload(shapes[si].counts, sizeof offsets, &err);
+        dat = gt_upload(at, sizeof(int32_t) * (size_t)n, &err);
+        CHECK_OK(dg_cuda_alloc(&dsync, sizeof(int32_t) * 17, 0, &err), &err);
+        gu = gt_out_alloc((size_t)(rows * 2 * I) * 2, GUARD_BYTES, GUARD_BYTE, &err);
+        q2 = gt_out_alloc((size_t)(rows * I), GUARD_BYTES, GUARD_BYTE, &err);
+        qs2 = gt_out_alloc(sizeof(float) * (size_t)rows, GUARD_BYTES, GUARD_BYTE, &err);
+        ys = gt_out_alloc(sizeof(float) * (size_t)(rows * H), GUARD_BYTES, GUARD_BYTE, &err);
+        gu_r = gt_out_alloc((size_t)(rows * 2 * I) * 2, GUARD_BYTES, GUARD_BYTE, &err);
+        q2_r = gt_out_alloc((size_t)(rows * I), GUARD_BYTES, GUARD_BYTE, &err);
+        qs2_r = gt_out_alloc(sizeof(float) * (size_t)rows, GUARD_BYTES, GUARD_BYTE, &err);
+        ys_r = gt_out_alloc(sizeof(float) * (size_t)(rows * H), GUARD_BYTES, GUARD_BYTE, &err);
+        CHECKF(dqa && dsa && dwg && dsg && dwd && dsd && doff && dcnt && dat && gu && q2 && qs2 &&
+                   ys && gu_r && q2_r && qs2_r && ys_r,
+               "%s", err.msg);
+        /* the three launches */
+        CHECK_OK(dg_cuda_fp8_wgmma(gu_r, 0, 0, dqa, dsa, dwg, dsg, doff, dcnt, 8, rows, 2 * I, H,
+                                   hint, NULL, 0, &err), &err);
+        CHECK_OK(dg_cuda_fp8_quantize_rows_at(DG_ELT_BF16, q2_r, qs2_r, gu_r, dat, n, (int)I, 1,
+                                              NULL, 0, &err), &err);
+        CHECK_OK(dg_cuda_fp8_wgmma(ys_r, 1, 0, q2_r, qs2_r, dwd, dsd, doff, dcnt, 8, rows, H, I,
+                                   hint, NULL, 0, &err), &err);
+        for (int rep = 0; rep < 2; rep++) {
+            CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 17, 0, &err), &err);
+            CHECK_OK(dg_cuda_fp8_experts_wgmma(gu, q2, qs2, ys, dqa, dsa, dwg, dsg, dwd, dsd,
+                                               doff, dcnt, dsync, 8, I, H, hint, NULL, 0, &err),
+                     &err);
+        }
+        CHECK_OK(dg_cuda_sync(0, &err), &err);
+        h[0] = fetch(gu, (size_t)(rows * 2 * I) * 2), h[1] = fetch(gu_r, (size_t)(rows * 2 * I) * 2);
+        h[2] = fetch(q2, (size_t)(rows * I)), h[3] = fetch(q2_r, (size_t)(rows * I));
+        h[4] = fetch(qs2, sizeof(float) * (size_t)rows);
+        h[5] = fetch(qs2_r, sizeof(float) * (size_t)rows);
+        h[6] = fetch(ys, sizeof(float) * (size_t)(rows * H));
+        h[7] = fetch(ys_r, sizeof(float) * (size_t)(rows * H));
+        for (int i = 0; i < 8; i++)
+            CHECK(h[i]);
+        if (rows_equal(h[0], h[1], rows, (size_t)(4 * I), covered, "gate/up rows", &dg) ||
+            rows_equal(h[2], h[3], rows, (size_t)I, covered, "hidden rows", &dq) ||
+            rows_equal(h[4], h[5], rows, sizeof(float), covered, "hidden scales", &ds) ||
+            rows_equal(h[6], h[7], rows, sizeof(float) * (size_t)H, covered, "outputs", &dy))
+            return 1;
+        printf("# the FP8 experts' one launch, I %lld, H %lld, pass hint %d, %lld rows: bytes "
+               "apart from the three launches: %lld of gate/up, %lld of the hidden rows, %lld of "
+               "their scales, %lld of the outputs\n", (long long)I, (long long)H, hint,
+               (long long)n, (long long)dg, (long long)dq, (long long)ds, (long long)dy);
+        CHECK(dg == 0 && dq == 0 && ds == 0 && dy == 0);
+        for (int i = 0; i < 8; i++)
+            free(h[i]);
+        dg_cuda_free(dqa), dg_cuda_free(dsa), dg_cuda_free(dwg), dg_cuda_free(dsg);
+        dg_cuda_free(dwd), dg_cuda_free(dsd), dg_cuda_free(doff), dg_cuda_free(dcnt);
+        dg_cuda_free(dat), dg_cuda_free(dsync), dg_cuda_free(gu), dg_cuda_free(q2);
+        dg_cuda_free(qs2), dg_cuda_free(ys), dg_cuda_free(gu_r), dg_cuda_free(q2_r);
+        dg_cuda_free(qs2_r), dg_cuda_free(ys_r);
+        free_operands(&up), free_operands(&dn), free(covered), free(at);
+    }
+    CHECK(!dg_cuda_fp8_experts_wgmma_fits(0, 32, 256) &&
+          !dg_cuda_fp8_experts_wgmma_fits(0, 1088, 256) &&
+          !dg_cuda_fp8_experts_wgmma_fits(0, 64, 200));
+    CHECK_FAILS(dg_cuda_fp8_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                          NULL, NULL, NULL, NULL, 8, 64, 256, 16, NULL, 0, &err),
+                &err, DG_E_INVAL, "FP8 experts' wgmma");
+    return 0;
+}
+
 static int refusals(void)
 {
     struct dg_error err = {0};
@@ -679,6 +834,7 @@ int main(void)
     TEST_CASE(gemm_accumulate);
     TEST_CASE(gemm_configs);
     TEST_CASE(lt_gemm);
+    TEST_CASE(experts_one_launch);
     TEST_CASE(refusals);
     return test_finish();
 }

@@ -342,8 +342,9 @@ static int route_one(const struct route_shape *s)
     memcpy(slot, AT(v.slot_of), sizeof(int32_t) * (size_t)picks);
     /* the one-launch experts' words, zeroed over the scratch's poison */
     CHECK((const unsigned char *)v.sync >= (const unsigned char *)scratch &&
-          (const unsigned char *)(v.sync + n_exp + 1) <= (const unsigned char *)scratch + sbytes);
-    for (int j = 0; j <= n_exp; j++) {
+          (const unsigned char *)(v.sync + 2 * n_exp + 1) <=
+              (const unsigned char *)scratch + sbytes);
+    for (int j = 0; j <= 2 * n_exp; j++) {
         int32_t w;
         memcpy(&w, AT(v.sync + j), sizeof w);
         CHECKF(w == 0, "route %s: sync word %d is %d, not 0", s->what, j, (int)w);
