@@ -764,7 +764,8 @@ static int experts_one_launch(void)
                      &err);
         }
         CHECK_OK(dg_cuda_sync(0, &err), &err);
-        h[0] = fetch(gu, (size_t)(rows * 2 * I) * 2), h[1] = fetch(gu_r, (size_t)(rows * 2 * I) * 2);
+        h[0] = fetch(gu, (size_t)(rows * 2 * I) * 2);
+        h[1] = fetch(gu_r, (size_t)(rows * 2 * I) * 2);
         h[2] = fetch(q2, (size_t)(rows * I)), h[3] = fetch(q2_r, (size_t)(rows * I));
         h[4] = fetch(qs2, sizeof(float) * (size_t)rows);
         h[5] = fetch(qs2_r, sizeof(float) * (size_t)rows);
