@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/block-sync.cuh"
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
 #include "kernels/fp8-quant.cuh"
@@ -153,53 +154,25 @@ __global__ static void __launch_bounds__(128, NT == 32 ? 5 : NT == 64 ? 4 : 2)
     int *s_word = (int *)(smem + ST * (FW_BM + NT) * 128);
     const int nb1 = (int)(2 * I / FW_BM), nb2 = (int)(H / FW_BM);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (threadIdx.x == 0)
-        *s_word = atomicAdd(&sync[0], 1);
-    __syncthreads();
-    const int t = *s_word;
+    const int t = dg_block_ticket(&sync[0], s_word);
     if (t < nb1 * groups) {
         const int j = t / nb1, count = counts[j];
         const int64_t row0 = offsets[j];
         fp8_tile<NT, ST>(gu, q, qs, W_gu, S_gu, row0, count, t % nb1, j, 2 * I, H, 0, 0, 1, smem,
                          base);
-        /* every thread's stores, then the count (the fence after the
-         * barrier makes them visible to the device first) */
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            *s_word = atomicAdd(&sync[1 + j], 1) == nb1 - 1;
-            __threadfence();
-        }
-        __syncthreads();
-        if (!*s_word)
+        if (dg_block_done(&sync[1 + j], s_word) != nb1 - 1)
             return;
         /* the group's last gate/up tile: its hidden rows, read through
          * the L2 (the other tiles' columns) */
         for (int r = warp; r < count; r += 4)
             dg_fp8_quantize_row_warp<__nv_bfloat16, 1, true>(
                 q2 + (row0 + r) * I, qs2 + row0 + r, gu + (row0 + r) * 2 * I, (int)I, lane);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicExch(&sync[1 + groups + j], 1);
-        }
+        dg_block_release(&sync[1 + groups + j]);
     } else {
         const int u = t - nb1 * groups, j = u / nb2, count = counts[j];
         if (count == 0)
             return;
-        if (threadIdx.x == 0) {
-            int ready;
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
-                             : "=r"(ready)
-                             : "l"(&sync[1 + groups + j])
-                             : "memory");
-                if (ready)
-                    break;
-                __nanosleep(256);
-            }
-        }
-        __syncthreads();
+        dg_block_wait(&sync[1 + groups + j], 1);
         fp8_tile<NT, ST>(ys, q2, qs2, W_down, S_down, offsets[j], count, u % nb2, j, H, I, 0, 0,
                          1, smem, base);
     }

@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/block-sync.cuh"
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
 #include "kernels/wgmma.cuh"
@@ -121,7 +122,8 @@ __global__ static void __launch_bounds__(128)
 
 /* Both of the experts' products in one launch (dg_cuda_experts_wgmma):
  * nb1 = 2I / 64 gated tiles a group, then nb2 = H / 64 down tiles a
- * group.  A block takes the next ticket (sync[0]) and with it its tile:
+ * group.  A block takes the next ticket (sync[0]; block-sync.cuh) and
+ * with it its tile:
  * tickets 0 .. nb1 groups - 1 the gated tiles, group by group, then the
  * down tiles likewise.  A gated tile, once stored, counts itself done in
  * sync[1 + j]; a down tile of group j first waits until all nb1 of
@@ -142,45 +144,25 @@ __global__ static void __launch_bounds__(128, NT == 32 ? 6 : NT == 64 ? 4 : 3)
 {
     uint32_t base;
     unsigned char *smem = dg_wgmma_stages(&base);
-    /* the ticket after the stages, in the alignment's slack: the
-     * dynamic memory starts 16-aligned, so at most 1,008 of its 1,024
-     * spare bytes lie before base (not one byte more: at 32 rows a pass
-     * six blocks fill a multiprocessor's 228 KB exactly) */
-    int *s_ticket = (int *)(smem + ST * (WG_BM + NT) * 128);
+    /* a word after the stages, in the alignment's slack: the dynamic
+     * memory starts 16-aligned, so at most 1,008 of its 1,024 spare bytes
+     * lie before base (not one byte more: at 32 rows a pass six blocks
+     * fill a multiprocessor's 228 KB exactly) */
+    int *s_word = (int *)(smem + ST * (WG_BM + NT) * 128);
     const int nb1 = (int)(2 * I / WG_BM), nb2 = (int)(H / WG_BM);
-    if (threadIdx.x == 0)
-        *s_ticket = atomicAdd(&sync[0], 1);
-    __syncthreads();
-    const int t = *s_ticket;
+    const int t = dg_block_ticket(&sync[0], s_word);
     if (t < nb1 * groups) {
         const int j = t / nb1;
         tile_rows<NT, ST, true>(hh, xs, W_gu, offsets[j], counts[j], t % nb1, j, 2 * I, H, smem,
                                 base);
-        /* every thread's stores before the count (the fence after the
-         * barrier makes them visible to the device first) */
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicAdd(&sync[1 + j], 1);
-        }
+        dg_block_done(&sync[1 + j], s_word);
     } else {
         const int u = t - nb1 * groups, j = u / nb2;
         const int count = counts[j];
         if (count == 0)
             return;
-        if (threadIdx.x == 0) {
-            int done;
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
-                             : "=r"(done)
-                             : "l"(&sync[1 + j])
-                             : "memory");
-                if (done >= nb1)
-                    break;
-                __nanosleep(256);
-            }
-        }
-        __syncthreads();
+        /* every column of the group's hidden rows stored */
+        dg_block_wait(&sync[1 + j], nb1);
         tile_rows<NT, ST, false>(ys, hh, W_down, offsets[j], count, u % nb2, j, H, I, smem,
                                  base);
     }
