@@ -115,8 +115,9 @@ extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
  *   fp8-wgmma.h).
  * shared: 2 n_exp + 1 int32. */
 __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *slot_of,
-                                    int32_t *sync, void **ptrs, const int32_t *idx, int64_t picks, int e0,
-                                    int n_exp, int ts, int64_t tiles, unsigned char *xs,
+                                    int32_t *sync, void **ptrs, const int32_t *idx,
+                                    int64_t picks, int e0, int n_exp, int ts, int64_t tiles,
+                                    unsigned char *xs,
                                     unsigned char *gu, unsigned char *hh, unsigned char *ys,
                                     const unsigned char *wgu, const unsigned char *wdn,
                                     unsigned char *dummy_gu, unsigned char *dummy_ys, int H,
@@ -221,16 +222,22 @@ __global__ static void gather_kernel(E *xs, const E *x, const int32_t *slot_of, 
         xs[(int64_t)s * H + i] = x[(p / K) * H + i];
 }
 
-/* the same sixteen bytes at a time: grid (picks, ceil(H / 8 / 128)), 128
- * threads (rows of H elements, 16-byte aligned) */
+/* the same sixteen bytes at a time, a token's row read once for its K
+ * picks: grid (T, ceil(n16 / 128)), 128 threads (rows of n16 16-byte
+ * pieces, 16-byte aligned) */
 __global__ static void gather16_kernel(uint4 *xs, const uint4 *x, const int32_t *slot_of, int K,
                                        int n16)
 {
-    const int64_t p = blockIdx.x;
+    const int64_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    const int32_t s = slot_of[p];
-    if (i < n16 && s >= 0)
-        xs[(int64_t)s * n16 + i] = x[(p / K) * n16 + i];
+    if (i >= n16)
+        return;
+    const uint4 v = x[t * n16 + i];
+    for (int k = 0; k < K; k++) {
+        const int32_t s = slot_of[t * K + k];
+        if (s >= 0)
+            xs[(int64_t)s * n16 + i] = v;
+    }
 }
 
 /* grid (T, ceil(H / 256)): out[t, i] = sum over k, in order, of w[t,k] ys[slot, i] */
@@ -250,6 +257,33 @@ __global__ static void combine_kernel(float *out, const float *ys, const int32_t
     out[t * H + i] = acc;
 }
 
+/* The same sum four columns a thread (the same products added in the
+ * same order: the same bits): grid (T, ceil(n4 / 256)), rows of n4
+ * 16-byte pieces, 16-byte aligned; the picks' loads unrolled so that
+ * several are in flight at once. */
+__global__ static void combine4_kernel(float4 *out, const float4 *ys, const int32_t *slot_of,
+                                       const float *w, int K, int n4)
+{
+    const int64_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i >= n4)
+        return;
+#pragma unroll 4
+    for (int k = 0; k < K; k++) {
+        const int32_t s = slot_of[t * K + k];
+        if (s >= 0) {
+            const float wk = w[t * K + k];
+            const float4 y = ys[(int64_t)s * n4 + i];
+            acc.x += wk * y.x;
+            acc.y += wk * y.y;
+            acc.z += wk * y.z;
+            acc.w += wk * y.w;
+        }
+    }
+    out[t * n4 + i] = acc;
+}
+
 /* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
  * l: the counts, the tile schedule and each pick's slot (one launch),
  * then with gather the gathered rows.  Nothing waits for the device. */
@@ -264,15 +298,16 @@ static int route(enum dg_elt e, const struct moe_layout *l, const void *x, int64
     int rc = 0;
 
     route_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * n_exp + 1), st>>>(
-        counts, offsets, slot_of, (int32_t *)(sc + l->sync), (void **)(sc + l->ptrs), idx, picks, e0, n_exp, l->ts,
-        l->tiles, sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys, (const unsigned char *)W_gu,
-        (const unsigned char *)W_down, sc + l->dummy_gu, sc + l->dummy_ys, H, I, (int)esz);
+        counts, offsets, slot_of, (int32_t *)(sc + l->sync), (void **)(sc + l->ptrs), idx, picks,
+        e0, n_exp, l->ts, l->tiles, sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys,
+        (const unsigned char *)W_gu, (const unsigned char *)W_down, sc + l->dummy_gu,
+        sc + l->dummy_ys, H, I, (int)esz);
     DG_LAUNCH_CHECK();
     if (!gather)
         goto out;
     if ((H * esz) % 16 == 0 && !((uintptr_t)x & 15)) {
         const int n16 = (int)(H * esz / 16);
-        gather16_kernel<<<dim3((unsigned)picks, (unsigned)((n16 + 127) / 128)), 128, 0, st>>>(
+        gather16_kernel<<<dim3((unsigned)T, (unsigned)((n16 + 127) / 128)), 128, 0, st>>>(
             (uint4 *)(sc + l->xs), (const uint4 *)x, slot_of, K, n16);
         DG_LAUNCH_CHECK();
     } else {
@@ -333,8 +368,12 @@ static int combine(float *out, const float *ys, const int32_t *slot_of, const fl
                    int64_t T, int K, int H, cudaStream_t st, int dev, struct dg_error *err)
 {
     int rc = 0;
-    combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
-        out, ys, slot_of, w, K, H);
+    if (H % 4 == 0 && !((uintptr_t)out & 15) && !((uintptr_t)ys & 15))
+        combine4_kernel<<<dim3((unsigned)T, (unsigned)((H / 4 + 255) / 256)), 256, 0, st>>>(
+            (float4 *)out, (const float4 *)ys, slot_of, w, K, H / 4);
+    else
+        combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
+            out, ys, slot_of, w, K, H);
     DG_LAUNCH_CHECK();
 out:
     return rc;
