@@ -68,27 +68,6 @@ __device__ static inline void dg_ld8(const float *p, float v[8])
     v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-/* dg_ld8 through the L2 only (ld.global.cg): for values another block
- * wrote during this kernel, which this multiprocessor's L1 may hold an
- * older copy of */
-__device__ static inline void dg_ld8_cg(const __nv_bfloat16 *p, float v[8])
-{
-    const uint4 u = __ldcg((const uint4 *)p);
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-    for (int i = 0; i < 4; i++) {
-        const float2 f = __bfloat1622float2(h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
-}
-
-__device__ static inline void dg_ld8_cg(const float *p, float v[8])
-{
-    const float4 a = __ldcg((const float4 *)p), b = __ldcg((const float4 *)p + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
 __device__ static inline void dg_st8(__nv_bfloat16 *p, const float v[8])
 {
     uint4 u;
@@ -142,6 +121,24 @@ __device__ static inline void dg_unpack8(const dg_raw8<float> &r, float v[8])
 {
     v[0] = r.a.x, v[1] = r.a.y, v[2] = r.a.z, v[3] = r.a.w;
     v[4] = r.b.x, v[5] = r.b.y, v[6] = r.b.z, v[7] = r.b.w;
+}
+
+/* dg_ld8 through the L2 only (ld.global.cg): for values another block
+ * wrote during this kernel, which this multiprocessor's L1 may hold an
+ * older copy of */
+__device__ static inline void dg_ld8_cg(const __nv_bfloat16 *p, float v[8])
+{
+    dg_raw8<__nv_bfloat16> r;
+    r.u = __ldcg((const uint4 *)p);
+    dg_unpack8(r, v);
+}
+
+__device__ static inline void dg_ld8_cg(const float *p, float v[8])
+{
+    dg_raw8<float> r;
+    r.a = __ldcg((const float4 *)p);
+    r.b = __ldcg((const float4 *)p + 1);
+    dg_unpack8(r, v);
 }
 
 /* Whether rows of dim elements of esz bytes at every pointer given (NULL

@@ -182,10 +182,11 @@ static void quantize8_launch(uint8_t *q, float *scale, const T *x, const int32_t
                              int64_t n, int cols, int gelu, int kpick, cudaStream_t st)
 {
     const unsigned wblocks = (unsigned)((n + QR_THREADS / 32 - 1) / (QR_THREADS / 32));
-    if (kpick == 0 && cols <= 8 * 32 * DG_FQ_CHUNKS && gelu)
+    const int warp_form = kpick == 0 && cols <= 8 * 32 * DG_FQ_CHUNKS;
+    if (warp_form && gelu)
         quantize_rows8_warp_kernel<T, 1><<<wblocks, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
                                                                           n, cols);
-    else if (kpick == 0 && cols <= 8 * 32 * DG_FQ_CHUNKS)
+    else if (warp_form)
         quantize_rows8_warp_kernel<T, 0><<<wblocks, QR_THREADS, 0, st>>>(q, scale, x, rows_at,
                                                                           n, cols);
     else if (gelu)
