@@ -456,8 +456,19 @@ static int qkv_adjacent(const struct dg_cuda_model *cm, const struct dg_cuda_lay
                             (!L->sliding || L->v_proj_s == L->k_proj_s + kvdim));
 }
 
+/* What a layer finds of its input norm when it starts: nothing (it norms
+ * x itself), rms(x) * input_norm in cx->a (the layer before wrote it in
+ * its last pass), or that and a's rows quantized in cx->qa / cx->sa (FP8
+ * q, k, v projections). */
+enum norm_in { NORM_NONE, NORM_DONE, NORM_QUANTIZED };
+
+/* Layer l's forward; *in says what of its input norm is done (above), and
+ * on return what of the next one's this layer did: the next layer's input
+ * norm (quantized where its q, k, v projections are FP8), or after the
+ * last layer of a decoder pass the final norm, in the feed-forward
+ * combine's pass. */
 static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
-                         struct dg_error *err)
+                         enum norm_in *in, struct dg_error *err)
 {
     const struct dg_cuda_model *cm = cx->cm;
     const struct dg_model_config *c = &cm->cfg;
@@ -484,9 +495,16 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     const struct lane dn = fork ? (struct lane){cx->side, cx->side_blas, cx->side_lt} : on;
     int rc;
 
+    /* q, k and v read one input: quantized once (or before this layer) */
+    int a_in_qa = *in == NORM_QUANTIZED;
+    const void *next_w = NULL;     /* the next norm's weight, */
+    enum norm_in next = NORM_NONE; /* and what of it this layer does */
+
     /* attention: q, k, v projections, their norms and RoPE for every token */
-    TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
-    MARK("norms");
+    if (*in == NORM_NONE) {
+        TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, L->input_norm, T, H, eps, st, dev, err));
+        MARK("norms");
+    }
     {
         /* the layer's table of sequences (its K/V caches) */
         const struct dg_attn_seq *tab = cx->seq_tab + (size_t)l * (size_t)(cx->seq_cap + 1);
@@ -496,13 +514,13 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         if (qkv_adjacent(cm, L, qdim, kvdim, H)) {
             /* one GEMM over the three matrices side by side: [T, q | k | v] */
             const int64_t n = qdim + kvdim + (L->sliding ? kvdim : 0);
-            TRY(proj(cx, &on, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H, NULL, err));
+            TRY(proj(cx, &on, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H, &a_in_qa,
+                     err));
             qsrc = cx->qkv;
             ksrc = at(cx->qkv, qdim, e);
             vsrc = L->sliding ? at(cx->qkv, qdim + kvdim, e) : ksrc;
             ld_q = ld_kv = n;
         } else {
-            int a_in_qa = 0; /* q, k and v read one input: quantized once */
             TRY(proj(cx, &on, cx->q, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, qdim, H, &a_in_qa,
                      err));
             TRY(proj(cx, &on, cx->kraw, 0, 0, cx->a, T, L->k_proj, L->k_proj_s, kvdim, H, &a_in_qa,
@@ -579,9 +597,25 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     /* both partial sums (adjacent, fp32) in one all-reduce */
     TRY(reduce(cx, cx->dense, 2 * T * H, DG_NCCL_F32, err));
     MARK("all-reduce");
-    TRY(dg_cuda_ffn_combine_e(e, cx->x, cx->dense, moe, L->post_ffn_norm_1,
-                              L->post_ffn_norm_2, L->post_ffn_norm, T, H, eps,
-                              decoder ? L->scalar_decoder : L->scalar_encoder, st, dev, err));
+    if (l + 1 < c->num_layers) {
+        next_w = cm->layers[l + 1].input_norm;
+        next = cm->layers[l + 1].q_proj_s ? NORM_QUANTIZED : NORM_DONE;
+    } else if (decoder) {
+        next_w = cm->final_norm;
+        next = NORM_DONE;
+    }
+    if (next == NORM_NONE)
+        TRY(dg_cuda_ffn_combine_e(e, cx->x, cx->dense, moe, L->post_ffn_norm_1,
+                                  L->post_ffn_norm_2, L->post_ffn_norm, T, H, eps,
+                                  decoder ? L->scalar_decoder : L->scalar_encoder, st, dev,
+                                  err));
+    else
+        TRY(dg_cuda_ffn_combine_norm_e(
+            e, cx->x, cx->dense, moe, L->post_ffn_norm_1, L->post_ffn_norm_2, L->post_ffn_norm, T,
+            H, eps, decoder ? L->scalar_decoder : L->scalar_encoder, cx->a, next_w,
+            next == NORM_QUANTIZED ? cx->qa : NULL, next == NORM_QUANTIZED ? cx->sa : NULL, st,
+            dev, err));
+    *in = next;
     MARK("norms");
     return 0;
 }
@@ -623,6 +657,7 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
     const dg_stream_t st = cx->stream;
     const int dev = cx->dev;
     const struct lane on = main_lane(cx);
+    enum norm_in in = NORM_NONE;
     int rc;
 
     if (T > cx->tokens_cap || (decoder && !logits))
@@ -651,9 +686,11 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
         MARK("self-conditioning mlp");
     }
     for (int l = 0; l < c->num_layers; l++)
-        TRY(layer_forward(cx, l, decoder, T, err));
+        TRY(layer_forward(cx, l, decoder, T, &in, err));
     if (decoder) {
-        TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
+        /* (the last layer's pass wrote the final norm into a) */
+        if (in == NORM_NONE)
+            TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
         /* this rank's vocabulary columns */
         TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, cm->nv, H, H, 1, 0,
                            err));

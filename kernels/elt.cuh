@@ -106,6 +106,14 @@ __device__ static inline void dg_load_raw8(dg_raw8<float> *r, const float *p)
     r->b = ((const float4 *)p)[1];
 }
 
+/* v rounded to bf16 into r (the bytes dg_st8 stores) */
+__device__ static inline void dg_pack8(dg_raw8<__nv_bfloat16> *r, const float v[8])
+{
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&r->u;
+    for (int i = 0; i < 4; i++)
+        h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+}
+
 /* the eight values of r in fp32 (what dg_ld8 of the same address gives) */
 __device__ static inline void dg_unpack8(const dg_raw8<__nv_bfloat16> &r, float v[8])
 {

@@ -5,6 +5,8 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/fp8-gemm.h"
+#include "kernels/fp8-quant.cuh"
 #include "kernels/rows.cuh"
 
 #define COMBINE_THREADS 256
@@ -82,6 +84,16 @@ __global__ static void ffn_combine_kernel(T *x, const float *dense, const float 
     }
 }
 
+/* The next RMSNorm of the updated x (dg_cuda_ffn_combine_norm_e): its
+ * output y, weight w (NULL: none), and with q the output's rows quantized
+ * (E4M3 bytes, a scale a row). */
+struct next_norm {
+    __nv_bfloat16 *y;
+    const __nv_bfloat16 *w;
+    uint8_t *q;
+    float *qs;
+};
+
 /* The same for bf16 x with the rows held in registers: TPR threads a row
  * (32: four rows a block of 128; 128: one), each holding the row's pieces
  * of eight values c TPR + i (i its index in the row, c < RC), every load
@@ -89,20 +101,25 @@ __global__ static void ffn_combine_kernel(T *x, const float *dense, const float 
  * piece and pass; dim a multiple of 8 of at most RC TPR 8, rows aligned:
  * dg_rows_by8).  s is computed twice from the registers, for its sum and
  * for the store.  Sums as rows.cuh orders them; with TPR 32 that is the
- * order of the warp kernel this replaced, bit for bit. */
-template <int TPR, int RC>
+ * order of the warp kernel this replaced, bit for bit.  NEXT 1: then, from
+ * the stored (bf16) x', as rmsnorm.cu's register kernel would with the
+ * same TPR (so the same bits):
+ *   r' = (sum_i x'_i^2 / dim + eps)^(-1/2),  y_i = bf16(x'_i r' wy_i)
+ * NEXT 2: and y's row quantized as fp8-gemm.cu's quantization of y would
+ * (fp8-quant.cuh: s = max_i |y_i| / 448, q_i = e4m3(y_i / s)). */
+template <int TPR, int RC, int NEXT>
 __global__ static void __launch_bounds__(128)
     ffn_combine_rows_kernel(__nv_bfloat16 *x, const float *dense, const float *moe,
                             const __nv_bfloat16 *w1, const __nv_bfloat16 *w2,
                             const __nv_bfloat16 *w, int64_t rows, int dim, float eps,
-                            float scale)
+                            float scale, struct next_norm nx)
 {
     __shared__ float sh[8];
     const int64_t row = (int64_t)blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
     const int i = (int)(threadIdx.x % TPR);
     dg_raw8<float> dr[RC], mr[RC];
-    dg_raw8<__nv_bfloat16> w1r[RC], w2r[RC], wr[RC], xr[RC];
-    float sd = 0.0f, sm = 0.0f, ss = 0.0f, rd, rm, rs;
+    dg_raw8<__nv_bfloat16> w1r[RC], w2r[RC], wr[RC], xr[RC], wn[NEXT > 0 ? RC : 1];
+    float sd = 0.0f, sm = 0.0f, ss = 0.0f, s2 = 0.0f, rd, rm, rs;
     float2 t;
     if (row >= rows) /* (TPR 128: the whole block) */
         return;
@@ -119,6 +136,8 @@ __global__ static void __launch_bounds__(128)
                 dg_load_raw8(&w2r[c], w2 + off);
             if (w)
                 dg_load_raw8(&wr[c], w + off);
+            if (NEXT > 0 && nx.w)
+                dg_load_raw8(&wn[c], nx.w + off);
             dg_load_raw8(&xr[c], xp + off);
         }
     }
@@ -168,6 +187,61 @@ __global__ static void __launch_bounds__(128)
                 xv[u] = (xv[u] + v) * scale;
             }
             dg_st8(xp + off, xv);
+            if (NEXT > 0) {
+                /* the stored values, for the norm after */
+                dg_pack8(&xr[c], xv);
+                dg_unpack8(xr[c], xv);
+                for (int u = 0; u < 8; u++)
+                    s2 += xv[u] * xv[u];
+            }
+        }
+    }
+    if (NEXT == 0)
+        return;
+    {
+        const float r2 = rsqrtf(dg_row_sum<TPR>(s2, sh) / (float)dim + eps);
+        float amax = 0.0f;
+        int nan = 0;
+#pragma unroll
+        for (int c = 0; c < RC; c++) {
+            const int off = (c * TPR + i) * 8;
+            if (off >= dim)
+                continue;
+            float v[8], wv[8];
+            dg_unpack8(xr[c], v);
+            if (nx.w)
+                dg_unpack8(wn[c], wv);
+            for (int u = 0; u < 8; u++) {
+                v[u] *= r2;
+                if (nx.w)
+                    v[u] *= wv[u];
+            }
+            dg_st8(nx.y + row * dim + off, v);
+            if (NEXT == 2) {
+                /* y as stored, for its quantization */
+                dg_pack8(&xr[c], v);
+                dg_unpack8(xr[c], v);
+                for (int u = 0; u < 8; u++) {
+                    const float a = fabsf(v[u]);
+                    nan |= isnan(a);
+                    amax = fmaxf(amax, a);
+                }
+            }
+        }
+        if (NEXT < 2)
+            return;
+        dg_row_max_nan<TPR>(amax, nan, sh);
+        const float sc = dg_fp8_row_scale(amax, nan);
+        if (i == 0)
+            nx.qs[row] = sc;
+#pragma unroll
+        for (int c = 0; c < RC; c++) {
+            const int off = (c * TPR + i) * 8;
+            if (off < dim) {
+                float v[8];
+                dg_unpack8(xr[c], v);
+                *(uint2 *)(nx.q + row * dim + off) = dg_fp8_piece(v, sc);
+            }
         }
     }
 }
@@ -175,10 +249,41 @@ __global__ static void __launch_bounds__(128)
 /* pieces of eight a thread holds at most: rows of up to 4 x 128 x 8 values */
 #define COMBINE_RC 4
 
-extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
-                                     const float *moe, const void *w1, const void *w2,
-                                     const void *w, int64_t rows, int dim, float eps, float scale,
-                                     dg_stream_t stream, int dev, struct dg_error *err)
+/* The register kernel for these rows, with NEXT as nx says (y NULL: 0; q
+ * NULL: 1; else 2). */
+template <int TPR>
+static void rows_launch(__nv_bfloat16 *x, const float *dense, const float *moe,
+                        const __nv_bfloat16 *w1, const __nv_bfloat16 *w2,
+                        const __nv_bfloat16 *w, int64_t rows, int dim, float eps, float scale,
+                        const struct next_norm &nx, cudaStream_t st)
+{
+    const unsigned blocks = (unsigned)((rows + 128 / TPR - 1) / (128 / TPR));
+    if (!nx.y)
+        ffn_combine_rows_kernel<TPR, COMBINE_RC, 0>
+            <<<blocks, 128, 0, st>>>(x, dense, moe, w1, w2, w, rows, dim, eps, scale, nx);
+    else if (!nx.q)
+        ffn_combine_rows_kernel<TPR, COMBINE_RC, 1>
+            <<<blocks, 128, 0, st>>>(x, dense, moe, w1, w2, w, rows, dim, eps, scale, nx);
+    else
+        ffn_combine_rows_kernel<TPR, COMBINE_RC, 2>
+            <<<blocks, 128, 0, st>>>(x, dense, moe, w1, w2, w, rows, dim, eps, scale, nx);
+}
+
+/* Whether the register kernel takes these rows (and nx's outputs). */
+static bool rows_fit(enum dg_elt e, int dim, const void *x, const float *dense,
+                     const float *moe, const void *w1, const void *w2, const void *w,
+                     const struct next_norm &nx)
+{
+    return e == DG_ELT_BF16 && dim <= COMBINE_RC * 128 * 8 && dg_rows_by8(dim, 2, x, w1, w2, w) &&
+           dg_rows_by8(dim, 4, dense, moe) && (!nx.y || dg_rows_by8(dim, 2, nx.y, nx.w)) &&
+           (!nx.q || dg_rows_by8(dim, 1, nx.q));
+}
+
+/* dg_cuda_ffn_combine_e and dg_cuda_ffn_combine_norm_e (nx.y NULL: no norm) */
+static int combine(enum dg_elt e, void *x, const float *dense, const float *moe, const void *w1,
+                   const void *w2, const void *w, int64_t rows, int dim, float eps, float scale,
+                   const struct next_norm &nx, dg_stream_t stream, int dev,
+                   struct dg_error *err)
 {
     int rc = 0;
     if (e != DG_ELT_BF16 && e != DG_ELT_F32)
@@ -189,19 +294,20 @@ extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
     if (rows < 0 || dim < 1 || rows > 0x7fffffff)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: %lld rows of %d", dev,
                             (long long)rows, dim);
-    if (e == DG_ELT_BF16 && dim <= COMBINE_RC * 128 * 8 && dg_rows_by8(dim, 2, x, w1, w2, w) &&
-        dg_rows_by8(dim, 4, dense, moe)) {
+    if (nx.y && (nx.y == x || (nx.q && !nx.qs)))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: %s", dev,
+                            nx.y == x ? "the norm's output is the residual"
+                                      : "quantized bytes without their scales");
+    if (rows_fit(e, dim, x, dense, moe, w1, w2, w, nx)) {
         __nv_bfloat16 *xx = (__nv_bfloat16 *)x;
         const __nv_bfloat16 *a = (const __nv_bfloat16 *)w1, *b = (const __nv_bfloat16 *)w2,
                             *c = (const __nv_bfloat16 *)w;
         if (dim <= COMBINE_RC * 32 * 8)
-            ffn_combine_rows_kernel<32, COMBINE_RC>
-                <<<(unsigned)((rows + 3) / 4), 128, 0, (cudaStream_t)stream>>>(
-                    xx, dense, moe, a, b, c, rows, dim, eps, scale);
+            rows_launch<32>(xx, dense, moe, a, b, c, rows, dim, eps, scale, nx,
+                            (cudaStream_t)stream);
         else
-            ffn_combine_rows_kernel<128, COMBINE_RC><<<(unsigned)rows, 128, 0,
-                                                       (cudaStream_t)stream>>>(
-                xx, dense, moe, a, b, c, rows, dim, eps, scale);
+            rows_launch<128>(xx, dense, moe, a, b, c, rows, dim, eps, scale, nx,
+                             (cudaStream_t)stream);
         DG_LAUNCH_CHECK();
         return 0;
     }
@@ -215,8 +321,35 @@ extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
                 (__nv_bfloat16 *)x, dense, moe, (const __nv_bfloat16 *)w1,
                 (const __nv_bfloat16 *)w2, (const __nv_bfloat16 *)w, dim, eps, scale);
     DG_LAUNCH_CHECK();
+    /* the norm and its quantization as separate passes */
+    if (nx.y)
+        rc = dg_cuda_rmsnorm_e(e, nx.y, x, nx.w, rows, dim, eps, stream, dev, err);
+    if (rc == 0 && nx.q)
+        rc = dg_cuda_fp8_quantize_rows(e, nx.q, nx.qs, nx.y, rows, dim, stream, dev, err);
 out:
     return rc;
+}
+
+extern "C" int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense,
+                                     const float *moe, const void *w1, const void *w2,
+                                     const void *w, int64_t rows, int dim, float eps, float scale,
+                                     dg_stream_t stream, int dev, struct dg_error *err)
+{
+    const struct next_norm none = {NULL, NULL, NULL, NULL};
+    return combine(e, x, dense, moe, w1, w2, w, rows, dim, eps, scale, none, stream, dev, err);
+}
+
+extern "C" int dg_cuda_ffn_combine_norm_e(enum dg_elt e, void *x, const float *dense,
+                                          const float *moe, const void *w1, const void *w2,
+                                          const void *w, int64_t rows, int dim, float eps,
+                                          float scale, void *y, const void *wy, uint8_t *q,
+                                          float *qs, dg_stream_t stream, int dev,
+                                          struct dg_error *err)
+{
+    const struct next_norm nx = {(__nv_bfloat16 *)y, (const __nv_bfloat16 *)wy, q, qs};
+    if (!y)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: ffn_combine: no output for the norm", dev);
+    return combine(e, x, dense, moe, w1, w2, w, rows, dim, eps, scale, nx, stream, dev, err);
 }
 
 extern "C" int dg_cuda_ffn_combine(uint16_t *x, const float *dense, const float *moe,

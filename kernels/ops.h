@@ -259,6 +259,19 @@ int dg_cuda_ffn_combine_e(enum dg_elt e, void *x, const float *dense, const floa
                           const void *w1, const void *w2, const void *w, int64_t rows, int dim,
                           float eps, float scale, dg_stream_t stream, int dev,
                           struct dg_error *err);
+/* dg_cuda_ffn_combine_e, then the next RMSNorm of the updated x in the
+ * same pass, exactly as dg_cuda_rmsnorm_e(e, y, x, wy, ...) after it
+ * would compute it (wy NULL: no weight): the next layer's input norm, or
+ * the final one.  With q: y's rows quantized too, the bytes
+ * and scales that dg_cuda_fp8_quantize_rows(e, q, qs, y, ...) gives (q
+ * [rows, dim], qs [rows]).  y must not be x or overlap it.  Where the
+ * rows do not fit the one pass, the same passes one after another.
+ * References: dg_ref_ffn_combine, dg_ref_rmsnorm, dg_fp8_quantize_rows. */
+int dg_cuda_ffn_combine_norm_e(enum dg_elt e, void *x, const float *dense, const float *moe,
+                               const void *w1, const void *w2, const void *w, int64_t rows,
+                               int dim, float eps, float scale, void *y, const void *wy,
+                               uint8_t *q, float *qs, dg_stream_t stream, int dev,
+                               struct dg_error *err);
 int dg_cuda_attention_e(enum dg_elt e, void *out, const void *q, const int64_t *q_pos,
                         int64_t Tq, const void *k, const void *v, const int64_t *k_pos,
                         int64_t Tk, int nh, int nkv, int hd, int mask, int window,

@@ -51,4 +51,28 @@ __device__ static inline float dg_row_sum(float a, float *sh)
     return a;
 }
 
+/* The row's maximum of amax and OR of nan (the same for every order:
+ * fmaxf is exact), for every thread of the row; as dg_row_sum, TPR 128
+ * has barriers and sh holds 8 floats. */
+template <int TPR>
+__device__ static inline void dg_row_max_nan(float &amax, int &nan, float *sh)
+{
+    static_assert(TPR == 32 || TPR == 128, "a row is a warp or a block of 128");
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        nan |= __shfl_xor_sync(0xffffffffu, nan, o);
+    }
+    if (TPR == 128) {
+        const int warp = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0) {
+            sh[warp] = amax;
+            sh[4 + warp] = nan ? 1.0f : 0.0f;
+        }
+        __syncthreads();
+        amax = fmaxf(fmaxf(sh[0], sh[1]), fmaxf(sh[2], sh[3]));
+        nan = (sh[4] + sh[5] + sh[6] + sh[7]) != 0.0f;
+        __syncthreads(); /* sh may be used again */
+    }
+}
+
 #endif

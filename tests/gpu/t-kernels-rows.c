@@ -21,8 +21,10 @@
 
 #include "kernels/device-probe.h"
 #include "kernels/devmem.h"
+#include "kernels/fp8-gemm.h"
 #include "kernels/ops.h"
 #include "lib/dtype.h"
+#include "lib/fp8.h"
 #include "lib/ref-ops.h"
 #include "tests/gpu/gpu-util.h"
 #include "tests/harness.h"
@@ -742,19 +744,21 @@ static int head_norm_rope(void)
  * the element type, the residual x of the element type updated in place
  * (uploaded into a guarded buffer); dense and moe must come back
  * unchanged. */
+static const struct {
+    int64_t rows;
+    int dim;
+} COMBINE_SHAPES[] = {{1, 48},    {7, 333},  {33, 2816}, {1, 1},   {3, 8192},
+                      {130, 1000}, {5, 5376}, {9, 4096},  {4, 1024}, {256, 2816}};
+#define N_COMBINE_SHAPES (sizeof COMBINE_SHAPES / sizeof COMBINE_SHAPES[0])
+
 static int ffn_combine(void)
 {
-    static const struct {
-        int64_t rows;
-        int dim;
-    } shapes[] = {{1, 48},   {7, 333},   {33, 2816}, {1, 1},   {3, 8192},
-                  {130, 1000}, {5, 5376}, {9, 4096},  {4, 1024}};
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+    for (size_t k = 0; k < N_COMBINE_SHAPES; k++)
         for (size_t ei = 0; ei < N_ELTS; ei++) {
             const enum dg_elt el = ELTS[ei];
             const size_t sz = (size_t)dg_elt_size(el);
-            const int64_t R = shapes[k].rows;
-            const int D = shapes[k].dim;
+            const int64_t R = COMBINE_SHAPES[k].rows;
+            const int D = COMBINE_SHAPES[k].dim;
             const size_t n = (size_t)R * D;
             const float scale = 0.8125f, eps = 1e-6f;
             struct dg_error err = {0};
@@ -829,6 +833,180 @@ static int ffn_combine(void)
     return 0;
 }
 
+/* n bytes on the device and the guard after them, poisoned and set */
+static void *byte_buf(size_t n, struct dg_error *err)
+{
+    void *d = NULL;
+    if (dg_cuda_alloc(&d, n + GUARD, 0, err) < 0)
+        return NULL;
+    if (dg_cuda_memset(d, POISON_BYTE, n, 0, err) < 0 ||
+        dg_cuda_memset((char *)d + n, GUARD_BYTE, GUARD, 0, err) < 0) {
+        dg_cuda_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* n bytes and the guard from the device into a new buffer (NULL: failed) */
+static unsigned char *bytes_back(const void *d, size_t n)
+{
+    struct dg_error err = {0};
+    unsigned char *h = malloc(n + GUARD);
+    if (h && (dg_cuda_sync(0, &err) < 0 || dg_cuda_download(h, d, n + GUARD, 0, &err) < 0)) {
+        printf("# %s\n", err.msg);
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* The end of the feed-forward block with the next norm in the same pass
+ * (mode 0: a weight; 1: none; 2: a weight and the norm's rows quantized):
+ * x and y against the references (x rounded to the element type before
+ * its norm, as it is stored), and x, y, the bytes and the scales, bit for
+ * bit, against the separate kernels run one after another on a copy; the
+ * bytes and scales also against the CPU's quantization of the y that
+ * came back. */
+static int ffn_combine_norm(void)
+{
+    for (size_t k = 0; k < N_COMBINE_SHAPES; k++)
+        for (size_t ei = 0; ei < N_ELTS; ei++)
+            for (int mode = 0; mode < 3; mode++) {
+                const enum dg_elt el = ELTS[ei];
+                const size_t sz = (size_t)dg_elt_size(el);
+                const int64_t R = COMBINE_SHAPES[k].rows;
+                const int D = COMBINE_SHAPES[k].dim;
+                const size_t n = (size_t)R * D, sb = (size_t)R * sizeof(float);
+                const float scale = 0.8125f, eps = 1e-6f;
+                struct dg_error err = {0};
+                void *hx, *hw[4], *dx, *dx2, *dy, *dy2, *dw[4], *dq = NULL, *dq2 = NULL,
+                                                             *dqs = NULL, *dqs2 = NULL;
+                float *fx, *fw[4], *dd, *dm;
+                float *fd = malloc(n * sizeof *fd), *fm = malloc(n * sizeof *fm);
+                float *ref = malloc(n * sizeof *ref), *yb = malloc(n * sizeof *yb);
+                uint8_t *qc = malloc(n ? n : 1);
+                float *sc = malloc(sb);
+                char what[112];
+                double e;
+                CHECK(fd && fm && ref && yb && qc && sc &&
+                      gt_rand_elts(el, n, 2.0f, &hx, &fx) == 0);
+                for (int j = 0; j < 4; j++)
+                    CHECK(gt_rand_elts(el, (size_t)D, 1.5f, &hw[j], &fw[j]) == 0);
+                for (size_t i = 0; i < n; i++) {
+                    fd[i] = gt_uniform() * 40.0f;
+                    fm[i] = gt_uniform() * 0.03f;
+                }
+                dd = gt_upload(fd, n * sizeof *fd, &err);
+                dm = gt_upload(fm, n * sizeof *fm, &err);
+                for (int j = 0; j < 4; j++)
+                    dw[j] = j == 3 && mode == 1 ? NULL : gt_upload(hw[j], (size_t)D * sz, &err);
+                dx = out_buf(el, n, hx, &err);
+                dx2 = out_buf(el, n, hx, &err);
+                dy = out_buf(el, n, NULL, &err);
+                dy2 = out_buf(el, n, NULL, &err);
+                if (mode == 2) {
+                    dq = byte_buf(n, &err);
+                    dq2 = byte_buf(n, &err);
+                    dqs = byte_buf(sb, &err);
+                    dqs2 = byte_buf(sb, &err);
+                }
+                CHECKF(dd && dm && dw[0] && dw[1] && dw[2] && (mode == 1 || dw[3]) && dx &&
+                           dx2 && dy && dy2 && (mode < 2 || (dq && dq2 && dqs && dqs2)),
+                       "%s", err.msg);
+                CHECK_OK(dg_cuda_ffn_combine_norm_e(el, dx, dd, dm, dw[0], dw[1], dw[2], R, D,
+                                                    eps, scale, dy, dw[3], dq, dqs, NULL, 0,
+                                                    &err),
+                         &err);
+                /* the separate kernels on the copy */
+                CHECK_OK(dg_cuda_ffn_combine_e(el, dx2, dd, dm, dw[0], dw[1], dw[2], R, D, eps,
+                                               scale, NULL, 0, &err),
+                         &err);
+                CHECK_OK(dg_cuda_rmsnorm_e(el, dy2, dx2, dw[3], R, D, eps, NULL, 0, &err), &err);
+                if (mode == 2)
+                    CHECK_OK(dg_cuda_fp8_quantize_rows(el, dq2, dqs2, dy2, R, D, NULL, 0, &err),
+                             &err);
+                /* the references */
+                dg_ref_ffn_combine(fx, fd, fm, fw[0], fw[1], fw[2], R, D, eps, scale);
+                if (el == DG_ELT_BF16)
+                    for (size_t i = 0; i < n; i++)
+                        fx[i] = dg_bf16_to_f32(dg_f32_to_bf16(fx[i]));
+                dg_ref_rmsnorm(ref, fx, mode == 1 ? NULL : fw[3], R, D, eps);
+                snprintf(what, sizeof what, "ffn_combine_norm%s %lld x %d, mode %d: x", tag(el),
+                         (long long)R, D, mode);
+                e = compare(el, dx, n, fx, what);
+                CHECKF(e >= 0 && e <= bound(el), "%s: %.3e", what, e);
+                CHECKF(same_bytes(el, dx, dx2, n), "%s: not the separate kernel's bits", what);
+                snprintf(what, sizeof what, "ffn_combine_norm%s %lld x %d, mode %d: y", tag(el),
+                         (long long)R, D, mode);
+                e = compare(el, dy, n, ref, what);
+                printf("# %s: relative error %.2e\n", what, e);
+                CHECKF(e >= 0 && e <= bound(el), "%s: %.3e", what, e);
+                CHECKF(same_bytes(el, dy, dy2, n), "%s: not the separate kernels' bits", what);
+                if (mode == 2) {
+                    unsigned char *q = bytes_back(dq, n), *q2 = bytes_back(dq2, n);
+                    unsigned char *s1 = bytes_back(dqs, sb), *s2 = bytes_back(dqs2, sb);
+                    unsigned char *hy = bytes_back(dy, n * sz);
+                    CHECK(q && q2 && s1 && s2 && hy);
+                    for (size_t i = 0; i < n; i++)
+                        yb[i] = elt_get(el, hy, i);
+                    dg_fp8_quantize_rows(yb, (size_t)R, (size_t)D, (size_t)D, qc, sc);
+                    CHECKF(!memcmp(q, q2, n) && !memcmp(s1, s2, sb),
+                           "%s: bytes or scales not the separate kernels'", what);
+                    CHECKF(!memcmp(q, qc, n) && !memcmp(s1, sc, sb),
+                           "%s: bytes or scales not the CPU's", what);
+                    for (size_t i = 0; i < GUARD; i++)
+                        CHECKF(q[n + i] == GUARD_BYTE && s1[sb + i] == GUARD_BYTE,
+                               "%s: guard byte %zu after the bytes or scales changed", what, i);
+                    free(q);
+                    free(q2);
+                    free(s1);
+                    free(s2);
+                    free(hy);
+                }
+                dg_cuda_free(dd);
+                dg_cuda_free(dm);
+                for (int j = 0; j < 4; j++) {
+                    dg_cuda_free(dw[j]);
+                    free(hw[j]);
+                    free(fw[j]);
+                }
+                dg_cuda_free(dx);
+                dg_cuda_free(dx2);
+                dg_cuda_free(dy);
+                dg_cuda_free(dy2);
+                dg_cuda_free(dq);
+                dg_cuda_free(dq2);
+                dg_cuda_free(dqs);
+                dg_cuda_free(dqs2);
+                free(hx);
+                free(fx);
+                free(fd);
+                free(fm);
+                free(ref);
+                free(yb);
+                free(qc);
+                free(sc);
+            }
+    {
+        /* refused: no output, the output on the residual, bytes without scales */
+        struct dg_error err = {0};
+        void *p = (void *)(uintptr_t)256, *p2 = (void *)(uintptr_t)512;
+        CHECK_FAILS(dg_cuda_ffn_combine_norm_e(DG_ELT_BF16, p, NULL, NULL, NULL, NULL, NULL, 4,
+                                               8, 1e-6f, 1.0f, NULL, NULL, NULL, NULL, NULL, 0,
+                                               &err),
+                    &err, DG_E_INVAL, "no output");
+        CHECK_FAILS(dg_cuda_ffn_combine_norm_e(DG_ELT_BF16, p, NULL, NULL, NULL, NULL, NULL, 4,
+                                               8, 1e-6f, 1.0f, p, NULL, NULL, NULL, NULL, 0,
+                                               &err),
+                    &err, DG_E_INVAL, "residual");
+        CHECK_FAILS(dg_cuda_ffn_combine_norm_e(DG_ELT_BF16, p, NULL, NULL, NULL, NULL, NULL, 4,
+                                               8, 1e-6f, 1.0f, p2, NULL, p2, NULL, NULL, 0,
+                                               &err),
+                    &err, DG_E_INVAL, "scales");
+    }
+    return 0;
+}
+
 /* Bad shapes, and an element type that is neither bf16 nor fp32, are
  * refused before a launch, with the GPU named. */
 static int refusals(void)
@@ -875,6 +1053,7 @@ int main(void)
     TEST_CASE(rope);
     TEST_CASE(head_norm_rope);
     TEST_CASE(ffn_combine);
+    TEST_CASE(ffn_combine_norm);
     TEST_CASE(refusals);
     return test_finish();
 }
