@@ -407,6 +407,20 @@ static struct lane main_lane(const struct dg_cuda_ctx *cx)
     return (struct lane){cx->stream, cx->blas, cx->lt};
 }
 
+/* x [T, K] quantized per row into cx->qa / cx->sa on lane `on`, unless
+ * *x_in_qa says it is there already (then set; x_in_qa NULL: always). */
+static int quantize_in(struct dg_cuda_ctx *cx, const struct lane *on, const void *x, int64_t T,
+                       int64_t K, int *x_in_qa, struct dg_error *err)
+{
+    int rc;
+    if (!x_in_qa || !*x_in_qa)
+        TRY(dg_cuda_fp8_quantize_rows(cx->cm->elt, cx->qa, cx->sa, x, T, (int)K, on->st,
+                                      cx->dev, err));
+    if (x_in_qa)
+        *x_in_qa = 1;
+    return 0;
+}
+
 /* y[T, N] = x[T, K] W^T (+ y when accumulate), W [N, K] nn.Linear, queued
  * on lane `on`: bf16 or fp32 through cuBLAS (Ws NULL), or E4M3 with row
  * scales Ws, x then quantized per row first (W8A8, fp8-gemm.h) into
@@ -423,11 +437,7 @@ static int proj(struct dg_cuda_ctx *cx, const struct lane *on, void *y, int y_f3
     if (!Ws)
         return dg_blas_gemm_e(on->blas, cx->cm->elt, y, y_f32, x, T, W, 0, N, K, K, 1.0f,
                               accumulate ? 1.0f : 0.0f, err);
-    if (!x_in_qa || !*x_in_qa)
-        TRY(dg_cuda_fp8_quantize_rows(cx->cm->elt, cx->qa, cx->sa, x, T, (int)K, on->st,
-                                      cx->dev, err));
-    if (x_in_qa)
-        *x_in_qa = 1;
+    TRY(quantize_in(cx, on, x, T, K, x_in_qa, err));
     if (on->lt) {
         /* cuBLASLt where it has an algorithm for the shape, else the kernel */
         rc = dg_fp8_lt_gemm(on->lt, y, y_f32, accumulate, cx->qa, cx->sa, (const uint8_t *)W,
@@ -510,12 +520,25 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         const struct dg_attn_seq *tab = cx->seq_tab + (size_t)l * (size_t)(cx->seq_cap + 1);
         const int mask = decoder ? 0 : L->sliding ? 2 : 1;
         const void *qsrc, *ksrc, *vsrc;
+        const float *S = NULL; /* FP8 through cuBLASLt: the product's unscaled sums */
         int64_t ld_q, ld_kv;
         if (qkv_adjacent(cm, L, qdim, kvdim, H)) {
             /* one GEMM over the three matrices side by side: [T, q | k | v] */
             const int64_t n = qdim + kvdim + (L->sliding ? kvdim : 0);
-            TRY(proj(cx, &on, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H, &a_in_qa,
-                     err));
+            if (L->q_proj_s && on.lt) {
+                /* the sums alone, scaled by the head norms' pass (no
+                 * scaling pass) where cuBLASLt takes them in one go */
+                TRY(quantize_in(cx, &on, cx->a, T, H, &a_in_qa, err));
+                rc = dg_fp8_lt_product(on.lt, cx->qa, (const uint8_t *)L->q_proj, T, n, H, &S,
+                                       err);
+                if (rc < 0 && rc != -DG_E_UNSUPPORTED)
+                    return rc;
+                if (rc < 0)
+                    S = NULL;
+            }
+            if (!S)
+                TRY(proj(cx, &on, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H,
+                         &a_in_qa, err));
             qsrc = cx->qkv;
             ksrc = at(cx->qkv, qdim, e);
             vsrc = L->sliding ? at(cx->qkv, qdim + kvdim, e) : ksrc;
@@ -538,9 +561,16 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         /* q and k normed and rotated, v normed (full layers: V is the raw
          * K projection, normed without a weight), k and v into each
          * token's sequence's cache, in one pass */
-        TRY(dg_cuda_head_norm_rope_e(e, cx->q, cx->k, cx->v, qsrc, ld_q, ksrc, vsrc, ld_kv,
-                                     cx->pos, T, nh, nkv, hd, L->q_norm, L->k_norm, L->inv_freq,
-                                     eps, tab, cx->q_seq, st, dev, err));
+        if (S)
+            TRY(dg_cuda_head_norm_rope_scaled(cx->q, cx->k, cx->v, S, ld_q, qdim,
+                                              L->sliding ? qdim + kvdim : qdim, cx->sa,
+                                              L->q_proj_s, cx->pos, T, nh, nkv, hd, L->q_norm,
+                                              L->k_norm, L->inv_freq, eps, tab, cx->q_seq, st,
+                                              dev, err));
+        else
+            TRY(dg_cuda_head_norm_rope_e(e, cx->q, cx->k, cx->v, qsrc, ld_q, ksrc, vsrc, ld_kv,
+                                         cx->pos, T, nh, nkv, hd, L->q_norm, L->k_norm,
+                                         L->inv_freq, eps, tab, cx->q_seq, st, dev, err));
         MARK("qk norm, rope, kv append");
         /* attention over the rows the layer's table names (encoder:
          * causal, decoder: all) */

@@ -322,6 +322,42 @@ __global__ void lt_scale4_kernel(void *y, int y_f32, int accumulate, const float
     }
 }
 
+extern "C" int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const uint8_t *qw,
+                                 int64_t T, int64_t N, int64_t K, const float **S,
+                                 struct dg_error *err)
+{
+    const int dev = lt->dev;
+    const float one = 1.0f, zero = 0.0f;
+    struct lt_plan *p;
+    cublasStatus_t s;
+    int rc = 0;
+    if (T < 1 || N < 8 || N % 8 || K < 16 || K % 16 || T > 0x7fffffff || N > 0x7fffffff ||
+        K > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 product (cuBLASLt): [%lld x %lld] by "
+                            "[%lld x %lld] (K a multiple of 16, N of 8)", dev, (long long)T,
+                            (long long)K, (long long)N, (long long)K);
+    /* the plan a bf16 Y of this shape takes */
+    if ((rc = plan_get(lt, T, N, K, 0, 0, &p, err)) < 0)
+        return rc;
+    if (p->mode != LT_UNIT || p->chunk < T)
+        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: FP8 product (cuBLASLt): [%lld x "
+                            "%lld] by [%lld x %lld] does not go in one unit-scale chunk", dev,
+                            (long long)T, (long long)K, (long long)N, (long long)K);
+    s = cublasLtMatmul(lt->h, p->op, &one, qw, p->a, qa, p->b, &zero, lt->scratch, p->c,
+                       lt->scratch, p->c, &p->algo, lt->ws, LT_WORKSPACE, lt->stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+        /* refused before anything was written: as dg_fp8_lt_gemm, never again */
+        p->mode = LT_NONE;
+        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: cuBLASLt refused its FP8 algorithm "
+                            "for [%lld x %lld] by [%lld x %lld] (%s)", dev, (long long)T,
+                            (long long)K, (long long)N, (long long)K, cublasGetStatusName(s));
+    }
+    DG_CUBLAS_CHECK(s);
+    *S = lt->scratch;
+out:
+    return rc;
+}
+
 extern "C" int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accumulate,
                               const uint8_t *qa, const float *sa, const uint8_t *qw,
                               const float *sw, int64_t T, int64_t N, int64_t K,

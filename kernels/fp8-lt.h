@@ -49,6 +49,17 @@ int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accumulate, con
                    const float *sa, const uint8_t *qw, const float *sw, int64_t T, int64_t N,
                    int64_t K, struct dg_error *err);
 
+/* The unit-scale product alone, S [T, N] fp32 = qa qw^T (the sums
+ * dg_fp8_lt_gemm scales), for a caller that applies the scales itself as
+ * its scaling pass does: Y[t, n] = round(S[t, n] * sa[t] * sw[n]), the
+ * products in that order.  *S is the handle's scratch (row-major, rows of
+ * N), valid until the next call on lt.  Only where a bf16 Y of this shape
+ * goes the unit-scale way in one chunk; else DG_E_UNSUPPORTED with
+ * nothing queued (then dg_fp8_lt_gemm).  Errors: DG_E_INVAL (shapes, T
+ * at least 1), DG_E_UNSUPPORTED, DG_E_CUBLAS. */
+int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const uint8_t *qw, int64_t T,
+                      int64_t N, int64_t K, const float **S, struct dg_error *err);
+
 /* How the shape's calls go: "outer-vector scales", "unit scales and a
  * scaling pass", "none" (DG_E_UNSUPPORTED) or "not tried" (no call yet, or
  * its plan was replaced).  A static string. */

@@ -16,7 +16,13 @@
  *   y'_{i+hd/2} = y_{i+hd/2} cos(p f_i) + y_i sin(p f_i)   (f_i = 0: untouched)
  * The partner of piece j, j + hd/16, is another lane's (hd <= 256: lane
  * l xor hd/16, the same c) or the same lane's (hd 512, 1024: c xor
- * hd/512), so hd is a power of two from 16 to 1024. */
+ * hd/512), so hd is a power of two from 16 to 1024.
+ *
+ * The scaled form (dg_cuda_head_norm_rope_scaled) reads the unscaled sums
+ * of an FP8 product instead (fp8-lt.h's dg_fp8_lt_product): its x_i is
+ *   x_i = bf16(S[t, c_i] sa[t] sw[c_i])    (c_i: the value's column)
+ * the value fp8-lt.cu's scaling pass would have stored, so the same
+ * bits as that pass and the plain form after it. */
 #include "kernels/ops.h"
 
 #include <cuda_bf16.h>
@@ -36,19 +42,21 @@ struct hnr_part {
     const __nv_bfloat16 *w;
     int64_t ld;
     int heads, rope, cache;
+    const float *fsrc, *sw; /* SCALED: the sums (instead of src) and their column scales */
 };
 
-template <int RC>
+template <int RC, bool SCALED>
 __global__ static void __launch_bounds__(128)
     head_norm_rope_kernel(struct hnr_part pq, struct hnr_part pk, struct hnr_part pv,
                           const int64_t *pos, int64_t T, int hd, const float *inv_freq,
-                          float eps, const struct dg_attn_seq *seqs, const int32_t *q_seq)
+                          float eps, const struct dg_attn_seq *seqs, const int32_t *q_seq,
+                          const float *sa)
 {
     const int64_t r0 = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31, half = hd / 2, hc = hd / 16;
     const int64_t nq = T * pq.heads, nk = T * pk.heads;
     dg_raw8<__nv_bfloat16> xr[RC], wr[RC];
-    dg_raw8<float> fr[RC];
+    dg_raw8<float> fr[RC], sr[SCALED ? RC : 1], cr[SCALED ? RC : 1];
     float y[RC][8], ss = 0.0f, r, p = 0.0f;
     struct hnr_part pt;
     int64_t row;
@@ -72,7 +80,12 @@ __global__ static void __launch_bounds__(128)
     for (int c = 0; c < RC; c++) {
         const int off = (c * 32 + lane) * 8;
         if (off < hd) {
-            dg_load_raw8(&xr[c], pt.src + t * pt.ld + h * hd + off);
+            if (SCALED) {
+                dg_load_raw8(&sr[c], pt.fsrc + t * pt.ld + h * hd + off);
+                dg_load_raw8(&cr[c], pt.sw + h * hd + off);
+            } else {
+                dg_load_raw8(&xr[c], pt.src + t * pt.ld + h * hd + off);
+            }
             if (pt.w)
                 dg_load_raw8(&wr[c], pt.w + off);
             if (pt.rope)
@@ -86,7 +99,17 @@ __global__ static void __launch_bounds__(128)
                 y[c][u] = 0.0f; /* (past the row: shuffled, never stored) */
             continue;
         }
-        dg_unpack8(xr[c], y[c]);
+        if (SCALED) {
+            /* the scaling pass's value: (S sa) sw, rounded to bf16 */
+            const float a = sa[t];
+            float cw[8];
+            dg_unpack8(sr[c], y[c]);
+            dg_unpack8(cr[c], cw);
+            for (int u = 0; u < 8; u++)
+                y[c][u] = __bfloat162float(__float2bfloat16_rn(y[c][u] * a * cw[u]));
+        } else {
+            dg_unpack8(xr[c], y[c]);
+        }
         for (int u = 0; u < 8; u++)
             ss += y[c][u] * y[c][u];
     }
@@ -179,6 +202,79 @@ out:
     return rc;
 }
 
+/* dst[t, i] = bf16(S[t ld + i] sa[t] sw[i]) for i < w: the scaled form's
+ * values where the one pass does not take the shape (fp8-lt.cu's scaling
+ * pass, the same products in the same order).  grid (ceil(w / 256), T). */
+__global__ static void scale_rows_kernel(__nv_bfloat16 *dst, const float *S, int64_t ld,
+                                         const float *sa, const float *sw, int w)
+{
+    const int64_t t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < w)
+        dst[t * w + i] = __float2bfloat16_rn(S[t * ld + i] * sa[t] * sw[i]);
+}
+
+/* the validation both forms share; DG_E_INVAL naming what is wrong */
+static int hnr_check(enum dg_elt e, const void *q, const void *qsrc, int64_t ld_q,
+                     int64_t ld_kv, int64_t T, int nh, int nkv, int hd,
+                     const struct dg_attn_seq *seqs, const int32_t *q_seq, int dev,
+                     struct dg_error *err)
+{
+    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: head_norm_rope: element type %d", dev,
+                            (int)e);
+    if (T > 0 && (hd < 2 || hd % 2 || nh < 1 || nkv < 1 || nh > 65535 || nkv > 65535 ||
+                  T > 0x7fffffff / (nh + 2 * nkv) || ld_q < (int64_t)nh * hd ||
+                  ld_kv < (int64_t)nkv * hd || (seqs && !q_seq) ||
+                  (qsrc == q && ld_q != (int64_t)nh * hd)))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: head_norm_rope: %lld tokens, %d + 2 x %d "
+                            "heads of %d, rows %lld and %lld apart%s", dev, (long long)T, nh,
+                            nkv, hd, (long long)ld_q, (long long)ld_kv,
+                            seqs && !q_seq ? ", a cache without the tokens' sequences"
+                            : qsrc == q && ld_q != (int64_t)nh * hd ? ", q in place strided"
+                                                                     : "");
+    return 0;
+}
+
+/* the one pass over q, k and v's rows (hnr_fits's shapes) */
+template <bool SCALED>
+static void hnr_launch(const struct hnr_part &pq, const struct hnr_part &pk,
+                       const struct hnr_part &pv, const int64_t *pos, int64_t T, int nh, int nkv,
+                       int hd, const float *inv_freq, float eps, const struct dg_attn_seq *seqs,
+                       const int32_t *q_seq, const float *sa, cudaStream_t st)
+{
+    const int64_t rows = T * (nh + 2 * (int64_t)nkv);
+    const unsigned blocks = (unsigned)((rows + 3) / 4);
+    /* pieces a lane holds: hd / 256, at least one */
+    if (hd <= 256)
+        head_norm_rope_kernel<1, SCALED><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
+                                                                  eps, seqs, q_seq, sa);
+    else if (hd == 512)
+        head_norm_rope_kernel<2, SCALED><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
+                                                                  eps, seqs, q_seq, sa);
+    else
+        head_norm_rope_kernel<4, SCALED><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
+                                                                  eps, seqs, q_seq, sa);
+}
+
+/* the separate kernels on q, k and v in place (their rows already there) */
+static int hnr_in_place(enum dg_elt e, void *q, void *k, void *v, const int64_t *pos, int64_t T,
+                        int nh, int nkv, int hd, const void *wq, const void *wk,
+                        const float *inv_freq, float eps, const struct dg_attn_seq *seqs,
+                        const int32_t *q_seq, dg_stream_t stream, int dev, struct dg_error *err)
+{
+    int rc;
+    if ((rc = dg_cuda_rmsnorm_e(e, q, q, wq, T * nh, hd, eps, stream, dev, err)) < 0 ||
+        (rc = dg_cuda_rmsnorm_e(e, k, k, wk, T * nkv, hd, eps, stream, dev, err)) < 0 ||
+        (rc = dg_cuda_rmsnorm_e(e, v, v, NULL, T * nkv, hd, eps, stream, dev, err)) < 0 ||
+        (rc = dg_cuda_rope_e(e, q, pos, T, nh, hd, inv_freq, stream, dev, err)) < 0 ||
+        (rc = dg_cuda_rope_e(e, k, pos, T, nkv, hd, inv_freq, stream, dev, err)) < 0)
+        return rc;
+    return seqs ? dg_cuda_kv_append_e(e, seqs, q_seq, pos, k, v, T, (int64_t)nkv * hd, stream,
+                                      dev, err)
+                : 0;
+}
+
 extern "C" int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, void *v,
                                         const void *qsrc, int64_t ld_q, const void *ksrc,
                                         const void *vsrc, int64_t ld_kv, const int64_t *pos,
@@ -189,55 +285,81 @@ extern "C" int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, void *v
 {
     const cudaStream_t st = (cudaStream_t)stream;
     int rc = 0;
-    if (e != DG_ELT_BF16 && e != DG_ELT_F32)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: head_norm_rope: element type %d", dev,
-                            (int)e);
+    if ((rc = hnr_check(e, q, qsrc, ld_q, ld_kv, T, nh, nkv, hd, seqs, q_seq, dev, err)) < 0)
+        return rc;
     if (T <= 0)
         return 0;
-    if (hd < 2 || hd % 2 || nh < 1 || nkv < 1 || nh > 65535 || nkv > 65535 ||
-        T > 0x7fffffff / (nh + 2 * nkv) || ld_q < (int64_t)nh * hd ||
-        ld_kv < (int64_t)nkv * hd || (seqs && !q_seq) ||
-        (qsrc == q && ld_q != (int64_t)nh * hd))
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: head_norm_rope: %lld tokens, %d + 2 x %d "
-                            "heads of %d, rows %lld and %lld apart%s", dev, (long long)T, nh,
-                            nkv, hd, (long long)ld_q, (long long)ld_kv,
-                            seqs && !q_seq ? ", a cache without the tokens' sequences"
-                            : qsrc == q && ld_q != (int64_t)nh * hd ? ", q in place strided"
-                                                                     : "");
     if (!hnr_fits(e, hd, ld_q, ld_kv, q, k, v, qsrc, ksrc, vsrc, wq, wk, inv_freq)) {
         /* the rows where the outputs go, then the separate kernels in place */
         if ((rc = gather_heads(e, q, qsrc, ld_q, T, nh, hd, st, dev, err)) < 0 ||
             (rc = gather_heads(e, k, ksrc, ld_kv, T, nkv, hd, st, dev, err)) < 0 ||
-            (rc = gather_heads(e, v, vsrc, ld_kv, T, nkv, hd, st, dev, err)) < 0 ||
-            (rc = dg_cuda_rmsnorm_e(e, q, q, wq, T * nh, hd, eps, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_rmsnorm_e(e, k, k, wk, T * nkv, hd, eps, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_rmsnorm_e(e, v, v, NULL, T * nkv, hd, eps, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_rope_e(e, q, pos, T, nh, hd, inv_freq, stream, dev, err)) < 0 ||
-            (rc = dg_cuda_rope_e(e, k, pos, T, nkv, hd, inv_freq, stream, dev, err)) < 0)
+            (rc = gather_heads(e, v, vsrc, ld_kv, T, nkv, hd, st, dev, err)) < 0)
             return rc;
-        return seqs ? dg_cuda_kv_append_e(e, seqs, q_seq, pos, k, v, T, (int64_t)nkv * hd,
-                                          stream, dev, err)
-                    : 0;
+        return hnr_in_place(e, q, k, v, pos, T, nh, nkv, hd, wq, wk, inv_freq, eps, seqs, q_seq,
+                            stream, dev, err);
     }
     {
         const struct hnr_part pq = {(const __nv_bfloat16 *)qsrc, (__nv_bfloat16 *)q,
-                                    (const __nv_bfloat16 *)wq, ld_q, nh, 1, 0};
+                                    (const __nv_bfloat16 *)wq, ld_q, nh, 1, 0, NULL, NULL};
         const struct hnr_part pk = {(const __nv_bfloat16 *)ksrc, (__nv_bfloat16 *)k,
-                                    (const __nv_bfloat16 *)wk, ld_kv, nkv, 1, 1};
+                                    (const __nv_bfloat16 *)wk, ld_kv, nkv, 1, 1, NULL, NULL};
         const struct hnr_part pv = {(const __nv_bfloat16 *)vsrc, (__nv_bfloat16 *)v, NULL,
-                                    ld_kv, nkv, 0, 2};
-        const int64_t rows = T * (nh + 2 * (int64_t)nkv);
-        const unsigned blocks = (unsigned)((rows + 3) / 4);
-        /* pieces a lane holds: hd / 256, at least one */
-        if (hd <= 256)
-            head_norm_rope_kernel<1><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
-                                                              eps, seqs, q_seq);
-        else if (hd == 512)
-            head_norm_rope_kernel<2><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
-                                                              eps, seqs, q_seq);
-        else
-            head_norm_rope_kernel<4><<<blocks, 128, 0, st>>>(pq, pk, pv, pos, T, hd, inv_freq,
-                                                              eps, seqs, q_seq);
+                                    ld_kv, nkv, 0, 2, NULL, NULL};
+        hnr_launch<false>(pq, pk, pv, pos, T, nh, nkv, hd, inv_freq, eps, seqs, q_seq, NULL, st);
+    }
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_head_norm_rope_scaled(void *q, void *k, void *v, const float *S,
+                                             int64_t ld, int64_t kcol, int64_t vcol,
+                                             const float *sa, const float *sw,
+                                             const int64_t *pos, int64_t T, int nh, int nkv,
+                                             int hd, const void *wq, const void *wk,
+                                             const float *inv_freq, float eps,
+                                             const struct dg_attn_seq *seqs,
+                                             const int32_t *q_seq, dg_stream_t stream, int dev,
+                                             struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    int rc = 0;
+    if (!S || !sa || !sw || kcol < (int64_t)nh * hd || vcol < kcol ||
+        (vcol > kcol && vcol < kcol + (int64_t)nkv * hd) || vcol + (int64_t)nkv * hd > ld)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: head_norm_rope: scaled sums of %lld "
+                            "columns, k at %lld, v at %lld, for %d + 2 x %d heads of %d", dev,
+                            (long long)ld, (long long)kcol, (long long)vcol, nh, nkv, hd);
+    if ((rc = hnr_check(DG_ELT_BF16, q, NULL, ld, ld, T, nh, nkv, hd, seqs, q_seq, dev, err)) <
+        0)
+        return rc;
+    if (T <= 0)
+        return 0;
+    /* (the sums and their scales fit where bf16 rows at those places would) */
+    if (!hnr_fits(DG_ELT_BF16, hd, ld, ld, q, k, v, S, S + kcol, S + vcol, wq, wk, inv_freq) ||
+        !dg_rows_by8(hd, 4, S, S + kcol, S + vcol, sw) || !dg_rows_by8(hd, 4, sw + kcol, sw + vcol)) {
+        /* the scaled values where the outputs go, then the separate kernels in place */
+        const struct {
+            void *dst;
+            int64_t col;
+            int w;
+        } part[3] = {{q, 0, nh * hd}, {k, kcol, nkv * hd}, {v, vcol, nkv * hd}};
+        for (int i = 0; i < 3; i++) {
+            scale_rows_kernel<<<dim3((unsigned)((part[i].w + 255) / 256), (unsigned)T), 256, 0,
+                                st>>>((__nv_bfloat16 *)part[i].dst, S + part[i].col, ld, sa,
+                                      sw + part[i].col, part[i].w);
+            DG_LAUNCH_CHECK();
+        }
+        return hnr_in_place(DG_ELT_BF16, q, k, v, pos, T, nh, nkv, hd, wq, wk, inv_freq, eps,
+                            seqs, q_seq, stream, dev, err);
+    }
+    {
+        const struct hnr_part pq = {NULL, (__nv_bfloat16 *)q, (const __nv_bfloat16 *)wq, ld, nh,
+                                    1, 0, S, sw};
+        const struct hnr_part pk = {NULL, (__nv_bfloat16 *)k, (const __nv_bfloat16 *)wk, ld, nkv,
+                                    1, 1, S + kcol, sw + kcol};
+        const struct hnr_part pv = {NULL, (__nv_bfloat16 *)v, NULL, ld, nkv, 0, 2, S + vcol,
+                                    sw + vcol};
+        hnr_launch<true>(pq, pk, pv, pos, T, nh, nkv, hd, inv_freq, eps, seqs, q_seq, sa, st);
     }
     DG_LAUNCH_CHECK();
 out:

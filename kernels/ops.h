@@ -354,6 +354,22 @@ int dg_cuda_head_norm_rope_e(enum dg_elt e, void *q, void *k, void *v, const voi
                              const void *wq, const void *wk, const float *inv_freq, float eps,
                              const struct dg_attn_seq *seqs, const int32_t *q_seq,
                              dg_stream_t stream, int dev, struct dg_error *err);
+/* The same for bf16 q, k, v from the unscaled sums of an FP8 product
+ * (fp8-lt.h's dg_fp8_lt_product): S [T, ld] fp32, q's columns from 0, k's
+ * from kcol, v's from vcol (= kcol: v from k's columns, as vsrc = ksrc),
+ * each value first
+ *     x[t, c] = bf16(S[t, c] sa[t] sw[c])
+ * (the bf16 product dg_fp8_lt_gemm would have stored with row scales sa
+ * and column scales sw), then as dg_cuda_head_norm_rope_e with qsrc = x,
+ * ksrc = x + kcol, vsrc = x + vcol, ld_q = ld_kv = ld: the same bits as
+ * the two calls, without x.  Errors: DG_E_INVAL (as that function's, and
+ * columns that overlap or pass ld). */
+int dg_cuda_head_norm_rope_scaled(void *q, void *k, void *v, const float *S, int64_t ld,
+                                  int64_t kcol, int64_t vcol, const float *sa, const float *sw,
+                                  const int64_t *pos, int64_t T, int nh, int nkv, int hd,
+                                  const void *wq, const void *wk, const float *inv_freq, float eps,
+                                  const struct dg_attn_seq *seqs, const int32_t *q_seq,
+                                  dg_stream_t stream, int dev, struct dg_error *err);
 
 /* Batched y_i = x_i W_i^T (nn.Linear) for i < count, as dg_blas_gemm_e
  * with w_kn 0, alpha 1, beta 0: x_i [m, K], W_i [N, K] with row stride

@@ -646,6 +646,76 @@ static int lt_gemm(void)
     return 0;
 }
 
+/* The unit-scale product alone (dg_fp8_lt_product): where it has the
+ * shape, its sums scaled on the host as the scaling pass scales them,
+ * bf16((S sa) sw), are the bytes of dg_fp8_lt_gemm's bf16 output; where
+ * it says DG_E_UNSUPPORTED, dg_fp8_lt_gemm does not take the shape the
+ * unit-scale way in one chunk (its mode says so).  The q, k, v shapes of
+ * the 26B-A4B (sliding and full) at 256 and 37 tokens, and a shape past
+ * the scratch's one chunk. */
+static int lt_product(void)
+{
+    static const int64_t shapes[][3] = {
+        {256, 8192, 2816}, {256, 6144, 2816}, {37, 8192, 2816}, {1, 64, 64}, {2100, 8192, 64}};
+    struct dg_error err = {0};
+    struct dg_fp8_lt *lt = NULL;
+    int had = 0;
+    CHECK_OK(dg_fp8_lt_create(0, NULL, DG_FP8_LT_UNIT_SCALES, &lt, &err), &err);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t T = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
+        struct operands o;
+        void *dqa, *dsa, *dqw, *dsw, *dy;
+        const float *S = NULL;
+        uint16_t *y;
+        float *hs;
+        int64_t differ = 0;
+        int rc;
+        CHECK(make_operands(&o, T, 1, N, K) == 0);
+        dqa = gt_upload(o.qa, (size_t)(T * K), &err);
+        dsa = gt_upload(o.sa, sizeof(float) * (size_t)T, &err);
+        dqw = gt_upload(o.qw, (size_t)(N * K), &err);
+        dsw = gt_upload(o.sw, sizeof(float) * (size_t)N, &err);
+        dy = gt_out_alloc(2 * (size_t)(T * N), GUARD_BYTES, GUARD_BYTE, &err);
+        y = malloc(2 * (size_t)(T * N));
+        hs = malloc(sizeof(float) * (size_t)(T * N));
+        CHECKF(dqa && dsa && dqw && dsw && dy && y && hs, "%s", err.msg);
+        rc = dg_fp8_lt_gemm(lt, dy, 0, 0, dqa, dsa, dqw, dsw, T, N, K, &err);
+        CHECKF(rc == 0 || rc == -DG_E_UNSUPPORTED, "%s", err.msg);
+        if (rc == 0)
+            rc = dg_fp8_lt_product(lt, dqa, dqw, T, N, K, &S, &err);
+        CHECKF(rc == 0 || rc == -DG_E_UNSUPPORTED, "%s", err.msg);
+        printf("# FP8 product alone, %lld x %lld x %lld: %s (the product with its scales: %s)\n",
+               (long long)T, (long long)N, (long long)K, rc == 0 ? "taken" : err.msg,
+               dg_fp8_lt_mode(lt, T, N, K, 0, 0));
+        if (rc == 0) {
+            CHECK_OK(dg_cuda_sync(0, &err), &err);
+            CHECK_OK(dg_cuda_download(hs, S, sizeof(float) * (size_t)(T * N), 0, &err), &err);
+            CHECK_OK(dg_cuda_download(y, dy, 2 * (size_t)(T * N), 0, &err), &err);
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t n = 0; n < N; n++)
+                    differ += dg_f32_to_bf16(hs[t * N + n] * o.sa[t] * o.sw[n]) != y[t * N + n];
+            printf("# ... %lld of %lld values apart from the product with its scales\n",
+                   (long long)differ, (long long)(T * N));
+            CHECK(differ == 0);
+            had++;
+        } else {
+            CHECK(strcmp(dg_fp8_lt_mode(lt, T, N, K, 0, 0), "unit scales and a scaling pass") ||
+                  T * N > ((int64_t)16 << 20));
+        }
+        free_operands(&o);
+        dg_cuda_free(dqa), dg_cuda_free(dsa), dg_cuda_free(dqw), dg_cuda_free(dsw);
+        dg_cuda_free(dy), free(y), free(hs);
+    }
+    CHECK_FAILS(dg_fp8_lt_product(lt, NULL, NULL, 0, 64, 64, NULL, &err), &err, DG_E_INVAL,
+                "FP8 product");
+    CHECK_FAILS(dg_fp8_lt_product(lt, NULL, NULL, 4, 60, 64, NULL, &err), &err, DG_E_INVAL,
+                "N of 8");
+    dg_fp8_lt_destroy(lt);
+    if (!had)
+        return test_skip("cuBLASLt took no shape the unit-scale way on this GPU");
+    return 0;
+}
+
 /* ---- the experts' one launch ------------------------------------------------- */
 
 /* n bytes of device memory d (plus its GUARD_BYTES) into a new host buffer */
@@ -835,6 +905,7 @@ int main(void)
     TEST_CASE(gemm_accumulate);
     TEST_CASE(gemm_configs);
     TEST_CASE(lt_gemm);
+    TEST_CASE(lt_product);
     TEST_CASE(experts_one_launch);
     TEST_CASE(refusals);
     return test_finish();

@@ -510,9 +510,13 @@ static int put_cols(enum dg_elt e, void *d, int64_t ld, int64_t c0, const void *
  * references composed: q normed (weight) and rotated, k likewise, v
  * normed (no weight), each norm's output rounded to the element type
  * before its rotation (as it is stored between the separate kernels).
- * Sources two ways: one projection each (q in place, k and v in their own
- * buffers, or v = k where shared_kv: a full layer), or side by side in one
- * [T, q | k (| v)] buffer.  k and v also go into two sequences' caches
+ * Sources three ways: one projection each (q in place, k and v in their own
+ * buffers, or v = k where shared_kv: a full layer), side by side in one
+ * [T, q | k (| v)] buffer, or (bf16) an FP8 product's unscaled fp32 sums
+ * side by side with random row and column scales
+ * (dg_cuda_head_norm_rope_scaled): its references on the bf16 values the
+ * scaling pass gives, and its q, k and v the bits of the plain form on
+ * those values.  k and v also go into two sequences' caches
  * (tokens alternating between them, each at its position), which must
  * hold exactly k's and v's rows there and their poison everywhere else.
  * Shapes the one-pass kernel does not take (hd 96, 2048; every fp32 run)
@@ -527,7 +531,9 @@ static int head_norm_rope(void)
                   {4, 2, 1, 96, 48, 0},    {2, 2, 1, 2048, 1024, 0}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
         for (size_t ei = 0; ei < N_ELTS; ei++)
-            for (int side = 0; side < 2; side++) {
+            for (int side = 0; side < 3; side++) {
+                if (side == 2 && ELTS[ei] != DG_ELT_BF16)
+                    continue; /* (the scaled form: bf16 only) */
                 const enum dg_elt el = ELTS[ei];
                 const size_t sz = (size_t)dg_elt_size(el);
                 const int64_t T = shapes[k].T;
@@ -541,6 +547,9 @@ static int head_norm_rope(void)
                 void *hq, *hk, *hv, *hwq, *hwk, *dq, *dk, *dv, *dwq, *dwk;
                 void *dsrc = NULL, *dkraw = NULL, *dvraw = NULL, *dpos = NULL, *dinv = NULL;
                 void *dseq = NULL, *dtab = NULL, *cache[2][2] = {{0}};
+                void *dsa = NULL, *dsw = NULL, *dsrc2 = NULL, *dq2 = NULL, *dk2 = NULL,
+                     *dv2 = NULL;
+                float *hs = NULL, *hsa = NULL, *hsw = NULL;
                 const void *qsrc, *ksrc, *vsrc;
                 float *fq, *fk, *fv, *fwq, *fwk, *rq = malloc(nq * 4), *rk = malloc(nk * 4),
                                                    *rv = malloc(nk * 4),
@@ -556,6 +565,33 @@ static int head_norm_rope(void)
                       gt_rand_elts(el, nk, 1.0f, &hv, &fv) == 0 &&
                       gt_rand_elts(el, (size_t)hd, 1.5f, &hwq, &fwq) == 0 &&
                       gt_rand_elts(el, (size_t)hd, 1.5f, &hwk, &fwk) == 0);
+                if (side == 2) {
+                    /* the scaled form: sums, row and column scales, and the
+                     * sources they make, bf16((S sa) sw), as the values the
+                     * references and the two calls see */
+                    uint16_t *bq = hq, *bk = hk, *bv = hv;
+                    hs = malloc(sizeof *hs * (size_t)(T * ld));
+                    hsa = malloc(sizeof *hsa * (size_t)T);
+                    hsw = malloc(sizeof *hsw * (size_t)ld);
+                    CHECK(hs && hsa && hsw);
+                    for (int64_t t = 0; t < T; t++)
+                        hsa[t] = 0.5f + fabsf(gt_uniform());
+                    for (int64_t c = 0; c < ld; c++)
+                        hsw[c] = 0.25f + fabsf(gt_uniform());
+                    for (int64_t t = 0; t < T; t++)
+                        for (int64_t c = 0; c < ld; c++) {
+                            const float S = 6.0f * gt_uniform();
+                            const uint16_t x = dg_f32_to_bf16(S * hsa[t] * hsw[c]);
+                            hs[t * ld + c] = S;
+                            if (c < qw)
+                                bq[t * qw + c] = x, fq[t * qw + c] = dg_bf16_to_f32(x);
+                            else if (c < qw + kw)
+                                bk[t * kw + c - qw] = x, fk[t * kw + c - qw] = dg_bf16_to_f32(x);
+                            else
+                                bv[t * kw + c - qw - kw] = x,
+                                fv[t * kw + c - qw - kw] = dg_bf16_to_f32(x);
+                        }
+                }
                 for (int i = 0; i < hd / 2; i++)
                     inv[i] = i < shapes[k].zero_from
                                  ? powf(10000.0f, -2.0f * (float)i / (float)hd)
@@ -583,7 +619,25 @@ static int head_norm_rope(void)
                 /* the sources, the outputs, the caches */
                 dk = out_buf(el, nk, NULL, &err);
                 dv = out_buf(el, nk, NULL, &err);
-                if (side) {
+                if (side == 2) {
+                    /* the sums, and for the two calls the bf16 values side by side */
+                    dq = out_buf(el, nq, NULL, &err);
+                    dsrc = gt_upload(hs, sizeof *hs * (size_t)(T * ld), &err);
+                    dsa = gt_upload(hsa, sizeof *hsa * (size_t)T, &err);
+                    dsw = gt_upload(hsw, sizeof *hsw * (size_t)ld, &err);
+                    dq2 = out_buf(el, nq, NULL, &err);
+                    dk2 = out_buf(el, nk, NULL, &err);
+                    dv2 = out_buf(el, nk, NULL, &err);
+                    CHECKF(dsrc && dsa && dsw && dq2 && dk2 && dv2 &&
+                               dg_cuda_alloc(&dsrc2, (size_t)(T * ld) * sz, 0, &err) == 0 &&
+                               put_cols(el, dsrc2, ld, 0, hq, T, qw, &err) == 0 &&
+                               put_cols(el, dsrc2, ld, qw, hk, T, kw, &err) == 0 &&
+                               (shared || put_cols(el, dsrc2, ld, qw + kw, hv, T, kw, &err) == 0),
+                           "%s", err.msg);
+                    qsrc = dsrc2;
+                    ksrc = (char *)dsrc2 + (size_t)qw * sz;
+                    vsrc = shared ? ksrc : (char *)dsrc2 + (size_t)(qw + kw) * sz;
+                } else if (side) {
                     dq = out_buf(el, nq, NULL, &err);
                     CHECKF(dg_cuda_alloc(&dsrc, (size_t)(T * ld) * sz, 0, &err) == 0 &&
                                put_cols(el, dsrc, ld, 0, hq, T, qw, &err) == 0 &&
@@ -617,14 +671,31 @@ static int head_norm_rope(void)
                            dg_cuda_alloc(&dinv, (size_t)hd / 2 * 4, 0, &err) == 0 &&
                            dg_cuda_upload(dinv, inv, (size_t)hd / 2 * 4, 0, &err) == 0,
                        "%s", err.msg);
-                CHECK_OK(dg_cuda_head_norm_rope_e(el, dq, dk, dv, qsrc, side ? ld : qw, ksrc,
-                                                  vsrc, side ? ld : kw, dpos, T, nh, nkv, hd, dwq,
-                                                  dwk, dinv, eps, dtab, dseq, NULL, 0, &err),
-                         &err);
+                if (side == 2) {
+                    CHECK_OK(dg_cuda_head_norm_rope_scaled(
+                                 dq, dk, dv, dsrc, ld, qw, shared ? qw : qw + kw, dsa, dsw, dpos,
+                                 T, nh, nkv, hd, dwq, dwk, dinv, eps, dtab, dseq, NULL, 0, &err),
+                             &err);
+                    /* the two calls' second, on the scaling pass's values */
+                    CHECK_OK(dg_cuda_head_norm_rope_e(el, dq2, dk2, dv2, qsrc, ld, ksrc, vsrc, ld,
+                                                      dpos, T, nh, nkv, hd, dwq, dwk, dinv, eps,
+                                                      NULL, NULL, NULL, 0, &err),
+                             &err);
+                } else {
+                    CHECK_OK(dg_cuda_head_norm_rope_e(el, dq, dk, dv, qsrc, side ? ld : qw, ksrc,
+                                                      vsrc, side ? ld : kw, dpos, T, nh, nkv, hd,
+                                                      dwq, dwk, dinv, eps, dtab, dseq, NULL, 0,
+                                                      &err),
+                             &err);
+                }
                 snprintf(what, sizeof what,
                          "head_norm_rope%s %lld tokens, %d + 2 x %d heads of %d%s%s", tag(el),
                          (long long)T, nh, nkv, hd, shared ? ", v = k" : "",
-                         side ? ", side by side" : "");
+                         side == 2 ? ", scaled sums" : side ? ", side by side" : "");
+                if (side == 2)
+                    CHECKF(same_bytes(el, dq, dq2, nq) && same_bytes(el, dk, dk2, nk) &&
+                               same_bytes(el, dv, dv2, nk),
+                           "%s: not the bits of the scaling pass and the plain form", what);
                 e = compare(el, dq, nq, rq, what);
                 printf("# %s: q %.2e", what, e);
                 CHECKF(e >= 0 && e <= bound(el), "%s: q %.3e", what, e);
@@ -676,6 +747,15 @@ static int head_norm_rope(void)
                 }
                 dg_cuda_free(dq);
                 dg_cuda_free(dsrc);
+                dg_cuda_free(dsa);
+                dg_cuda_free(dsw);
+                dg_cuda_free(dsrc2);
+                dg_cuda_free(dq2);
+                dg_cuda_free(dk2);
+                dg_cuda_free(dv2);
+                free(hs);
+                free(hsa);
+                free(hsw);
                 dg_cuda_free(dkraw);
                 if (!shared)
                     dg_cuda_free(dvraw);
@@ -736,6 +816,19 @@ static int head_norm_rope(void)
                                              64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL, 0,
                                              &err),
                     &err, DG_E_INVAL, "element type");
+        /* scaled sums: v's columns over k's, past the row, no scales */
+        CHECK_FAILS(dg_cuda_head_norm_rope_scaled(p, p, p, p, 256, 128, 160, p, p, NULL, 4, 2, 1,
+                                                  64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL,
+                                                  0, &err),
+                    &err, DG_E_INVAL, "scaled sums");
+        CHECK_FAILS(dg_cuda_head_norm_rope_scaled(p, p, p, p, 200, 128, 192, p, p, NULL, 4, 2, 1,
+                                                  64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL,
+                                                  0, &err),
+                    &err, DG_E_INVAL, "scaled sums");
+        CHECK_FAILS(dg_cuda_head_norm_rope_scaled(p, p, p, p, 256, 128, 192, NULL, p, NULL, 4, 2,
+                                                  1, 64, NULL, NULL, NULL, 1e-6f, NULL, NULL, NULL,
+                                                  0, &err),
+                    &err, DG_E_INVAL, "scaled sums");
     }
     return 0;
 }
