@@ -580,18 +580,37 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         MARK(L->sliding ? "attention (sliding)" : "attention (full)");
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
-     * is a partial sum, reduced in the element type */
-    TRY(proj(cx, &on, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, NULL, err));
-    MARK("o projection");
-    TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
-    MARK("all-reduce");
-    /* and in the same pass the three norms of h the feed-forward block
-     * reads: the dense MLP's, the router's and the experts' inputs */
+     * is a partial sum, reduced in the element type.  On one rank with FP8
+     * through cuBLASLt, the product's unscaled sums alone where it takes
+     * them in one go, scaled by the norms' pass below (no scaling pass) */
     {
+        const float *S = NULL;
         void *const y[3] = {cx->a, cx->a_router, cx->a_experts};
         const void *const wy[3] = {L->pre_ffn_norm, L->router_scale, L->pre_ffn_norm_2};
-        TRY(dg_cuda_rmsnorm_add_norms_e(e, cx->x, cx->attn, L->post_attn_norm, T, H, eps, 1.0f,
-                                        3, y, wy, st, dev, err));
+        if (L->o_proj_s && on.lt && !cx->nccl) {
+            TRY(quantize_in(cx, &on, cx->o, T, qdim, NULL, err));
+            rc = dg_fp8_lt_product(on.lt, cx->qa, (const uint8_t *)L->o_proj, T, H, qdim, &S,
+                                   err);
+            if (rc < 0 && rc != -DG_E_UNSUPPORTED)
+                return rc;
+            if (rc < 0)
+                S = NULL;
+        }
+        if (!S)
+            TRY(proj(cx, &on, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, NULL,
+                     err));
+        MARK("o projection");
+        TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
+        MARK("all-reduce");
+        /* and in the same pass the three norms of h the feed-forward block
+         * reads: the dense MLP's, the router's and the experts' inputs */
+        if (S)
+            TRY(dg_cuda_rmsnorm_add_norms_scaled(cx->x, S, cx->sa, L->o_proj_s, cx->attn,
+                                                 L->post_attn_norm, T, H, eps, 1.0f, 3, y, wy,
+                                                 st, dev, err));
+        else
+            TRY(dg_cuda_rmsnorm_add_norms_e(e, cx->x, cx->attn, L->post_attn_norm, T, H, eps,
+                                            1.0f, 3, y, wy, st, dev, err));
     }
     MARK("norms");
 

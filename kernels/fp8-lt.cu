@@ -322,6 +322,34 @@ __global__ void lt_scale4_kernel(void *y, int y_f32, int accumulate, const float
     }
 }
 
+/* Y[t, n] = bf16(S[t ld + n] * sa[t] * sw[n]) (the scaling pass's value,
+ * the products in its order) for n < N: grid (ceil(N / 256), T). */
+__global__ void lt_scale_rows_kernel(__nv_bfloat16 *y, const float *S, int64_t ld,
+                                     const float *sa, const float *sw, int64_t N)
+{
+    const int64_t t = blockIdx.y, n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n < N)
+        y[t * N + n] = __float2bfloat16_rn(S[t * ld + n] * sa[t] * sw[n]);
+}
+
+extern "C" int dg_fp8_lt_scale_rows(void *y, const float *S, int64_t ld, const float *sa,
+                                    const float *sw, int64_t T, int64_t N, dg_stream_t stream,
+                                    int dev, struct dg_error *err)
+{
+    int rc = 0;
+    if (T < 0 || N < 1 || ld < N || T > 65535 || N > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 scaling pass: %lld rows of %lld, %lld "
+                            "apart (at most 65,535 rows)", dev, (long long)T, (long long)N,
+                            (long long)ld);
+    if (T == 0)
+        return 0;
+    lt_scale_rows_kernel<<<dim3((unsigned)((N + 255) / 256), (unsigned)T), 256, 0,
+                           (cudaStream_t)stream>>>((__nv_bfloat16 *)y, S, ld, sa, sw, N);
+    DG_LAUNCH_CHECK();
+out:
+    return rc;
+}
+
 extern "C" int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const uint8_t *qw,
                                  int64_t T, int64_t N, int64_t K, const float **S,
                                  struct dg_error *err)

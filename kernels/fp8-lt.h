@@ -60,6 +60,14 @@ int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accumulate, con
 int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const uint8_t *qw, int64_t T,
                       int64_t N, int64_t K, const float **S, struct dg_error *err);
 
+/* The scaling pass's values of such sums on their own: y [T, N] bf16
+ * (packed) = bf16(S[t ld + n] * sa[t] * sw[n]), the products in that
+ * order, on stream (for a pass that reads S where its shape does not let
+ * it scale S itself).  T at most 65,535.  Errors: DG_E_INVAL, DG_E_CUDA. */
+int dg_fp8_lt_scale_rows(void *y, const float *S, int64_t ld, const float *sa, const float *sw,
+                         int64_t T, int64_t N, dg_stream_t stream, int dev,
+                         struct dg_error *err);
+
 /* How the shape's calls go: "outer-vector scales", "unit scales and a
  * scaling pass", "none" (DG_E_UNSUPPORTED) or "not tried" (no call yet, or
  * its plan was replaced).  A static string. */

@@ -29,6 +29,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/fp8-lt.h"
 #include "kernels/rows.cuh"
 
 #define HNR_RC 4 /* pieces of eight a lane holds at most: hd <= 4 x 32 x 8 */
@@ -202,18 +203,6 @@ out:
     return rc;
 }
 
-/* dst[t, i] = bf16(S[t ld + i] sa[t] sw[i]) for i < w: the scaled form's
- * values where the one pass does not take the shape (fp8-lt.cu's scaling
- * pass, the same products in the same order).  grid (ceil(w / 256), T). */
-__global__ static void scale_rows_kernel(__nv_bfloat16 *dst, const float *S, int64_t ld,
-                                         const float *sa, const float *sw, int w)
-{
-    const int64_t t = blockIdx.y;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < w)
-        dst[t * w + i] = __float2bfloat16_rn(S[t * ld + i] * sa[t] * sw[i]);
-}
-
 /* the validation both forms share; DG_E_INVAL naming what is wrong */
 static int hnr_check(enum dg_elt e, const void *q, const void *qsrc, int64_t ld_q,
                      int64_t ld_kv, int64_t T, int nh, int nkv, int hd,
@@ -343,12 +332,10 @@ extern "C" int dg_cuda_head_norm_rope_scaled(void *q, void *k, void *v, const fl
             int64_t col;
             int w;
         } part[3] = {{q, 0, nh * hd}, {k, kcol, nkv * hd}, {v, vcol, nkv * hd}};
-        for (int i = 0; i < 3; i++) {
-            scale_rows_kernel<<<dim3((unsigned)((part[i].w + 255) / 256), (unsigned)T), 256, 0,
-                                st>>>((__nv_bfloat16 *)part[i].dst, S + part[i].col, ld, sa,
-                                      sw + part[i].col, part[i].w);
-            DG_LAUNCH_CHECK();
-        }
+        for (int i = 0; i < 3; i++)
+            if ((rc = dg_fp8_lt_scale_rows(part[i].dst, S + part[i].col, ld, sa,
+                                           sw + part[i].col, T, part[i].w, stream, dev, err)) < 0)
+                return rc;
         return hnr_in_place(DG_ELT_BF16, q, k, v, pos, T, nh, nkv, hd, wq, wk, inv_freq, eps,
                             seqs, q_seq, stream, dev, err);
     }

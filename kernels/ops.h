@@ -247,6 +247,20 @@ int dg_cuda_rmsnorm_add_norms_e(enum dg_elt e, void *resid, const void *x, const
                                 int64_t rows, int dim, float eps, float scale, int n_out,
                                 void *const *y, const void *const *wy, dg_stream_t stream,
                                 int dev, struct dg_error *err);
+/* The same for bf16 with x the bf16 values of an FP8 product's unscaled
+ * sums (fp8-lt.h's dg_fp8_lt_product): S [rows, dim] fp32 packed,
+ *     x[r, i] = bf16(S[r, i] sa[r] sw[i])
+ * (what dg_fp8_lt_gemm would have stored with row scales sa and column
+ * scales sw), then as dg_cuda_rmsnorm_add_norms_e(resid, x, ...): the same
+ * bits as the two calls.  xbuf [rows, dim] bf16: where x is written
+ * first where the one pass does not take the rows (else untouched).
+ * Errors: as that function's, and DG_E_INVAL for missing scales or
+ * buffer. */
+int dg_cuda_rmsnorm_add_norms_scaled(void *resid, const float *S, const float *sa,
+                                     const float *sw, void *xbuf, const void *w, int64_t rows,
+                                     int dim, float eps, float scale, int n_out, void *const *y,
+                                     const void *const *wy, dg_stream_t stream, int dev,
+                                     struct dg_error *err);
 int dg_cuda_embed_e(enum dg_elt e, void *y, const int32_t *ids, int64_t T, const void *emb,
                     int64_t v0, int64_t n_rows, int dim, float scale, dg_stream_t stream, int dev,
                     struct dg_error *err);

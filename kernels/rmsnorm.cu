@@ -5,6 +5,7 @@
 
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
+#include "kernels/fp8-lt.h"
 #include "kernels/rows.cuh"
 
 #define NORM_THREADS 256
@@ -71,16 +72,26 @@ struct norm_outs {
  * kernel this replaced used, bit for bit.  NOUT > 0 (ADD only): then, as
  * dg_cuda_rmsnorm_e on the updated resid (its bf16 values) would,
  *   r2 = (sum_i resid_i^2 / dim + eps)^(-1/2),  out_j,i = bf16(resid_i r2 w_j,i)
- * for j < NOUT (w_j NULL: no weight). */
-template <bool ADD, int NOUT, int TPR, int RC>
+ * for j < NOUT (w_j NULL: no weight).  SCALED (ADD only): x is instead
+ * the scaling pass of an FP8 product's unscaled sums (fp8-lt.h):
+ *   x_i = bf16(S[row, i] sa[row] sw[i])
+ * the value that pass would have stored, so the same bits as it and this
+ * kernel after it. */
+struct scaled_in {
+    const float *S, *sa, *sw;
+};
+
+template <bool ADD, int NOUT, int TPR, int RC, bool SCALED = false>
 __global__ static void __launch_bounds__(128)
     rmsnorm_rows_kernel(__nv_bfloat16 *y, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
-                        int64_t rows, int dim, float eps, float scale, struct norm_outs outs)
+                        int64_t rows, int dim, float eps, float scale, struct norm_outs outs,
+                        struct scaled_in sc)
 {
     __shared__ float sh[8];
     const int64_t row = (int64_t)blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
     const int i = (int)(threadIdx.x % TPR);
     dg_raw8<__nv_bfloat16> xr[RC], wr[RC], yr[RC], wo[NOUT > 0 ? NOUT : 1][RC];
+    dg_raw8<float> sr[SCALED ? RC : 1], cr[SCALED ? RC : 1];
     float ss = 0.0f, s2 = 0.0f, r;
     if (row >= rows) /* (TPR 128: the whole block) */
         return;
@@ -90,7 +101,12 @@ __global__ static void __launch_bounds__(128)
     for (int c = 0; c < RC; c++) {
         const int off = (c * TPR + i) * 8;
         if (off < dim) {
-            dg_load_raw8(&xr[c], xp + off);
+            if (SCALED) {
+                dg_load_raw8(&sr[c], sc.S + row * dim + off);
+                dg_load_raw8(&cr[c], sc.sw + off);
+            } else {
+                dg_load_raw8(&xr[c], xp + off);
+            }
             if (w)
                 dg_load_raw8(&wr[c], w + off);
             if (ADD)
@@ -100,6 +116,20 @@ __global__ static void __launch_bounds__(128)
                 if (outs.w[j])
                     dg_load_raw8(&wo[j][c], outs.w[j] + off);
         }
+    }
+    if (SCALED) {
+        /* the scaling pass's values: (S sa) sw, rounded to bf16 */
+        const float a = sc.sa[row];
+#pragma unroll
+        for (int c = 0; c < RC; c++)
+            if ((c * TPR + i) * 8 < dim) {
+                float v[8], cw[8];
+                dg_unpack8(sr[c], v);
+                dg_unpack8(cr[c], cw);
+                for (int u = 0; u < 8; u++)
+                    v[u] = v[u] * a * cw[u];
+                dg_pack8(&xr[c], v);
+            }
     }
 #pragma unroll
     for (int c = 0; c < RC; c++)
@@ -169,17 +199,19 @@ __global__ static void __launch_bounds__(128)
 #define NORM_ROWS_MAX (NORM_RC * 128 * 8)
 
 /* Launch the register kernel for these rows (bf16, aligned, dim <= NORM_ROWS_MAX). */
-template <bool ADD, int NOUT>
+template <bool ADD, int NOUT, bool SCALED = false>
 static void rows_launch(__nv_bfloat16 *y, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                         int64_t rows, int dim, float eps, float scale,
-                        const struct norm_outs &outs, cudaStream_t st)
+                        const struct norm_outs &outs, cudaStream_t st,
+                        const struct scaled_in &sc = {NULL, NULL, NULL})
 {
     if (dim <= NORM_RC * 32 * 8)
-        rmsnorm_rows_kernel<ADD, NOUT, 32, NORM_RC>
-            <<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(y, x, w, rows, dim, eps, scale, outs);
+        rmsnorm_rows_kernel<ADD, NOUT, 32, NORM_RC, SCALED>
+            <<<(unsigned)((rows + 3) / 4), 128, 0, st>>>(y, x, w, rows, dim, eps, scale, outs,
+                                                         sc);
     else
-        rmsnorm_rows_kernel<ADD, NOUT, 128, NORM_RC>
-            <<<(unsigned)rows, 128, 0, st>>>(y, x, w, rows, dim, eps, scale, outs);
+        rmsnorm_rows_kernel<ADD, NOUT, 128, NORM_RC, SCALED>
+            <<<(unsigned)rows, 128, 0, st>>>(y, x, w, rows, dim, eps, scale, outs, sc);
 }
 
 /* Whether the register kernels take these rows. */
@@ -261,11 +293,29 @@ extern "C" int dg_cuda_rmsnorm_add(uint16_t *resid, const uint16_t *x, const uin
                                  err);
 }
 
-extern "C" int dg_cuda_rmsnorm_add_norms_e(enum dg_elt e, void *resid, const void *x,
-                                           const void *w, int64_t rows, int dim, float eps,
-                                           float scale, int n_out, void *const *y,
-                                           const void *const *wy, dg_stream_t stream, int dev,
-                                           struct dg_error *err)
+/* the add with n_out norms after it (0 to NORM_OUTS), the register kernel */
+template <bool SCALED>
+static void add_launch(int n_out, __nv_bfloat16 *r, const __nv_bfloat16 *x,
+                       const __nv_bfloat16 *w, int64_t rows, int dim, float eps, float scale,
+                       const struct norm_outs &o, cudaStream_t st, const struct scaled_in &sc)
+{
+    if (n_out == 0)
+        rows_launch<true, 0, SCALED>(r, x, w, rows, dim, eps, scale, o, st, sc);
+    else if (n_out == 1)
+        rows_launch<true, 1, SCALED>(r, x, w, rows, dim, eps, scale, o, st, sc);
+    else if (n_out == 2)
+        rows_launch<true, 2, SCALED>(r, x, w, rows, dim, eps, scale, o, st, sc);
+    else
+        rows_launch<true, 3, SCALED>(r, x, w, rows, dim, eps, scale, o, st, sc);
+}
+
+/* dg_cuda_rmsnorm_add_norms_e, and with sc.S the scaled form
+ * (dg_cuda_rmsnorm_add_norms_scaled): x is then the bf16 buffer the
+ * scaling pass's values go to where the one pass does not take the rows */
+static int add_norms(enum dg_elt e, void *resid, const void *x, const struct scaled_in &sc,
+                     const void *w, int64_t rows, int dim, float eps, float scale, int n_out,
+                     void *const *y, const void *const *wy, dg_stream_t stream, int dev,
+                     struct dg_error *err)
 {
     int rc = 0;
     bool fit;
@@ -279,17 +329,26 @@ extern "C" int dg_cuda_rmsnorm_add_norms_e(enum dg_elt e, void *resid, const voi
     if (e != DG_ELT_BF16 && e != DG_ELT_F32)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: element type %d", dev,
                             (int)e);
+    if (sc.S && (!sc.sa || !sc.sw || !x || e != DG_ELT_BF16))
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: scaled sums without "
+                            "%s", dev, !sc.sa || !sc.sw ? "their scales" : "a bf16 buffer");
     if (rows <= 0)
         return 0;
     if (dim < 1 || rows > 0x7fffffff)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: %lld rows of %d", dev,
                             (long long)rows, dim);
-    fit = rows_fit(e, dim, resid, x, w);
+    fit = rows_fit(e, dim, resid, sc.S ? NULL : x, w) &&
+          (!sc.S || dg_rows_by8(dim, 4, sc.S, sc.sw));
     for (int j = 0; j < n_out && fit; j++)
         fit = dg_rows_by8(dim, 2, y[j], wy[j]);
     if (!fit) {
-        /* the separate kernels, one after another */
-        rc = dg_cuda_rmsnorm_add_e(e, resid, x, w, rows, dim, eps, scale, stream, dev, err);
+        /* the separate kernels, one after another (the scaled sums first
+         * through the scaling pass into x) */
+        if (sc.S)
+            rc = dg_fp8_lt_scale_rows((void *)x, sc.S, dim, sc.sa, sc.sw, rows, dim, stream, dev,
+                                      err);
+        if (rc == 0)
+            rc = dg_cuda_rmsnorm_add_e(e, resid, x, w, rows, dim, eps, scale, stream, dev, err);
         for (int j = 0; j < n_out && rc == 0; j++)
             rc = dg_cuda_rmsnorm_e(e, y[j], resid, wy[j], rows, dim, eps, stream, dev, err);
         return rc;
@@ -303,16 +362,36 @@ extern "C" int dg_cuda_rmsnorm_add_norms_e(enum dg_elt e, void *resid, const voi
             o.y[j] = (__nv_bfloat16 *)y[j];
             o.w[j] = (const __nv_bfloat16 *)wy[j];
         }
-        if (n_out == 0)
-            rows_launch<true, 0>(r, xx, ww, rows, dim, eps, scale, o, st);
-        else if (n_out == 1)
-            rows_launch<true, 1>(r, xx, ww, rows, dim, eps, scale, o, st);
-        else if (n_out == 2)
-            rows_launch<true, 2>(r, xx, ww, rows, dim, eps, scale, o, st);
+        if (sc.S)
+            add_launch<true>(n_out, r, xx, ww, rows, dim, eps, scale, o, st, sc);
         else
-            rows_launch<true, 3>(r, xx, ww, rows, dim, eps, scale, o, st);
+            add_launch<false>(n_out, r, xx, ww, rows, dim, eps, scale, o, st, sc);
     }
     DG_LAUNCH_CHECK();
 out:
     return rc;
+}
+
+extern "C" int dg_cuda_rmsnorm_add_norms_e(enum dg_elt e, void *resid, const void *x,
+                                           const void *w, int64_t rows, int dim, float eps,
+                                           float scale, int n_out, void *const *y,
+                                           const void *const *wy, dg_stream_t stream, int dev,
+                                           struct dg_error *err)
+{
+    const struct scaled_in none = {NULL, NULL, NULL};
+    return add_norms(e, resid, x, none, w, rows, dim, eps, scale, n_out, y, wy, stream, dev, err);
+}
+
+extern "C" int dg_cuda_rmsnorm_add_norms_scaled(void *resid, const float *S, const float *sa,
+                                                const float *sw, void *xbuf, const void *w,
+                                                int64_t rows, int dim, float eps, float scale,
+                                                int n_out, void *const *y, const void *const *wy,
+                                                dg_stream_t stream, int dev,
+                                                struct dg_error *err)
+{
+    const struct scaled_in sc = {S, sa, sw};
+    if (!S)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rmsnorm_add_norms: no scaled sums", dev);
+    return add_norms(DG_ELT_BF16, resid, xbuf, sc, w, rows, dim, eps, scale, n_out, y, wy,
+                     stream, dev, err);
 }

@@ -227,12 +227,17 @@ static int same_bytes(enum dg_elt e, const void *d1, const void *d2, size_t n)
  * against the references composed (the residual rounded to the element
  * type before its norms, as it is stored) and, bit for bit, against the
  * separate kernels run one after another on a copy.  Output 1 has no
- * weight. */
+ * weight.  bf16 also in the scaled form (dg_cuda_rmsnorm_add_norms_scaled):
+ * x then the scaling pass's values of random FP8 sums and scales, the
+ * same checks on those values. */
 static int rmsnorm_add_norms(void)
 {
     for (size_t k = 0; k < sizeof NORM_SHAPES / sizeof NORM_SHAPES[0]; k++)
         for (size_t ei = 0; ei < N_ELTS; ei++)
-            for (int n_out = 0; n_out <= 3; n_out++) {
+            for (int v = 0; v < 8; v++) {
+                const int n_out = v / 2, scaled = v % 2; /* 0 to 3 outputs, two forms */
+                if (scaled && ELTS[ei] != DG_ELT_BF16)
+                    continue; /* (the scaled form: bf16 only) */
                 const enum dg_elt el = ELTS[ei];
                 const size_t sz = (size_t)dg_elt_size(el);
                 const int64_t R = NORM_SHAPES[k].rows;
@@ -244,6 +249,7 @@ static int rmsnorm_add_norms(void)
                                                                  *dy2[3] = {0};
                 float *fx, *fw, *fr, *fwo[3], *res = malloc(n * sizeof *res),
                                                *ref = malloc(n * sizeof *ref);
+                void *dS = NULL, *dsa = NULL, *dsw = NULL, *dxbuf = NULL;
                 char what[112];
                 double e;
                 CHECK(res && ref && gt_rand_elts(el, n, 3.0f, &hx, &fx) == 0 &&
@@ -251,6 +257,30 @@ static int rmsnorm_add_norms(void)
                       gt_rand_elts(el, n, 2.0f, &hr, &fr) == 0);
                 for (int j = 0; j < 3; j++)
                     CHECK(gt_rand_elts(el, (size_t)D, 1.5f, &hwo[j], &fwo[j]) == 0);
+                if (scaled) {
+                    /* an FP8 product's sums and scales; x the scaling pass's
+                     * values of them, bf16((S sa) sw) */
+                    float *hS = malloc(sizeof *hS * n), *hsa = malloc(sizeof *hsa * (size_t)R);
+                    float *hsw = malloc(sizeof *hsw * (size_t)D);
+                    CHECK(hS && hsa && hsw);
+                    for (int64_t r = 0; r < R; r++)
+                        hsa[r] = 0.5f + fabsf(gt_uniform());
+                    for (int c = 0; c < D; c++)
+                        hsw[c] = 0.25f + fabsf(gt_uniform());
+                    for (size_t q = 0; q < n; q++) {
+                        const uint16_t b =
+                            dg_f32_to_bf16((hS[q] = 4.0f * gt_uniform()) * hsa[q / (size_t)D] *
+                                           hsw[q % (size_t)D]);
+                        ((uint16_t *)hx)[q] = b;
+                        fx[q] = dg_bf16_to_f32(b);
+                    }
+                    dS = gt_upload(hS, sizeof *hS * n, &err);
+                    dsa = gt_upload(hsa, sizeof *hsa * (size_t)R, &err);
+                    dsw = gt_upload(hsw, sizeof *hsw * (size_t)D, &err);
+                    dxbuf = out_buf(el, n, NULL, &err);
+                    CHECKF(dS && dsa && dsw && dxbuf, "%s", err.msg);
+                    free(hS), free(hsa), free(hsw);
+                }
                 dx = gt_upload(hx, n * sz, &err);
                 dw = gt_upload(hw, (size_t)D * sz, &err);
                 dr = out_buf(el, n, hr, &err);
@@ -262,10 +292,16 @@ static int rmsnorm_add_norms(void)
                     dy2[j] = out_buf(el, n, NULL, &err);
                     CHECKF((j == 1 || dwo[j]) && dy[j] && dy2[j], "%s", err.msg);
                 }
-                CHECK_OK(dg_cuda_rmsnorm_add_norms_e(el, dr, dx, dw, R, D, 1e-6f, scale, n_out,
-                                                     dy, (const void *const *)dwo, NULL, 0,
-                                                     &err),
-                         &err);
+                if (scaled)
+                    CHECK_OK(dg_cuda_rmsnorm_add_norms_scaled(
+                                 dr, dS, dsa, dsw, dxbuf, dw, R, D, 1e-6f, scale, n_out, dy,
+                                 (const void *const *)dwo, NULL, 0, &err),
+                             &err);
+                else
+                    CHECK_OK(dg_cuda_rmsnorm_add_norms_e(el, dr, dx, dw, R, D, 1e-6f, scale,
+                                                         n_out, dy, (const void *const *)dwo,
+                                                         NULL, 0, &err),
+                             &err);
                 /* the separate kernels on the copy */
                 CHECK_OK(dg_cuda_rmsnorm_add_e(el, dr2, dx, dw, R, D, 1e-6f, scale, NULL, 0,
                                                &err),
@@ -281,15 +317,16 @@ static int rmsnorm_add_norms(void)
                     if (el == DG_ELT_BF16)
                         res[i] = dg_bf16_to_f32(dg_f32_to_bf16(res[i]));
                 }
-                snprintf(what, sizeof what, "rmsnorm_add_norms%s %lld x %d, %d out: residual",
-                         tag(el), (long long)R, D, n_out);
+                snprintf(what, sizeof what, "rmsnorm_add_norms%s%s %lld x %d, %d out: residual",
+                         tag(el), scaled ? " (scaled sums)" : "", (long long)R, D, n_out);
                 e = compare(el, dr, n, res, what);
                 CHECKF(e >= 0 && e <= bound(el), "%s: %.3e", what, e);
                 CHECKF(same_bytes(el, dr, dr2, n), "%s: not the separate kernel's bits", what);
                 for (int j = 0; j < n_out; j++) {
                     dg_ref_rmsnorm(ref, res, j == 1 ? NULL : fwo[j], R, D, 1e-6f);
-                    snprintf(what, sizeof what, "rmsnorm_add_norms%s %lld x %d, %d out: norm %d",
-                             tag(el), (long long)R, D, n_out, j);
+                    snprintf(what, sizeof what,
+                             "rmsnorm_add_norms%s%s %lld x %d, %d out: norm %d", tag(el),
+                             scaled ? " (scaled sums)" : "", (long long)R, D, n_out, j);
                     e = compare(el, dy[j], n, ref, what);
                     printf("# %s: relative error %.2e\n", what, e);
                     CHECKF(e >= 0 && e <= bound(el), "%s: %.3e", what, e);
@@ -305,6 +342,10 @@ static int rmsnorm_add_norms(void)
                 }
                 dg_cuda_free(dx);
                 dg_cuda_free(dw);
+                dg_cuda_free(dS);
+                dg_cuda_free(dsa);
+                dg_cuda_free(dsw);
+                dg_cuda_free(dxbuf);
                 dg_cuda_free(dr);
                 dg_cuda_free(dr2);
                 free(hx);
@@ -327,6 +368,18 @@ static int rmsnorm_add_norms(void)
         CHECK_FAILS(dg_cuda_rmsnorm_add_norms_e(DG_ELT_BF16, y[0], NULL, NULL, 4, 8, 1e-6f, 1.0f,
                                                 1, y, w, NULL, 0, &err),
                     &err, DG_E_INVAL, "the residual");
+        /* scaled sums without their scales, without the buffer, or none */
+        CHECK_FAILS(dg_cuda_rmsnorm_add_norms_scaled(NULL, (const float *)y[0], NULL, NULL, y[0],
+                                                     NULL, 4, 8, 1e-6f, 1.0f, 0, NULL, NULL,
+                                                     NULL, 0, &err),
+                    &err, DG_E_INVAL, "their scales");
+        CHECK_FAILS(dg_cuda_rmsnorm_add_norms_scaled(NULL, (const float *)y[0], (const float *)y[0],
+                                                     (const float *)y[0], NULL, NULL, 4, 8, 1e-6f,
+                                                     1.0f, 0, NULL, NULL, NULL, 0, &err),
+                    &err, DG_E_INVAL, "a bf16 buffer");
+        CHECK_FAILS(dg_cuda_rmsnorm_add_norms_scaled(NULL, NULL, NULL, NULL, NULL, NULL, 4, 8,
+                                                     1e-6f, 1.0f, 0, NULL, NULL, NULL, 0, &err),
+                    &err, DG_E_INVAL, "no scaled sums");
     }
     return 0;
 }
