@@ -421,6 +421,22 @@ static int quantize_in(struct dg_cuda_ctx *cx, const struct lane *on, const void
     return 0;
 }
 
+/* FP8 through cuBLASLt (on->lt): x [T, K] quantized as quantize_in does,
+ * then the product with W [N, K] as unscaled sums alone into *S
+ * (fp8-lt.h's dg_fp8_lt_product), for a pass that reads them and applies
+ * the scales itself.  *S NULL where cuBLASLt does not take them in one go
+ * (then proj, whose quantization x_in_qa skips). */
+static int sums_alone(struct dg_cuda_ctx *cx, const struct lane *on, const void *x, int64_t T,
+                      const void *W, int64_t N, int64_t K, int *x_in_qa, const float **S,
+                      struct dg_error *err)
+{
+    int rc;
+    *S = NULL;
+    TRY(quantize_in(cx, on, x, T, K, x_in_qa, err));
+    rc = dg_fp8_lt_product(on->lt, cx->qa, (const uint8_t *)W, T, N, K, S, err);
+    return rc == -DG_E_UNSUPPORTED ? 0 : rc; /* (*S set only where taken) */
+}
+
 /* y[T, N] = x[T, K] W^T (+ y when accumulate), W [N, K] nn.Linear, queued
  * on lane `on`: bf16 or fp32 through cuBLAS (Ws NULL), or E4M3 with row
  * scales Ws, x then quantized per row first (W8A8, fp8-gemm.h) into
@@ -525,17 +541,8 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         if (qkv_adjacent(cm, L, qdim, kvdim, H)) {
             /* one GEMM over the three matrices side by side: [T, q | k | v] */
             const int64_t n = qdim + kvdim + (L->sliding ? kvdim : 0);
-            if (L->q_proj_s && on.lt) {
-                /* the sums alone, scaled by the head norms' pass (no
-                 * scaling pass) where cuBLASLt takes them in one go */
-                TRY(quantize_in(cx, &on, cx->a, T, H, &a_in_qa, err));
-                rc = dg_fp8_lt_product(on.lt, cx->qa, (const uint8_t *)L->q_proj, T, n, H, &S,
-                                       err);
-                if (rc < 0 && rc != -DG_E_UNSUPPORTED)
-                    return rc;
-                if (rc < 0)
-                    S = NULL;
-            }
+            if (L->q_proj_s && on.lt) /* scaled by the head norms' pass: no scaling pass */
+                TRY(sums_alone(cx, &on, cx->a, T, L->q_proj, n, H, &a_in_qa, &S, err));
             if (!S)
                 TRY(proj(cx, &on, cx->qkv, 0, 0, cx->a, T, L->q_proj, L->q_proj_s, n, H,
                          &a_in_qa, err));
@@ -587,18 +594,12 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
         const float *S = NULL;
         void *const y[3] = {cx->a, cx->a_router, cx->a_experts};
         const void *const wy[3] = {L->pre_ffn_norm, L->router_scale, L->pre_ffn_norm_2};
-        if (L->o_proj_s && on.lt && !cx->nccl) {
-            TRY(quantize_in(cx, &on, cx->o, T, qdim, NULL, err));
-            rc = dg_fp8_lt_product(on.lt, cx->qa, (const uint8_t *)L->o_proj, T, H, qdim, &S,
-                                   err);
-            if (rc < 0 && rc != -DG_E_UNSUPPORTED)
-                return rc;
-            if (rc < 0)
-                S = NULL;
-        }
+        int o_in_qa = 0;
+        if (L->o_proj_s && on.lt && !cx->nccl)
+            TRY(sums_alone(cx, &on, cx->o, T, L->o_proj, H, qdim, &o_in_qa, &S, err));
         if (!S)
-            TRY(proj(cx, &on, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim, NULL,
-                     err));
+            TRY(proj(cx, &on, cx->attn, 0, 0, cx->o, T, L->o_proj, L->o_proj_s, H, qdim,
+                     &o_in_qa, err));
         MARK("o projection");
         TRY(reduce(cx, cx->attn, T * H, elt_type(e), err));
         MARK("all-reduce");

@@ -322,6 +322,19 @@ __global__ void lt_scale4_kernel(void *y, int y_f32, int accumulate, const float
     }
 }
 
+/* cuBLASLt refused (status s) the unit-scale algorithm it offered for
+ * p's shape, before writing anything: the shape never again (LT_NONE),
+ * and DG_E_UNSUPPORTED so that the caller takes another way. */
+static int refused(struct dg_fp8_lt *lt, struct lt_plan *p, cublasStatus_t s,
+                   struct dg_error *err)
+{
+    p->mode = LT_NONE;
+    return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: cuBLASLt refused its FP8 algorithm for "
+                        "[%lld x %lld] by [%lld x %lld] (%s)", lt->dev, (long long)p->T,
+                        (long long)p->K, (long long)p->N, (long long)p->K,
+                        cublasGetStatusName(s));
+}
+
 /* Y[t, n] = bf16(S[t ld + n] * sa[t] * sw[n]) (the scaling pass's value,
  * the products in its order) for n < N: grid (ceil(N / 256), T). */
 __global__ void lt_scale_rows_kernel(__nv_bfloat16 *y, const float *S, int64_t ld,
@@ -373,13 +386,8 @@ extern "C" int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const 
                             (long long)T, (long long)K, (long long)N, (long long)K);
     s = cublasLtMatmul(lt->h, p->op, &one, qw, p->a, qa, p->b, &zero, lt->scratch, p->c,
                        lt->scratch, p->c, &p->algo, lt->ws, LT_WORKSPACE, lt->stream);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
-        /* refused before anything was written: as dg_fp8_lt_gemm, never again */
-        p->mode = LT_NONE;
-        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: cuBLASLt refused its FP8 algorithm "
-                            "for [%lld x %lld] by [%lld x %lld] (%s)", dev, (long long)T,
-                            (long long)K, (long long)N, (long long)K, cublasGetStatusName(s));
-    }
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE)
+        return refused(lt, p, s, err); /* (before anything was written) */
     DG_CUBLAS_CHECK(s);
     *S = lt->scratch;
 out:
@@ -452,14 +460,8 @@ extern "C" int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accu
         if (p->mode == LT_UNIT)
             return dg_fp8_lt_gemm(lt, y, y_f32, accumulate, qa, sa, qw, sw, T, N, K, err);
     }
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
-        /* refused in unit mode on its first chunk, before anything was
-         * written: this shape never again */
-        p->mode = LT_NONE;
-        return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: cuBLASLt refused its FP8 algorithm "
-                            "for [%lld x %lld] by [%lld x %lld] (%s)", dev, (long long)T,
-                            (long long)K, (long long)N, (long long)K, cublasGetStatusName(s));
-    }
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE)
+        return refused(lt, p, s, err); /* (in unit mode on its first chunk: nothing written) */
     DG_CUBLAS_CHECK(s);
 out:
     return rc;

@@ -1,6 +1,7 @@
 /*
- * rows.cuh - sums over a row that TPR threads hold in registers (the
- * row-wise kernels: rmsnorm.cu, ffn-combine.cu).  Device code only.
+ * rows.cuh - sums (and a maximum) over a row that TPR threads hold in
+ * registers (the row-wise kernels: rmsnorm.cu, ffn-combine.cu).  Device
+ * code only.
  *
  * TPR is 32 (a warp a row, four rows a block of 128 threads) or 128 (the
  * whole block on one row).  Every thread of the row gets the sum.  The
