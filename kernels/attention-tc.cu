@@ -100,19 +100,26 @@ __device__ static void load_rows_async(__nv_bfloat16 *dst, const __nv_bfloat16 *
     }
 }
 
-/* The wgmma form's Q or K tile: rows [0, n) of width w elements (a
- * multiple of 64) from src (row stride ld elements) into `rows` rows of
- * 128-byte swizzled sub-tiles of 64 columns at dst (sub-tile c / 8 at c /
- * 8 x rows x 128 bytes), zeros for rows n .. rows-1; the caller commits
- * and waits.  n >= 1. */
-__device__ static void load_swz_async(unsigned char *dst, const __nv_bfloat16 *src, int64_t ld,
-                                      int n, int rows, int w)
+/* The wgmma form's K or V tile: rows [0, n) of W columns (a multiple of
+ * 64) from src (row stride ld elements) into ROWS rows of 128-byte
+ * swizzled sub-tiles of 64 columns at shared address dst (sub-tile c / 8
+ * at c / 8 x ROWS x 128 bytes), zeros for rows n .. ROWS-1 (which read
+ * nothing), by THREADS threads (a multiple of W / 8); the caller commits
+ * and waits.  n >= 1; ROWS ld < 2^31.  Each thread copies one 16-byte
+ * column chunk of every (THREADS / (W / 8))th row, so that with the
+ * shape known when compiled the divisions and the swizzle's row terms
+ * fold into constants. */
+template <int W, int ROWS, int THREADS>
+__device__ static inline void load_swz_tile(uint32_t dst, const __nv_bfloat16 *src, int ld, int n)
 {
-    const int per = w / 8;
-    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
-        const int r = i / per, c = i % per;
-        dg_cp16(dst + (c >> 3) * rows * 128 + dg_swz128(r, c & 7),
-                src + (int64_t)(r < n ? r : 0) * ld + c * 8, r < n);
+    constexpr int PER = W / 8, RSTEP = THREADS / PER;
+    static_assert(W % 64 == 0 && THREADS % PER == 0 && ROWS % RSTEP == 0, "tile shape");
+    const int c = (int)threadIdx.x % PER, r0 = (int)threadIdx.x / PER;
+    const uint32_t d = dst + (uint32_t)((c >> 3) * ROWS * 128);
+#pragma unroll
+    for (int k = 0; k < ROWS / RSTEP; k++) {
+        const int r = r0 + k * RSTEP;
+        dg_cp16_to(d + dg_swz128(r, c & 7), src + (r < n ? r * ld + c * 8 : 0), r < n);
     }
 }
 
@@ -142,12 +149,16 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
         WG ? (dg_smem_u32(smem_raw) + 1023u) & ~1023u : dg_smem_u32(smem_raw);
     unsigned char *smem = smem_raw + (sbase - dg_smem_u32(smem_raw));
     static_assert(!PAIR || WG, "the paired form is the wgmma one");
+    constexpr int THREADS = PAIR ? 256 : 128;
+    constexpr int QHD = PAIR ? 128 * NKC : 64 * NKC; /* WG: hd */
     const int wg = PAIR ? (int)threadIdx.x >> 7 : 0;
     const int n_dv = PAIR ? 1 : hd / DV, split = (int)blockIdx.z / n_dv;
     const int g = nh / nkv, c = blockIdx.y;
     const int dv0 = PAIR ? wg * DV : ((int)blockIdx.z % n_dv) * DV;
     const int64_t R0 = (int64_t)blockIdx.x * TC_ROWS;
     const int64_t t_lo = R0 / g;
+    /* row R0 + r: query head (rb + r) % g of KV head c's, token t_lo + (rb + r) / g */
+    const int rb = (int)(R0 - t_lo * g);
     const int n_tok = (int)(min(Tq, (R0 + TC_ROWS - 1) / g + 1) - t_lo);
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3; /* (in its warpgroup) */
     const int gid = lane >> 2, tig = lane & 3;
@@ -170,12 +181,12 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
         tpos[i] = q_pos[t_lo + i];
         tseq[i] = q_seq[t_lo + i];
     }
-    for (int i = threadIdx.x; i < TC_ROWS * (hd / 8); i += blockDim.x) {
-        const int r = i / (hd / 8), col = (i % (hd / 8)) * 8;
-        const int64_t R = R0 + r, t = R / g;
+    for (int i = threadIdx.x, per = WG ? QHD / 8 : hd / 8; i < TC_ROWS * per; i += THREADS) {
+        const int r = i / per, col = (i % per) * 8;
+        const int64_t t = t_lo + (rb + r) / g;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (t < Tq)
-            v = *(const uint4 *)(q + (t * nh + (int64_t)c * g + R % g) * hd + col);
+            v = *(const uint4 *)(q + (t * nh + c * g + (rb + r) % g) * hd + col);
         if (WG)
             *(uint4 *)(smem + (col >> 6) * TC_ROWS * 128 + dg_swz128(r, (col >> 3) & 7)) = v;
         else
@@ -185,7 +196,7 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
         dg_fence_proxy_async(); /* (wgmma reads Q through the async proxy) */
     __syncthreads();
     for (int h = 0; h < 2; h++) {
-        const int64_t R = R0 + warp * 16 + gid + 8 * h, t = R / g;
+        const int64_t t = t_lo + (rb + warp * 16 + gid + 8 * h) / g;
         rseq[h] = t < Tq ? tseq[t - t_lo] : -1;
         rpos[h] = t < Tq ? tpos[t - t_lo] : 0;
     }
@@ -224,104 +235,78 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
             j1 = min(j1, j0 + per);
         }
         const int64_t ntiles = j1 > j0 ? (j1 - j0 + TC_KEYS - 1) / TC_KEYS : 0;
-        /* the first tile into buffer 0 (the last sequence's tiles are used
-         * up: the barrier after each) */
-        if (ntiles > 0) {
-            const int nk = (int)min((int64_t)TC_KEYS, j1 - j0);
-            if (WG) {
-                load_swz_async((unsigned char *)Ks, K + j0 * row, row, nk, TC_KEYS, hd);
-                load_swz_async((unsigned char *)Vs, V + j0 * row, row, nk, TC_KEYS, vs);
-            } else {
-                load_rows_async(Ks, K + j0 * row, row, nk, TC_KEYS, hd);
-                load_rows_async(Vs, V + j0 * row, row, nk, TC_KEYS, DV);
+        /* tile kt's keys (load_k) or values (load_v) into buffer b, rows
+         * past j1 as zeros; the caller commits */
+        auto load_k = [&](int b, int64_t kt) {
+            const int nk = (int)min((int64_t)TC_KEYS, j1 - kt);
+            if constexpr (WG)
+                load_swz_tile<QHD, TC_KEYS, THREADS>(
+                    sbase + (uint32_t)((const unsigned char *)(Ks + b * TC_KEYS * qs) - smem),
+                    K + kt * row, (int)row, nk);
+            else
+                load_rows_async(Ks + b * TC_KEYS * qs, K + kt * row, row, nk, TC_KEYS, hd);
+        };
+        auto load_v = [&](int b, int64_t kt) {
+            const int nk = (int)min((int64_t)TC_KEYS, j1 - kt);
+            if constexpr (WG)
+                load_swz_tile<PAIR ? 2 * DV : DV, TC_KEYS, THREADS>(
+                    sbase + (uint32_t)((const unsigned char *)(Vs + b * TC_KEYS * vs) - smem),
+                    V + kt * row, (int)row, nk);
+            else
+                load_rows_async(Vs + b * TC_KEYS * vs, V + kt * row, row, nk, TC_KEYS, DV);
+        };
+        /* WG: S = Q K^T of the tile in buffer b over the whole head (PAIR:
+         * over this warpgroup's half), the warpgroup's m64n32k16 products
+         * sub-tile by sub-tile into d, the first one not adding; issued
+         * only (the caller fences, commits and waits) */
+        auto qk_issue = [&](float(&d)[16], int b) {
+            const uint32_t ka = sbase + (uint32_t)((const unsigned char *)(Ks + b * TC_KEYS * qs) -
+                                                   smem);
+            const int kc0 = wg * NKC;
+#pragma unroll
+            for (int kc = 0; kc < NKC; kc++)
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    dg_wgmma_m64n32(d, dg_wgmma_desc(sbase + (kc0 + kc) * TC_ROWS * 128 + 32 * kk),
+                                    dg_wgmma_desc(ka + (kc0 + kc) * TC_KEYS * 128 + 32 * kk),
+                                    kc > 0 || kk > 0);
+        };
+        /* P (the score registers, rounded to bf16) as the A fragments of
+         * the tile's k16 steps */
+        auto pack_p = [&](const float(&sc)[TC_KEYS / 8][4], uint32_t(&a)[TC_KEYS / 16][4]) {
+#pragma unroll
+            for (int k = 0; k < TC_KEYS / 16; k++) {
+                a[k][0] = pack_bf16(sc[2 * k][0], sc[2 * k][1]);
+                a[k][1] = pack_bf16(sc[2 * k][2], sc[2 * k][3]);
+                a[k][2] = pack_bf16(sc[2 * k + 1][0], sc[2 * k + 1][1]);
+                a[k][3] = pack_bf16(sc[2 * k + 1][2], sc[2 * k + 1][3]);
             }
-        }
-        dg_cp_commit();
-        for (int64_t it = 0; it < ntiles; it++) {
-            const int64_t kt = j0 + it * TC_KEYS;
-            const int buf = (int)(it & 1);
-            const __nv_bfloat16 *Kb = Ks + buf * TC_KEYS * qs, *Vb = Vs + buf * TC_KEYS * vs;
-            float sc[TC_KEYS / 8][4];
-            /* the next tile into the other buffer, then wait for this one's
-             * copies (all but the newest group) */
-            if (it + 1 < ntiles) {
-                const int64_t kn = kt + TC_KEYS;
-                const int nn = (int)min((int64_t)TC_KEYS, j1 - kn);
-                if (WG) {
-                    load_swz_async((unsigned char *)(Ks + (buf ^ 1) * TC_KEYS * qs), K + kn * row,
-                                   row, nn, TC_KEYS, hd);
-                    load_swz_async((unsigned char *)(Vs + (buf ^ 1) * TC_KEYS * vs), V + kn * row,
-                                   row, nn, TC_KEYS, vs);
-                } else {
-                    load_rows_async(Ks + (buf ^ 1) * TC_KEYS * qs, K + kn * row, row, nn,
-                                    TC_KEYS, hd);
-                    load_rows_async(Vs + (buf ^ 1) * TC_KEYS * vs, V + kn * row, row, nn,
-                                    TC_KEYS, DV);
-                }
+        };
+        /* WG: O += P V for the tile in buffer b, the warpgroup's m64nDVk16
+         * products, B = the V tile read N-major (its swizzled 64-column
+         * sub-tiles TC_KEYS x 128 bytes apart), the same O registers as
+         * mma.sync's layout; issued only */
+        auto pv_issue = [&](const uint32_t(&a)[TC_KEYS / 16][4], int b) {
+            const uint32_t va = sbase +
+                                (uint32_t)((const unsigned char *)(Vs + b * TC_KEYS * vs) - smem) +
+                                (PAIR ? (uint32_t)(wg * (DV / 64) * TC_KEYS * 128) : 0u);
+            float(&od)[DV / 2] = *reinterpret_cast<float(*)[DV / 2]>(&o[0][0]);
+#pragma unroll
+            for (int k = 0; k < TC_KEYS / 16; k++) {
+                const uint64_t vd = dg_wgmma_desc_n(va + k * 16 * 128, TC_KEYS * 128);
+                if constexpr (DV == 64)
+                    dg_wgmma_m64n64_rt(od, a[k], vd);
+                else if constexpr (DV == 128)
+                    dg_wgmma_m64n128_rt(od, a[k], vd);
+                else
+                    dg_wgmma_m64n256_rt(od, a[k], vd);
             }
-            dg_cp_commit();
-            dg_cp_wait<1>();
-            if (WG)
-                dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
-            __syncthreads();
-            if constexpr (WG) {
-                /* S = Q K^T over the whole head (PAIR: over this
-                 * warpgroup's half, then the two halves added): the
-                 * warpgroup's m64n32k16 products, sub-tile by sub-tile,
-                 * the first one not adding */
-                const uint32_t ka = sbase + (uint32_t)((const unsigned char *)Kb - smem);
-                const int kc0 = wg * NKC;
-                float d[16];
-                dg_wgmma_fence();
-#pragma unroll
-                for (int kc = 0; kc < NKC; kc++)
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        dg_wgmma_m64n32(
-                            d, dg_wgmma_desc(sbase + (kc0 + kc) * TC_ROWS * 128 + 32 * kk),
-                            dg_wgmma_desc(ka + (kc0 + kc) * TC_KEYS * 128 + 32 * kk),
-                            kc > 0 || kk > 0);
-                dg_wgmma_commit();
-                dg_wgmma_wait<0>();
-                if constexpr (PAIR) {
-                    /* (Sx is free: every thread passed this tile's first
-                     * barrier after reading the last tile's) */
-                    const int t = threadIdx.x & 127;
-#pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        Sx[(wg * 16 + i) * 128 + t] = d[i];
-                    __syncthreads();
-#pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
-                }
-#pragma unroll
-                for (int i = 0; i < 16; i++)
-                    sc[i / 4][i % 4] = d[i];
-            } else {
-#pragma unroll
-                for (int n = 0; n < TC_KEYS / 8; n++)
-                    sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-                /* S = Q K^T over the whole head */
-                for (int k0 = 0; k0 < hd; k0 += 16) {
-                    uint32_t a[4];
-                    dg_ldsm4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
-#pragma unroll
-                    for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
-                        uint32_t b[4];
-                        dg_ldsm4(b, Kb + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
-                                       ((lane >> 3) & 1) * 8);
-                        dg_mma_bf16(sc[n0 / 8], a, b[0], b[1]);
-                        dg_mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
-                    }
-                }
-            }
-            /* mask, online softmax.  A tile that every row of the warp sees
-             * whole (one sequence, all its keys inside the range and
-             * visible) skips the per-key mask; the output is rescaled only
-             * where some row's maximum moved (alpha = 1 exactly where it
-             * did not, so skipping the multiply changes nothing) */
-            float alpha[2];
+        };
+        /* mask, online softmax of the tile at key kt: sc becomes P, m and
+         * l move on, alpha[h] = exp(m_old - m_new) for row h.  A tile that
+         * every row of the warp sees whole (one sequence, all its keys
+         * inside the range and visible) skips the per-key mask */
+        auto softmax = [&](float(&sc)[TC_KEYS / 8][4], int64_t kt, float(&alpha)[2]) {
             int whole = kt + TC_KEYS <= j1;
             {
                 const int64_t kfirst = sq.k_start + kt, klast = kfirst + TC_KEYS - 1;
@@ -363,6 +348,11 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 l[h] = alpha[h] * l[h] + sum;
                 m[h] = mn;
             }
+        };
+        /* O *= alpha by row, only where some row's maximum moved (alpha = 1
+         * exactly where it did not, so skipping the multiply changes
+         * nothing) */
+        auto rescale = [&](const float(&alpha)[2]) {
             if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
                 for (int d = 0; d < DV / 8; d++) {
@@ -372,32 +362,83 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                     o[d][3] *= alpha[1];
                 }
             }
-            /* O += P V: P from the score registers as A fragments; WG:
-             * the warpgroup's m64nDVk16 products, B = the V tile read
-             * N-major (its swizzled 64-column sub-tiles TC_KEYS x 128
-             * bytes apart), the same O registers as mma.sync's layout */
+        };
+        /* the first tile into buffer 0 (the last sequence's tiles are used
+         * up: the barrier after each) */
+        if (ntiles > 0) {
+            load_k(0, j0);
+            load_v(0, j0);
+        }
+        dg_cp_commit();
+        for (int64_t it = 0; it < ntiles; it++) {
+            const int64_t kt = j0 + it * TC_KEYS;
+            const int buf = (int)(it & 1);
+            float sc[TC_KEYS / 8][4], alpha[2];
+            /* the next tile into the other buffer, then wait for this one's
+             * copies (all but the newest group) */
+            if (it + 1 < ntiles) {
+                load_k(buf ^ 1, kt + TC_KEYS);
+                load_v(buf ^ 1, kt + TC_KEYS);
+            }
+            dg_cp_commit();
+            dg_cp_wait<1>();
+            if (WG)
+                dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
+            __syncthreads();
             if constexpr (WG) {
-                const uint32_t va = sbase + (uint32_t)((const unsigned char *)Vb - smem) +
-                                    (PAIR ? (uint32_t)(wg * (DV / 64) * TC_KEYS * 128) : 0u);
-                float(&od)[DV / 2] = *reinterpret_cast<float(*)[DV / 2]>(&o[0][0]);
+                /* S = Q K^T (PAIR: this warpgroup's half, then the two
+                 * halves added) */
+                float d[16];
                 dg_wgmma_fence();
+                qk_issue(d, buf);
+                dg_wgmma_commit();
+                dg_wgmma_wait<0>();
+                if constexpr (PAIR) {
+                    /* (Sx is free: every thread passed this tile's first
+                     * barrier after reading the last tile's) */
+                    const int t = threadIdx.x & 127;
 #pragma unroll
-                for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
-                    const uint32_t a[4] = {pack_bf16(sc[k0 / 8][0], sc[k0 / 8][1]),
-                                           pack_bf16(sc[k0 / 8][2], sc[k0 / 8][3]),
-                                           pack_bf16(sc[k0 / 8 + 1][0], sc[k0 / 8 + 1][1]),
-                                           pack_bf16(sc[k0 / 8 + 1][2], sc[k0 / 8 + 1][3])};
-                    const uint64_t vd = dg_wgmma_desc_n(va + k0 * 128, TC_KEYS * 128);
-                    if constexpr (DV == 64)
-                        dg_wgmma_m64n64_rt(od, a, vd);
-                    else if constexpr (DV == 128)
-                        dg_wgmma_m64n128_rt(od, a, vd);
-                    else
-                        dg_wgmma_m64n256_rt(od, a, vd);
+                    for (int i = 0; i < 16; i++)
+                        Sx[(wg * 16 + i) * 128 + t] = d[i];
+                    __syncthreads();
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
                 }
+#pragma unroll
+                for (int i = 0; i < 16; i++)
+                    sc[i / 4][i % 4] = d[i];
+            } else {
+#pragma unroll
+                for (int n = 0; n < TC_KEYS / 8; n++)
+                    sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+                /* S = Q K^T over the whole head */
+                const __nv_bfloat16 *Kb = Ks + buf * TC_KEYS * qs;
+                for (int k0 = 0; k0 < hd; k0 += 16) {
+                    uint32_t a[4];
+                    dg_ldsm4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
+                        uint32_t b[4];
+                        dg_ldsm4(b, Kb + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
+                                       ((lane >> 3) & 1) * 8);
+                        dg_mma_bf16(sc[n0 / 8], a, b[0], b[1]);
+                        dg_mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
+                    }
+                }
+            }
+            softmax(sc, kt, alpha);
+            rescale(alpha);
+            /* O += P V: P from the score registers as A fragments */
+            if constexpr (WG) {
+                uint32_t a[TC_KEYS / 16][4];
+                pack_p(sc, a);
+                dg_wgmma_fence();
+                pv_issue(a, buf);
                 dg_wgmma_commit();
                 dg_wgmma_wait<0>();
             } else {
+                const __nv_bfloat16 *Vb = Vs + buf * TC_KEYS * vs;
 #pragma unroll
                 for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
                     uint32_t a[4];
@@ -408,8 +449,8 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
 #pragma unroll
                     for (int d0 = 0; d0 < DV; d0 += 16) {
                         uint32_t b[4];
-                        dg_ldsm4_t(b, Vb + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs +
-                                          d0 + (lane >> 4) * 8);
+                        dg_ldsm4_t(b, Vb + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs + d0 +
+                                          (lane >> 4) * 8);
                         dg_mma_bf16(o[d0 / 8], a, b[0], b[1]);
                         dg_mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
                     }
@@ -434,8 +475,9 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
     /* out = O / l; or this range's m, l and O to the scratch */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int64_t R = R0 + warp * 16 + gid + 8 * h, t = R / g;
-        const int64_t row = t * nh + (int64_t)c * g + R % g;
+        const int rr = rb + warp * 16 + gid + 8 * h;
+        const int64_t t = t_lo + rr / g;
+        const int64_t row = t * nh + c * g + rr % g;
         if (t >= Tq)
             continue;
         if (splits > 1) {

@@ -68,6 +68,13 @@ __device__ static inline void dg_cp16(void *dst, const void *src, int valid)
                  "l"(src), "r"(valid ? 16 : 0));
 }
 
+/* the same to shared address dst (no generic-to-shared conversion) */
+__device__ static inline void dg_cp16_to(uint32_t dst, const void *src, int valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
 __device__ static inline void dg_cp_commit(void)
 {
     asm volatile("cp.async.commit_group;\n" ::);
