@@ -29,7 +29,13 @@
  * otherwise: at head size 512 one, by shared memory; at 256 two, by
  * registers).  Run 60, batch-1 denoise on the H200: 26.81 ms with each
  * tile loaded then used, 23.77 ms pipelined together with the sampler's
- * Philox once a block (the two not timed apart).
+ * Philox once a block (the two not timed apart).  The wgmma form (not
+ * paired) also overlaps its products, as FlashAttention-3 does within a
+ * warpgroup: tile i's S = Q K^T and tile i - 1's O += P V are issued
+ * together, and tile i's softmax runs while P V is on the tensor cores
+ * (the same operations in the same order: the same bits).  Run 147,
+ * bench-attention, a step's attention at batch 4: 3,735 / 3,779 us
+ * without, 3,435 / 3,457 with it.
  *
  * Two forms of the products: mma.sync (any GPU of the build),
  * the Q and K tiles in rows padded for ldmatrix; or, where the device has
@@ -263,12 +269,14 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
             const uint32_t ka = sbase + (uint32_t)((const unsigned char *)(Ks + b * TC_KEYS * qs) -
                                                    smem);
             const int kc0 = wg * NKC;
+            const uint64_t qd = dg_wgmma_desc(sbase + kc0 * TC_ROWS * 128),
+                           kd = dg_wgmma_desc(ka + kc0 * TC_KEYS * 128);
 #pragma unroll
             for (int kc = 0; kc < NKC; kc++)
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
-                    dg_wgmma_m64n32(d, dg_wgmma_desc(sbase + (kc0 + kc) * TC_ROWS * 128 + 32 * kk),
-                                    dg_wgmma_desc(ka + (kc0 + kc) * TC_KEYS * 128 + 32 * kk),
+                    dg_wgmma_m64n32(d, dg_wgmma_desc_add(qd, kc * TC_ROWS * 128 + 32 * kk),
+                                    dg_wgmma_desc_add(kd, kc * TC_KEYS * 128 + 32 * kk),
                                     kc > 0 || kk > 0);
         };
         /* P (the score registers, rounded to bf16) as the A fragments of
@@ -290,10 +298,11 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
             const uint32_t va = sbase +
                                 (uint32_t)((const unsigned char *)(Vs + b * TC_KEYS * vs) - smem) +
                                 (PAIR ? (uint32_t)(wg * (DV / 64) * TC_KEYS * 128) : 0u);
+            const uint64_t vd0 = dg_wgmma_desc_n(va, TC_KEYS * 128);
             float(&od)[DV / 2] = *reinterpret_cast<float(*)[DV / 2]>(&o[0][0]);
 #pragma unroll
             for (int k = 0; k < TC_KEYS / 16; k++) {
-                const uint64_t vd = dg_wgmma_desc_n(va + k * 16 * 128, TC_KEYS * 128);
+                const uint64_t vd = dg_wgmma_desc_add(vd0, k * 16 * 128);
                 if constexpr (DV == 64)
                     dg_wgmma_m64n64_rt(od, a[k], vd);
                 else if constexpr (DV == 128)
@@ -363,100 +372,192 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 }
             }
         };
-        /* the first tile into buffer 0 (the last sequence's tiles are used
-         * up: the barrier after each) */
-        if (ntiles > 0) {
-            load_k(0, j0);
-            load_v(0, j0);
-        }
-        dg_cp_commit();
-        for (int64_t it = 0; it < ntiles; it++) {
-            const int64_t kt = j0 + it * TC_KEYS;
-            const int buf = (int)(it & 1);
-            float sc[TC_KEYS / 8][4], alpha[2];
-            /* the next tile into the other buffer, then wait for this one's
-             * copies (all but the newest group) */
-            if (it + 1 < ntiles) {
-                load_k(buf ^ 1, kt + TC_KEYS);
-                load_v(buf ^ 1, kt + TC_KEYS);
+        if constexpr (WG && !PAIR) {
+            /* Pipelined (FlashAttention-3's overlap within a warpgroup):
+             * tile i's Q K^T is issued, O is scaled by alpha_{i-1} while
+             * it runs, then P_{i-1} V_{i-1} is issued and tile i's softmax
+             * runs while that is on the tensor cores.  The same operations
+             * on the same values in the same order as the loop below (O *=
+             * alpha_{i-1}, O += P_{i-1} V_{i-1}, then tile i), so the same
+             * results to the bit.  P's registers are rewritten only after
+             * the wait that completes P V (ptxas serialises the products
+             * where a register an in-flight product reads is written), and
+             * the operand fences after the waits keep the compiler from
+             * moving a use of S or O above them.  Copies: K of tile i + 1
+             * is issued before tile i's products, V of tile i + 1 after P
+             * V has read the buffer it reuses (V_{i-1}'s); the groups go
+             * K_0, V_0, K_1, V_1, ..., so at tile i all but the newest two
+             * (V_i, K_{i+1}) have landed: K_i and V_{i-1}. */
+            if (ntiles > 0) {
+                uint32_t p[TC_KEYS / 16][4]; /* P_{i-1}: PV's A fragments */
+                float alpha[2];              /* alpha_{i-1}: O's scale before P_{i-1} V_{i-1} */
+                /* tile 0 alone: its S, softmax and P */
+                load_k(0, j0);
+                dg_cp_commit();
+                load_v(0, j0);
+                dg_cp_commit();
+                if (ntiles > 1)
+                    load_k(1, j0 + TC_KEYS);
+                dg_cp_commit();
+                dg_cp_wait<2>();
+                dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
+                __syncthreads();
+                {
+                    float d[16], sc[TC_KEYS / 8][4];
+                    dg_wgmma_fence();
+                    qk_issue(d, 0);
+                    dg_wgmma_commit();
+                    dg_wgmma_wait<0>();
+                    dg_wgmma_operand_fence(d);
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        sc[i / 4][i % 4] = d[i];
+                    softmax(sc, j0, alpha);
+                    pack_p(sc, p);
+                }
+                __syncthreads();
+                if (ntiles > 1)
+                    load_v(1, j0 + TC_KEYS);
+                dg_cp_commit();
+                /* tiles 1 on: tile i's S beside tile i - 1's P V */
+                for (int64_t it = 1; it < ntiles; it++) {
+                    const int64_t kt = j0 + it * TC_KEYS;
+                    const int buf = (int)(it & 1);
+                    float d[16], sc[TC_KEYS / 8][4];
+                    if (it + 1 < ntiles)
+                        load_k(buf ^ 1, kt + TC_KEYS);
+                    dg_cp_commit();
+                    dg_cp_wait<2>();
+                    dg_fence_proxy_async();
+                    __syncthreads();
+                    dg_wgmma_fence();
+                    qk_issue(d, buf);
+                    dg_wgmma_commit();
+                    rescale(alpha); /* (while Q K^T runs) */
+                    dg_wgmma_fence();
+                    pv_issue(p, buf ^ 1);
+                    dg_wgmma_commit();
+                    dg_wgmma_wait<1>(); /* S_i */
+                    dg_wgmma_operand_fence(d);
+#pragma unroll
+                    for (int i = 0; i < 16; i++)
+                        sc[i / 4][i % 4] = d[i];
+                    softmax(sc, kt, alpha); /* (while P V runs) */
+                    dg_wgmma_wait<0>();     /* P_{i-1} V_{i-1} */
+                    dg_wgmma_operand_fence(reinterpret_cast<float(&)[DV / 2]>(o[0][0]));
+                    pack_p(sc, p);
+                    __syncthreads(); /* V_{i-1}'s buffer is read: V_{i+1} may land there */
+                    if (it + 1 < ntiles)
+                        load_v(buf ^ 1, kt + TC_KEYS);
+                    dg_cp_commit();
+                }
+                /* the last tile's P V */
+                rescale(alpha);
+                dg_cp_wait<0>();
+                dg_fence_proxy_async();
+                __syncthreads();
+                dg_wgmma_fence();
+                pv_issue(p, (int)((ntiles - 1) & 1));
+                dg_wgmma_commit();
+                dg_wgmma_wait<0>();
+                dg_wgmma_operand_fence(reinterpret_cast<float(&)[DV / 2]>(o[0][0]));
+            }
+        } else {
+            /* the first tile into buffer 0 (the last sequence's tiles are used
+             * up: the barrier after each) */
+            if (ntiles > 0) {
+                load_k(0, j0);
+                load_v(0, j0);
             }
             dg_cp_commit();
-            dg_cp_wait<1>();
-            if (WG)
-                dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
-            __syncthreads();
-            if constexpr (WG) {
-                /* S = Q K^T (PAIR: this warpgroup's half, then the two
-                 * halves added) */
-                float d[16];
-                dg_wgmma_fence();
-                qk_issue(d, buf);
-                dg_wgmma_commit();
-                dg_wgmma_wait<0>();
-                if constexpr (PAIR) {
-                    /* (Sx is free: every thread passed this tile's first
-                     * barrier after reading the last tile's) */
-                    const int t = threadIdx.x & 127;
+            for (int64_t it = 0; it < ntiles; it++) {
+                const int64_t kt = j0 + it * TC_KEYS;
+                const int buf = (int)(it & 1);
+                float sc[TC_KEYS / 8][4], alpha[2];
+                /* the next tile into the other buffer, then wait for this one's
+                 * copies (all but the newest group) */
+                if (it + 1 < ntiles) {
+                    load_k(buf ^ 1, kt + TC_KEYS);
+                    load_v(buf ^ 1, kt + TC_KEYS);
+                }
+                dg_cp_commit();
+                dg_cp_wait<1>();
+                if (WG)
+                    dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
+                __syncthreads();
+                if constexpr (WG) {
+                    /* S = Q K^T (PAIR: this warpgroup's half, then the two
+                     * halves added) */
+                    float d[16];
+                    dg_wgmma_fence();
+                    qk_issue(d, buf);
+                    dg_wgmma_commit();
+                    dg_wgmma_wait<0>();
+                    if constexpr (PAIR) {
+                        /* (Sx is free: every thread passed this tile's first
+                         * barrier after reading the last tile's) */
+                        const int t = threadIdx.x & 127;
+#pragma unroll
+                        for (int i = 0; i < 16; i++)
+                            Sx[(wg * 16 + i) * 128 + t] = d[i];
+                        __syncthreads();
+#pragma unroll
+                        for (int i = 0; i < 16; i++)
+                            d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
+                    }
 #pragma unroll
                     for (int i = 0; i < 16; i++)
-                        Sx[(wg * 16 + i) * 128 + t] = d[i];
-                    __syncthreads();
+                        sc[i / 4][i % 4] = d[i];
+                } else {
 #pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
-                }
+                    for (int n = 0; n < TC_KEYS / 8; n++)
+                        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+                    /* S = Q K^T over the whole head */
+                    const __nv_bfloat16 *Kb = Ks + buf * TC_KEYS * qs;
+                    for (int k0 = 0; k0 < hd; k0 += 16) {
+                        uint32_t a[4];
+                        dg_ldsm4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
 #pragma unroll
-                for (int i = 0; i < 16; i++)
-                    sc[i / 4][i % 4] = d[i];
-            } else {
-#pragma unroll
-                for (int n = 0; n < TC_KEYS / 8; n++)
-                    sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-                /* S = Q K^T over the whole head */
-                const __nv_bfloat16 *Kb = Ks + buf * TC_KEYS * qs;
-                for (int k0 = 0; k0 < hd; k0 += 16) {
-                    uint32_t a[4];
-                    dg_ldsm4(a, Qs + (warp * 16 + (lane & 15)) * qs + k0 + (lane >> 4) * 8);
-#pragma unroll
-                    for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
-                        uint32_t b[4];
-                        dg_ldsm4(b, Kb + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
-                                       ((lane >> 3) & 1) * 8);
-                        dg_mma_bf16(sc[n0 / 8], a, b[0], b[1]);
-                        dg_mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
+                        for (int n0 = 0; n0 < TC_KEYS; n0 += 16) {
+                            uint32_t b[4];
+                            dg_ldsm4(b, Kb + (n0 + (lane & 7) + (lane >> 4) * 8) * qs + k0 +
+                                           ((lane >> 3) & 1) * 8);
+                            dg_mma_bf16(sc[n0 / 8], a, b[0], b[1]);
+                            dg_mma_bf16(sc[n0 / 8 + 1], a, b[2], b[3]);
+                        }
                     }
                 }
-            }
-            softmax(sc, kt, alpha);
-            rescale(alpha);
-            /* O += P V: P from the score registers as A fragments */
-            if constexpr (WG) {
-                uint32_t a[TC_KEYS / 16][4];
-                pack_p(sc, a);
-                dg_wgmma_fence();
-                pv_issue(a, buf);
-                dg_wgmma_commit();
-                dg_wgmma_wait<0>();
-            } else {
-                const __nv_bfloat16 *Vb = Vs + buf * TC_KEYS * vs;
+                softmax(sc, kt, alpha);
+                rescale(alpha);
+                /* O += P V: P from the score registers as A fragments */
+                if constexpr (WG) {
+                    uint32_t a[TC_KEYS / 16][4];
+                    pack_p(sc, a);
+                    dg_wgmma_fence();
+                    pv_issue(a, buf);
+                    dg_wgmma_commit();
+                    dg_wgmma_wait<0>();
+                } else {
+                    const __nv_bfloat16 *Vb = Vs + buf * TC_KEYS * vs;
 #pragma unroll
-                for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
-                    uint32_t a[4];
-                    a[0] = pack_bf16(sc[k0 / 8][0], sc[k0 / 8][1]);
-                    a[1] = pack_bf16(sc[k0 / 8][2], sc[k0 / 8][3]);
-                    a[2] = pack_bf16(sc[k0 / 8 + 1][0], sc[k0 / 8 + 1][1]);
-                    a[3] = pack_bf16(sc[k0 / 8 + 1][2], sc[k0 / 8 + 1][3]);
+                    for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
+                        uint32_t a[4];
+                        a[0] = pack_bf16(sc[k0 / 8][0], sc[k0 / 8][1]);
+                        a[1] = pack_bf16(sc[k0 / 8][2], sc[k0 / 8][3]);
+                        a[2] = pack_bf16(sc[k0 / 8 + 1][0], sc[k0 / 8 + 1][1]);
+                        a[3] = pack_bf16(sc[k0 / 8 + 1][2], sc[k0 / 8 + 1][3]);
 #pragma unroll
-                    for (int d0 = 0; d0 < DV; d0 += 16) {
-                        uint32_t b[4];
-                        dg_ldsm4_t(b, Vb + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs + d0 +
-                                          (lane >> 4) * 8);
-                        dg_mma_bf16(o[d0 / 8], a, b[0], b[1]);
-                        dg_mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
+                        for (int d0 = 0; d0 < DV; d0 += 16) {
+                            uint32_t b[4];
+                            dg_ldsm4_t(b, Vb + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * vs + d0 +
+                                              (lane >> 4) * 8);
+                            dg_mma_bf16(o[d0 / 8], a, b[0], b[1]);
+                            dg_mma_bf16(o[d0 / 8 + 1], a, b[2], b[3]);
+                        }
                     }
                 }
+                __syncthreads(); /* this buffer is read: the next tile but one may land */
             }
-            __syncthreads(); /* this buffer is read: the next tile but one may land */
         }
         /* the next sequence of the tile, in ascending order */
         __syncthreads();

@@ -67,6 +67,14 @@ __device__ static inline uint64_t dg_wgmma_desc_n(uint32_t a, uint32_t lbo)
            (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
+/* the descriptor d (either form above) moved `off` bytes on (a multiple
+ * of 16): the same as building it at a + off, while a + off stays in the
+ * shared window (below 256 KB), in one add */
+__device__ static inline uint64_t dg_wgmma_desc_add(uint64_t d, uint32_t off)
+{
+    return d + (off >> 4);
+}
+
 /* where a 128-byte-swizzled tile keeps 16-byte chunk c of row r */
 __device__ static inline uint32_t dg_swz128(int r, int c)
 {
@@ -100,6 +108,17 @@ template <int N>
 __device__ static inline void dg_wgmma_wait(void)
 {
     DG_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* After the wait that completes an asynchronous product: its accumulator
+ * r "changes" here, so the compiler moves no use of r above the wait
+ * (no instruction is emitted). */
+template <int N>
+__device__ static inline void dg_wgmma_operand_fence(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(r[i])::"memory");
 }
 
 /* the generic proxy's shared-memory writes (cp.async's) made visible to
