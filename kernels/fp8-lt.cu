@@ -363,6 +363,19 @@ out:
     return rc;
 }
 
+/* DG_E_INVAL (naming the call `what`) unless T >= t_min, N a multiple of
+ * 8 and K of 16 (N >= 8, K >= 16), each below 2^31 */
+static int check_shape(int dev, const char *what, int64_t t_min, int64_t T, int64_t N,
+                       int64_t K, struct dg_error *err)
+{
+    if (T < t_min || N < 8 || N % 8 || K < 16 || K % 16 || T > 0x7fffffff || N > 0x7fffffff ||
+        K > 0x7fffffff)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 %s (cuBLASLt): [%lld x %lld] by "
+                            "[%lld x %lld] (K a multiple of 16, N of 8)", dev, what,
+                            (long long)T, (long long)K, (long long)N, (long long)K);
+    return 0;
+}
+
 extern "C" int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const uint8_t *qw,
                                  int64_t T, int64_t N, int64_t K, const float **S,
                                  struct dg_error *err)
@@ -372,11 +385,8 @@ extern "C" int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const 
     struct lt_plan *p;
     cublasStatus_t s;
     int rc = 0;
-    if (T < 1 || N < 8 || N % 8 || K < 16 || K % 16 || T > 0x7fffffff || N > 0x7fffffff ||
-        K > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 product (cuBLASLt): [%lld x %lld] by "
-                            "[%lld x %lld] (K a multiple of 16, N of 8)", dev, (long long)T,
-                            (long long)K, (long long)N, (long long)K);
+    if ((rc = check_shape(dev, "product", 1, T, N, K, err)) < 0)
+        return rc;
     /* the plan a bf16 Y of this shape takes */
     if ((rc = plan_get(lt, T, N, K, 0, 0, &p, err)) < 0)
         return rc;
@@ -404,11 +414,8 @@ extern "C" int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accu
     struct lt_plan *p;
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
     int rc = 0;
-    if (T < 0 || N < 8 || N % 8 || K < 16 || K % 16 || T > 0x7fffffff || N > 0x7fffffff ||
-        K > 0x7fffffff)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 matmul (cuBLASLt): [%lld x %lld] by "
-                            "[%lld x %lld] (K a multiple of 16, N of 8)", dev, (long long)T,
-                            (long long)K, (long long)N, (long long)K);
+    if ((rc = check_shape(dev, "matmul", 0, T, N, K, err)) < 0)
+        return rc;
     if (T == 0)
         return 0;
     if ((rc = plan_get(lt, T, N, K, y_f32, !!accumulate, &p, err)) < 0)
