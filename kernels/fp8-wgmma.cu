@@ -15,7 +15,10 @@
  * LT_F32_BOUND says more), so each step's four products start from zero
  * and their sum is added into fp32 registers, as cuBLASLt does; then
  * times sa and sw in fp8-gemm.cu's order.  Relative error about 1e-4
- * against the exact sum, not mma.sync's 1e-6. */
+ * against the exact sum, not mma.sync's 1e-6.  The experts' one launch
+ * takes two warpgroups a block at 64 rows a pass (WGS = 2, as
+ * moe-wgmma.cu): 128 weight rows against the same staged rows, each
+ * output the same products in the same order, so the same bytes. */
 #include "kernels/fp8-wgmma.h"
 
 #include <cuda_bf16.h>
@@ -29,21 +32,24 @@
 #define FW_BM 64  /* weight rows a block */
 #define FW_BK 128 /* K bytes a stage */
 
-/* One block's work: the bx-th 64 of group j's weight rows (QW_j, SW_j)
- * against the group's rows row0 .. row0 + count - 1, the passes of NT
- * rows pz, pz + nz, ... (a projection's passes spread over grid.z);
- * 128 threads (one warpgroup); smem: ST stages of [64 weight rows][128 B]
- * then [NT rows][128 B], swizzled, at shared address base (1,024-aligned) */
-template <int NT, int ST, typename Out>
+/* One block's work: the bx-th 64 WGS of group j's weight rows (QW_j,
+ * SW_j) against the group's rows row0 .. row0 + count - 1, the passes of
+ * NT rows pz, pz + nz, ... (a projection's passes spread over grid.z);
+ * 128 WGS threads (WGS warpgroups, warpgroup w the block's weight rows 64
+ * w .. 64 w + 63, as moe-wgmma.cu's tile_rows); smem: ST stages of [64
+ * WGS weight rows][128 B] then [NT rows][128 B], swizzled, at shared
+ * address base (1,024-aligned) */
+template <int NT, int ST, int WGS, typename Out>
 __device__ static void fp8_tile(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW,
                                 const float *SW, int64_t row0, int64_t count, int bx, int j,
                                 int64_t N, int64_t K, int accumulate, int pz, int nz,
                                 unsigned char *smem, uint32_t base)
 {
-    constexpr int WB = FW_BM * 128, STAGE = WB + NT * 128;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int BM = FW_BM * WGS, WB = BM * 128, STAGE = WB + NT * 128, THREADS = 128 * WGS;
+    const int wgi = WGS > 1 ? (int)threadIdx.x >> 7 : 0;
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
-    const int64_t n0 = (int64_t)bx * FW_BM;
+    const int64_t n0 = (int64_t)bx * BM;
     const uint8_t *Wj = QW + (int64_t)j * N * K + n0 * K;
     const float *SWj = SW + (int64_t)j * N;
     const int ksteps = (int)((K + FW_BK - 1) / FW_BK);
@@ -56,13 +62,13 @@ __device__ static void fp8_tile(Out *Y, const uint8_t *QA, const float *SA, cons
         auto load = [&](int s, int ks) {
             unsigned char *ws = smem + s * STAGE, *xs = ws + WB;
             const int64_t k0 = (int64_t)ks * FW_BK;
-            for (int i = threadIdx.x; i < FW_BM * 8; i += 128) {
+            for (int i = threadIdx.x; i < BM * 8; i += THREADS) {
                 const int r = i >> 3, c = i & 7;
                 const int in_k = k0 + c * 16 < K;
                 dg_cp16(ws + dg_swz128(r, c), Wj + (int64_t)r * K + (in_k ? k0 + c * 16 : 0),
                         in_k);
             }
-            for (int i = threadIdx.x; i < rows * 8; i += 128) {
+            for (int i = threadIdx.x; i < rows * 8; i += THREADS) {
                 const int r = i >> 3, c = i & 7;
                 const int in_k = k0 + c * 16 < K;
                 dg_cp16(xs + dg_swz128(r, c), Xp + (int64_t)r * K + (in_k ? k0 + c * 16 : 0),
@@ -75,7 +81,8 @@ __device__ static void fp8_tile(Out *Y, const uint8_t *QA, const float *SA, cons
         dg_wgmma_kloop<ST>(
             ksteps, load,
             [&](int s, int) {
-                const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
+                const uint32_t wa = base + (uint32_t)(s * STAGE + wgi * FW_BM * 128),
+                               xa = base + (uint32_t)(s * STAGE + WB);
 #pragma unroll
                 for (int kk = 0; kk < FW_BK / 32; kk++)
                     dg_wgmma_n<NT, true>(d, dg_wgmma_desc(wa + 32 * kk),
@@ -88,10 +95,11 @@ __device__ static void fp8_tile(Out *Y, const uint8_t *QA, const float *SA, cons
                 for (int e = 0; e < NT / 2; e++)
                     acc[e] += d[e];
             });
-        /* d[4c + e]: weight row 16 warp + gid + 8 (e / 2), pass row 8c + 2 tig + e % 2 */
+        /* d[4c + e]: the warpgroup's weight row 16 warp + gid + 8 (e / 2),
+         * pass row 8c + 2 tig + e % 2 */
 #pragma unroll
         for (int e2 = 0; e2 < 2; e2++) {
-            const int64_t col = n0 + 16 * warp + gid + 8 * e2;
+            const int64_t col = n0 + FW_BM * wgi + 16 * warp + gid + 8 * e2;
             const float w = SWj[col];
 #pragma unroll
             for (int c = 0; c < NT / 8; c++)
@@ -121,7 +129,7 @@ __global__ static void __launch_bounds__(128)
     uint32_t base;
     unsigned char *smem = dg_wgmma_stages(&base);
     const int j = blockIdx.y;
-    fp8_tile<NT, ST>(Y, QA, SA, QW, SW, offsets ? offsets[j] : 0, offsets ? counts[j] : rows_all,
+    fp8_tile<NT, ST, 1>(Y, QA, SA, QW, SW, offsets ? offsets[j] : 0, offsets ? counts[j] : rows_all,
                      (int)blockIdx.x, j, N, K, accumulate, (int)blockIdx.z, (int)gridDim.z, smem,
                      base);
 }
@@ -129,18 +137,21 @@ __global__ static void __launch_bounds__(128)
 /* Both of the FP8 experts' products in one launch
  * (dg_cuda_fp8_experts_wgmma), as moe-wgmma.cu's experts_wgmma_kernel
  * takes the bf16 ones: tickets (sync[0]) 0 .. nb1 groups - 1 are the
- * gate/up tiles (nb1 = 2I / 64 a group: gu = the bf16 [gate | up] rows),
- * the rest the down tiles (nb2 = H / 64 a group: ys, fp32).  A gate/up
+ * gate/up tiles (nb1 = 2I / BM a group, BM = 64 WGS weight rows a tile:
+ * gu = the bf16 [gate | up] rows), the rest the down tiles (nb2 = H / BM
+ * a group: ys, fp32).  A gate/up
  * tile, once stored, counts itself in sync[1 + j]; the one that brings
  * the count to nb1 (the group's last) quantizes the group's hidden rows,
  * gelu_tanh(gate) * up, a warp a row, into q2 and qs2 (the bytes
  * dg_cuda_fp8_quantize_rows_at with gelu gives) and then sets sync[1 +
  * groups + j]; a down tile of group j waits for that.  Every block a down
  * tile waits on holds an earlier ticket, so it is running or done. */
-template <int NT, int ST>
+template <int NT, int ST, int WGS>
 /* (the blocks a multiprocessor holds as for the product alone: 5 at 32
- * rows a pass, by registers) */
-__global__ static void __launch_bounds__(128, NT == 32 ? 5 : NT == 64 ? 4 : 2)
+ * rows a pass, by registers; with two warpgroups the same warpgroups a
+ * multiprocessor) */
+__global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? 2
+                                                             : NT == 32 ? 5 : NT == 64 ? 4 : 2)
     fp8_experts_kernel(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
                        const float *qs, const uint8_t *W_gu, const float *S_gu,
                        const uint8_t *W_down, const float *S_down, const int32_t *offsets,
@@ -151,20 +162,20 @@ __global__ static void __launch_bounds__(128, NT == 32 ? 5 : NT == 64 ? 4 : 2)
     /* a word after the stages, in the alignment's slack (the dynamic
      * memory starts 16-aligned: at most 1,008 of the 1,024 spare bytes
      * lie before base) */
-    int *s_word = (int *)(smem + ST * (FW_BM + NT) * 128);
-    const int nb1 = (int)(2 * I / FW_BM), nb2 = (int)(H / FW_BM);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int *s_word = (int *)(smem + ST * (FW_BM * WGS + NT) * 128);
+    const int nb1 = (int)(2 * I / (FW_BM * WGS)), nb2 = (int)(H / (FW_BM * WGS));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31; /* (warp: of the block) */
     const int t = dg_block_ticket(&sync[0], s_word);
     if (t < nb1 * groups) {
         const int j = t / nb1, count = counts[j];
         const int64_t row0 = offsets[j];
-        fp8_tile<NT, ST>(gu, q, qs, W_gu, S_gu, row0, count, t % nb1, j, 2 * I, H, 0, 0, 1, smem,
-                         base);
+        fp8_tile<NT, ST, WGS>(gu, q, qs, W_gu, S_gu, row0, count, t % nb1, j, 2 * I, H, 0, 0, 1,
+                              smem, base);
         if (dg_block_done(&sync[1 + j], s_word) != nb1 - 1)
             return;
         /* the group's last gate/up tile: its hidden rows, read through
          * the L2 (the other tiles' columns) */
-        for (int r = warp; r < count; r += 4)
+        for (int r = warp; r < count; r += 4 * WGS)
             dg_fp8_quantize_row_warp<__nv_bfloat16, 1, true>(
                 q2 + (row0 + r) * I, qs2 + row0 + r, gu + (row0 + r) * 2 * I, (int)I, lane);
         dg_block_release(&sync[1 + groups + j]);
@@ -173,8 +184,8 @@ __global__ static void __launch_bounds__(128, NT == 32 ? 5 : NT == 64 ? 4 : 2)
         if (count == 0)
             return;
         dg_block_wait(&sync[1 + groups + j], 1);
-        fp8_tile<NT, ST>(ys, q2, qs2, W_down, S_down, offsets[j], count, u % nb2, j, H, I, 0, 0,
-                         1, smem, base);
+        fp8_tile<NT, ST, WGS>(ys, q2, qs2, W_down, S_down, offsets[j], count, u % nb2, j, H, I, 0,
+                              0, 1, smem, base);
     }
 }
 
@@ -228,23 +239,26 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
                       dev, err);
 }
 
-/* both products in one launch, NT rows a pass (fp8_experts_kernel) */
-template <int NT>
+/* both products in one launch, NT rows a pass, WGS_T warpgroups a block
+ * (fp8_experts_kernel; 2 only where 2I and H are multiples of 128) */
+template <int NT, int WGS_T>
 static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
                           const float *qs, const uint8_t *W_gu, const float *S_gu,
                           const uint8_t *W_down, const float *S_down, const int32_t *offsets,
                           const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H,
                           cudaStream_t st, int dev, struct dg_error *err)
 {
-    constexpr int ST = 3; /* as launch's */
-    const size_t shared = (size_t)ST * (FW_BM + NT) * 128 + 1024;
-    const int64_t blocks = (2 * I / FW_BM + H / FW_BM) * (int64_t)groups;
-    auto kernel = fp8_experts_kernel<NT, ST>;
+    constexpr int ST = 3, WGS = WGS_T; /* as launch's */
+    constexpr int BM = FW_BM * WGS;
+    const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
+    const int64_t blocks = (2 * I / BM + H / BM) * (int64_t)groups;
+    auto kernel = fp8_experts_kernel<NT, ST, WGS>;
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
-    kernel<<<(unsigned)blocks, 128, shared, st>>>(gu, q2, qs2, ys, q, qs, W_gu, S_gu, W_down,
-                                                   S_down, offsets, counts, sync, groups, I, H);
+    kernel<<<(unsigned)blocks, 128 * WGS, shared, st>>>(gu, q2, qs2, ys, q, qs, W_gu, S_gu,
+                                                         W_down, S_down, offsets, counts, sync,
+                                                         groups, I, H);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -277,13 +291,22 @@ extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, floa
     if (groups == 0)
         return 0;
     if (rows_hint > 64)
-        return launch_experts<128>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                   counts, sync, groups, I, H, st, dev, err);
+        return launch_experts<128, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                      counts, sync, groups, I, H, st, dev, err);
+    /* at 64 rows a pass two warpgroups a block where the widths allow
+     * (the rows' tile read once for 128 weight rows, as moe-wgmma.cu;
+     * run 149, batch 4: 27.63, 27.72 -> 27.30, 27.28 ms).  Not at 128:
+     * there its two accumulator sets leave room for one such block a
+     * multiprocessor, not two of one warpgroup (batch 16: 102.79, 102.40
+     * -> 103.19, 103.29 ms) */
+    if (rows_hint > 16 && H % 128 == 0)
+        return launch_experts<64, 2>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                     counts, sync, groups, I, H, st, dev, err);
     if (rows_hint > 16)
-        return launch_experts<64>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                  counts, sync, groups, I, H, st, dev, err);
-    return launch_experts<32>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets, counts,
-                              sync, groups, I, H, st, dev, err);
+        return launch_experts<64, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                     counts, sync, groups, I, H, st, dev, err);
+    return launch_experts<32, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                 counts, sync, groups, I, H, st, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_wgmma_fits(int dev, int64_t N, int64_t K)

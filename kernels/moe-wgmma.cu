@@ -8,8 +8,14 @@
  *
  * K in steps of 64 through an ST-stage cp.async pipeline into 128-byte
  * swizzled tiles (wgmma.cuh); the four k16 products of a step issued
- * together, waited for before the stage is refilled.  The gated form
- * (GATED) loads the block's 64 weight rows as moe-gemm.cu's does (runs of
+ * together, waited for before the stage is refilled.  From 64 rows a
+ * pass on, a block holds two warpgroups over 128 weight rows (WGS = 2),
+ * each its own 64 against the same staged rows: the rows' tile, which
+ * at many rows an expert outweighs the weights' in the loads, is read
+ * once for 128 weight rows instead of once for 64 (each output's sum the
+ * same products in the same order: the same bits as one warpgroup).
+ * Runs 149-150, bf16 batch-4 denoise: 35.3-35.5 -> 33.5-33.8 ms.  The
+ * gated form (GATED) loads the block's weight rows as moe-gemm.cu's does (runs of
  * 8 gate rows, then the up rows of the same i), so a thread's accumulator
  * rows gid and gid + 8 are one i's gate and up sums: Y[r, i] =
  * gelu_tanh(rnd(g)) rnd(u), with rnd as in moe-gemm.cu.  fp32
@@ -28,22 +34,24 @@
 #define WG_BM 64  /* weight rows a block */
 #define WG_BK 64  /* K a stage: one 128-byte swizzled row */
 
-/* One block's work: 64 of group j's weight rows, the bx-th 64 (GATED:
- * the gate and up rows of Y's columns 32 bx .. 32 bx + 31), against all
- * of the group's rows, NT at a time;
- * 128 threads (one warpgroup); smem: ST stages of [64 weight rows][128 B]
- * then [NT rows][128 B], swizzled, at shared address base (1,024-aligned) */
-template <int NT, int ST, bool GATED, typename Out>
+/* One block's work: 64 WGS of group j's weight rows, the bx-th 64 WGS
+ * (GATED: the gate and up rows of Y's columns 32 WGS bx .. 32 WGS (bx +
+ * 1) - 1), against all of the group's rows, NT at a time; 128 WGS threads
+ * (WGS warpgroups, warpgroup w the block's weight rows 64 w .. 64 w + 63);
+ * smem: ST stages of [64 WGS weight rows][128 B] then [NT rows][128 B],
+ * swizzled, at shared address base (1,024-aligned) */
+template <int NT, int ST, bool GATED, int WGS, typename Out>
 __device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                                  int64_t row0, int count, int bx, int j, int64_t N,
                                  int64_t K, unsigned char *smem, uint32_t base)
 {
-    constexpr int WB = WG_BM * 128, STAGE = WB + NT * 128;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int BM = WG_BM * WGS, WB = BM * 128, STAGE = WB + NT * 128, THREADS = 128 * WGS;
+    const int wgi = WGS > 1 ? (int)threadIdx.x >> 7 : 0;
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int64_t I = N / 2;
     /* the block's first weight row (GATED: first gate row, = Y's column) */
-    const int64_t n0 = (int64_t)bx * (GATED ? WG_BM / 2 : WG_BM);
+    const int64_t n0 = (int64_t)bx * (GATED ? BM / 2 : BM);
     const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
     const int ksteps = (int)(K / WG_BK);
 
@@ -51,17 +59,17 @@ __device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bflo
         const int rows = min(NT, count - p0);
         const __nv_bfloat16 *Xp = X + (row0 + p0) * K;
         float d[NT / 2];
-        /* stage s <- k step ks: 64 weight rows, the pass's rows (those
-         * past `rows` not loaded: their outputs are not stored) */
+        /* stage s <- k step ks: 64 WGS weight rows, the pass's rows
+         * (those past `rows` not loaded: their outputs are not stored) */
         auto load = [&](int s, int ks) {
             unsigned char *ws = smem + s * STAGE, *xs = ws + WB;
             const int64_t k0 = (int64_t)ks * WG_BK;
-            for (int i = threadIdx.x; i < WG_BM * 8; i += 128) {
+            for (int i = threadIdx.x; i < BM * 8; i += THREADS) {
                 const int r = i >> 3, c = i & 7;
                 const int64_t wr = GATED ? (r >> 4) * 8 + (r & 7) + ((r >> 3) & 1) * I : r;
                 dg_cp16(ws + dg_swz128(r, c), Wj + wr * K + k0 + c * 8, 1);
             }
-            for (int i = threadIdx.x; i < rows * 8; i += 128) {
+            for (int i = threadIdx.x; i < rows * 8; i += THREADS) {
                 const int r = i >> 3, c = i & 7;
                 dg_cp16(xs + dg_swz128(r, c), Xp + (int64_t)r * K + k0 + c * 8, 1);
             }
@@ -72,16 +80,18 @@ __device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bflo
         dg_wgmma_kloop<ST>(
             ksteps, load,
             [&](int s, int ks) {
-                const uint32_t wa = base + (uint32_t)(s * STAGE), xa = wa + WB;
+                const uint32_t wa = base + (uint32_t)(s * STAGE + wgi * WG_BM * 128),
+                               xa = base + (uint32_t)(s * STAGE + WB);
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++)
                     dg_wgmma_n<NT, false>(d, dg_wgmma_desc(wa + 32 * kk),
                                            dg_wgmma_desc(xa + 32 * kk), ks > 0 || kk > 0);
             },
             [](int) {});
-        /* d[4c + e]: weight row 16 warp + gid + 8 (e / 2), pass row 8c + 2 tig + e % 2 */
+        /* d[4c + e]: the warpgroup's weight row 16 warp + gid + 8 (e / 2),
+         * pass row 8c + 2 tig + e % 2 */
         if constexpr (GATED) {
-            const int64_t col = n0 + 8 * warp + gid;
+            const int64_t col = n0 + WG_BM / 2 * wgi + 8 * warp + gid;
 #pragma unroll
             for (int c = 0; c < NT / 8; c++)
 #pragma unroll
@@ -99,30 +109,37 @@ __device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bflo
                 for (int e = 0; e < 4; e++) {
                     const int r = 8 * c + 2 * tig + (e & 1);
                     if (r < rows)
-                        dg_st(Y + (row0 + p0 + r) * N + n0 + 16 * warp + gid + 8 * (e >> 1),
+                        dg_st(Y + (row0 + p0 + r) * N + n0 + WG_BM * wgi + 16 * warp + gid +
+                                      8 * (e >> 1),
                               d[4 * c + e]);
                 }
         }
     }
 }
 
-/* grid (N / 64, groups), 128 threads: block (x, j) takes group j's weight
- * rows 64 x on (GATED: Y's columns 32 x on) */
-template <int NT, int ST, bool GATED, typename Out>
-__global__ static void __launch_bounds__(128)
+/* grid (N / (64 WGS), groups), 128 WGS threads: block (x, j) takes group
+ * j's weight rows 64 WGS x on (GATED: Y's columns 32 WGS x on) */
+template <int NT, int ST, bool GATED, int WGS, typename Out>
+__global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1)
     grouped_wgmma_kernel(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                          const int32_t *offsets, const int32_t *counts, int64_t N, int64_t K)
 {
     uint32_t base;
     unsigned char *smem = dg_wgmma_stages(&base);
     const int j = blockIdx.y;
-    tile_rows<NT, ST, GATED>(Y, X, W, offsets[j], counts[j], (int)blockIdx.x, j, N, K, smem,
-                             base);
+    tile_rows<NT, ST, GATED, WGS>(Y, X, W, offsets[j], counts[j], (int)blockIdx.x, j, N, K, smem,
+                                  base);
 }
 
+/* warpgroups a block at NT rows a pass: two from 64 rows on (see the top) */
+template <int NT>
+struct wgs_of {
+    static constexpr int value = NT >= 64 ? 2 : 1;
+};
+
 /* Both of the experts' products in one launch (dg_cuda_experts_wgmma):
- * nb1 = 2I / 64 gated tiles a group, then nb2 = H / 64 down tiles a
- * group.  A block takes the next ticket (sync[0]; block-sync.cuh) and
+ * nb1 = 2I / BM gated tiles a group, then nb2 = H / BM down tiles a
+ * group (BM = 64 WGS weight rows a tile).  A block takes the next ticket (sync[0]; block-sync.cuh) and
  * with it its tile:
  * tickets 0 .. nb1 groups - 1 the gated tiles, group by group, then the
  * down tiles likewise.  A gated tile, once stored, counts itself done in
@@ -133,10 +150,11 @@ __global__ static void __launch_bounds__(128)
  * yet placed, whatever order the hardware places blocks in.  The gated
  * tiles' tail on the multiprocessors is filled with down tiles of the
  * groups already done. */
-template <int NT, int ST>
+template <int NT, int ST, int WGS>
 /* (the blocks a multiprocessor holds by shared memory, as the two
  * kernels it replaces: left free, ptxas gives it registers for fewer) */
-__global__ static void __launch_bounds__(128, NT == 32 ? 6 : NT == 64 ? 4 : 3)
+__global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2)
+                                                             : NT == 32 ? 6 : NT == 64 ? 4 : 3)
     experts_wgmma_kernel(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
                          const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
                          const int32_t *offsets, const int32_t *counts, int32_t *sync, int groups,
@@ -148,13 +166,13 @@ __global__ static void __launch_bounds__(128, NT == 32 ? 6 : NT == 64 ? 4 : 3)
      * memory starts 16-aligned, so at most 1,008 of its 1,024 spare bytes
      * lie before base (not one byte more: at 32 rows a pass six blocks
      * fill a multiprocessor's 228 KB exactly) */
-    int *s_word = (int *)(smem + ST * (WG_BM + NT) * 128);
-    const int nb1 = (int)(2 * I / WG_BM), nb2 = (int)(H / WG_BM);
+    int *s_word = (int *)(smem + ST * (WG_BM * WGS + NT) * 128);
+    const int nb1 = (int)(2 * I / (WG_BM * WGS)), nb2 = (int)(H / (WG_BM * WGS));
     const int t = dg_block_ticket(&sync[0], s_word);
     if (t < nb1 * groups) {
         const int j = t / nb1;
-        tile_rows<NT, ST, true>(hh, xs, W_gu, offsets[j], counts[j], t % nb1, j, 2 * I, H, smem,
-                                base);
+        tile_rows<NT, ST, true, WGS>(hh, xs, W_gu, offsets[j], counts[j], t % nb1, j, 2 * I, H,
+                                     smem, base);
         dg_block_done(&sync[1 + j], s_word);
     } else {
         const int u = t - nb1 * groups, j = u / nb2;
@@ -163,8 +181,8 @@ __global__ static void __launch_bounds__(128, NT == 32 ? 6 : NT == 64 ? 4 : 3)
             return;
         /* every column of the group's hidden rows stored */
         dg_block_wait(&sync[1 + j], nb1);
-        tile_rows<NT, ST, false>(ys, hh, W_down, offsets[j], count, u % nb2, j, H, I, smem,
-                                 base);
+        tile_rows<NT, ST, false, WGS>(ys, hh, W_down, offsets[j], count, u % nb2, j, H, I, smem,
+                                      base);
     }
 }
 
@@ -176,14 +194,14 @@ static int launch(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const 
     /* 3 stages: at 128 rows a pass 72 KB, three blocks a multiprocessor
      * where 4 stages' 97 KB held two (run 96: bf16 batch-4 denoise 39.7
      * -> 38.3 ms; batch 1 and 16 within noise) */
-    constexpr int ST = 3;
-    const size_t shared = (size_t)ST * (WG_BM + NT) * 128 + 1024;
-    auto kernel = grouped_wgmma_kernel<NT, ST, GATED, Out>;
+    constexpr int ST = 3, WGS = wgs_of<NT>::value;
+    const size_t shared = (size_t)ST * (WG_BM * WGS + NT) * 128 + 1024;
+    auto kernel = grouped_wgmma_kernel<NT, ST, GATED, WGS, Out>;
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
-    kernel<<<dim3((unsigned)(N / WG_BM), (unsigned)groups), 128, shared, st>>>(Y, X, W, offsets,
-                                                                               counts, N, K);
+    kernel<<<dim3((unsigned)(N / (WG_BM * WGS)), (unsigned)groups), 128 * WGS, shared, st>>>(
+        Y, X, W, offsets, counts, N, K);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -209,15 +227,16 @@ static int launch_experts(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
                           int groups, int64_t I, int64_t H, cudaStream_t st, int dev,
                           struct dg_error *err)
 {
-    constexpr int ST = 3; /* as launch's */
-    const size_t shared = (size_t)ST * (WG_BM + NT) * 128 + 1024;
-    const int64_t blocks = (2 * I / WG_BM + H / WG_BM) * (int64_t)groups;
-    auto kernel = experts_wgmma_kernel<NT, ST>;
+    constexpr int ST = 3, WGS = wgs_of<NT>::value; /* as launch's */
+    constexpr int BM = WG_BM * WGS;
+    const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
+    const int64_t blocks = (2 * I / BM + H / BM) * (int64_t)groups;
+    auto kernel = experts_wgmma_kernel<NT, ST, WGS>;
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
-    kernel<<<(unsigned)blocks, 128, shared, st>>>(hh, ys, xs, W_gu, W_down, offsets, counts,
-                                                   sync, groups, I, H);
+    kernel<<<(unsigned)blocks, 128 * WGS, shared, st>>>(hh, ys, xs, W_gu, W_down, offsets,
+                                                         counts, sync, groups, I, H);
     DG_LAUNCH_CHECK();
 out:
     return rc;

@@ -755,26 +755,30 @@ static int rows_equal(const unsigned char *a, const unsigned char *b, int64_t ro
  * [gate | up] rows, the quantized hidden rows and their scales, and the
  * outputs the same bytes on every row of a group; rows in no group still
  * poisoned; guard bytes intact.  Eight groups of 0, 1, 17, 33, 64, 150, 3
- * and 16 rows with gaps, I 64, H 256, at passes of 32, 64 and 128 rows;
- * the 26B-A4B's experts (I 704, H 2816) at 16 rows a group; each launch
+ * and 16 rows with gaps, I 64, H 256, at passes of 32, 64 and 128 rows
+ * (at 64 two warpgroups a block, the three launches one); the 26B-A4B's
+ * experts (I 704, H 2816) at 16 rows a group and at 64 to 130 (passes of
+ * 64, two warpgroups); each launch
  * with its sync words zeroed, twice on the same buffers.  Shapes it does
  * not take and a NULL sync refused. */
 static int experts_one_launch(void)
 {
     static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
     static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const int32_t counts_d[8] = {96, 64, 80, 130, 72, 88, 65, 100};
     static const struct {
         const int32_t *counts;
         int64_t I, H;
         int hint;
-    } shapes[4] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
-                   {counts_a, 64, 256, 85}, {counts_b, 704, 2816, 16}};
+    } shapes[5] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
+                   {counts_a, 64, 256, 85}, {counts_b, 704, 2816, 16},
+                   {counts_d, 704, 2816, 48}};
     struct dg_error err = {0};
     if (!dg_cuda_fp8_experts_wgmma_fits(0, 64, 256)) {
         printf("# the FP8 experts' one launch: not on this device, skipped\n");
         return 0;
     }
-    for (int si = 0; si < 4; si++) {
+    for (int si = 0; si < 5; si++) {
         const int64_t I = shapes[si].I, H = shapes[si].H;
         const int hint = shapes[si].hint;
         int32_t offsets[8], *at = NULL;

@@ -768,8 +768,9 @@ static int grouped_gelu(void)
  * hh and ys the same bits on every row of a group, the rows in no group
  * still poisoned, guard words intact.  Groups of 0, 1, 17, 33, 64, 150, 3
  * and 16 rows with gaps at I 64, H 256, with a pass of 32, 64 and 128
- * rows (groups longer than a pass take several), and the 26B-A4B's
- * experts (I 704, H 2816) at 16 rows a group; each launch with its sync
+ * rows (groups longer than a pass take several; from 64 rows a pass two
+ * warpgroups a block), and the 26B-A4B's experts (I 704, H 2816) at 16
+ * rows a group and at 64 to 130 (passes of 128); each launch with its sync
  * words zeroed first, twice on the same buffers (the second launch's
  * tickets start again from zero).  Shapes it does not take and a NULL sync
  * refused. */
@@ -777,12 +778,14 @@ static int experts_one_launch(void)
 {
     static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
     static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const int32_t counts_d[8] = {96, 64, 80, 130, 72, 88, 65, 100};
     static const struct {
         const int32_t *counts;
         int64_t I, H;
         int hint;
-    } shapes[4] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
-                   {counts_a, 64, 256, 85}, {counts_b, 704, 2816, 16}};
+    } shapes[5] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
+                   {counts_a, 64, 256, 85}, {counts_b, 704, 2816, 16},
+                   {counts_d, 704, 2816, 87}};
     struct dg_error err = {0};
     if (!dg_cuda_experts_wgmma_fits(0, 64, 256)) {
         printf("# the experts' one launch: not on this device, skipped\n");
@@ -791,7 +794,7 @@ static int experts_one_launch(void)
                     &err, DG_E_INVAL, "experts' wgmma");
         return 0;
     }
-    for (int si = 0; si < 4; si++) {
+    for (int si = 0; si < 5; si++) {
         const int64_t I = shapes[si].I, H = shapes[si].H;
         const int hint = shapes[si].hint;
         struct groups g;
