@@ -29,13 +29,15 @@
  * otherwise: at head size 512 one, by shared memory; at 256 two, by
  * registers).  Run 60, batch-1 denoise on the H200: 26.81 ms with each
  * tile loaded then used, 23.77 ms pipelined together with the sampler's
- * Philox once a block (the two not timed apart).  The wgmma form (not
- * paired) also overlaps its products, as FlashAttention-3 does within a
- * warpgroup: tile i's S = Q K^T and tile i - 1's O += P V are issued
- * together, and tile i's softmax runs while P V is on the tensor cores
- * (the same operations in the same order: the same bits).  Run 147,
+ * Philox once a block (the two not timed apart).  The wgmma form also
+ * overlaps its products, as FlashAttention-3 does within a warpgroup:
+ * tile i's S = Q K^T and tile i - 1's O += P V are issued together, and
+ * tile i's softmax runs while P V is on the tensor cores (the same
+ * operations in the same order: the same bits).  Run 147,
  * bench-attention, a step's attention at batch 4: 3,735 / 3,779 us
- * without, 3,435 / 3,457 with it.
+ * without, 3,435 / 3,457 with it (the paired form not yet); run 150,
+ * with the paired form's too: the full layers 5-9% faster (batch 4,
+ * third canvas: 260 / 259 -> 238 us).
  *
  * Two forms of the products: mma.sync (any GPU of the build),
  * the Q and K tiles in rows padded for ldmatrix; or, where the device has
@@ -358,6 +360,22 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 m[h] = mn;
             }
         };
+        /* PAIR: S's two halves (each warpgroup's Q K^T over its half of
+         * the head) added through shared memory, so that both hold the
+         * whole S.  Sx is free: every thread passed a barrier after
+         * reading the last tile's (the one before this tile's products) */
+        auto add_halves = [&](float(&d)[16]) {
+            if constexpr (PAIR) {
+                const int t = threadIdx.x & 127;
+#pragma unroll
+                for (int i = 0; i < 16; i++)
+                    Sx[(wg * 16 + i) * 128 + t] = d[i];
+                __syncthreads();
+#pragma unroll
+                for (int i = 0; i < 16; i++)
+                    d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
+            }
+        };
         /* O *= alpha by row, only where some row's maximum moved (alpha = 1
          * exactly where it did not, so skipping the multiply changes
          * nothing) */
@@ -372,14 +390,15 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 }
             }
         };
-        if constexpr (WG && !PAIR) {
+        if constexpr (WG) {
             /* Pipelined (FlashAttention-3's overlap within a warpgroup):
              * tile i's Q K^T is issued, O is scaled by alpha_{i-1} while
              * it runs, then P_{i-1} V_{i-1} is issued and tile i's softmax
-             * runs while that is on the tensor cores.  The same operations
-             * on the same values in the same order as the loop below (O *=
-             * alpha_{i-1}, O += P_{i-1} V_{i-1}, then tile i), so the same
-             * results to the bit.  P's registers are rewritten only after
+             * (PAIR: after S's halves are added) runs while that is on the
+             * tensor cores.  The same operations on the same values in the
+             * same order as a tile at a time (O *= alpha_{i-1}, O +=
+             * P_{i-1} V_{i-1}, then tile i), so the same results to the
+             * bit.  P's registers are rewritten only after
              * the wait that completes P V (ptxas serialises the products
              * where a register an in-flight product reads is written), and
              * the operand fences after the waits keep the compiler from
@@ -409,6 +428,7 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                     dg_wgmma_commit();
                     dg_wgmma_wait<0>();
                     dg_wgmma_operand_fence(d);
+                    add_halves(d);
 #pragma unroll
                     for (int i = 0; i < 16; i++)
                         sc[i / 4][i % 4] = d[i];
@@ -439,6 +459,7 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                     dg_wgmma_commit();
                     dg_wgmma_wait<1>(); /* S_i */
                     dg_wgmma_operand_fence(d);
+                    add_halves(d);
 #pragma unroll
                     for (int i = 0; i < 16; i++)
                         sc[i / 4][i % 4] = d[i];
@@ -463,8 +484,9 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 dg_wgmma_operand_fence(reinterpret_cast<float(&)[DV / 2]>(o[0][0]));
             }
         } else {
-            /* the first tile into buffer 0 (the last sequence's tiles are used
-             * up: the barrier after each) */
+            /* mma.sync, a tile at a time.  The first tile into buffer 0
+             * (the last sequence's tiles are used up: the barrier after
+             * each) */
             if (ntiles > 0) {
                 load_k(0, j0);
                 load_v(0, j0);
@@ -482,33 +504,8 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 }
                 dg_cp_commit();
                 dg_cp_wait<1>();
-                if (WG)
-                    dg_fence_proxy_async(); /* (the K and V tiles, for wgmma) */
                 __syncthreads();
-                if constexpr (WG) {
-                    /* S = Q K^T (PAIR: this warpgroup's half, then the two
-                     * halves added) */
-                    float d[16];
-                    dg_wgmma_fence();
-                    qk_issue(d, buf);
-                    dg_wgmma_commit();
-                    dg_wgmma_wait<0>();
-                    if constexpr (PAIR) {
-                        /* (Sx is free: every thread passed this tile's first
-                         * barrier after reading the last tile's) */
-                        const int t = threadIdx.x & 127;
-#pragma unroll
-                        for (int i = 0; i < 16; i++)
-                            Sx[(wg * 16 + i) * 128 + t] = d[i];
-                        __syncthreads();
-#pragma unroll
-                        for (int i = 0; i < 16; i++)
-                            d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
-                    }
-#pragma unroll
-                    for (int i = 0; i < 16; i++)
-                        sc[i / 4][i % 4] = d[i];
-                } else {
+                {
 #pragma unroll
                     for (int n = 0; n < TC_KEYS / 8; n++)
                         sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
@@ -530,14 +527,7 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 softmax(sc, kt, alpha);
                 rescale(alpha);
                 /* O += P V: P from the score registers as A fragments */
-                if constexpr (WG) {
-                    uint32_t a[TC_KEYS / 16][4];
-                    pack_p(sc, a);
-                    dg_wgmma_fence();
-                    pv_issue(a, buf);
-                    dg_wgmma_commit();
-                    dg_wgmma_wait<0>();
-                } else {
+                {
                     const __nv_bfloat16 *Vb = Vs + buf * TC_KEYS * vs;
 #pragma unroll
                     for (int k0 = 0; k0 < TC_KEYS; k0 += 16) {
