@@ -139,10 +139,10 @@ struct wgs_of {
 
 /* Both of the experts' products in one launch (dg_cuda_experts_wgmma):
  * nb1 = 2I / BM gated tiles a group, then nb2 = H / BM down tiles a
- * group (BM = 64 WGS weight rows a tile).  A block takes the next ticket (sync[0]; block-sync.cuh) and
- * with it its tile:
- * tickets 0 .. nb1 groups - 1 the gated tiles, group by group, then the
- * down tiles likewise.  A gated tile, once stored, counts itself done in
+ * group (BM = 64 WGS weight rows a tile).  A block takes the next
+ * ticket (sync[0]; block-sync.cuh) and with it its tile: tickets 0 ..
+ * nb1 groups - 1 the gated tiles, group by group, then the down tiles
+ * likewise.  A gated tile, once stored, counts itself done in
  * sync[1 + j]; a down tile of group j first waits until all nb1 of
  * group j's gated tiles are (it reads all of their columns).  A ticket is
  * taken by a block already running, so every tile a down tile waits for
