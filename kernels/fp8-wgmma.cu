@@ -16,9 +16,10 @@
  * and their sum is added into fp32 registers, as cuBLASLt does; then
  * times sa and sw in fp8-gemm.cu's order.  Relative error about 1e-4
  * against the exact sum, not mma.sync's 1e-6.  The experts' one launch
- * takes two warpgroups a block at 64 rows a pass (WGS = 2, as
- * moe-wgmma.cu): 128 weight rows against the same staged rows, each
- * output the same products in the same order, so the same bytes. */
+ * takes two warpgroups a block from 17 rows an expert on, in passes of
+ * 64 rows (WGS = 2, as moe-wgmma.cu): 128 weight rows against the same
+ * staged rows, each output the same products in the same order, so the
+ * same bytes. */
 #include "kernels/fp8-wgmma.h"
 
 #include <cuda_bf16.h>
@@ -290,15 +291,18 @@ extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, floa
                             8 * 32 * DG_FQ_CHUNKS);
     if (groups == 0)
         return 0;
-    if (rows_hint > 64)
+    /* from 17 rows an expert on, passes of 64 rows with two warpgroups a
+     * block where the widths allow (the rows' tile read once for 128
+     * weight rows, as moe-wgmma.cu; run 149, batch 4: 27.63, 27.72 ->
+     * 27.30, 27.28 ms), more rows an expert taking more passes.  Not
+     * passes of 128: there the two accumulator sets leave room for one
+     * such block a multiprocessor, not two of one warpgroup (run 149,
+     * batch 16: 102.79, 102.40 -> 103.19, 103.29 ms), and passes of 64
+     * with two warpgroups beat one warpgroup's passes of 128 (run 151,
+     * batch 16: 100.59, 100.98 -> 96.94, 96.83 ms) */
+    if (rows_hint > 64 && H % 128 != 0)
         return launch_experts<128, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
                                       counts, sync, groups, I, H, st, dev, err);
-    /* at 64 rows a pass two warpgroups a block where the widths allow
-     * (the rows' tile read once for 128 weight rows, as moe-wgmma.cu;
-     * run 149, batch 4: 27.63, 27.72 -> 27.30, 27.28 ms).  Not at 128:
-     * there its two accumulator sets leave room for one such block a
-     * multiprocessor, not two of one warpgroup (batch 16: 102.79, 102.40
-     * -> 103.19, 103.29 ms) */
     if (rows_hint > 16 && H % 128 == 0)
         return launch_experts<64, 2>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
                                      counts, sync, groups, I, H, st, dev, err);
