@@ -300,16 +300,17 @@ extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, floa
      * batch 16: 102.79, 102.40 -> 103.19, 103.29 ms), and passes of 64
      * with two warpgroups beat one warpgroup's passes of 128 (run 151,
      * batch 16: 100.59, 100.98 -> 96.94, 96.83 ms) */
-    if (rows_hint > 64 && H % 128 != 0)
-        return launch_experts<128, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                      counts, sync, groups, I, H, st, dev, err);
-    if (rows_hint > 16 && H % 128 == 0)
+    if (rows_hint <= 16)
+        return launch_experts<32, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                     counts, sync, groups, I, H, st, dev, err);
+    if (H % 128 == 0)
         return launch_experts<64, 2>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
                                      counts, sync, groups, I, H, st, dev, err);
-    if (rows_hint > 16)
-        return launch_experts<64, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                     counts, sync, groups, I, H, st, dev, err);
-    return launch_experts<32, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+    /* (H an odd multiple of 64: one warpgroup a block) */
+    if (rows_hint > 64)
+        return launch_experts<128, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                                      counts, sync, groups, I, H, st, dev, err);
+    return launch_experts<64, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
                                  counts, sync, groups, I, H, st, dev, err);
 }
 
