@@ -563,17 +563,16 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
             break;
         s = s_next;
     }
-    /* out = O / l; or this range's m, l and O to the scratch */
+    if (splits > 1) {
+        /* this range's m, l and O to the scratch: [splits][Tq nh] (m, l),
+         * then from tc_o_at [splits][Tq nh][hd] O */
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int rr = rb + warp * 16 + gid + 8 * h;
-        const int64_t t = t_lo + rr / g;
-        const int64_t row = t * nh + c * g + rr % g;
-        if (t >= Tq)
-            continue;
-        if (splits > 1) {
-            /* part: [splits][Tq nh] (m, l), then from tc_o_at
-             * [splits][Tq nh][hd] O */
+        for (int h = 0; h < 2; h++) {
+            const int rr = rb + warp * 16 + gid + 8 * h;
+            const int64_t t = t_lo + rr / g;
+            const int64_t row = t * nh + c * g + rr % g;
+            if (t >= Tq)
+                continue;
             float *ml = part + ((int64_t)split * Tq * nh + row) * 2;
             float *dst = part + tc_o_at(splits, Tq * nh) +
                          ((int64_t)split * Tq * nh + row) * hd + dv0 + tig * 2;
@@ -584,14 +583,23 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
 #pragma unroll
             for (int d = 0; d < DV / 8; d++)
                 *(float2 *)(dst + d * 8) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
-        } else {
-            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-            __nv_bfloat16 *dst = out + row * hd + dv0 + tig * 2;
-#pragma unroll
-            for (int d = 0; d < DV / 8; d++)
-                *(__nv_bfloat162 *)(dst + d * 8) =
-                    __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
         }
+        return;
+    }
+    /* out = O / l */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int rr = rb + warp * 16 + gid + 8 * h;
+        const int64_t t = t_lo + rr / g;
+        const int64_t row = t * nh + c * g + rr % g;
+        if (t >= Tq)
+            continue;
+        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        __nv_bfloat16 *dst = out + row * hd + dv0 + tig * 2;
+#pragma unroll
+        for (int d = 0; d < DV / 8; d++)
+            *(__nv_bfloat162 *)(dst + d * 8) =
+                __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
     }
 }
 
@@ -655,7 +663,11 @@ __global__ static void attention_fold_kernel(__nv_bfloat16 *out, const float *pa
  * batch 1: sliding layers 64 tiles over 264 slots (two blocks of 238
  * registers a multiprocessor) take 4 splits, one wave where the earlier
  * rule's 5 made 320 blocks, two waves; full layers, paired, 64 tiles
- * over 132 slots (215 KB of shared memory a block) take 2.  (At most
+ * over 132 slots (215 KB of shared memory a block) take 2.  Only where
+ * the tiles alone fill less than one wave: past it the waves' rounding
+ * costs little, and the partial results a lot (batch 16's full layers,
+ * 1,024 tiles over 132 slots, took 5 splits for 7.8 waves' time against
+ * 8, and wrote and folded 671 MB of partial results a layer).  (At most
  * TC_MAX_SPLITS.) */
 
 /* whether the wgmma form (wg) at head size hd takes the paired kernel:
@@ -687,7 +699,7 @@ static int tc_splits(int64_t Tq, int nh, int nkv, int hd, int pair, size_t scrat
     const int64_t blocks = tc_blocks(Tq, nh, nkv, hd, pair);
     int best = 1;
     int64_t best_waves = (blocks + slots - 1) / slots; /* cost best_waves / best */
-    if (slots < 1)
+    if (slots < 1 || blocks >= slots)
         return 1;
     for (int s = 2; s <= TC_MAX_SPLITS && tc_part_bytes(s, Tq, nh, hd) <= scratch_bytes; s++) {
         const int64_t waves = (blocks * s + slots - 1) / slots;
