@@ -563,15 +563,20 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
             break;
         s = s_next;
     }
+    /* the output row (t nh + head) of this thread's row h; false past Tq */
+    auto out_row = [&](int h, int64_t &row) {
+        const int rr = rb + warp * 16 + gid + 8 * h;
+        const int64_t t = t_lo + rr / g;
+        row = t * nh + c * g + rr % g;
+        return t < Tq;
+    };
     if (splits > 1) {
         /* this range's m, l and O to the scratch: [splits][Tq nh] (m, l),
          * then from tc_o_at [splits][Tq nh][hd] O */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int rr = rb + warp * 16 + gid + 8 * h;
-            const int64_t t = t_lo + rr / g;
-            const int64_t row = t * nh + c * g + rr % g;
-            if (t >= Tq)
+            int64_t row;
+            if (!out_row(h, row))
                 continue;
             float *ml = part + ((int64_t)split * Tq * nh + row) * 2;
             float *dst = part + tc_o_at(splits, Tq * nh) +
@@ -589,10 +594,8 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
     /* out = O / l */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int rr = rb + warp * 16 + gid + 8 * h;
-        const int64_t t = t_lo + rr / g;
-        const int64_t row = t * nh + c * g + rr % g;
-        if (t >= Tq)
+        int64_t row;
+        if (!out_row(h, row))
             continue;
         const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
         __nv_bfloat16 *dst = out + row * hd + dv0 + tig * 2;
