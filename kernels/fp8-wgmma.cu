@@ -151,14 +151,14 @@ template <int NT, int ST, int WGS>
 /* (the blocks a multiprocessor holds: at 32 rows a pass 6, as many as
  * the stages' shared memory allows, in 78 registers without spills where
  * 5 took 92 (run 155, batch 1: a layer's launch 211 -> 204 us, the FP8
- * denoise 11.71, 11.68 -> 11.45, 11.39 ms); with two warpgroups 3, as the
- * shared memory allows at 64 rows a pass, in 80 registers (8 bytes
+ * denoise 11.71, 11.68 -> 11.45, 11.39 ms); with two warpgroups at 64
+ * rows a pass 3, as the shared memory allows, in 80 registers (8 bytes
  * spilled) where 2 took 127 (run 156: FP8 batch 4 27.26, 27.49
  * -> 26.81, 26.88 ms, batch 16 97.11, 97.36 -> 96.71, 96.90; two
  * warpgroups at 32 rows a pass, batch 1, no faster than one: 11.76, 11.81
  * against 11.73, 11.78); one warpgroup at 64 and 128 as for the product
  * alone) */
-__global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? 3
+__global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2)
                                                              : NT == 32 ? 6 : NT == 64 ? 4 : 2)
     fp8_experts_kernel(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
                        const float *qs, const uint8_t *W_gu, const float *S_gu,
