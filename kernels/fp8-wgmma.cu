@@ -247,16 +247,16 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
                       dev, err);
 }
 
-/* both products in one launch, NT rows a pass, WGS_T warpgroups a block
+/* both products in one launch, NT rows a pass, WGS warpgroups a block
  * (fp8_experts_kernel; 2 only where 2I and H are multiples of 128) */
-template <int NT, int WGS_T>
+template <int NT, int WGS>
 static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
                           const float *qs, const uint8_t *W_gu, const float *S_gu,
                           const uint8_t *W_down, const float *S_down, const int32_t *offsets,
                           const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H,
                           cudaStream_t st, int dev, struct dg_error *err)
 {
-    constexpr int ST = 3, WGS = WGS_T; /* as launch's */
+    constexpr int ST = 3; /* as launch's */
     constexpr int BM = FW_BM * WGS;
     const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
     const int64_t blocks = (2 * I / BM + H / BM) * (int64_t)groups;
