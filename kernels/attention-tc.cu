@@ -701,9 +701,10 @@ static int tc_splits(int64_t Tq, int nh, int nkv, int hd, int pair, size_t scrat
 {
     const int64_t blocks = tc_blocks(Tq, nh, nkv, hd, pair);
     int best = 1;
-    int64_t best_waves = (blocks + slots - 1) / slots; /* cost best_waves / best */
+    int64_t best_waves; /* cost best_waves / best */
     if (slots < 1 || blocks >= slots)
         return 1;
+    best_waves = (blocks + slots - 1) / slots;
     for (int s = 2; s <= TC_MAX_SPLITS && tc_part_bytes(s, Tq, nh, hd) <= scratch_bytes; s++) {
         const int64_t waves = (blocks * s + slots - 1) / slots;
         if (waves * best < best_waves * s) { /* waves / s < best_waves / best */
