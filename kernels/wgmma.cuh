@@ -72,7 +72,11 @@ __device__ static inline uint64_t dg_wgmma_desc_n(uint32_t a, uint32_t lbo)
  * shared window (below 256 KB), in one add */
 __device__ static inline uint64_t dg_wgmma_desc_add(uint64_t d, uint32_t off)
 {
-    return d + (off >> 4);
+    /* a + off < 256 KB keeps the start field (bits 0-13) from carrying
+     * into the fields above it, so a 32-bit add on the low word does: it
+     * spares the 64-bit add (two instructions and a carry) beside every
+     * wgmma */
+    return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (off >> 4));
 }
 
 /* where a 128-byte-swizzled tile keeps 16-byte chunk c of row r */
