@@ -14,6 +14,8 @@
  *   S_ij = -inf where key j is not visible to row i (another sequence,
  *          past the sequence's keys, or masked: causal / sliding window)
  *   m' = max(m, max_j S_ij);  a = exp(m - m');  P_ij = exp(S_ij - m')
+ *                              (as 2^(x log2 e - m' log2 e), flushed to 0
+ *                              below 2^-126)
  *   l  = a l + sum_j P_ij;    O = a O + P V     (P rounded to bf16)
  *   out = O / l                (0 where no key was visible)
  *
@@ -74,11 +76,26 @@
 #define TC_KEYS 32
 #define TC_PAD 8 /* elements after each shared row: conflict-free ldmatrix */
 #define TC_BUFS 2 /* key and value tile buffers: one used, the next one loading */
+#define DG_LOG2E 1.4426950408889634f
 
 __device__ static inline uint32_t pack_bf16(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(uint32_t *)&v;
+}
+
+/* 2^x by the special function unit, denormal results flushed to 0
+ * (ex2.approx.ftz: 2 ulp; 2^-inf = 0).  __expf's ex2.approx without ftz
+ * costs about eight more instructions a call (a range test and a
+ * scaling around the MUFU; run 165's SASS), in the softmax sixteen times
+ * a tile a thread.  Run 166, bench-attention, a step's attention against
+ * __expf: batch 1 1,367 / 1,374 -> 1,298 / 1,299 us, batch 16 10,659 /
+ * 10,770 -> 9,466 / 9,494, every output hash equal. */
+__device__ static inline float ex2_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ static inline int visible(int mask, int64_t q, int64_t k, int window)
@@ -124,10 +141,14 @@ __device__ static inline void load_swz_tile(uint32_t dst, const __nv_bfloat16 *s
     static_assert(W % 64 == 0 && THREADS % PER == 0 && ROWS % RSTEP == 0, "tile shape");
     const int c = (int)threadIdx.x % PER, r0 = (int)threadIdx.x / PER;
     const uint32_t d = dst + (uint32_t)((c >> 3) * ROWS * 128);
+    const __nv_bfloat16 *s = src + c * 8;
 #pragma unroll
     for (int k = 0; k < ROWS / RSTEP; k++) {
         const int r = r0 + k * RSTEP;
-        dg_cp16_to(d + dg_swz128(r, c & 7), src + (r < n ? r * ld + c * 8 : 0), r < n);
+        /* (a row past n reads nothing; its address is row n - 1's.  The
+         * rows' offsets computed here, not held: 252 registers and no
+         * spill, where holding them took 255 and spilt 12 bytes) */
+        dg_cp16_to(d + dg_swz128(r, c & 7), s + min(r, n - 1) * ld, r < n);
     }
 }
 
@@ -361,13 +382,18 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                 mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
                 mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
                 mn = fmaxf(m[h], mt);
-                alpha[h] = mn == m[h] ? 1.0f : __expf(m[h] - mn); /* (mn -inf: m too) */
+                /* e^(v - mn) = 2^(v log2 e - mn log2 e), one FFMA and one
+                 * MUFU a score; mn = -inf (every key so far masked, so v =
+                 * -inf too) taken as 0, so that a masked score gives
+                 * 2^-inf = 0, not NaN */
+                const float mb = (mn == -INFINITY ? 0.0f : mn) * DG_LOG2E;
+                alpha[h] = mn == m[h] ? 1.0f : ex2_ftz(fmaf(m[h], DG_LOG2E, -mb));
 #pragma unroll
                 for (int n = 0; n < TC_KEYS / 8; n++)
 #pragma unroll
                     for (int u = 0; u < 2; u++) {
                         float *v = &sc[n][2 * h + u];
-                        *v = *v == -INFINITY ? 0.0f : __expf(*v - mn);
+                        *v = ex2_ftz(fmaf(*v, DG_LOG2E, -mb));
                         sum += *v;
                     }
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
