@@ -76,7 +76,7 @@
 #define TC_KEYS 32
 #define TC_PAD 8 /* elements after each shared row: conflict-free ldmatrix */
 #define TC_BUFS 2 /* key and value tile buffers: one used, the next one loading */
-#define DG_LOG2E 1.4426950408889634f
+#define TC_LOG2E 1.4426950408889634f
 
 __device__ static inline uint32_t pack_bf16(float lo, float hi)
 {
@@ -386,14 +386,14 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                  * MUFU a score; mn = -inf (every key so far masked, so v =
                  * -inf too) taken as 0, so that a masked score gives
                  * 2^-inf = 0, not NaN */
-                const float mb = (mn == -INFINITY ? 0.0f : mn) * DG_LOG2E;
-                alpha[h] = mn == m[h] ? 1.0f : ex2_ftz(fmaf(m[h], DG_LOG2E, -mb));
+                const float mb = (mn == -INFINITY ? 0.0f : mn) * TC_LOG2E;
+                alpha[h] = mn == m[h] ? 1.0f : ex2_ftz(fmaf(m[h], TC_LOG2E, -mb));
 #pragma unroll
                 for (int n = 0; n < TC_KEYS / 8; n++)
 #pragma unroll
                     for (int u = 0; u < 2; u++) {
                         float *v = &sc[n][2 * h + u];
-                        *v = ex2_ftz(fmaf(*v, DG_LOG2E, -mb));
+                        *v = ex2_ftz(fmaf(*v, TC_LOG2E, -mb));
                         sum += *v;
                     }
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
