@@ -4,8 +4,17 @@
  * for the same products: does some algorithm beat cublasGemmEx's default
  * by much, and which?
  *
- * usage: bench-linear [--reps N] [--all] [--no-flush] [T...]
+ * usage: bench-linear [--reps N] [--all] [--search] [--no-flush] [T...]
  *   (defaults: 50 reps; T = 256 1024)
+ *
+ * --search looks past the heuristic: every algorithm id cuBLASLt has for
+ * the types, each tile it lists, split-K 1-8 with each reduction it
+ * takes and the cluster shapes up to 4 x 2, as cublasLtMatmulAlgoCheck
+ * accepts them, each timed once; the fastest 12 then with their stages,
+ * CTA swizzle and custom options varied; the best 12 of all timed with
+ * every repeat and printed beside the default (search_shape).  It adds
+ * the FP8 projections (E4M3 x and W, fp32 sums: fp8-lt.cu's unit mode),
+ * against cuBLASLt's first heuristic algorithm (fp8-lt.cu's choice).
  *
  * Every product is row-major y[T, N] = alpha x[T, K] . W^T + beta y, W
  * [N, K] bf16 (nn.Linear), fp32 accumulation, as kernels/linear.cu runs it
@@ -66,6 +75,7 @@
 #include "bench/gpu/bench-util.h"
 #include "kernels/ceilings.h"
 #include "kernels/devmem.h"
+#include "kernels/fp8-gemm.h"
 #include "kernels/ops.h"
 #include "kernels/prof.h"
 
@@ -95,19 +105,26 @@ struct shape {
     int w_kn;           /* W stored [K, N] (op N), else [N, K] (op T) */
     float alpha, beta;
     int64_t max_T;      /* run only at T <= this (0: any) */
+    int fp8;            /* --search only: x and W E4M3, y the fp32 sums (fp8-lt.cu's unit mode) */
 };
 
 static const struct shape shapes[] = {
-    {"qkv sliding", 8192, HID, 0, 0, 1.0f, 0.0f, 0},
-    {"qkv full", 9216, HID, 0, 0, 1.0f, 0.0f, 0},
-    {"o sliding", HID, 4096, 0, 0, 1.0f, 0.0f, 0},
-    {"o full", HID, 8192, 0, 0, 1.0f, 0.0f, 0},
-    {"dense gate|up", 4224, HID, 0, 0, 1.0f, 0.0f, 0},
-    {"dense down", HID, 2112, 1, 0, 1.0f, 0.0f, 0},
-    {"sc down (beta 1)", HID, 2112, 0, 0, 1.0f, 1.0f, 0},
-    {"router", 128, HID, 1, 0, 0.018844524f /* 1/sqrt(2816) */, 0.0f, 0},
-    {"lm head", VOCAB, HID, 1, 0, 1.0f, 0.0f, 256},
-    {"sc P.E", HID, VOCAB, 0, 1, 53.0f, 0.0f, 256},
+    {"qkv sliding", 8192, HID, 0, 0, 1.0f, 0.0f, 0, 0},
+    {"qkv full", 9216, HID, 0, 0, 1.0f, 0.0f, 0, 0},
+    {"o sliding", HID, 4096, 0, 0, 1.0f, 0.0f, 0, 0},
+    {"o full", HID, 8192, 0, 0, 1.0f, 0.0f, 0, 0},
+    {"dense gate|up", 4224, HID, 0, 0, 1.0f, 0.0f, 0, 0},
+    {"dense down", HID, 2112, 1, 0, 1.0f, 0.0f, 0, 0},
+    {"sc down (beta 1)", HID, 2112, 0, 0, 1.0f, 1.0f, 0, 0},
+    {"router", 128, HID, 1, 0, 0.018844524f /* 1/sqrt(2816) */, 0.0f, 0, 0},
+    {"lm head", VOCAB, HID, 1, 0, 1.0f, 0.0f, 256, 0},
+    {"sc P.E", HID, VOCAB, 0, 1, 53.0f, 0.0f, 256, 0},
+    {"FP8 qkv sliding", 8192, HID, 1, 0, 1.0f, 0.0f, 0, 1},
+    {"FP8 qkv full", 9216, HID, 1, 0, 1.0f, 0.0f, 0, 1},
+    {"FP8 o sliding", HID, 4096, 1, 0, 1.0f, 0.0f, 0, 1},
+    {"FP8 o full", HID, 8192, 1, 0, 1.0f, 0.0f, 0, 1},
+    {"FP8 dense gate|up", 4224, HID, 1, 0, 1.0f, 0.0f, 0, 1},
+    {"FP8 dense down", HID, 2112, 1, 0, 1.0f, 0.0f, 0, 1},
 };
 #define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
@@ -172,6 +189,8 @@ struct bench {
     struct dg_ceilings ce;
     void *ws, *flush;
     uint16_t *x, *W;
+    uint8_t *x8, *W8;   /* x and W quantized (the FP8 shapes) */
+    float *x8s, *W8s;   /* their row scales (unused by the unit mode's sums) */
     void *y, *y_ref, *y_init;
     size_t y_bytes;
     int reps, flush_l2;
@@ -232,9 +251,11 @@ static int lt_problem_init(struct lt_problem *p, const struct shape *s, int64_t 
     LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, s->w_kn ? N : K, s->w_kn ? K : N,
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, s->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF,
+                                        s->w_kn ? N : K, s->w_kn ? K : N,
                                         s->w_kn ? s->N : s->K));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, (uint64_t)T, s->K));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, s->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF, K,
+                                        (uint64_t)T, s->K));
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->c, s->y_f32 ? CUDA_R_32F : CUDA_R_16BF, N,
                                         (uint64_t)T, s->N));
 out:
@@ -254,8 +275,9 @@ static int run_once(struct bench *b, const struct shape *s, int64_t T,
     if (!algo)
         return dg_blas_gemm_e(b->blas, DG_ELT_BF16, b->y, s->y_f32, b->x, T, b->W, s->w_kn,
                               s->N, s->K, s->w_kn ? s->N : s->K, s->alpha, s->beta, err);
-    st = cublasLtMatmul(b->lt, p->op, &s->alpha, b->W, p->a, b->x, p->b, &s->beta, b->y, p->c,
-                        b->y, p->c, algo, b->ws, LT_WORKSPACE, NULL);
+    st = cublasLtMatmul(b->lt, p->op, &s->alpha, s->fp8 ? (const void *)b->W8 : b->W, p->a,
+                        s->fp8 ? (const void *)b->x8 : b->x, p->b, &s->beta, b->y, p->c, b->y,
+                        p->c, algo, b->ws, LT_WORKSPACE, NULL);
     if (st != CUBLAS_STATUS_SUCCESS) {
         dg_error_set(err, DG_E_CUBLAS, "cublasLtMatmul: %s (%d)", cublasLtGetStatusName(st),
                      (int)st);
@@ -365,10 +387,11 @@ static double rel_diff(const void *ref, const void *y, size_t n, int f32)
     return rmax > 0.0 ? dmax / rmax : dmax;
 }
 
-/* The default's output and algo's, each from y_init; *out = rel_diff. */
+/* The output of ref (NULL: the default) and algo's, each from y_init;
+ * *out = rel_diff. */
 static int check_output(struct bench *b, const struct shape *s, int64_t T,
-                        const struct lt_problem *p, const cublasLtMatmulAlgo_t *algo, double *out,
-                        struct dg_error *err)
+                        const struct lt_problem *p, const cublasLtMatmulAlgo_t *ref,
+                        const cublasLtMatmulAlgo_t *algo, double *out, struct dg_error *err)
 {
     const size_t n = (size_t)(T * s->N), bytes = n * (s->y_f32 ? 4 : 2);
     void *href = malloc(bytes), *hy = malloc(bytes);
@@ -378,7 +401,7 @@ static int check_output(struct bench *b, const struct shape *s, int64_t T,
         goto out;
     }
     if ((rc = dg_cuda_copy_async(b->y, b->y_init, bytes, NULL, 0, err)) < 0 ||
-        (rc = run_once(b, s, T, p, NULL, err)) != 0 ||
+        (rc = run_once(b, s, T, p, ref, err)) != 0 ||
         (rc = dg_cuda_copy_async(b->y_ref, b->y, bytes, NULL, 0, err)) < 0 ||
         (rc = dg_cuda_copy_async(b->y, b->y_init, bytes, NULL, 0, err)) < 0 ||
         (rc = run_once(b, s, T, p, algo, err)) != 0 || (rc = dg_cuda_sync(0, err)) < 0 ||
@@ -444,10 +467,242 @@ static int bench_shape(struct bench *b, const struct shape *s, int64_t T, struct
         }
     }
     if (row->best >= 0 &&
-        (rc = check_output(b, s, T, &p, &heur[row->best].algo, &row->rel_diff, err)) < 0)
+        (rc = check_output(b, s, T, &p, NULL, &heur[row->best].algo, &row->rel_diff, err)) < 0)
         goto out;
 out:
     lt_problem_free(&p);
+    return rc;
+}
+
+/* ---- --search: cuBLASLt's configurations beyond its heuristic ------------------ */
+
+#define MAX_IDS 128
+#define MAX_CANDS 20000
+#define SEARCH_FAST_REPS 1
+#define SEARCH_KEEP 12
+
+/* one configuration that cublasLtMatmulAlgoCheck accepted */
+struct cand {
+    cublasLtMatmulAlgo_t algo;
+    size_t ws;
+    float waves;
+    double us;
+};
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const double x = ((const struct cand *)a)->us, y = ((const struct cand *)b)->us;
+    return isnan(x) ? (isnan(y) ? 0 : 1) : isnan(y) ? -1 : x < y ? -1 : x > y;
+}
+
+/* a capability that is an array of uint32_t ids (tiles, stages): *n of
+ * them into ids, or one 0 (undefined) where the algorithm lists none */
+static void cap_ids(const cublasLtMatmulAlgo_t *a, cublasLtMatmulAlgoCapAttributes_t attr,
+                    uint32_t *ids, int cap, int *n)
+{
+    size_t w = 0;
+    *n = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, NULL, 0, &w) == CUBLAS_STATUS_SUCCESS &&
+        w >= sizeof(uint32_t)) {
+        int k = (int)(w / sizeof(uint32_t));
+        if (k > cap)
+            k = cap;
+        if (cublasLtMatmulAlgoCapGetAttribute(a, attr, ids, (size_t)k * sizeof(uint32_t), &w) ==
+            CUBLAS_STATUS_SUCCESS)
+            *n = k;
+    }
+    if (*n == 0) {
+        ids[0] = 0;
+        *n = 1;
+    }
+}
+
+/* Every (algorithm id, tile, split-K and its reductions, cluster shape)
+ * cublasLtMatmulAlgoCheck accepts for the problem (stages, CTA swizzle
+ * and custom option left at their defaults), timed SEARCH_FAST_REPS times
+ * each; the fastest SEARCH_KEEP then with their stages, swizzles and
+ * custom options varied, and every survivor of that timed b->reps times.
+ * Prints the default's time and the best SEARCH_KEEP. */
+static int search_shape(struct bench *b, const struct shape *s, int64_t T, struct dg_error *err)
+{
+    static const int splits[] = {1, 2, 3, 4, 6, 8};
+    static const uint16_t clusters[] = {0, 2, 3, 4, 5, 6, 7, 8, 9};
+    const cudaDataType_t ct = s->y_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t abt = s->fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    cublasLtMatmulHeuristicResult_t h0; /* FP8: the heuristic's first, fp8-lt.cu's choice */
+    const cublasLtMatmulAlgo_t *ref = NULL;
+    int n_h0 = 0;
+    struct lt_problem p = {0};
+    struct cand *c = calloc(MAX_CANDS, sizeof *c);
+    int ids[MAX_IDS], n_ids = 0, n = 0, accepted = 0, checked = 0, reps = b->reps, rc = 0;
+    double def_us = NAN, diff = NAN;
+
+    if (!c)
+        return dg_error_set(err, DG_E_NOMEM, "bench-linear: out of host memory");
+    if ((rc = lt_problem_init(&p, s, T, err)) < 0)
+        goto out;
+    LT_CHECK(cublasLtMatmulAlgoGetIds(b->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, abt, abt, ct, ct,
+                                      MAX_IDS, ids, &n_ids));
+    if (s->fp8) {
+        memset(&h0, 0, sizeof h0);
+        LT_CHECK(cublasLtMatmulAlgoGetHeuristic(b->lt, p.op, p.a, p.b, p.c, p.c, b->pref, 1, &h0,
+                                                &n_h0));
+        if (n_h0 < 1) {
+            rc = dg_error_set(err, DG_E_CUBLAS, "%s: no heuristic algorithm", s->name);
+            goto out;
+        }
+        ref = &h0.algo;
+    }
+    for (int i = 0; i < n_ids; i++) {
+        cublasLtMatmulAlgo_t base;
+        uint32_t tiles[64], red_mask = 0;
+        int n_tiles = 0, splitk_ok = 0;
+        size_t w;
+        if (cublasLtMatmulAlgoInit(b->lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, abt, abt, ct, ct,
+                                   ids[i], &base) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        cap_ids(&base, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, 64, &n_tiles);
+        cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok,
+                                          sizeof splitk_ok, &w);
+        cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+                                          &red_mask, sizeof red_mask, &w);
+        for (int t = 0; t < n_tiles; t++)
+            for (int k = 0; k < (int)(sizeof splits / sizeof *splits); k++) {
+                if (splits[k] > 1 && !splitk_ok)
+                    continue;
+                for (uint32_t red = 0; red <= 4; red = red ? red * 2 : 1) {
+                    if ((splits[k] == 1) != (red == 0) || (red && !(red_mask & red)))
+                        continue;
+                    for (int q = 0; q < (int)(sizeof clusters / sizeof *clusters); q++) {
+                        cublasLtMatmulAlgo_t a = base;
+                        cublasLtMatmulHeuristicResult_t h;
+                        const int32_t sk = splits[k];
+                        if (cublasLtMatmulAlgoConfigSetAttribute(
+                                &a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[t], sizeof tiles[t]) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(
+                                &a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(
+                                &a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red))
+                            continue;
+                        if (clusters[q] && cublasLtMatmulAlgoConfigSetAttribute(
+                                               &a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                               &clusters[q], sizeof clusters[q]))
+                            continue;
+                        checked++;
+                        memset(&h, 0, sizeof h);
+                        if (cublasLtMatmulAlgoCheck(b->lt, p.op, p.a, p.b, p.c, p.c, &a, &h) !=
+                                CUBLAS_STATUS_SUCCESS ||
+                            h.workspaceSize > LT_WORKSPACE || n >= MAX_CANDS)
+                            continue;
+                        c[n].algo = a;
+                        c[n].ws = h.workspaceSize;
+                        c[n].waves = h.wavesCount;
+                        n++;
+                    }
+                }
+            }
+    }
+    if ((rc = time_product(b, s, T, &p, ref, &def_us, err)) != 0) {
+        rc = rc > 0 ? -DG_E_CUBLAS : rc;
+        goto out;
+    }
+    /* the quick pass */
+    b->reps = SEARCH_FAST_REPS;
+    for (int i = 0; i < n; i++) {
+        rc = time_product(b, s, T, &p, &c[i].algo, &c[i].us, err);
+        if (rc < 0)
+            goto out;
+        if (rc > 0)
+            c[i].us = NAN;
+        rc = 0;
+    }
+    accepted = n;
+    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    /* the best few with stages, swizzle and custom options varied */
+    {
+        const int keep = n < SEARCH_KEEP ? n : SEARCH_KEEP;
+        int m = keep;
+        for (int i = 0; i < keep && !isnan(c[i].us); i++) {
+            uint32_t stages[64];
+            int n_st = 0, swz_ok = 0, cmax = 0;
+            size_t w;
+            cap_ids(&c[i].algo, CUBLASLT_ALGO_CAP_STAGES_IDS, stages, 64, &n_st);
+            cublasLtMatmulAlgoCapGetAttribute(&c[i].algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT,
+                                              &swz_ok, sizeof swz_ok, &w);
+            cublasLtMatmulAlgoCapGetAttribute(&c[i].algo, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX,
+                                              &cmax, sizeof cmax, &w);
+            for (int st = 0; st < n_st; st++)
+                for (uint32_t swz = 0; swz <= (swz_ok ? 1u : 0u); swz++)
+                    for (uint32_t cu = 0; cu <= (uint32_t)(cmax > 3 ? 3 : cmax); cu++) {
+                        cublasLtMatmulAlgo_t a = c[i].algo;
+                        cublasLtMatmulHeuristicResult_t h;
+                        if ((!stages[st] && !swz && !cu) || m >= MAX_CANDS)
+                            continue;
+                        if (cublasLtMatmulAlgoConfigSetAttribute(
+                                &a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages[st],
+                                sizeof stages[st]) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(
+                                &a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz) ||
+                            cublasLtMatmulAlgoConfigSetAttribute(
+                                &a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &cu, sizeof cu))
+                            continue;
+                        checked++;
+                        memset(&h, 0, sizeof h);
+                        if (cublasLtMatmulAlgoCheck(b->lt, p.op, p.a, p.b, p.c, p.c, &a, &h) !=
+                                CUBLAS_STATUS_SUCCESS ||
+                            h.workspaceSize > LT_WORKSPACE)
+                            continue;
+                        c[m].algo = a;
+                        c[m].ws = h.workspaceSize;
+                        c[m].waves = h.wavesCount;
+                        rc = time_product(b, s, T, &p, &a, &c[m].us, err);
+                        if (rc < 0)
+                            goto out;
+                        if (rc > 0)
+                            c[m].us = NAN;
+                        rc = 0;
+                        m++;
+                    }
+        }
+        qsort(c, (size_t)m, sizeof *c, cand_cmp);
+        n = m;
+    }
+    /* the best few again, with every repeat */
+    b->reps = reps;
+    for (int i = 0; i < n && i < SEARCH_KEEP; i++)
+        if (!isnan(c[i].us) && (rc = time_product(b, s, T, &p, &c[i].algo, &c[i].us, err)) != 0)
+            goto out;
+    qsort(c, (size_t)(n < SEARCH_KEEP ? n : SEARCH_KEEP), sizeof *c, cand_cmp);
+    if (n > 0 && !isnan(c[0].us) && (rc = check_output(b, s, T, &p, ref, &c[0].algo, &diff, err)) < 0)
+        goto out;
+    printf("\n%s (N %lld, K %lld), T %lld: %d configurations checked, %d accepted (%d with "
+           "stages, swizzle, options varied); %s %.2f us; ",
+           s->name, (long long)s->N, (long long)s->K, (long long)T, checked, accepted, n,
+           s->fp8 ? "cuBLASLt heuristic #0" : "GemmEx default", def_us);
+    if (n == 0 || isnan(c[0].us)) {
+        printf("none ran\n");
+        goto out;
+    }
+    printf("best %.2f us (%.2f x), max rel diff %.2e%s\n\n"
+           "| # | us | x default | algorithm |\n|---:|---:|---:|---|\n",
+           c[0].us, c[0].us / def_us, diff, isnan(diff) || diff > DIFF_FLAG ? " DIFFERS" : "");
+    for (int i = 0; i < n && i < SEARCH_KEEP; i++) {
+        cublasLtMatmulHeuristicResult_t h;
+        char desc[192];
+        memset(&h, 0, sizeof h);
+        h.algo = c[i].algo;
+        h.workspaceSize = c[i].ws;
+        h.wavesCount = c[i].waves;
+        describe_algo(&h, desc, sizeof desc);
+        printf("| %d | %.2f | %.2f | %s |\n", i, c[i].us, c[i].us / def_us, desc);
+    }
+    fflush(stdout);
+out:
+    b->reps = reps;
+    if (rc > 0)
+        rc = -DG_E_CUBLAS;
+    lt_problem_free(&p);
+    free(c);
     return rc;
 }
 
@@ -512,7 +767,7 @@ static void print_table(int64_t T, const int *ran, const struct row *rows, int a
 int main(int argc, char **argv)
 {
     int64_t Ts[16];
-    int nT = 0, all = 0, status = 1;
+    int nT = 0, all = 0, search = 0, status = 1;
     struct dg_error err = {0};
     struct bench *b = calloc(1, sizeof *b);
     static struct row rows[N_SHAPES];
@@ -530,13 +785,15 @@ int main(int argc, char **argv)
             b->reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--all")) {
             all = 1;
+        } else if (!strcmp(argv[i], "--search")) {
+            search = 1;
         } else if (!strcmp(argv[i], "--no-flush")) {
             b->flush_l2 = 0;
         } else if (argv[i][0] != '-' && nT < 16 && atoll(argv[i]) >= 1 &&
                    atoll(argv[i]) <= MAX_T) {
             Ts[nT++] = atoll(argv[i]);
         } else {
-            fprintf(stderr, "usage: bench-linear [--reps N] [--all] [--no-flush] [T...] "
+            fprintf(stderr, "usage: bench-linear [--reps N] [--all] [--search] [--no-flush] [T...] "
                             "(T 1-%d, at most 16)\n", MAX_T);
             free(b);
             return 2;
@@ -574,7 +831,11 @@ int main(int argc, char **argv)
         dg_cuda_alloc((void **)&b->W, 2 * (size_t)max_w, 0, &err) < 0 ||
         dg_cuda_alloc(&b->y, b->y_bytes, 0, &err) < 0 ||
         dg_cuda_alloc(&b->y_ref, b->y_bytes, 0, &err) < 0 ||
-        dg_cuda_alloc(&b->y_init, b->y_bytes, 0, &err) < 0)
+        dg_cuda_alloc(&b->y_init, b->y_bytes, 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&b->x8, (size_t)max_x, 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&b->W8, (size_t)max_w, 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&b->x8s, 4 * (size_t)max_x / HID + 64, 0, &err) < 0 ||
+        dg_cuda_alloc((void **)&b->W8s, 4 * (size_t)max_w / HID + 64, 0, &err) < 0)
         goto out;
     /* random operands, made once at the largest shapes (each product reads
      * its prefix): x ~ N(0, 1), W ~ N(0, 0.05^2), y's starting values (read
@@ -583,6 +844,13 @@ int main(int argc, char **argv)
         dg_cuda_fill_normal(b->W, max_w, 11, 2, 0.0f, 0.05f, NULL, 0, &err) < 0 ||
         dg_cuda_fill_normal((uint16_t *)b->y_init, max_y / 2, 11, 3, 0.0f, 1.0f, NULL, 0,
                             &err) < 0 ||
+        dg_cuda_sync(0, &err) < 0)
+        goto out;
+    /* and quantized per row of HID (E4M3 values of the same spread) */
+    if (dg_cuda_fp8_quantize_rows(DG_ELT_BF16, b->x8, b->x8s, b->x, max_x / HID, HID, NULL, 0,
+                                  &err) < 0 ||
+        dg_cuda_fp8_quantize_rows(DG_ELT_BF16, b->W8, b->W8s, b->W, max_w / HID, HID, NULL, 0,
+                                  &err) < 0 ||
         dg_cuda_sync(0, &err) < 0)
         goto out;
 
@@ -594,9 +862,14 @@ int main(int argc, char **argv)
            "cuBLASLt: up to %d heuristic algorithms, %zu MiB workspace\n",
            b->ce.copy_gbps, b->ce.gemm_tflops, b->ce.gemm_n, b->reps,
            b->flush_l2 ? "flushed" : "not flushed", MAX_ALGOS, LT_WORKSPACE >> 20);
-    for (int t = 0; t < nT; t++) {
+    for (int t = 0; t < nT && search; t++)
+        for (int i = 0; i < N_SHAPES; i++)
+            if ((!shapes[i].max_T || Ts[t] <= shapes[i].max_T) &&
+                search_shape(b, &shapes[i], Ts[t], &err) < 0)
+                goto out;
+    for (int t = 0; t < nT && !search; t++) {
         for (int i = 0; i < N_SHAPES; i++) {
-            ran[i] = !shapes[i].max_T || Ts[t] <= shapes[i].max_T;
+            ran[i] = (!shapes[i].max_T || Ts[t] <= shapes[i].max_T) && !shapes[i].fp8;
             if (ran[i] && bench_shape(b, &shapes[i], Ts[t], &rows[i], &err) < 0)
                 goto out;
         }
@@ -618,6 +891,10 @@ out:
     dg_cuda_free(b->y);
     dg_cuda_free(b->y_ref);
     dg_cuda_free(b->y_init);
+    dg_cuda_free(b->x8);
+    dg_cuda_free(b->W8);
+    dg_cuda_free(b->x8s);
+    dg_cuda_free(b->W8s);
     dg_blas_destroy(b->blas);
     dg_prof_destroy(b->prof);
     free(b);
