@@ -7,7 +7,15 @@
 #include <string.h>
 
 #include "lib/json-util.h"
+#include "lib/sampler.h"
 #include "lib/utf8.h"
+
+/* The lowest temperature a step may take.  The sampler divides the logits
+ * by it in fp32: below about 3e-38 the largest ones overflow to infinity
+ * (the argmax becomes the first of them, the sums NaN); from 1e-30 on,
+ * logits up to 1.7e8 in magnitude (Gemma's soft-cap holds them within 30)
+ * and their differences stay finite. */
+#define TEMPERATURE_MIN 1e-30f
 
 void dg_gen_limits_default(struct dg_gen_limits *l)
 {
@@ -72,6 +80,15 @@ int dg_gen_settings_validate(const struct dg_gen_settings *s, const struct dg_mo
         BAD("stability_threshold: %d is outside [0, 65535]", s->stability_threshold);
     if (!(s->t_min >= 0) || !(s->t_max <= 100) || !(s->t_max > s->t_min))
         BAD("t_min %g, t_max %g: need 0 <= t_min < t_max <= 100", s->t_min, s->t_max);
+    {
+        /* the last step's (the schedule's lowest) */
+        const int n = s->max_denoising_steps;
+        const float T_last = dg_temperature(s->t_min, s->t_max, n, n - 1);
+        if (!(T_last >= TEMPERATURE_MIN))
+            BAD("t_min %g, t_max %g: the temperature of the last of %d steps, %g, is below %g, "
+                "where the logits divided by it overflow; raise t_max or t_min", s->t_min,
+                s->t_max, n, (double)T_last, (double)TEMPERATURE_MIN);
+    }
     if (s->top_k < 0 || s->top_k > (1 << 30))
         BAD("top_k: %d is outside [0, 2^30] (0: no limit)", s->top_k);
     if (!(s->top_p > 0) || !(s->top_p <= 1))

@@ -95,6 +95,10 @@ static int bad_values(void)
         {"{\"t_max\": 0.3}", "t_max"},
         {"{\"t_min\": -0.1}", "t_min"},
         {"{\"t_max\": 1000}", "t_max"},
+        /* the last step's temperature below 1e-30: z / T would overflow */
+        {"{\"t_min\": 0, \"t_max\": 1e-37}", "temperature of the last of"},
+        {"{\"t_min\": 0, \"t_max\": 1e-29, \"max_denoising_steps\": 16}",
+         "raise t_max or t_min"},
         {"{\"top_k\": -1}", "top_k"},
         {"{\"top_p\": 0}", "top_p"},
         {"{\"top_p\": 1.5}", "top_p"},
@@ -139,6 +143,10 @@ static int bad_values(void)
         strcat(buf, "]}");
         CHECK(apply(&s, buf, &err) == -DG_E_INVAL && strstr(err.msg, "stop_token_ids"));
     }
+    /* a tiny temperature whose last step stays at 1e-30 or above: kept
+     * (0 .. 1e-9 over 48 steps: the last 2.1e-11) */
+    CHECK(apply(&s, "{\"t_min\": 0, \"t_max\": 1e-9}", &err) == 0 && s.t_max == 1e-9 &&
+          s.t_min == 0);
     /* limits of the deployment */
     lim.max_canvas_length = 64;
     CHECK(apply(&s, "{\"canvas_length\": 65}", &err) == -DG_E_INVAL);
