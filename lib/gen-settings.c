@@ -76,6 +76,10 @@ int dg_gen_settings_validate(const struct dg_gen_settings *s, const struct dg_mo
         BAD("entropy_bound: must be a finite number > 0");
     if (!(s->confidence_threshold > 0) || !isfinite(s->confidence_threshold))
         BAD("confidence_threshold: must be a finite number > 0");
+    /* (the canvas compares its mean entropy with the threshold in float32) */
+    if (!((float)s->confidence_threshold > 0))
+        BAD("confidence_threshold: %g is 0 in float32, where the comparison is made, and could "
+            "never be met", s->confidence_threshold);
     if (s->stability_threshold < 0 || s->stability_threshold > 65535)
         BAD("stability_threshold: %d is outside [0, 65535]", s->stability_threshold);
     if (!(s->t_min >= 0) || !(s->t_max <= 100) || !(s->t_max > s->t_min))
@@ -93,6 +97,13 @@ int dg_gen_settings_validate(const struct dg_gen_settings *s, const struct dg_mo
         BAD("top_k: %d is outside [0, 2^30] (0: no limit)", s->top_k);
     if (!(s->top_p > 0) || !(s->top_p <= 1))
         BAD("top_p: %g is outside (0, 1] (1: no limit)", s->top_p);
+    /* (the filter takes top_p in float32: 0 there fails the denoising
+     * batch, 1 is no filter) */
+    if (!((float)s->top_p > 0))
+        BAD("top_p: %g is 0 in float32, where the filter takes it", s->top_p);
+    if (s->top_p < 1 && !((float)s->top_p < 1.0f))
+        BAD("top_p: %.17g rounds to 1 in float32 (no filter): use 1, or at most 0.99999994",
+            s->top_p);
     if (s->max_tokens < 1 || s->max_tokens > lim->max_tokens)
         BAD("max_tokens: %lld is outside [1, %lld]", (long long)s->max_tokens,
             (long long)lim->max_tokens);

@@ -102,6 +102,12 @@ static int bad_values(void)
         {"{\"top_k\": -1}", "top_k"},
         {"{\"top_p\": 0}", "top_p"},
         {"{\"top_p\": 1.5}", "top_p"},
+        /* values that float32, where the filter takes top_p, makes 0 or 1 */
+        {"{\"top_p\": 1e-300}", "is 0 in float32"},
+        {"{\"top_p\": 1e-46}", "is 0 in float32"},
+        {"{\"top_p\": 0.99999999}", "rounds to 1 in float32"},
+        /* and the canvas's confidence comparison makes 0 */
+        {"{\"confidence_threshold\": 1e-300}", "confidence_threshold"},
         {"{\"seed\": -1}", "seed"},
         {"{\"max_tokens\": 0}", "max_tokens"},
         {"{\"max_tokens\": 2000000}", "max_tokens"},
@@ -147,6 +153,10 @@ static int bad_values(void)
      * (0 .. 1e-9 over 48 steps: the last 2.1e-11) */
     CHECK(apply(&s, "{\"t_min\": 0, \"t_max\": 1e-9}", &err) == 0 && s.t_max == 1e-9 &&
           s.t_min == 0);
+    /* the float32 extremes that keep their meaning: kept */
+    CHECK(apply(&s, "{\"top_p\": 1e-44, \"confidence_threshold\": 1e-44}", &err) == 0 &&
+          s.top_p == 1e-44 && s.confidence_threshold == 1e-44);
+    CHECK(apply(&s, "{\"top_p\": 0.99999994}", &err) == 0 && s.top_p == 0.99999994);
     /* limits of the deployment */
     lim.max_canvas_length = 64;
     CHECK(apply(&s, "{\"canvas_length\": 65}", &err) == -DG_E_INVAL);
