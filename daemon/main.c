@@ -254,6 +254,12 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
     if (dg_gen_settings_validate(def, mc, &ec->limits, err) < 0)
         return dg_error_prefix(err, "the default request settings (generation_config.json "
                                     "and the configuration)");
+    /* a one-token prompt with the defaults must fit, or no request that
+     * leaves max_tokens out could ever run */
+    if (dg_engine_check_fit(ec->max_context, 1, def, err) < 0)
+        return dg_error_prefix(err, "max_context %lld cannot hold a request with the default "
+                                    "settings (raise max_context or lower default_max_tokens)",
+                               (long long)ec->max_context);
     return 0;
 }
 

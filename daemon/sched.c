@@ -48,6 +48,7 @@ struct sreq {
 struct dsched {
     struct dg_engine *engine;
     size_t max_batch;           /* the engine's slots */
+    int64_t max_context;        /* the engine's positions a request */
     int have_tok;               /* events carry text */
     size_t queue_max;
     int notify_fd;
@@ -334,9 +335,11 @@ static void admit(struct dsched *s)
             s->queue_tail = NULL;
         s->queued--;
         if (rc < 0) {
-            /* checked at submission, so this is a resource failure */
+            /* the request's size was checked at submission (dsched_submit),
+             * so this is a resource failure; the client was told the id,
+             * so its last event is a done line (finish_reason error) */
             size_t len = 0;
-            char *line = dproto_error_line(r->id, r->has_tag ? r->tag : NULL,
+            char *line = dproto_done_error(r->id, r->has_tag ? r->tag : NULL,
                                            rc == -DG_E_RANGE ? "too_large" : "internal", err.msg,
                                            &len);
             dlog(DG_LOG_WARN, "req=%llu not started: %s", (unsigned long long)r->id, err.msg);
@@ -404,6 +407,7 @@ int dsched_create(struct dg_backend *b, const struct dg_engine_config *ec,
     s->queue_max = queue_max;
     s->backend = b;
     s->max_batch = (size_t)ec->max_batch;
+    s->max_context = ec->max_context;
     s->notify_fd = notify_fd;
     s->metrics = metrics;
     s->have_tok = tok != NULL;
@@ -462,6 +466,12 @@ int dsched_submit(struct dsched *s, uint64_t conn, struct dproto_request *req, u
     if (s->shutting_down) {
         pthread_mutex_unlock(&s->mu);
         return dg_error_set(err, DG_E_INVAL, "the daemon is shutting down");
+    }
+    /* a request that could never start is refused before it is accepted
+     * (the engine checks the same when it admits it) */
+    if (dg_engine_check_fit(s->max_context, (int64_t)req->n_ids, &req->settings, err) < 0) {
+        pthread_mutex_unlock(&s->mu);
+        return -DG_E_RANGE;
     }
     /* running + waiting: the same before and after an admission, so the
      * answer does not depend on how far the scheduler thread has got */

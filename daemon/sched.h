@@ -65,8 +65,9 @@ void dsched_destroy(struct dsched *s);
 
 /* Queue a parsed generate request for connection conn, from a client with
  * uid and pid, through source (metrics).  Takes req->ids.
- * *id: the request's id.  Errors: DG_E_BUSY (max_batch running and
- * queue_max waiting),
+ * *id: the request's id.  Errors: DG_E_RANGE (the prompt and max_tokens,
+ * in whole canvases, past max_context: dg_engine_check_fit), DG_E_BUSY
+ * (max_batch running and queue_max waiting),
  * DG_E_INVAL (shutting down: the message says so), DG_E_NOMEM. */
 int dsched_submit(struct dsched *s, uint64_t conn, struct dproto_request *req, uid_t uid,
                   pid_t pid, enum dg_metrics_source source, uint64_t *id,

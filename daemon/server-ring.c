@@ -113,6 +113,7 @@ void ring_submit(struct dserver *srv, struct conn *c, const struct dshm_job *job
         if (rc < 0) {
             ring_refuse(srv, c, job,
                         rc == -DG_E_BUSY    ? DG_SHM_ERR_BUSY
+                        : rc == -DG_E_RANGE ? DG_SHM_ERR_TOO_LARGE
                         : rc == -DG_E_INVAL ? DG_SHM_ERR_SHUTTING_DOWN
                                             : DG_SHM_ERR_INTERNAL,
                         err.msg, n_prompt);

@@ -246,9 +246,13 @@ static void oom_gone(struct dserver *srv, struct conn *c, const char *why)
     conn_gone(srv, c, why);
 }
 
-/* Queue bytes for the client. */
+/* Queue bytes for the client.  The client is dropped as too slow when
+ * what it had left unread before these bytes is past max_output_bytes:
+ * one line bigger than the limit (a long result's done line) goes to a
+ * client that keeps up. */
 static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
+    const size_t unread = c->out_bytes;
     if (c->gone)
         return;
     while (n > 0) {
@@ -283,9 +287,9 @@ static void conn_write(struct dserver *srv, struct conn *c, const char *p, size_
         p += take;
         n -= take;
     }
-    if (c->out_bytes > srv->o.max_output_bytes) {
+    if (unread > srv->o.max_output_bytes) {
         dlog(DG_LOG_WARN, "conn %u (uid %d): %zu bytes unread (max_output_bytes %zu): the "
-             "client is too slow", slot_of(srv, c), (int)c->uid, c->out_bytes,
+             "client is too slow", slot_of(srv, c), (int)c->uid, unread,
              srv->o.max_output_bytes);
         conn_gone(srv, c, "dropped");
         return;
@@ -468,6 +472,7 @@ static void submit_generate(struct dserver *srv, struct conn *c, struct dproto_r
     rc = dsched_submit(srv->sched, conn_key(srv, c), req, c->uid, c->pid, source, &id, &err);
     if (rc < 0) {
         const char *code = rc == -DG_E_BUSY    ? "busy"
+                           : rc == -DG_E_RANGE ? "too_large"
                            : rc == -DG_E_INVAL ? "shutting_down"
                                                : "internal";
         record_refusal(srv, c, tag, source, n_prompt, code, err.msg);

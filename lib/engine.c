@@ -155,6 +155,22 @@ int dg_engine_active(const struct dg_engine *e)
     return e->active;
 }
 
+int dg_engine_check_fit(int64_t max_context, int64_t n_prompt, const struct dg_gen_settings *s,
+                        struct dg_error *err)
+{
+    const int64_t canvases = s->canvas_length > 0
+                                 ? (s->max_tokens + s->canvas_length - 1) / s->canvas_length
+                                 : 0;
+    const int64_t positions = n_prompt + canvases * s->canvas_length;
+    if (positions > max_context)
+        return dg_error_set(err, DG_E_RANGE,
+                            "prompt of %lld tokens + %lld canvases of %d = %lld positions; the "
+                            "limit is %lld (lower max_tokens or shorten the prompt)",
+                            (long long)n_prompt, (long long)canvases, s->canvas_length,
+                            (long long)positions, (long long)max_context);
+    return 0;
+}
+
 int dg_engine_submit(struct dg_engine *e, const int32_t *prompt, int64_t n_prompt,
                      const struct dg_gen_settings *s, void *user, uint64_t *id,
                      struct dg_error *err)
@@ -177,14 +193,10 @@ int dg_engine_submit(struct dg_engine *e, const int32_t *prompt, int64_t n_promp
         if (prompt[i] < 0 || prompt[i] >= c->vocab_size)
             return dg_error_set(err, DG_E_INVAL, "prompt: token %lld is id %d, outside [0, %lld)",
                                 (long long)i, prompt[i], (long long)c->vocab_size);
+    if ((rc = dg_engine_check_fit(e->ec.max_context, n_prompt, s, err)) < 0)
+        return rc;
     canvases = (s->max_tokens + s->canvas_length - 1) / s->canvas_length;
     positions = n_prompt + canvases * s->canvas_length;
-    if (positions > e->ec.max_context)
-        return dg_error_set(err, DG_E_RANGE,
-                            "prompt of %lld tokens + %lld canvases of %d = %lld positions; the "
-                            "limit is %lld (lower max_tokens or shorten the prompt)",
-                            (long long)n_prompt, (long long)canvases, s->canvas_length,
-                            (long long)positions, (long long)e->ec.max_context);
     for (int i = 0; i < e->ec.max_batch && slot < 0; i++)
         if (e->req[i].phase == PH_FREE)
             slot = i;

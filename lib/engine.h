@@ -115,6 +115,15 @@ int dg_engine_create(struct dg_backend *b, const struct dg_engine_config *ec,
 /* Drop every request (no events) and free the engine. */
 void dg_engine_destroy(struct dg_engine *e);
 
+/* Whether a request of n_prompt prompt tokens under settings s fits
+ * max_context positions: the prompt plus its canvases, max_tokens rounded
+ * up to whole canvases of canvas_length (the positions a request's
+ * backend slot holds).  0, or DG_E_RANGE with a message that says what to
+ * lower.  dg_engine_submit checks it; a front end that answers before the
+ * engine sees the request checks it first. */
+int dg_engine_check_fit(int64_t max_context, int64_t n_prompt, const struct dg_gen_settings *s,
+                        struct dg_error *err);
+
 /* Queue a request.  s must have a seed (seed_set).  *id identifies it in
  * events.  Errors: DG_E_INVAL (settings, an empty prompt, ids outside the
  * vocabulary, stop strings without a tokenizer), DG_E_RANGE (prompt +

@@ -190,10 +190,12 @@ int fixture_cl_read(struct fixture_cl *c, json_t **out, int wait_ms)
         struct pollfd p = {c->fd, POLLIN, 0};
         ssize_t got;
         if (nl) {
+            json_error_t je;
             *nl = '\0';
-            *out = json_loads(c->buf, 0, NULL);
+            /* (generated text may hold a NUL, sent as \u0000: valid JSON) */
+            *out = json_loads(c->buf, JSON_ALLOW_NUL, &je);
             if (!*out)
-                printf("# not JSON: %.300s\n", c->buf);
+                printf("# not JSON (%s, column %d): %.300s\n", je.text, je.column, c->buf);
             c->len -= (size_t)(nl - c->buf) + 1;
             memmove(c->buf, nl + 1, c->len);
             return *out ? FIXTURE_EV_OK : FIXTURE_EV_BAD;

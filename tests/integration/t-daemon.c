@@ -7,7 +7,8 @@
  * every kind of bad input (the connection stays usable), a full queue,
  * too many connections, a second daemon refused on a live socket, a stale
  * socket replaced, readiness sent to $NOTIFY_SOCKET, the log reopened on
- * SIGHUP, and SIGTERM during generation ending cleanly.
+ * SIGHUP, SIGTERM during generation ending cleanly, and a done line longer
+ * than max_output_bytes reaching a client that keeps up.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -25,6 +26,17 @@
 
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
 
 #define WAIT_MS FIXTURE_WAIT_MS
 
@@ -384,6 +396,12 @@ static int bad_input(void)
                        "not in flight") == 0);
     CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"tag\":\"t9\",\"messages\":[{\"role\":"
                           "\"tool\",\"content\":\"x\"}]}\n", "bad_request", "role") == 0);
+    /* a prompt and max_tokens past max_context (8,192 positions: 3 + 256
+     * canvases of 32): refused before it is accepted, so a client waiting
+     * for the done line of an accepted request is never left without one */
+    CHECK(expect_error(c, "{\"v\":1,\"op\":\"generate\",\"tag\":\"ctx\",\"prompt_ids\":[2,3,4],"
+                          "\"max_tokens\":8192,\"seed\":1}\n",
+                       "too_large", "8195 positions") == 0);
     /* an oversize line, in pieces: too_large, and the next line still works */
     static const char head[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"";
     memset(big, 'a', sizeof big);
@@ -528,6 +546,87 @@ static int sigterm_during_generation(void)
     return 0;
 }
 
+/* Set key of the JSON object in file path (of its member object sub
+ * when sub is not NULL) to v (taken). */
+static int json_file_set(const char *path, const char *sub, const char *key, json_t *v)
+{
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je), *at = sub && o ? json_object_get(o, sub) : o;
+    int rc = at && json_object_set_new(at, key, v) == 0 && json_dump_file(o, path, 0) == 0 ? 0
+                                                                                            : -1;
+    if (!at)
+        json_decref(v);
+    json_decref(o);
+    return rc;
+}
+
+/* A non-streamed request whose done line (12,288 ids and their text, about
+ * 85 KB) is longer than max_output_bytes (65,536, the least it takes),
+ * read as it comes: the client gets its done line, and is not dropped as
+ * too slow (the limit is on what a client left unread before a line).
+ * On a copy of the random model whose stop id is 9 (the random model
+ * stops within a canvas of 1,024 otherwise) and whose context holds the
+ * 12 canvases.  Skipped under AddressSanitizer (a minute of generation). */
+static int long_done_line(void)
+{
+    const char *b = getenv("BUILD");
+    char dir[600], cmd[1400], path[700], o_model[700], sock2[600], log4[600];
+    const char *opts[] = {o_model, "max_output_bytes=65536", "max_canvas_length=1024",
+                          "max_tokens=16384", "pin_workers=false", NULL};
+    struct fixture_cl *c;
+    struct run r;
+    json_t *done;
+    const char *fin;
+    int st;
+    pid_t p;
+
+    if (UNDER_ASAN) {
+        printf("# long_done_line: skipped under AddressSanitizer\n");
+        return 0;
+    }
+    snprintf(dir, sizeof dir, "%s", test_path("noeos-model"));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s/model/random' '%s'", dir,
+             b && *b ? b : "build", dir);
+    CHECK(system(cmd) == 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK(json_file_set(path, NULL, "eos_token_id", json_pack("[i]", 9)) == 0 &&
+          json_file_set(path, "text_config", "eos_token_id", json_integer(9)) == 0 &&
+          json_file_set(path, "text_config", "max_position_embeddings", json_integer(32768)) ==
+              0);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    CHECK(json_file_set(path, NULL, "eos_token_id", json_pack("[i]", 9)) == 0);
+    snprintf(o_model, sizeof o_model, "model=%s", dir);
+    snprintf(sock2, sizeof sock2, "%s", test_path("long.sock"));
+    snprintf(log4, sizeof log4, "%s", test_path("long.log"));
+    p = spawn(sock2, log4, opts);
+    CHECKF(wait_ready(p, sock2) == 0, "the daemon did not come up; log %s", log4);
+    CHECK((c = fixture_cl_open(sock2)) != NULL);
+    CHECK(cl_send(c, "{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[2],\"seed\":11,"
+                     "\"canvas_length\":1024,\"max_tokens\":12288,\"max_denoising_steps\":1,"
+                     "\"stream\":false}\n") == 0);
+    CHECKF(collect(c, &r) == 0 && r.done, "no done line (log %s)", log4);
+    done = r.done;
+    fin = json_string_value(json_object_get(done, "finish_reason"));
+    CHECKF(!strcmp(ev_kind(done), "done") && fin && !strcmp(fin, "length"),
+           "%s, finish %s: %s", ev_kind(done), fin ? fin : "(none)",
+           json_string_value(json_object_get(done, "message")));
+    CHECK(json_array_size(json_object_get(done, "ids")) == 12288);
+    {
+        char *line = json_dumps(done, JSON_COMPACT);
+        CHECK(line);
+        printf("# long_done_line: a done line of %zu bytes, max_output_bytes 65536\n",
+               strlen(line));
+        CHECK(strlen(line) > 65536);
+        free(line);
+    }
+    json_decref(done);
+    fixture_cl_close(c);
+    CHECK(!file_has(log4, "too slow"));
+    CHECK(kill(p, SIGTERM) == 0 && wait_exit(p, &st) == 0 && WIFEXITED(st) &&
+          WEXITSTATUS(st) == 0);
+    return 0;
+}
+
 static int stale_socket_replaced(void)
 {
     struct sockaddr_un a;
@@ -566,6 +665,7 @@ int main(void)
         TEST_CASE(second_daemon_refused);
         TEST_CASE(sigterm_during_generation);
         TEST_CASE(stale_socket_replaced);
+        TEST_CASE(long_done_line);
     }
     return fixture_finish(daemon_pid, log_path);
 }

@@ -24,8 +24,9 @@
  *     every client sees a done or an error event (nothing silently lost),
  *     and the metrics hold one row per request the daemon answered.
  *   bad_start: a truncated checkpoint, a tensor of the wrong shape, a YAML
- *     syntax error, an unknown key and a value out of range each make the
- *     daemon exit non-zero quickly with a one-line message naming the
+ *     syntax error, an unknown key, a value out of range and a max_context
+ *     too small for the default request each make the daemon exit non-zero
+ *     quickly with a one-line message naming the
  *     problem, leaving no socket file.
  *   metrics_disk_full: with the metrics file's writes failing with ENOSPC
  *     (the same shim), requests are still served, the loss is counted (the
@@ -860,6 +861,18 @@ static int bad_start(void)
     args[0] = "-o", args[1] = "max_batch=5000";
     if (refused_start("value out of range (-o)", args, "max_batch=5000", "[1, 1024]"))
         return 1;
+    {
+        /* a max_context too small for a request with the default settings
+         * (256 tokens in canvases of 32, and a prompt token): the daemon
+         * would start and then refuse every request that leaves max_tokens
+         * out */
+        char o_good[700];
+        const char *ctx_args[] = {"-o", o_good, "-o", "max_context=40", NULL};
+        snprintf(o_good, sizeof o_good, "model=%s/model/random", b && *b ? b : "build");
+        if (refused_start("max_context below the default request", ctx_args, "max_context 40",
+                          "default_max_tokens"))
+            return 1;
+    }
     return 0;
 }
 
