@@ -11,6 +11,19 @@
 
 #define FIXTURE_WAIT_MS 60000
 
+/* 1 in a build under AddressSanitizer (GCC's macro or clang's feature),
+ * where the daemon runs 5-10 times slower; else 0. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
 /* $BUILD/bin/NAME (BUILD defaults to "build"). */
 const char *fixture_bin(const char *name);
 

@@ -27,17 +27,6 @@
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 #define WAIT_MS FIXTURE_WAIT_MS
 
 static char daemon_bin[512], sock_path[512], log_path[512], notify_path[512];

@@ -55,17 +55,6 @@
 #include "tests/integration/fixture.h"
 #include "tests/sql-peek.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
-#define UNDER_ASAN 0
-#endif
-
 /* a request that waits this long for its next event is hung */
 #define EVENT_WAIT_MS 30000
 
