@@ -17,7 +17,8 @@ size_t batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_
 
     for (size_t p = 0; p < keep;) {
         const char *nl = memchr(buf + p, '\n', keep - p);
-        json_t *r = json_loadb(buf + p, (size_t)(nl - (buf + p)), 0, NULL);
+        /* (a result's text can hold a NUL, written as \u0000) */
+        json_t *r = json_loadb(buf + p, (size_t)(nl - (buf + p)), JSON_ALLOW_NUL, NULL);
         if (json_is_object(r)) {
             json_t *id = json_object_get(r, "id"), *ln = json_object_get(r, "line");
             char key[64], *k = NULL;

@@ -242,13 +242,18 @@ static struct item *item_of(struct batch *b, const char *tag)
 /* A finished item's result line, from the done event. */
 static int finish(struct batch *b, struct item *it, const dgemma_event_t *ev)
 {
-    json_t *done = json_loads(ev->json, 0, NULL), *res;
+    json_error_t je;
+    /* (the text can hold a NUL, sent as \u0000) */
+    json_t *done = json_loads(ev->json, JSON_ALLOW_NUL, &je), *res;
     static const char *const keep[] = {"finish_reason", "text", "ids", "usage", "canvases",
                                        "steps_per_canvas", "decoder_steps", "tokens_per_step",
                                        "tokens_per_s", "ms_total", "stop_id", "stop", "error"};
     int rc;
-    if (!done)
+    if (!done) {
+        client_errorf("input line %d: the daemon's done event is not JSON: %s", it->line,
+                      je.text);
         return -1;
+    }
     res = json_object();
     json_object_set(res, "id", json_object_get(it->obj, "id"));
     for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {

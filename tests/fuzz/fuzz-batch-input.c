@@ -38,10 +38,11 @@ static void setup(void)
 }
 
 /* The result key of one output line (as the spec says, independently of
- * batch_output_scan), or NULL; *is_error set. */
+ * batch_output_scan), or NULL; *is_error set.  A result's text can hold a
+ * NUL (written \u0000): that line is still a result. */
 static char *result_key(const char *line, size_t n, int *is_error)
 {
-    json_t *r = json_loadb(line, n, 0, NULL), *id, *ln;
+    json_t *r = json_loadb(line, n, JSON_ALLOW_NUL, NULL), *id, *ln;
     char *k = NULL;
     *is_error = 0;
     if (json_is_object(r)) {

@@ -273,7 +273,7 @@ static int check_results(const char *path, int *n_results, int *n_errors, int *n
         return -1;
     seen = json_object();
     while (fgets(line, sizeof line, f)) {
-        json_t *r = json_loads(line, 0, NULL), *id;
+        json_t *r = json_loads(line, JSON_ALLOW_NUL, NULL), *id;
         char *key;
         if (!json_is_object(r)) {
             /* (a line being written right now) */
@@ -340,6 +340,43 @@ static int batch_with_bad_lines(void)
                               test_path("none.jsonl"), NULL};
         rc = run_client(args, "{\"id\":1,\"prompt\":\"a\"}\n", OUT, sizeof OUT, ERR, sizeof ERR);
         CHECK(rc == 3);
+    }
+    return 0;
+}
+
+/* A reply whose text holds a NUL (sent and written as \u0000) is still a
+ * result: the batch ends 0 with it written, and a second run finds it done
+ * (runs nothing, writes no duplicate). */
+static int batch_text_with_nul(void)
+{
+    char out[600];
+    /* (seeded: this reply's text holds a NUL and a 0x1c; chat_terminal's) */
+    const char *in = "{\"id\":\"n\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                     "{\"role\":\"user\",\"content\":\"second\"}],\"max_tokens\":16,"
+                     "\"max_denoising_steps\":2,\"seed\":3492929928041919275}\n";
+    const char *args[] = {"batch", "--input", "-", "--output", out, NULL};
+    int rc, n, errors, dups;
+    snprintf(out, sizeof out, "%s", test_path("nul.jsonl"));
+    for (int run = 0; run < 2; run++) {
+        rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0, "run %d: exit %d: %s", run, rc, ERR);
+        CHECKF(strstr(ERR, "1/1 done, 0 failed"), "run %d: %s", run, ERR);
+        CHECK(check_results(out, &n, &errors, &dups) == 0);
+        CHECKF(n == 1 && errors == 0 && dups == 0, "run %d: %d results, %d errors, %d duplicates",
+               run, n, errors, dups);
+    }
+    {
+        FILE *f = fopen(out, "r");
+        char line[1 << 16] = "";
+        json_t *r, *text;
+        CHECK(f && fgets(line, sizeof line, f));
+        fclose(f);
+        r = json_loads(line, JSON_ALLOW_NUL, NULL);
+        text = json_object_get(r, "text");
+        CHECKF(json_is_string(text) && memchr(json_string_value(text), '\0',
+                                               json_string_length(text)),
+               "no NUL in the result's text: %s", line);
+        json_decref(r);
     }
     return 0;
 }
@@ -475,6 +512,7 @@ int main(void)
         TEST_CASE(exit_codes);
         TEST_CASE(generate_interrupted);
         TEST_CASE(batch_with_bad_lines);
+        TEST_CASE(batch_text_with_nul);
         TEST_CASE(batch_resume_after_kill);
         TEST_CASE(chat_pipe);
         TEST_CASE(chat_terminal);

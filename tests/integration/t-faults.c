@@ -471,7 +471,7 @@ static int batch_results(const char *path, int n_ids, int *n, int *dups, int *er
     if (!f)
         return errno == ENOENT ? 0 : -1;
     while (fgets(line, sizeof line, f)) {
-        json_t *r = json_loads(line, 0, NULL);
+        json_t *r = json_loads(line, JSON_ALLOW_NUL, NULL);
         const char *id = json_string_value(json_object_get(r, "id"));
         int k = id && id[0] == 'k' ? atoi(id + 1) : 0;
         if (k < 1 || k > n_ids || k >= (int)sizeof seen) {
