@@ -102,7 +102,8 @@ static int parse_args(int argc, char **argv, struct stats_opts *o)
             if (parse_number(a, v, &o->hours) < 0)
                 return -1;
             if (!(o->hours > 0) || o->hours > 1e7) {
-                client_errorf("stats: --hours: '%s' is not a number of hours above 0", v);
+                client_errorf("stats: --hours: '%s' is not a number of hours above 0 and at "
+                              "most 1e7", v);
                 return -1;
             }
             o->has_hours = 1;
@@ -137,8 +138,12 @@ static int window(struct stats_opts *o)
     if (!o->has_since)
         o->since = o->until - (o->has_hours ? o->hours : 24.0) * 3600.0;
     if (!(o->since < o->until)) {
-        client_errorf("stats: the window is empty: --since %.3f is not before --until %.3f",
-                      o->since, o->until);
+        if (o->has_hours && !o->has_since)
+            client_errorf("stats: the window is empty: --hours %g is too short a time to "
+                          "leave one", o->hours);
+        else
+            client_errorf("stats: the window is empty: --since %.3f is not before --until "
+                          "%.3f", o->since, o->until);
         return -1;
     }
     return 0;
@@ -164,8 +169,9 @@ static const char *db_path(const struct stats_opts *o, struct dg_config *cfg)
     if (!cfg->metrics[0] && !o->config)
         return DG_UNIT_METRICS;
     if (!cfg->metrics[0]) {
-        client_errorf("stats: metrics are off in %s (no metrics: key); name the file the "
-                      "daemon writes with --db FILE", conf);
+        client_errorf("stats: %s names no metrics file (metrics: \"\" or no metrics: key); a "
+                      "daemon started with -o metrics=FILE (the systemd unit gives it %s) "
+                      "writes FILE: name it with --db FILE", conf, DG_UNIT_METRICS);
         return NULL;
     }
     return cfg->metrics;

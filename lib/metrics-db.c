@@ -153,11 +153,18 @@ static int read_version(struct dg_metrics_db *db, struct dg_error *err)
     int64_t v;
     int rc = query_int(db, "PRAGMA user_version", &v, err);
     if (rc < 0) {
+        if (rc == -DG_E_FORMAT && (sqlite3_errcode(db->h) & 0xff) == SQLITE_CORRUPT)
+            return dg_error_set(err, DG_E_FORMAT, "%s: the file is damaged (%s); sqlite3's "
+                                "\".recover\" may save its rows", db->path,
+                                sqlite3_errmsg(db->h));
         if (rc == -DG_E_FORMAT)
             return dg_error_set(err, DG_E_FORMAT, "%s: not an SQLite database", db->path);
         return rc;
     }
-    if (v < 0 || v > DG_METRICS_SCHEMA_VERSION)
+    if (v < 0)
+        return dg_error_set(err, DG_E_FORMAT, "%s: metrics schema version %lld is not one "
+                            "dgemma writes: another program's file?", db->path, (long long)v);
+    if (v > DG_METRICS_SCHEMA_VERSION)
         return dg_error_set(err, DG_E_FORMAT, "%s: metrics schema version %lld is newer than "
                             "this dgemma's (%d); use a newer dgemma or another file",
                             db->path, (long long)v, DG_METRICS_SCHEMA_VERSION);
@@ -214,6 +221,62 @@ static int prepare(struct dg_metrics_db *db, sqlite3_stmt **st, const char *sql,
     return rc == SQLITE_OK ? 0 : fail(db, rc, err, "preparing a statement");
 }
 
+/* A read-only reopening of db's file as an SQLite URI with immutable=1
+ * (the path percent-escaped but for letters, digits and -._~/).  For a
+ * file in WAL mode that no writer has open: SQLite reads such a file
+ * read-only only where it can create the -shm beside it, so a reader
+ * without write access to the directory (the dgemma group after a clean
+ * stop, which removes -wal and -shm) needs the file taken as it is. */
+static int reopen_immutable(struct dg_metrics_db *db)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    const size_t n = strlen(db->path);
+    char *uri = malloc(5 + 3 * n + sizeof "?immutable=1");
+    char *u = uri;
+    int rc;
+    if (!uri)
+        return SQLITE_NOMEM;
+    u += sprintf(u, "file:");
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)db->path[i];
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            strchr("-._~/", c)) {
+            *u++ = (char)c;
+        } else {
+            *u++ = '%';
+            *u++ = hex[c >> 4];
+            *u++ = hex[c & 15];
+        }
+    }
+    strcpy(u, "?immutable=1");
+    sqlite3_close(db->h);
+    db->h = NULL;
+    rc = sqlite3_open_v2(uri, &db->h, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI,
+                         NULL);
+    free(uri);
+    if (rc == SQLITE_OK)
+        sqlite3_extended_result_codes(db->h, 1);
+    return rc;
+}
+
+/* Whether read_version's failure on a read-only connection is SQLite
+ * unable to open a WAL file it may not add a -shm to, with no writer
+ * there (no -wal file). */
+static int wal_needs_immutable(struct dg_metrics_db *db)
+{
+    const int code = sqlite3_errcode(db->h) & 0xff;
+    char *wal;
+    int absent;
+    if (code != SQLITE_READONLY && code != SQLITE_CANTOPEN)
+        return 0;
+    if (!(wal = malloc(strlen(db->path) + 5)))
+        return 0;
+    sprintf(wal, "%s-wal", db->path);
+    absent = access(wal, F_OK) != 0 && errno == ENOENT;
+    free(wal);
+    return absent;
+}
+
 int dg_metrics_db_open(const char *path, enum dg_metrics_open_mode mode, int busy_ms,
                        struct dg_metrics_db **out, struct dg_error *err)
 {
@@ -250,7 +313,20 @@ int dg_metrics_db_open(const char *path, enum dg_metrics_open_mode mode, int bus
     }
     sqlite3_extended_result_codes(db->h, 1);
     sqlite3_busy_timeout(db->h, busy_ms);
-    if ((rc = read_version(db, err)) < 0 && rc != -DG_E_BUSY)
+    rc = read_version(db, err);
+    if (rc < 0 && mode == DG_METRICS_READ && wal_needs_immutable(db)) {
+        /* a stopped daemon's file in a directory this reader cannot
+         * write: taken as it is (nothing uncommitted: no -wal) */
+        const int orc = reopen_immutable(db);
+        if (orc != SQLITE_OK) {
+            rc = dg_error_set(err, status_of(orc), "%s: %s", path,
+                              db->h ? sqlite3_errmsg(db->h) : sqlite3_errstr(orc));
+            goto failed;
+        }
+        sqlite3_busy_timeout(db->h, busy_ms);
+        rc = read_version(db, err);
+    }
+    if (rc < 0 && rc != -DG_E_BUSY)
         goto failed;
     if (mode == DG_METRICS_READ) {
         if (rc < 0)

@@ -122,7 +122,8 @@ then ok config; else bad config "exit $st: $(cat "$tmp/c.err")"; fi
 
 printf 'max_batch: 2\n' >"$tmp/off.yaml"
 "$C" stats --config "$tmp/off.yaml" >/dev/null 2>"$tmp/off.err"; st=$?
-if [ $st -eq 1 ] && grep -q "metrics are off in $tmp/off.yaml (no metrics: key)" "$tmp/off.err"
+if [ $st -eq 1 ] && grep -q "$tmp/off.yaml names no metrics file" "$tmp/off.err" &&
+   grep -q -- "--db FILE" "$tmp/off.err"
 then ok config_without_metrics; else bad config_without_metrics "exit $st: $(cat "$tmp/off.err")"; fi
 
 "$C" stats -c "$tmp/none.yaml" >/dev/null 2>"$tmp/none.err"; st=$?

@@ -6,15 +6,19 @@
  * migrated; a second connection's lock is DG_E_BUSY, not a hang; retention
  * by age and by size deletes exactly the rows it should; the check that
  * --check-config makes passes what a daemon could use and refuses the rest
- * without creating or changing a file.
+ * without creating or changing a file; a stopped daemon's file is read by
+ * a reader who may not write its directory; a damaged file and a negative
+ * version are named as such.
  */
 #include <fcntl.h>
+#include <grp.h>
 #include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -413,6 +417,92 @@ static int check_paths(void)
     return 0;
 }
 
+/* The rows of runs through a read-only open of path, in a child that
+ * (as root) is user and group 65534 with no other groups: the exit status
+ * is 0 with one run, else 1 (the open failed: its message on stderr), 2,
+ * or 3 (the privileges not dropped). */
+static int child_reads(const char *path)
+{
+    pid_t pid = fork();
+    int st;
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        struct dg_metrics_db *db = NULL;
+        struct dg_error err = {0};
+        sqlite3_stmt *q = NULL;
+        int n = -1;
+        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+                               setresuid(65534, 65534, 65534) != 0))
+            _exit(3);
+        if (dg_metrics_db_open(path, DG_METRICS_READ, 100, &db, &err) < 0) {
+            fprintf(stderr, "# the reader: %s\n", err.msg);
+            _exit(1);
+        }
+        if (sqlite3_prepare_v2(dg_metrics_db_handle(db), "SELECT count(*) FROM runs", -1, &q,
+                               NULL) == SQLITE_OK &&
+            sqlite3_step(q) == SQLITE_ROW)
+            n = sqlite3_column_int(q, 0);
+        sqlite3_finalize(q);
+        dg_metrics_db_close(db);
+        _exit(n == 1 ? 0 : 2);
+    }
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+/* dgemmad(8)'s layout: the file 0640, readable by the dgemma group, in a
+ * directory only the daemon writes.  After a clean stop (SQLite removes
+ * -wal and -shm) such a reader can still open it, and nothing is created
+ * beside it; a truncated copy is named damaged, not "not SQLite"; a
+ * negative schema version is not called newer. */
+static int readers(void)
+{
+    const char *dir = test_path("ro"), *path = test_path("ro/m.sqlite");
+    const char *cut = test_path("cut.sqlite"), *neg = test_path("neg.sqlite");
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    struct dg_metrics_run run = {.started = 1, .pid = 7, .version = "v", .backend = "cpu",
+                                 .tp = 1};
+    struct dg_metrics_request r;
+    struct dg_metrics_canvas cv[8];
+    char wal[700], shm[700], buf[8192];
+    int64_t id = 0;
+    int rc;
+    FILE *f;
+
+    CHECK(mkdir(dir, 0755) == 0);
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_put_run(db, &run, &id, &err), &err);
+    for (int i = 0; i < 200; i++) { /* (several pages, for the truncated copy) */
+        make_request(&r, cv, 8, (uint64_t)i + 1, 100.0 + i);
+        CHECK_OK(dg_metrics_db_put_request(db, id, "cpu", 1, &r, &err), &err);
+    }
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    dg_metrics_db_close(db);
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    snprintf(shm, sizeof shm, "%s-shm", path);
+    CHECK(access(wal, F_OK) != 0 && access(shm, F_OK) != 0);
+    CHECK(chmod(path, 0644) == 0 && chmod(test_tmpdir(), 0711) == 0 && chmod(dir, 0555) == 0);
+    rc = child_reads(path);
+    CHECK(chmod(dir, 0755) == 0 && chmod(test_tmpdir(), 0700) == 0);
+    CHECKF(rc == 0, "the reader exited %d", rc);
+    CHECK(access(wal, F_OK) != 0 && access(shm, F_OK) != 0);
+    /* the first 8 KB of it */
+    f = fopen(path, "rb");
+    CHECK(f && fread(buf, 1, sizeof buf, f) == sizeof buf && fclose(f) == 0);
+    f = fopen(cut, "wb");
+    CHECK(f && fwrite(buf, 1, sizeof buf, f) == sizeof buf && fclose(f) == 0);
+    CHECK_FAILS(dg_metrics_db_open(cut, DG_METRICS_READ, 100, &db, &err), &err, DG_E_FORMAT,
+                "the file is damaged");
+    CHECK(raw_exec(neg, "CREATE TABLE x (y); PRAGMA user_version = -1") == SQLITE_OK);
+    CHECK_FAILS(dg_metrics_db_open(neg, DG_METRICS_READ, 100, &db, &err), &err, DG_E_FORMAT,
+                "version -1 is not one dgemma writes");
+    return 0;
+}
+
 int main(void)
 {
     rng_state = (unsigned)time(NULL);
@@ -423,5 +513,6 @@ int main(void)
     TEST_CASE(retention_by_age);
     TEST_CASE(retention_by_size);
     TEST_CASE(check_paths);
+    TEST_CASE(readers);
     return test_finish();
 }
