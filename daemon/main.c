@@ -8,6 +8,7 @@
  * Only this file decides what is fatal.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <libgen.h>
 #include <limits.h>
@@ -267,6 +268,26 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
  * a descriptor per connection, three more per shared-memory ring (memfd,
  * two doorbells), and some for the log, metrics, ring and signals; warn
  * when the hard limit is below it. */
+/* --check-config's look at log_file, creating nothing: an existing file
+ * must open for appending, a missing one needs a directory this process
+ * may create it in.  0, or -1 with err set. */
+static int check_log_file(const char *path, struct dg_error *err)
+{
+    char dir[PATH_MAX];
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY);
+    if (fd >= 0) {
+        close(fd);
+        return 0;
+    }
+    if (errno != ENOENT)
+        return dg_error_set(err, DG_E_IO, "log_file %s: %s", path, strerror(errno));
+    dg_path_dir(path, dir, sizeof dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return dg_error_set(err, DG_E_IO, "log_file %s: cannot create it in %s: %s", path, dir,
+                            strerror(errno));
+    return 0;
+}
+
 static void raise_fd_limit(const struct dg_config *cfg)
 {
     const rlim_t need = (rlim_t)cfg->max_connections * (cfg->shm_max_entries > 0 ? 4 : 1) + 64;
@@ -503,17 +524,16 @@ int main(int argc, char **argv)
         errorf("%s", err.msg);
         return 1;
     }
-    if (dlog_open(cfg.log_file, (enum dg_log_level)cfg.log_level, &err) < 0) {
+    /* (--check-config: the log file could open, and what the check finds
+     * goes to the terminal; nothing created) */
+    if (check_config && cfg.log_file[0] && check_log_file(cfg.log_file, &err) < 0) {
         errorf("%s", err.msg);
         return 1;
     }
-    if (check_config && cfg.log_file[0]) {
-        /* the log file opens; what the check finds goes to the terminal */
-        dlog_close();
-        if (dlog_open("", (enum dg_log_level)cfg.log_level, &err) < 0) {
-            errorf("%s", err.msg);
-            return 1;
-        }
+    if (dlog_open(check_config ? "" : cfg.log_file, (enum dg_log_level)cfg.log_level, &err) <
+        0) {
+        errorf("%s", err.msg);
+        return 1;
     }
     dg_log_set_sink(dlog_lib_sink, NULL, (enum dg_log_level)cfg.log_level);
     catch_sigbus();

@@ -5,8 +5,10 @@
 # exist, a metrics file that is not SQLite, a socket path where a regular
 # file lies and a socket in a directory that does not exist each exit 1
 # with what is wrong on standard error (also when the log goes to a file),
-# and leave the file in the way as it was; beside a running daemon on the
-# same socket the check passes with a note that the socket is in use.
+# and leave the file in the way as it was; a log file is not created (nor
+# when the check fails), a log file in a directory that does not exist
+# fails; beside a running daemon on the same socket the check passes with
+# a note that the socket is in use.
 set -u
 BUILD=${BUILD:-build}
 . "${0%/*}/cli-lib.sh" t-check-config
@@ -21,6 +23,15 @@ chk() { # NAME WANT OPTIONS...: dgemmad --check-config with the model and OPTION
 if chk usable 0 -o socket="$tmp/u.sock" -o metrics="$tmp/u.sqlite" &&
    has usable out "are usable" && [ ! -e "$tmp/u.sock" ] && [ ! -e "$tmp/u.sqlite" ]
 then ok usable; else bad usable "$(cat "$tmp/usable.out" "$tmp/usable.err")"; fi
+
+if chk logok 0 -o socket="$tmp/l.sock" -o log_file="$tmp/l.log" &&
+   has logok out "are usable" && [ ! -e "$tmp/l.log" ] &&
+   chk logbad 1 -o socket=/nonexistent-dgemma/l.sock -o log_file="$tmp/l2.log" &&
+   [ ! -e "$tmp/l2.log" ] &&
+   chk lognodir 1 -o socket="$tmp/l3.sock" -o log_file=/nonexistent-dgemma/d.log &&
+   has lognodir err "log_file /nonexistent-dgemma/d.log: cannot create it in /nonexistent-dgemma"
+then ok log_file_not_created
+else bad log_file_not_created "$(cat "$tmp/logok.out" "$tmp/logbad.err" "$tmp/lognodir.err" 2>/dev/null)"; fi
 
 if chk nodir 1 -o socket="$tmp/n.sock" -o metrics=/nonexistent-dgemma/m.sqlite &&
    has nodir err "the directory /nonexistent-dgemma does not exist"
