@@ -702,8 +702,7 @@ int main(int argc, char **argv)
         dlog(DG_LOG_ERROR, "%s", err.msg);
         goto out;
     }
-    sd_notify_send("STOPPING=1");
-    status = 0;
+    status = 0; /* (STOPPING=1 went as the shutdown began: server.c) */
 out:
     dserver_destroy(srv);
     dsched_destroy(sched);

@@ -116,6 +116,8 @@ struct dserver {
     struct dsched_out *outbox;
     int rings;                 /* connections with a ring */
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    dev_t socket_dev;          /* the socket file this daemon bound (removed only if */
+    ino_t socket_ino;          /* still it: another daemon may have taken the path) */
 };
 
 static inline uint32_t slot_of(const struct dserver *srv, const struct conn *c)

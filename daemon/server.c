@@ -9,6 +9,7 @@
 #include <liburing.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
@@ -20,6 +21,7 @@
 
 #include "daemon/dlog.h"
 #include "daemon/prep.h"
+#include "daemon/sdnotify.h"
 #include "daemon/shm-ring.h"
 #include "lib/fileio.h"
 #include "lib/json-util.h"
@@ -884,12 +886,28 @@ static void drain_outbox(struct dserver *srv)
         }
 }
 
+/* Remove the socket path if it is still the socket this daemon bound: a
+ * daemon started after it may have taken the path (its socket there is
+ * not ours to remove). */
+static void unlink_own_socket(const struct dserver *srv)
+{
+    struct stat st;
+    if (lstat(srv->socket_path, &st) != 0)
+        return;
+    if (st.st_dev == srv->socket_dev && st.st_ino == srv->socket_ino)
+        unlink(srv->socket_path);
+    else
+        dlog(DG_LOG_WARN, "socket %s: another socket is there now; left in place",
+             srv->socket_path);
+}
+
 static void begin_shutdown(struct dserver *srv, const char *why)
 {
     srv->signals++;
     if (srv->signals == 1) {
         dlog(DG_LOG_INFO, "%s: shutting down: no new connections or requests; running "
              "requests have %.0f s", why, srv->o.shutdown_grace);
+        sd_notify_send("STOPPING=1\nSTATUS=draining");
         srv->phase = DRAINING;
         srv->deadline = now_s() + srv->o.shutdown_grace;
         if (srv->listen_fd >= 0) {
@@ -900,7 +918,7 @@ static void begin_shutdown(struct dserver *srv, const char *why)
             }
             close(srv->listen_fd);
             srv->listen_fd = -1;
-            unlink(srv->socket_path);
+            unlink_own_socket(srv);
         }
         dsched_shutdown(srv->sched, srv->o.shutdown_grace <= 0);
         if (srv->o.shutdown_grace <= 0)
@@ -925,7 +943,10 @@ static void on_signal(struct dserver *srv, int res)
         if (sig == SIGHUP) {
             struct dg_error err = {0};
             if (dlog_reopen(&err) < 0) {
+                /* (also where an operator looks when the old log is gone:
+                 * standard error, the journal under systemd) */
                 dlog(DG_LOG_ERROR, "SIGHUP: %s", err.msg);
+                fprintf(stderr, "dgemmad: SIGHUP: %s\n", err.msg);
             } else {
                 dlog(DG_LOG_INFO, "SIGHUP: log reopened");
                 dmetrics_event(srv->o.metrics, "reload", "SIGHUP: log reopened");
@@ -1051,8 +1072,13 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
 /* What listen_on and dserver_check_socket both look at: owner and group
  * resolved (uid, gid: -1 for as is), the address filled, and whether
  * something is at path (*exists) and, if so, a daemon answers there
- * (*live).  Errors: DG_E_CONFIG (owner, group), DG_E_INVAL (the path is
- * empty, too long, or something other than a socket is there). */
+ * (*live).  A socket is stale only where connecting is refused outright
+ * (ECONNREFUSED: nothing listens); a full backlog (EAGAIN: the probe does
+ * not wait) is a live daemon, and any other failure (EACCES: a daemon of
+ * another user) leaves it unknown: an error, the socket untouched.
+ * Errors: DG_E_CONFIG (owner, group), DG_E_INVAL (the path is empty, too
+ * long, something other than a socket is there, or a socket whose daemon
+ * cannot be told alive or not). */
 static int socket_target(const char *path, const char *owner, const char *group,
                          struct sockaddr_un *a, uid_t *uid, gid_t *gid, int *exists, int *live,
                          struct dg_error *err)
@@ -1077,11 +1103,21 @@ static int socket_target(const char *path, const char *owner, const char *group,
             return dg_error_set(err, DG_E_INVAL, "socket %s: the path exists and is not a "
                                 "socket; not touching it", path);
         *exists = 1;
-        probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (probe >= 0 && connect(probe, (struct sockaddr *)a, sizeof *a) == 0)
+        probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (probe < 0)
+            return dg_error_set(err, DG_E_IO, "socket: %s", strerror(errno));
+        if (connect(probe, (struct sockaddr *)a, sizeof *a) == 0 || errno == EAGAIN ||
+            errno == EINPROGRESS) {
             *live = 1;
-        if (probe >= 0)
+        } else if (errno == ENOENT) {
+            *exists = 0; /* (gone meanwhile) */
+        } else if (errno != ECONNREFUSED) {
+            const int e = errno;
             close(probe);
+            return dg_error_set(err, DG_E_INVAL, "socket %s: cannot tell whether a daemon "
+                                "serves it (connect: %s); not touching it", path, strerror(e));
+        }
+        close(probe);
     }
     return 0;
 }
@@ -1106,7 +1142,7 @@ int dserver_check_socket(const char *path, const char *owner, const char *group,
 /* Bind path: refuse it if a live daemon answers there, replace it if it is
  * a stale socket, refuse anything else that is in the way. */
 static int listen_on(const char *path, int mode, const char *owner, const char *group,
-                     int backlog, struct dg_error *err)
+                     int backlog, struct stat *bound, struct dg_error *err)
 {
     struct sockaddr_un a;
     uid_t uid;
@@ -1151,7 +1187,7 @@ static int listen_on(const char *path, int mode, const char *owner, const char *
         unlink(path);
         return dg_error_set(err, DG_E_IO, "socket %s: chmod %o: %s", path, mode, strerror(e));
     }
-    if (listen(fd, backlog) != 0) {
+    if (listen(fd, backlog) != 0 || lstat(path, bound) != 0) {
         int e = errno;
         close(fd);
         unlink(path);
@@ -1215,13 +1251,18 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
         dserver_destroy(srv);
         return dg_error_set(err, DG_E_IO, "signalfd: %s", strerror(e));
     }
-    rc = listen_on(o->socket_path, o->socket_mode, o->socket_owner, o->socket_group,
-                   o->max_connections < 128 ? 128 : o->max_connections, err);
-    if (rc < 0) {
-        dserver_destroy(srv);
-        return rc;
+    {
+        struct stat bound;
+        rc = listen_on(o->socket_path, o->socket_mode, o->socket_owner, o->socket_group,
+                       o->max_connections < 128 ? 128 : o->max_connections, &bound, err);
+        if (rc < 0) {
+            dserver_destroy(srv);
+            return rc;
+        }
+        srv->listen_fd = rc;
+        srv->socket_dev = bound.st_dev;
+        srv->socket_ino = bound.st_ino;
     }
-    srv->listen_fd = rc;
     if ((rc = dprep_create(pctx, event_fd, &srv->prep, err)) < 0) {
         dserver_destroy(srv);
         return rc;
@@ -1247,7 +1288,7 @@ void dserver_destroy(struct dserver *srv)
     }
     if (srv->listen_fd >= 0) {
         close(srv->listen_fd);
-        unlink(srv->socket_path);
+        unlink_own_socket(srv);
     }
     if (srv->signal_fd >= 0)
         close(srv->signal_fd);

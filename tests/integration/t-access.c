@@ -15,7 +15,11 @@
  *   allow_list           allow_uids / allow_gids against SO_PEERCRED: a client as the
  *                        second user is refused with a forbidden line and a log line
  *                        naming its uid; let in by its uid, its group or a
- *                        supplementary group; the daemon's own uid always.
+ *                        supplementary group; the daemon's own uid always;
+ *   others_live_socket   a daemon as the second user, on the path of a running root
+ *                        daemon's socket it may not connect to (EACCES): exit 1 saying
+ *                        it cannot tell whether a daemon serves it; the socket not
+ *                        replaced, the first daemon still serving.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -355,6 +359,46 @@ static int allow_list(void)
     return 0;
 }
 
+static pid_t others_a; /* others_live_socket's first daemon, killed at the end if left */
+
+static int others_live_socket(void)
+{
+    char dir[512], sock[600], log_a[600], log_b[600], errf[600], extra_user[300], model[600],
+        cmd[1400];
+    const char *extra_b[] = {extra_user, model, NULL};
+    const char *extra_a[] = {"socket_mode=0600", NULL};
+    struct stat before, after;
+    int st;
+    pid_t a, b;
+    if (t_uid == (uid_t)-1)
+        return test_skip("needs root and a second user (useradd)");
+    snprintf(dir, sizeof dir, "%s", test_path("shared"));
+    CHECK(mkdir(dir, 0777) == 0 || errno == EEXIST);
+    CHECK(chmod(dir, 0777) == 0);
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    snprintf(log_a, sizeof log_a, "%s/a.log", dir);
+    snprintf(log_b, sizeof log_b, "%s/b.log", dir);
+    snprintf(errf, sizeof errf, "%s/b.err", dir);
+    snprintf(extra_user, sizeof extra_user, "user=%s", TEST_USER);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/model' && chmod -R a+rX '%s/model'",
+             fixture_random_model(), dir, dir);
+    CHECK(system(cmd) == 0);
+    snprintf(model, sizeof model, "model=%s/model", dir);
+    others_a = a = fixture_spawn(sock, log_a, extra_a);
+    CHECK(fixture_wait_ready(a, sock) == 0);
+    CHECK(stat(sock, &before) == 0);
+    b = start(sock, log_b, errf, extra_b);
+    CHECK(fixture_wait_exit(b, &st) == 0);
+    live = 0;
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d", st);
+    CHECK(fixture_file_has(log_b, "cannot tell whether a daemon serves it"));
+    CHECK(stat(sock, &after) == 0 && after.st_ino == before.st_ino);
+    CHECK(try_status(sock) == 0);
+    CHECK(stop(a) == 0);
+    others_a = 0;
+    return 0;
+}
+
 int main(void)
 {
     int rc;
@@ -375,6 +419,11 @@ int main(void)
     TEST_CASE(user_switch);
     TEST_CASE(socket_owner_group);
     TEST_CASE(allow_list);
+    TEST_CASE(others_live_socket);
+    if (others_a > 0) {
+        kill(others_a, SIGKILL);
+        waitpid(others_a, NULL, 0);
+    }
     if (live > 0) {
         kill(live, SIGKILL);
         waitpid(live, NULL, 0);

@@ -509,6 +509,19 @@ static int sigterm_during_generation(void)
     CHECK(e && !strcmp(ev_kind(e), "canvas"));
     json_decref(e);
     CHECK(kill(daemon_pid, SIGTERM) == 0);
+    {
+        /* systemd hears of the stop as it begins, while the request still
+         * runs (its grace is 1 s), not once the daemon is gone */
+        char msg[256];
+        struct pollfd pf = {notify_fd, POLLIN, 0};
+        ssize_t n;
+        CHECK(poll(&pf, 1, 900) == 1);
+        n = recv(notify_fd, msg, sizeof msg - 1, MSG_DONTWAIT);
+        CHECK(n > 0);
+        msg[n] = '\0';
+        CHECKF(strstr(msg, "STOPPING=1"), "%s", msg);
+        CHECK(kill(daemon_pid, 0) == 0);
+    }
     /* the request ends (cancelled after the 1 s grace), then the connection */
     while ((e = cl_event(c, &eof)) != NULL) {
         if (!strcmp(ev_kind(e), "done")) {
@@ -524,14 +537,6 @@ static int sigterm_during_generation(void)
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d", st);
     CHECK(stat(sock_path, &sb) != 0); /* the socket is gone */
     CHECK(file_has(log_path, "SIGTERM: shutting down") && file_has(log_path, "dgemmad stopped"));
-    {
-        /* systemd heard about the stop */
-        char msg[256];
-        ssize_t n = recv(notify_fd, msg, sizeof msg - 1, MSG_DONTWAIT);
-        CHECK(n > 0);
-        msg[n] = '\0';
-        CHECK(strstr(msg, "STOPPING=1"));
-    }
     return 0;
 }
 
@@ -638,6 +643,77 @@ static int stale_socket_replaced(void)
     return 0;
 }
 
+/* A daemon whose socket path another daemon took over (the file removed
+ * by hand, a second daemon started) leaves the other's socket in place
+ * when it stops. */
+static int socket_taken_over(void)
+{
+    char sock[600], log_a[600], log_b[600];
+    struct stat before, after;
+    int st;
+    pid_t a, b;
+    snprintf(sock, sizeof sock, "%s", test_path("over.sock"));
+    snprintf(log_a, sizeof log_a, "%s", test_path("over-a.log"));
+    snprintf(log_b, sizeof log_b, "%s", test_path("over-b.log"));
+    a = spawn(sock, log_a, DAEMON_OPTS);
+    CHECK(wait_ready(a, sock) == 0);
+    CHECK(unlink(sock) == 0);
+    b = spawn(sock, log_b, DAEMON_OPTS);
+    CHECK(wait_ready(b, sock) == 0);
+    CHECK(stat(sock, &before) == 0);
+    CHECK(kill(a, SIGTERM) == 0 && wait_exit(a, &st) == 0 && WIFEXITED(st) &&
+          WEXITSTATUS(st) == 0);
+    CHECK(file_has(log_a, "another socket is there now; left in place"));
+    CHECK(stat(sock, &after) == 0 && after.st_ino == before.st_ino);
+    {
+        const int fd = fixture_connect(sock); /* b still answers */
+        CHECK(fd >= 0);
+        close(fd);
+    }
+    CHECK(kill(b, SIGTERM) == 0 && wait_exit(b, &st) == 0 && WIFEXITED(st) &&
+          WEXITSTATUS(st) == 0);
+    CHECK(stat(sock, &after) != 0); /* its own socket: removed */
+    return 0;
+}
+
+/* A socket whose listener does not accept (a hung daemon: its backlog
+ * full) is a live one: a new daemon refuses it at once instead of waiting
+ * in connect, and leaves it in place. */
+static int hung_daemon_socket(void)
+{
+    struct sockaddr_un a;
+    char sock[600], log2[600];
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), st, full = 0, fds[64], n = 0;
+    pid_t p;
+    snprintf(sock, sizeof sock, "%s", test_path("hung.sock"));
+    snprintf(log2, sizeof log2, "%s", test_path("hung.log"));
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock);
+    CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 0) == 0);
+    while (n < 64 && !full) { /* fill its backlog, accepting none */
+        int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        CHECK(c >= 0);
+        if (connect(c, (struct sockaddr *)&a, sizeof a) != 0) {
+            CHECKF(errno == EAGAIN, "connect: %s", strerror(errno));
+            full = 1;
+            close(c);
+        } else {
+            fds[n++] = c;
+        }
+    }
+    CHECK(full);
+    p = spawn(sock, log2, DAEMON_OPTS);
+    CHECK(wait_exit(p, &st) == 0); /* (the fixture gives up after its timeout) */
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d", st);
+    CHECK(file_has(log2, "another dgemmad is serving it"));
+    CHECK(access(sock, F_OK) == 0);
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    close(lfd);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(start);
@@ -654,6 +730,8 @@ int main(void)
         TEST_CASE(second_daemon_refused);
         TEST_CASE(sigterm_during_generation);
         TEST_CASE(stale_socket_replaced);
+        TEST_CASE(socket_taken_over);
+        TEST_CASE(hung_daemon_socket);
         TEST_CASE(long_done_line);
     }
     return fixture_finish(daemon_pid, log_path);
