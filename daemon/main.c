@@ -12,7 +12,9 @@
 #include <stdarg.h>
 #include <libgen.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,6 +270,48 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
  * a descriptor per connection, three more per shared-memory ring (memfd,
  * two doorbells), and some for the log, metrics, ring and signals; warn
  * when the hard limit is below it. */
+/* Start-up's watcher.  SIGTERM and SIGINT are blocked from the start, for
+ * the front end's signalfd; until the front end runs (the model's load
+ * alone can take a minute) this thread takes them instead: the daemon
+ * stops at once, exit 0 (nothing is served yet, so nothing to drain).
+ * Once startup_over is set (just before the server is created) a signal
+ * it takes is sent again, pending for the front end's signalfd. */
+static atomic_int startup_over;
+static pthread_t startup_thread;
+static int startup_running;
+
+static void *startup_watch(void *arg)
+{
+    const struct timespec tick = {0, 100 * 1000 * 1000};
+    sigset_t set;
+    (void)arg;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    while (!atomic_load(&startup_over)) {
+        const int sig = sigtimedwait(&set, NULL, &tick);
+        if (sig <= 0)
+            continue;
+        if (atomic_load(&startup_over)) {
+            kill(getpid(), sig); /* (pending again, for the front end) */
+            break;
+        }
+        dlog(DG_LOG_INFO, "%s during start-up: stopping (nothing served yet)",
+             sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        _exit(0);
+    }
+    return NULL;
+}
+
+static void startup_watch_stop(void)
+{
+    if (!startup_running)
+        return;
+    atomic_store(&startup_over, 1);
+    pthread_join(startup_thread, NULL);
+    startup_running = 0;
+}
+
 /* --check-config's look at log_file, creating nothing: an existing file
  * must open for appending, a missing one needs a directory this process
  * may create it in.  0, or -1 with err set. */
@@ -545,6 +589,7 @@ int main(int argc, char **argv)
     sigaddset(&mask, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
+    startup_running = pthread_create(&startup_thread, NULL, startup_watch, NULL) == 0;
 
     dlog(DG_LOG_INFO, "dgemmad %s starting: config %s, model %s; %s", DGEMMA_VERSION,
          config_path ? config_path : "(defaults)", model_dir, who);
@@ -590,6 +635,7 @@ int main(int argc, char **argv)
     if (mp.rank > 0) {
         /* a worker process: no socket, no engine; its rank's share of
          * every call rank 0 makes, until rank 0 goes */
+        startup_watch_stop(); /* (serve_rank takes the signals itself) */
         status = serve_rank(&cfg, &L, &mp);
         goto out;
     }
@@ -686,6 +732,9 @@ int main(int argc, char **argv)
     so.shutdown_grace = cfg.shutdown_grace;
     so.info = info;
     so.metrics = metrics;
+    /* from here the front end's signalfd takes SIGTERM and SIGINT (one the
+     * watcher takes meanwhile it sends again) */
+    atomic_store(&startup_over, 1);
     if (!info || dserver_create(&so, sched, &pctx, event_fd, &srv, &err) < 0) {
         dlog(DG_LOG_ERROR, "%s", info ? err.msg : "out of memory");
         goto out;
@@ -696,6 +745,7 @@ int main(int argc, char **argv)
          L.m.cfg.canvas_length, backend->name, cfg.tp, cfg.max_batch,
          L.tok ? "tokenizer" : "no tokenizer");
     sd_notify_send("READY=1\nSTATUS=serving");
+    startup_watch_stop();
     rc_run = dserver_run(srv, &err);
     sigbus_socket[0] = '\0'; /* (the server removes its socket as it goes) */
     if (rc_run < 0) {
@@ -704,6 +754,7 @@ int main(int argc, char **argv)
     }
     status = 0; /* (STOPPING=1 went as the shutdown began: server.c) */
 out:
+    startup_watch_stop();
     dserver_destroy(srv);
     dsched_destroy(sched);
     dlog_set_error_hook(NULL, NULL);

@@ -714,6 +714,36 @@ static int hung_daemon_socket(void)
     return 0;
 }
 
+/* SIGTERM while the model loads (here: its config.json a FIFO no one
+ * writes, so the load waits in open) stops the daemon at once, exit 0. */
+static int sigterm_during_start(void)
+{
+    char dir[600], cmd[1500], sock[600], log2[600], fifo[700], model[700];
+    const char *opts[] = {model, NULL};
+    const double t0 = fixture_now_ms();
+    int st;
+    pid_t p;
+    snprintf(dir, sizeof dir, "%s", test_path("fifo-model"));
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", fixture_random_model(), dir);
+    CHECK(system(cmd) == 0);
+    snprintf(fifo, sizeof fifo, "%s/config.json", dir);
+    CHECK(unlink(fifo) == 0 && mkfifo(fifo, 0600) == 0);
+    snprintf(model, sizeof model, "model=%s", dir);
+    snprintf(sock, sizeof sock, "%s", test_path("fifo.sock"));
+    snprintf(log2, sizeof log2, "%s", test_path("fifo.log"));
+    p = spawn(sock, log2, opts);
+    CHECK(p > 0);
+    while (!file_has(log2, "starting") && fixture_now_ms() - t0 < 10000)
+        usleep(20000);
+    usleep(200000); /* (into the load) */
+    CHECK(kill(p, SIGTERM) == 0);
+    CHECK(wait_exit(p, &st) == 0);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+    CHECK(file_has(log2, "SIGTERM during start-up: stopping"));
+    CHECK(access(sock, F_OK) != 0);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(start);
@@ -732,6 +762,7 @@ int main(void)
         TEST_CASE(stale_socket_replaced);
         TEST_CASE(socket_taken_over);
         TEST_CASE(hung_daemon_socket);
+        TEST_CASE(sigterm_during_start);
         TEST_CASE(long_done_line);
     }
     return fixture_finish(daemon_pid, log_path);
