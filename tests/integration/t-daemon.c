@@ -646,23 +646,27 @@ static int stale_socket_replaced(void)
 /* A daemon whose socket path another daemon took over (the file removed
  * by hand, a second daemon started) leaves the other's socket in place
  * when it stops. */
+static pid_t over_a, over_b; /* killed at the end if a failed check left them */
+
 static int socket_taken_over(void)
 {
     char sock[600], log_a[600], log_b[600];
     struct stat before, after;
-    int st;
+    int st, rc;
     pid_t a, b;
     snprintf(sock, sizeof sock, "%s", test_path("over.sock"));
     snprintf(log_a, sizeof log_a, "%s", test_path("over-a.log"));
     snprintf(log_b, sizeof log_b, "%s", test_path("over-b.log"));
-    a = spawn(sock, log_a, DAEMON_OPTS);
+    over_a = a = spawn(sock, log_a, DAEMON_OPTS);
     CHECK(wait_ready(a, sock) == 0);
     CHECK(unlink(sock) == 0);
-    b = spawn(sock, log_b, DAEMON_OPTS);
+    over_b = b = spawn(sock, log_b, DAEMON_OPTS);
     CHECK(wait_ready(b, sock) == 0);
     CHECK(stat(sock, &before) == 0);
-    CHECK(kill(a, SIGTERM) == 0 && wait_exit(a, &st) == 0 && WIFEXITED(st) &&
-          WEXITSTATUS(st) == 0);
+    CHECK(kill(a, SIGTERM) == 0);
+    rc = wait_exit(a, &st); /* (reaped either way) */
+    over_a = 0;
+    CHECK(rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     CHECK(file_has(log_a, "another socket is there now; left in place"));
     CHECK(stat(sock, &after) == 0 && after.st_ino == before.st_ino);
     {
@@ -670,8 +674,10 @@ static int socket_taken_over(void)
         CHECK(fd >= 0);
         close(fd);
     }
-    CHECK(kill(b, SIGTERM) == 0 && wait_exit(b, &st) == 0 && WIFEXITED(st) &&
-          WEXITSTATUS(st) == 0);
+    CHECK(kill(b, SIGTERM) == 0);
+    rc = wait_exit(b, &st);
+    over_b = 0;
+    CHECK(rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     CHECK(stat(sock, &after) != 0); /* its own socket: removed */
     return 0;
 }
@@ -764,6 +770,11 @@ int main(void)
         TEST_CASE(hung_daemon_socket);
         TEST_CASE(sigterm_during_start);
         TEST_CASE(long_done_line);
+    }
+    for (int i = 0; i < 2; i++) {
+        const pid_t left = i ? over_b : over_a;
+        if (left > 0 && kill(left, SIGKILL) == 0)
+            waitpid(left, NULL, 0);
     }
     return fixture_finish(daemon_pid, log_path);
 }
