@@ -266,10 +266,6 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
     return 0;
 }
 
-/* Raise the soft RLIMIT_NOFILE towards what the configuration may need:
- * a descriptor per connection, three more per shared-memory ring (memfd,
- * two doorbells), and some for the log, metrics, ring and signals; warn
- * when the hard limit is below it. */
 /* Start-up's watcher.  SIGTERM and SIGINT are blocked from the start, for
  * the front end's signalfd; until the front end runs (the model's load
  * alone can take a minute) this thread takes them instead: the daemon
@@ -332,6 +328,10 @@ static int check_log_file(const char *path, struct dg_error *err)
     return 0;
 }
 
+/* Raise the soft RLIMIT_NOFILE towards what the configuration may need:
+ * a descriptor per connection, three more per shared-memory ring (memfd,
+ * two doorbells), and some for the log, metrics, ring and signals; warn
+ * when the hard limit is below it. */
 static void raise_fd_limit(const struct dg_config *cfg)
 {
     const rlim_t need = (rlim_t)cfg->max_connections * (cfg->shm_max_entries > 0 ? 4 : 1) + 64;

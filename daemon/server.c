@@ -1191,7 +1191,8 @@ static int listen_on(const char *path, int mode, const char *owner, const char *
         int e = errno;
         close(fd);
         unlink(path);
-        return dg_error_set(err, DG_E_IO, "socket %s: listen: %s", path, strerror(e));
+        return dg_error_set(err, DG_E_IO, "socket %s: listen (or stat): %s", path,
+                            strerror(e));
     }
     return fd;
 }
