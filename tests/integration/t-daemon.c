@@ -141,6 +141,13 @@ static int start(void)
     unsetenv("NOTIFY_SOCKET");
     CHECKF(wait_ready(daemon_pid, sock_path) == 0, "the daemon did not come up; log %s",
            log_path);
+    {
+        /* (the socket answers a moment before the line that says so is
+         * written: wait for it) */
+        const double t0 = fixture_now_ms();
+        while (!file_has(log_path, "ready: socket") && fixture_now_ms() - t0 < 10000)
+            usleep(20000);
+    }
     CHECK(file_has(log_path, "ready: socket"));
     {
         char msg[256];
