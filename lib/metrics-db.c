@@ -221,13 +221,28 @@ static int prepare(struct dg_metrics_db *db, sqlite3_stmt **st, const char *sql,
     return rc == SQLITE_OK ? 0 : fail(db, rc, err, "preparing a statement");
 }
 
+/* db->h opened on name (a path, or with SQLITE_OPEN_URI a URI) with
+ * flags: extended result codes, busy_ms of waiting for a lock.  0, or an
+ * error naming db's file. */
+static int open_handle(struct dg_metrics_db *db, const char *name, int flags, int busy_ms,
+                       struct dg_error *err)
+{
+    const int rc = sqlite3_open_v2(name, &db->h, flags, NULL);
+    if (rc != SQLITE_OK)
+        return dg_error_set(err, status_of(rc), "%s: %s", db->path,
+                            db->h ? sqlite3_errmsg(db->h) : sqlite3_errstr(rc));
+    sqlite3_extended_result_codes(db->h, 1);
+    sqlite3_busy_timeout(db->h, busy_ms);
+    return 0;
+}
+
 /* A read-only reopening of db's file as an SQLite URI with immutable=1
  * (the path percent-escaped but for letters, digits and -._~/).  For a
  * file in WAL mode that no writer has open: SQLite reads such a file
  * read-only only where it can create the -shm beside it, so a reader
  * without write access to the directory (the dgemma group after a clean
  * stop, which removes -wal and -shm) needs the file taken as it is. */
-static int reopen_immutable(struct dg_metrics_db *db)
+static int reopen_immutable(struct dg_metrics_db *db, int busy_ms, struct dg_error *err)
 {
     static const char hex[] = "0123456789ABCDEF";
     const size_t n = strlen(db->path);
@@ -235,7 +250,7 @@ static int reopen_immutable(struct dg_metrics_db *db)
     char *u = uri;
     int rc;
     if (!uri)
-        return SQLITE_NOMEM;
+        return dg_error_set(err, DG_E_NOMEM, "metrics: out of memory");
     u += sprintf(u, "file:");
     for (size_t i = 0; i < n; i++) {
         const unsigned char c = (unsigned char)db->path[i];
@@ -251,11 +266,9 @@ static int reopen_immutable(struct dg_metrics_db *db)
     strcpy(u, "?immutable=1");
     sqlite3_close(db->h);
     db->h = NULL;
-    rc = sqlite3_open_v2(uri, &db->h, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI,
-                         NULL);
+    rc = open_handle(db, uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI,
+                     busy_ms, err);
     free(uri);
-    if (rc == SQLITE_OK)
-        sqlite3_extended_result_codes(db->h, 1);
     return rc;
 }
 
@@ -305,25 +318,14 @@ int dg_metrics_db_open(const char *path, enum dg_metrics_open_mode mode, int bus
     } else {
         flags = SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX;
     }
-    rc = sqlite3_open_v2(path, &db->h, flags, NULL);
-    if (rc != SQLITE_OK) {
-        rc = dg_error_set(err, status_of(rc), "%s: %s", path,
-                          db->h ? sqlite3_errmsg(db->h) : sqlite3_errstr(rc));
+    if ((rc = open_handle(db, path, flags, busy_ms, err)) < 0)
         goto failed;
-    }
-    sqlite3_extended_result_codes(db->h, 1);
-    sqlite3_busy_timeout(db->h, busy_ms);
     rc = read_version(db, err);
     if (rc < 0 && mode == DG_METRICS_READ && wal_needs_immutable(db)) {
         /* a stopped daemon's file in a directory this reader cannot
          * write: taken as it is (nothing uncommitted: no -wal) */
-        const int orc = reopen_immutable(db);
-        if (orc != SQLITE_OK) {
-            rc = dg_error_set(err, status_of(orc), "%s: %s", path,
-                              db->h ? sqlite3_errmsg(db->h) : sqlite3_errstr(orc));
+        if ((rc = reopen_immutable(db, busy_ms, err)) < 0)
             goto failed;
-        }
-        sqlite3_busy_timeout(db->h, busy_ms);
         rc = read_version(db, err);
     }
     if (rc < 0 && rc != -DG_E_BUSY)
