@@ -40,6 +40,16 @@ static int notify_fd = -1;
 #define wait_exit fixture_wait_exit
 #define file_has fixture_file_has
 
+/* Whether the log at path has needle within WAIT_MS (a line the daemon
+ * writes a moment after what the test saw happen). */
+static int log_soon(const char *path, const char *needle)
+{
+    const double t0 = now_ms();
+    while (!file_has(path, needle) && now_ms() - t0 < WAIT_MS)
+        usleep(20000);
+    return file_has(path, needle);
+}
+
 /* ---- a client ----------------------------------------------------------------- */
 
 #define cl_open() fixture_cl_open(sock_path)
@@ -141,14 +151,8 @@ static int start(void)
     unsetenv("NOTIFY_SOCKET");
     CHECKF(wait_ready(daemon_pid, sock_path) == 0, "the daemon did not come up; log %s",
            log_path);
-    {
-        /* (the socket answers a moment before the line that says so is
-         * written: wait for it) */
-        const double t0 = fixture_now_ms();
-        while (!file_has(log_path, "ready: socket") && fixture_now_ms() - t0 < 10000)
-            usleep(20000);
-    }
-    CHECK(file_has(log_path, "ready: socket"));
+    /* (the socket answers a moment before the line that says so) */
+    CHECK(log_soon(log_path, "ready: socket"));
     {
         char msg[256];
         struct pollfd p = {notify_fd, POLLIN, 0};
@@ -165,13 +169,10 @@ static int start(void)
 static int sighup_reopens_log(void)
 {
     char moved[600];
-    const double t0 = now_ms();
     snprintf(moved, sizeof moved, "%s.1", log_path);
     CHECK(rename(log_path, moved) == 0);
     CHECK(kill(daemon_pid, SIGHUP) == 0);
-    while (!file_has(log_path, "SIGHUP: log reopened") && now_ms() - t0 < WAIT_MS)
-        usleep(20000);
-    CHECK(file_has(log_path, "SIGHUP: log reopened"));
+    CHECK(log_soon(log_path, "SIGHUP: log reopened"));
     CHECK(file_has(moved, "ready: socket"));
     return 0;
 }
@@ -733,7 +734,6 @@ static int sigterm_during_start(void)
 {
     char dir[600], cmd[1500], sock[600], log2[600], fifo[700], model[700];
     const char *opts[] = {model, NULL};
-    const double t0 = fixture_now_ms();
     int st;
     pid_t p;
     snprintf(dir, sizeof dir, "%s", test_path("fifo-model"));
@@ -746,8 +746,7 @@ static int sigterm_during_start(void)
     snprintf(log2, sizeof log2, "%s", test_path("fifo.log"));
     p = spawn(sock, log2, opts);
     CHECK(p > 0);
-    while (!file_has(log2, "starting") && fixture_now_ms() - t0 < 10000)
-        usleep(20000);
+    CHECK(log_soon(log2, "starting"));
     usleep(200000); /* (into the load) */
     CHECK(kill(p, SIGTERM) == 0);
     CHECK(wait_exit(p, &st) == 0);
