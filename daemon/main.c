@@ -313,7 +313,6 @@ static void startup_watch_stop(void)
  * may create it in.  0, or -1 with err set. */
 static int check_log_file(const char *path, struct dg_error *err)
 {
-    char dir[PATH_MAX];
     int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOCTTY);
     if (fd >= 0) {
         close(fd);
@@ -321,11 +320,7 @@ static int check_log_file(const char *path, struct dg_error *err)
     }
     if (errno != ENOENT)
         return dg_error_set(err, DG_E_IO, "log_file %s: %s", path, strerror(errno));
-    dg_path_dir(path, dir, sizeof dir);
-    if (access(dir, W_OK | X_OK) != 0)
-        return dg_error_set(err, DG_E_IO, "log_file %s: cannot create it in %s: %s", path, dir,
-                            strerror(errno));
-    return 0;
+    return dg_path_creatable("log_file", path, err);
 }
 
 /* Raise the soft RLIMIT_NOFILE towards what the configuration may need:

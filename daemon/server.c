@@ -1128,15 +1128,10 @@ int dserver_check_socket(const char *path, const char *owner, const char *group,
     struct sockaddr_un a;
     uid_t uid;
     gid_t gid;
-    char dir[sizeof a.sun_path];
     int exists, rc;
     if ((rc = socket_target(path, owner, group, &a, &uid, &gid, &exists, live, err)) < 0)
         return rc;
-    dg_path_dir(path, dir, sizeof dir);
-    if (access(dir, W_OK | X_OK) != 0)
-        return dg_error_set(err, DG_E_IO, "socket %s: cannot create it in %s: %s", path, dir,
-                            strerror(errno));
-    return 0;
+    return dg_path_creatable("socket", path, err);
 }
 
 /* Bind path: refuse it if a live daemon answers there, replace it if it is

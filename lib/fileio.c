@@ -191,6 +191,16 @@ void dg_path_dir(const char *path, char *buf, size_t n)
         snprintf(buf, n, "%.*s", (int)(slash - path), path);
 }
 
+int dg_path_creatable(const char *what, const char *path, struct dg_error *err)
+{
+    char dir[4096];
+    dg_path_dir(path, dir, sizeof dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return dg_error_set(err, DG_E_IO, "%s %s: cannot create it in %s: %s", what, path, dir,
+                            strerror(errno));
+    return 0;
+}
+
 int dg_file_exists(const char *path)
 {
     struct stat st;

@@ -45,6 +45,11 @@ char *dg_path_join(const char *dir, const char *name);
  * bare name, "/" for one at the root. */
 void dg_path_dir(const char *path, char *buf, size_t n);
 
+/* Whether this process may create path's file in its directory (write and
+ * search permission there): 0, or DG_E_IO "WHAT PATH: cannot create it in
+ * DIR: reason". */
+int dg_path_creatable(const char *what, const char *path, struct dg_error *err);
+
 /* Write text and a newline to dir/name (created or truncated).  Errors:
  * DG_E_NOMEM, DG_E_IO (naming the path). */
 int dg_write_text(const char *dir, const char *name, const char *text, struct dg_error *err);

@@ -372,10 +372,7 @@ int dg_metrics_db_check(const char *path, struct dg_error *err)
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
             return dg_error_set(err, DG_E_IO, "metrics %s: the directory %s does not exist",
                                 path, dir);
-        if (access(dir, W_OK | X_OK) != 0)
-            return dg_error_set(err, DG_E_IO, "metrics %s: cannot create it in %s: %s", path,
-                                dir, strerror(errno));
-        return 0;
+        return dg_path_creatable("metrics", path, err);
     }
     if (!S_ISREG(st.st_mode))
         return dg_error_set(err, DG_E_IO, "metrics %s: not a regular file", path);

@@ -1,5 +1,6 @@
 /*
- * Description: file helpers: path joining, whole-file reads with a size cap
+ * Description: file helpers: path joining, whether a path's file could be
+ * created, whole-file reads with a size cap
  * (missing files, directories and oversize files refused before reading),
  * and read-only mappings, which name their file by address while mapped.
  */
@@ -38,6 +39,15 @@ static int case_path_join(void)
         }
         dg_path_dir("/long/dir/f", tiny, sizeof tiny);
         CHECK(!strcmp(tiny, "/lo"));
+    }
+    {
+        /* whether a file could be made there, the reason named */
+        struct dg_error err = {0};
+        char path[600];
+        snprintf(path, sizeof path, "%s/new.file", test_tmpdir());
+        CHECK_OK(dg_path_creatable("thing", path, &err), &err);
+        CHECK_FAILS(dg_path_creatable("thing", "/nonexistent-dgemma/x", &err), &err, DG_E_IO,
+                    "thing /nonexistent-dgemma/x: cannot create it in /nonexistent-dgemma: ");
     }
     return 0;
 }
