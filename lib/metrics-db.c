@@ -387,7 +387,10 @@ int dg_metrics_db_check(const char *path, struct dg_error *err)
         rc = sqlite3_prepare_v2(h, "PRAGMA user_version", -1, &q, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         const int64_t v = sqlite3_column_int64(q, 0);
-        rc = v < 0 || v > DG_METRICS_SCHEMA_VERSION
+        rc = v < 0 ? dg_error_set(err, DG_E_FORMAT, "metrics %s: schema version %lld is not "
+                                  "one dgemma writes: another program's file?", path,
+                                  (long long)v)
+             : v > DG_METRICS_SCHEMA_VERSION
                  ? dg_error_set(err, DG_E_FORMAT, "metrics %s: schema version %lld is newer "
                                 "than this dgemma's (%d)", path, (long long)v,
                                 DG_METRICS_SCHEMA_VERSION)

@@ -500,6 +500,8 @@ static int readers(void)
     CHECK(raw_exec(neg, "CREATE TABLE x (y); PRAGMA user_version = -1") == SQLITE_OK);
     CHECK_FAILS(dg_metrics_db_open(neg, DG_METRICS_READ, 100, &db, &err), &err, DG_E_FORMAT,
                 "version -1 is not one dgemma writes");
+    CHECK_FAILS(dg_metrics_db_check(neg, &err), &err, DG_E_FORMAT,
+                "version -1 is not one dgemma writes"); /* (--check-config's look) */
     return 0;
 }
 
