@@ -740,7 +740,8 @@ int main(int argc, char **argv)
          L.m.cfg.canvas_length, backend->name, cfg.tp, cfg.max_batch,
          L.tok ? "tokenizer" : "no tokenizer");
     sd_notify_send("READY=1\nSTATUS=serving");
-    startup_watch_stop();
+    /* (the watcher ends by itself within its tick; joined at the end, so
+     * that serving does not wait for it) */
     rc_run = dserver_run(srv, &err);
     sigbus_socket[0] = '\0'; /* (the server removes its socket as it goes) */
     if (rc_run < 0) {
