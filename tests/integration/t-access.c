@@ -269,9 +269,22 @@ static int root_refused(void)
     return 0;
 }
 
+/* A copy of model directory src in dir/model that any user may read, and
+ * the "model=DIR/model" option naming it into opt: 0, or -1. */
+static int readable_model(const char *src, const char *dir, char *opt, size_t n)
+{
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/model' && chmod -R a+rX '%s/model'", src, dir,
+             dir);
+    if (system(cmd) != 0)
+        return -1;
+    snprintf(opt, n, "model=%s/model", dir);
+    return 0;
+}
+
 static int user_switch(void)
 {
-    char dir[512], sock[600], log[600], extra_user[300], model[600], cmd[1400], path[64],
+    char dir[512], sock[600], log[600], extra_user[300], model[600], path[64],
         line[256];
     const char *extra[] = {extra_user, model, NULL};
     struct stat st;
@@ -288,10 +301,7 @@ static int user_switch(void)
     snprintf(log, sizeof log, "%s/d.log", dir);
     snprintf(extra_user, sizeof extra_user, "user=%s", TEST_USER);
     /* (a copy of the default model the user can surely read) */
-    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/model' && chmod -R a+rX '%s/model'",
-             fixture_bin("../model/default"), dir, dir);
-    CHECK(system(cmd) == 0);
-    snprintf(model, sizeof model, "model=%s/model", dir);
+    CHECK(readable_model(fixture_bin("../model/default"), dir, model, sizeof model) == 0);
     p = start(sock, log, NULL, extra);
     CHECK(fixture_wait_ready(p, sock) == 0);
     snprintf(path, sizeof path, "/proc/%d/status", (int)p);
@@ -363,8 +373,7 @@ static pid_t others_a; /* others_live_socket's first daemon, killed at the end i
 
 static int others_live_socket(void)
 {
-    char dir[512], sock[600], log_a[600], log_b[600], errf[600], extra_user[300], model[600],
-        cmd[1400];
+    char dir[512], sock[600], log_a[600], log_b[600], errf[600], extra_user[300], model[600];
     const char *extra_b[] = {extra_user, model, NULL};
     const char *extra_a[] = {"socket_mode=0600", NULL};
     struct stat before, after;
@@ -380,10 +389,7 @@ static int others_live_socket(void)
     snprintf(log_b, sizeof log_b, "%s/b.log", dir);
     snprintf(errf, sizeof errf, "%s/b.err", dir);
     snprintf(extra_user, sizeof extra_user, "user=%s", TEST_USER);
-    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/model' && chmod -R a+rX '%s/model'",
-             fixture_random_model(), dir, dir);
-    CHECK(system(cmd) == 0);
-    snprintf(model, sizeof model, "model=%s/model", dir);
+    CHECK(readable_model(fixture_random_model(), dir, model, sizeof model) == 0);
     others_a = a = fixture_spawn(sock, log_a, extra_a);
     CHECK(fixture_wait_ready(a, sock) == 0);
     CHECK(stat(sock, &before) == 0);
