@@ -40,7 +40,7 @@ static const char usage[] =
     "  -c, --config CONFIG  take the file from CONFIG's metrics: key\n"
     "                   (default: " DG_DEFAULT_CONFIG "'s, else the systemd\n"
     "                   unit's " DG_UNIT_METRICS ")\n"
-    "  --hours N        the window: the last N hours (default 24)\n"
+    "  --hours N        the window: the last N hours (default 24; at most 1e7)\n"
     "  --since UNIX     the window's start, in Unix seconds (--until: now)\n"
     "  --until UNIX     the window's end, excluded (without --since: N hours\n"
     "                   before it)\n"
