@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -346,10 +347,14 @@ static void raise_fd_limit(const struct dg_config *cfg)
 /* SIGBUS on a mapped checkpoint: the file shrank under the running
  * daemon (rewritten in place, or truncated), and the pages the model
  * reads are gone.  Nothing can go on: say which file and what to do in
- * the log, remove our socket (once it is ours), exit 74 (EX_IOERR).  A
- * SIGBUS anywhere else is a fault of ours: the default action, a core.
- * Only async-signal-safe calls here. */
+ * the log, remove our socket (once it is ours, and only while the path
+ * still names the file we bound: another daemon may have taken it), exit
+ * 74 (EX_IOERR).  A SIGBUS anywhere else is a fault of ours: the default
+ * action, a core.  Only async-signal-safe calls here (lstat and unlink
+ * are). */
 static char sigbus_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static dev_t sigbus_socket_dev;
+static ino_t sigbus_socket_ino;
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
@@ -369,8 +374,12 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
                  "renaming a complete file over the old one, not by writing into it");
     (void)n;
     dlog_signal_safe(msg);
-    if (sigbus_socket[0])
-        unlink(sigbus_socket);
+    if (sigbus_socket[0]) {
+        struct stat st;
+        if (lstat(sigbus_socket, &st) == 0 && st.st_dev == sigbus_socket_dev &&
+            st.st_ino == sigbus_socket_ino)
+            unlink(sigbus_socket);
+    }
     _exit(74);
 }
 
@@ -734,6 +743,8 @@ int main(int argc, char **argv)
         dlog(DG_LOG_ERROR, "%s", info ? err.msg : "out of memory");
         goto out;
     }
+    dserver_socket_file(srv, &sigbus_socket_dev, &sigbus_socket_ino);
+    atomic_signal_fence(memory_order_seq_cst); /* (before the handler may read them) */
     snprintf(sigbus_socket, sizeof sigbus_socket, "%s", cfg.socket); /* ours now */
     dlog(DG_LOG_INFO, "ready: socket %s, model %s (vocabulary %lld, canvas %d), backend %s, "
          "tp %d, max_batch %d, %s", cfg.socket, model_dir, (long long)L.m.cfg.vocab_size,

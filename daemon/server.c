@@ -1267,6 +1267,12 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
     return 0;
 }
 
+void dserver_socket_file(const struct dserver *srv, dev_t *dev, ino_t *ino)
+{
+    *dev = srv->socket_dev;
+    *ino = srv->socket_ino;
+}
+
 void dserver_destroy(struct dserver *srv)
 {
     if (!srv)

@@ -34,6 +34,8 @@
 #ifndef DG_DAEMON_SERVER_H
 #define DG_DAEMON_SERVER_H
 
+#include <sys/types.h>
+
 #include <jansson.h>
 
 #include "daemon/access.h"
@@ -80,6 +82,11 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
  * daemon it is to replace.  Errors: DG_E_INVAL, DG_E_IO, DG_E_CONFIG. */
 int dserver_check_socket(const char *path, const char *owner, const char *group, int *live,
                          struct dg_error *err);
+
+/* The device and inode of the socket file this server bound, for a
+ * caller that must remove it where the server cannot (a signal handler):
+ * remove the path only while lstat still finds that file there. */
+void dserver_socket_file(const struct dserver *srv, dev_t *dev, ino_t *ino);
 
 /* Serve until shut down.  Returns 0 after a clean shutdown, or a negative
  * status for a failure of the ring itself. */
