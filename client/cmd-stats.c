@@ -14,6 +14,7 @@
 
 #include "client/client.h"
 #include "lib/daemon-config.h"
+#include "lib/json-util.h"
 #include "lib/metrics-db.h"
 #include "lib/metrics-query.h"
 
@@ -335,14 +336,18 @@ static json_t *json_finish(const int64_t *finish)
     return o;
 }
 
+/* (a value infinite in the file, as dgemmad never writes, is null) */
 static json_t *json_dist(const struct dg_metrics_dist *d)
 {
-    return json_pack("{s:I,s:f,s:f,s:f,s:f,s:f}", "n", (json_int_t)d->n, "mean", d->mean,
-                     "p50", d->p50, "p95", d->p95, "min", d->min, "max", d->max);
+    return json_pack("{s:I,s:o,s:o,s:o,s:o,s:o}", "n", (json_int_t)d->n, "mean",
+                     dg_json_number(d->mean), "p50", dg_json_number(d->p50), "p95",
+                     dg_json_number(d->p95), "min", dg_json_number(d->min), "max",
+                     dg_json_number(d->max));
 }
 
 /* The summary as one JSON object (keys in dgemma-client(1)); NULL when out
- * of memory (or a text from the file is not UTF-8). */
+ * of memory.  Texts from the file and its name go through dg_json_text (a
+ * byte that is not UTF-8 becomes U+FFFD). */
 static json_t *summary_json(const char *path, const struct dg_metrics_summary *s)
 {
     json_t *root = NULL, *hours = json_array(), *steps = json_dist(&s->steps);
@@ -370,11 +375,11 @@ static json_t *summary_json(const char *path, const struct dg_metrics_summary *s
         bad |= json_array_append_new(
             errors, json_pack("{s:s,s:o,s:I}", "finish",
                               dg_metrics_finish_name(s->errors[i].finish), "code",
-                              s->errors[i].code ? json_string(s->errors[i].code) : json_null(),
+                              s->errors[i].code ? dg_json_text(s->errors[i].code) : json_null(),
                               "count", (json_int_t)s->errors[i].count));
     for (int i = 0; !bad && i < s->n_sources; i++)
         bad |= json_array_append_new(sources,
-                                     json_pack("{s:s,s:I}", "source", s->sources[i].source,
+                                     json_pack("{s:o,s:I}", "source", dg_json_text(s->sources[i].source),
                                                "requests", (json_int_t)s->sources[i].requests));
     for (int i = 0; !bad && i < s->n_uids; i++) {
         const struct dg_metrics_uid_count *u = &s->uids[i];
@@ -386,8 +391,8 @@ static json_t *summary_json(const char *path, const struct dg_metrics_summary *s
                             (json_int_t)u->completion_tokens));
     }
     if (!bad && !json_object_set(steps, "histogram", hist))
-        root = json_pack("{s:f,s:f,s:s,s:{s:I,s:I,s:I,s:o},s:O,s:o,s:o,s:O,s:O,s:O,s:O}",
-                         "since", s->since, "until", s->until, "file", path,
+        root = json_pack("{s:f,s:f,s:o,s:{s:I,s:I,s:I,s:o},s:O,s:o,s:o,s:O,s:O,s:O,s:O}",
+                         "since", s->since, "until", s->until, "file", dg_json_text(path),
                          "totals", "requests", (json_int_t)s->requests,
                          "prompt_tokens", (json_int_t)s->prompt_tokens,
                          "completion_tokens", (json_int_t)s->completion_tokens,
@@ -452,8 +457,7 @@ int cmd_stats(int argc, char **argv)
                        : NULL;
         json_decref(j);
         if (!text) {
-            client_errorf("stats: cannot build the JSON output (out of memory, or text in "
-                          "the file that is not UTF-8)");
+            client_errorf("stats: out of memory for the JSON output");
             goto out;
         }
         puts(text);

@@ -2,7 +2,11 @@
 #include "lib/json-util.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "lib/utf8.h"
 
 /* Set when an allocation made by jansson fails on this thread.  jansson's
  * lexer ignores some of its failed allocations (a character of a string
@@ -60,6 +64,43 @@ char *dg_json_dumps(const json_t *v, size_t flags)
         s = NULL;
     }
     return s;
+}
+
+json_t *dg_json_text(const char *s)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    const size_t n = strlen(s);
+    size_t i = dg_utf8_valid_prefix(u, n), o;
+    char *buf;
+    json_t *j;
+    if (i == n)
+        return json_stringn(s, n);
+    /* at most 3 bytes out for each byte in */
+    if (n > (SIZE_MAX - 1) / 3 || !(buf = malloc(3 * n + 1)))
+        return NULL;
+    memcpy(buf, s, i);
+    o = i;
+    while (i < n) {
+        uint32_t cp;
+        size_t l = dg_utf8_decode(u + i, n - i, &cp);
+        if (l) {
+            memcpy(buf + o, s + i, l);
+            o += l;
+            i += l;
+        } else {
+            memcpy(buf + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    j = json_stringn(buf, o);
+    free(buf);
+    return j;
+}
+
+json_t *dg_json_number(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
 }
 
 const char *dg_json_type_name(const json_t *v)

@@ -35,6 +35,16 @@ json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *wha
  * then leave a key out or cut it short instead of failing). */
 char *dg_json_dumps(const json_t *v, size_t flags);
 
+/* A JSON string of the C string s for output, where s comes from outside
+ * (a file name, a text read from a file) and need not be UTF-8: each byte
+ * that does not start a valid sequence becomes U+FFFD.  NULL when out of
+ * memory. */
+json_t *dg_json_text(const char *s);
+
+/* A JSON number of x, or null where x is infinite or NaN (which JSON cannot
+ * hold).  NULL when out of memory. */
+json_t *dg_json_number(double x);
+
 /* Human name of a JSON value's type ("a string", "an object", ...). */
 const char *dg_json_type_name(const json_t *v);
 

@@ -4,7 +4,9 @@
 # (one of them refused), then stats --json parses, counts every request,
 # and its parts add up; the text output has every section; -c CONFIG finds
 # the file through its metrics: key; a summary while the daemon runs works;
-# a window with nothing in it gives zeros; a missing file is exit 1 and is
+# a window with nothing in it gives zeros; a file name that is not UTF-8
+# and an infinite value in the file still give JSON (U+FFFD for the byte,
+# null for the value); a missing file is exit 1 and is
 # not created; a file that is not a database, a config without metrics:
 # and a config that is missing are exit 1 with a clear message; a bad
 # option, --hours 0 and an empty window are exit 2.
@@ -155,6 +157,32 @@ cp "$tmp/junk.db" "$tmp/junk.orig"
 if [ $st -eq 1 ] && grep -q "$tmp/junk.db: not an SQLite database" "$tmp/j.err" &&
    cmp -s "$tmp/junk.db" "$tmp/junk.orig"
 then ok not_a_database; else bad not_a_database "exit $st: $(cat "$tmp/j.err")"; fi
+
+# ---- what JSON cannot hold as it is: a file name that is not UTF-8, an
+# infinite value written by hand (dgemmad writes neither) --------------------------------
+odd=$tmp/$'m\xff.db'
+cp "$db" "$odd"
+if [ $have_python -eq 1 ]; then
+    python3 -c 'import sqlite3,sys; c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE requests SET tokens_per_s = 9e999 WHERE id = (SELECT min(id) FROM requests WHERE tokens_per_s IS NOT NULL)"); c.commit()' \
+        "$odd" 2>"$tmp/odd.py" || bad odd_values "cannot set up: $(cat "$tmp/odd.py")"
+fi
+"$C" stats --db "$odd" --json >"$tmp/odd.json" 2>"$tmp/odd.err"; st=$?
+if [ $st -ne 0 ]; then
+    bad odd_values "exit $st: $(cat "$tmp/odd.err")"
+elif [ $have_python -eq 1 ]; then
+    if python3 - "$tmp/odd.json" "$tmp" >"$tmp/odd.out" 2>&1 <<'EOF2'
+import json, sys
+s = json.load(open(sys.argv[1], encoding="utf-8"))
+assert s["file"] == sys.argv[2] + "/m\ufffd.db", s["file"]
+d = s["tokens_per_s"]
+assert d["max"] is None and d["mean"] is None, d
+assert isinstance(d["min"], float), d
+EOF2
+    then ok odd_values; else bad odd_values "$(tail -3 "$tmp/odd.out")"; fi
+else
+    grep -q '"max": null' "$tmp/odd.json" && ok odd_values ||
+        bad odd_values "$(head -c 300 "$tmp/odd.json")"
+fi
 
 # ---- usage: exit 2 ------------------------------------------------------------------------
 usage_fails=""

@@ -4,6 +4,7 @@
  * source, line and column (duplicate keys and trailing garbage rejected).
  */
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 
 #include "lib/json-util.h"
@@ -131,6 +132,49 @@ static int case_dumps(void)
     return 0;
 }
 
+/* dg_json_text against a byte-by-byte expectation built here: valid
+ * UTF-8 kept as it is, each byte that starts no valid sequence replaced by
+ * U+FFFD (overlong forms, surrogates, stray continuation bytes, a sequence
+ * cut short); dg_json_number's null for what JSON cannot hold */
+static int case_text_and_number(void)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"", ""},
+        {"metrics.db", "metrics.db"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"a\xff" "b", "a\xef\xbf\xbd" "b"},
+        {"\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd"},
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},             /* overlong '/' */
+        {"\xed\xa0\x80" "x", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "x"}, /* a surrogate */
+        {"ok\xe2\x82", "ok\xef\xbf\xbd\xef\xbf\xbd"},             /* cut short */
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *j = dg_json_text(cases[i].in);
+        char *out;
+        CHECK(j && json_is_string(j));
+        CHECK(json_string_length(j) == strlen(cases[i].want));
+        CHECK(!memcmp(json_string_value(j), cases[i].want, strlen(cases[i].want)));
+        /* and jansson writes it */
+        CHECK((out = json_dumps(j, JSON_ENCODE_ANY)) != NULL);
+        free(out);
+        json_decref(j);
+    }
+    {
+        json_t *a = dg_json_number(1.5), *b = dg_json_number(INFINITY),
+               *c = dg_json_number(-INFINITY), *d = dg_json_number(NAN);
+        CHECK(a && json_is_real(a) && json_real_value(a) == 1.5);
+        CHECK(b && json_is_null(b) && c && json_is_null(c) && d && json_is_null(d));
+        json_decref(a);
+        json_decref(b);
+        json_decref(c);
+        json_decref(d);
+    }
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(case_parse_errors);
@@ -138,5 +182,6 @@ int main(void)
     TEST_CASE(case_real_bool_string_object);
     TEST_CASE(case_int_list);
     TEST_CASE(case_dumps);
+    TEST_CASE(case_text_and_number);
     return test_finish();
 }
