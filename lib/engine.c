@@ -155,13 +155,23 @@ int dg_engine_active(const struct dg_engine *e)
     return e->active;
 }
 
+/* The canvases a request of settings s may take, and the positions its
+ * slot must hold with a prompt of n_prompt: what the check below and the
+ * submit's slot both use. */
+static int64_t fit_positions(int64_t n_prompt, const struct dg_gen_settings *s,
+                             int64_t *canvases)
+{
+    *canvases = s->canvas_length > 0
+                    ? (s->max_tokens + s->canvas_length - 1) / s->canvas_length
+                    : 0;
+    return n_prompt + *canvases * s->canvas_length;
+}
+
 int dg_engine_check_fit(int64_t max_context, int64_t n_prompt, const struct dg_gen_settings *s,
                         struct dg_error *err)
 {
-    const int64_t canvases = s->canvas_length > 0
-                                 ? (s->max_tokens + s->canvas_length - 1) / s->canvas_length
-                                 : 0;
-    const int64_t positions = n_prompt + canvases * s->canvas_length;
+    int64_t canvases;
+    const int64_t positions = fit_positions(n_prompt, s, &canvases);
     if (positions > max_context)
         return dg_error_set(err, DG_E_RANGE,
                             "prompt of %lld tokens + %lld canvases of %d = %lld positions; the "
@@ -195,8 +205,7 @@ int dg_engine_submit(struct dg_engine *e, const int32_t *prompt, int64_t n_promp
                                 (long long)i, prompt[i], (long long)c->vocab_size);
     if ((rc = dg_engine_check_fit(e->ec.max_context, n_prompt, s, err)) < 0)
         return rc;
-    canvases = (s->max_tokens + s->canvas_length - 1) / s->canvas_length;
-    positions = n_prompt + canvases * s->canvas_length;
+    positions = fit_positions(n_prompt, s, &canvases);
     for (int i = 0; i < e->ec.max_batch && slot < 0; i++)
         if (e->req[i].phase == PH_FREE)
             slot = i;
