@@ -15,7 +15,10 @@
  *
  * Errors: a batch is checked before anything runs (open slots, ids inside
  * the vocabulary, room in the caches, canvas sizes): DG_E_INVAL or
- * DG_E_RANGE, and nothing has changed.  A failure while running (DG_E_NOMEM,
+ * DG_E_RANGE, and nothing has changed; the engine then runs the batch's
+ * items one at a time, so that a refusal ends only the request it is about
+ * (a call that fails so after all may repeat: caches grow and the
+ * self-conditioning state moves only when a call succeeds).  A failure while running (DG_E_NOMEM,
  * a device error) leaves the batch's slots in an unknown state: the engine
  * fails those requests and closes their slots.
  */

@@ -393,11 +393,86 @@ static void finish_canvas(struct dg_engine *e, int slot)
     r->phase = PH_COMMIT;
 }
 
-int dg_engine_step(struct dg_engine *e)
+/* Whether a batch call failed as backend.h says a refused batch does:
+ * checked before anything ran (DG_E_INVAL, DG_E_RANGE), nothing changed.
+ * Its items are then run one at a time, so that the refusal ends only the
+ * request it is about and not the others batched with it. */
+static int refused_unrun(const struct dg_error *err)
+{
+    return err->code == DG_E_INVAL || err->code == DG_E_RANGE;
+}
+
+/* Encode items first .. first + n - 1 of this step's list and move their
+ * requests on (the prompt's next chunk, or the commit done: a new canvas). */
+static void encode_items(struct dg_engine *e, int first, int n)
+{
+    struct dg_error err = {0};
+    if (e->b->ops->encode(e->b, e->enc + first, n, &err) < 0) {
+        for (int k = first; k < first + n; k++)
+            if (n > 1 && refused_unrun(&err))
+                encode_items(e, k, 1);
+            else
+                fail(e, e->enc_req[k], &err);
+        return;
+    }
+    for (int k = first; k < first + n; k++) {
+        struct request *r = &e->req[e->enc_req[k]];
+        if (r->phase == PH_PREFILL) {
+            r->prefilled += e->enc[k].n;
+            if (r->prefilled < r->n_prompt)
+                continue;
+            r->t_prefill = now_ms();
+        }
+        r->phase = PH_DENOISE;
+        start_canvas(r);
+    }
+}
+
+/* One denoising step for items first .. first + n - 1 of this step's list,
+ * then the canvas loop's decision for each, and the self-conditioning of
+ * those that go on (condition's indexes are into this call's items). */
+static void denoise_items(struct dg_engine *e, int first, int n)
 {
     struct dg_backend *b = e->b;
     struct dg_error err = {0};
-    int n_enc = 0, n_den = 0, n_cond = 0;
+    int n_cond = 0;
+
+    if (b->ops->denoise(b, e->den + first, n, &err) < 0) {
+        for (int k = first; k < first + n; k++)
+            if (n > 1 && refused_unrun(&err))
+                denoise_items(e, k, 1);
+            else
+                fail(e, e->den_req[k], &err);
+        return;
+    }
+    for (int k = first; k < first + n; k++) {
+        const int slot = e->den_req[k];
+        struct request *r = &e->req[slot];
+        enum dg_canvas_end end;
+        r->steps++;
+        if (e->den[k].nonfinite) {
+            struct dg_error bad;
+            dg_error_set(&bad, DG_E_INTERNAL,
+                         "canvas %u step %u: the model produced non-finite logits at "
+                         "%lld positions",
+                         r->run.index, (unsigned)r->run.step, (long long)e->den[k].nonfinite);
+            fail(e, slot, &bad);
+            continue;
+        }
+        end = dg_canvas_run_step(&r->run, r->sample, r->argmax, r->entropy, NULL);
+        if (end == DG_CANVAS_RUNNING)
+            e->cond[n_cond++] = k - first;
+        else
+            finish_canvas(e, slot);
+    }
+    if (n_cond > 0 && b->ops->condition(b, e->cond, n_cond, &err) < 0)
+        for (int i = 0; i < n_cond; i++)
+            fail(e, e->den_req[first + e->cond[i]], &err);
+}
+
+int dg_engine_step(struct dg_engine *e)
+{
+    int n_enc = 0, n_den = 0;
 
     /* cancellations first: their DONE events, no more work */
     for (int i = 0; i < e->ec.max_batch; i++)
@@ -439,55 +514,10 @@ int dg_engine_step(struct dg_engine *e)
         }
     }
 
-    if (n_enc > 0) {
-        if (b->ops->encode(b, e->enc, n_enc, &err) < 0) {
-            for (int k = 0; k < n_enc; k++)
-                fail(e, e->enc_req[k], &err);
-        } else {
-            for (int k = 0; k < n_enc; k++) {
-                struct request *r = &e->req[e->enc_req[k]];
-                if (r->phase == PH_PREFILL) {
-                    r->prefilled += e->enc[k].n;
-                    if (r->prefilled < r->n_prompt)
-                        continue;
-                    r->t_prefill = now_ms();
-                }
-                r->phase = PH_DENOISE;
-                start_canvas(r);
-            }
-        }
-    }
+    if (n_enc > 0)
+        encode_items(e, 0, n_enc);
 
-    if (n_den > 0) {
-        if (b->ops->denoise(b, e->den, n_den, &err) < 0) {
-            for (int k = 0; k < n_den; k++)
-                fail(e, e->den_req[k], &err);
-        } else {
-            for (int k = 0; k < n_den; k++) {
-                const int slot = e->den_req[k];
-                struct request *r = &e->req[slot];
-                enum dg_canvas_end end;
-                r->steps++;
-                if (e->den[k].nonfinite) {
-                    struct dg_error bad;
-                    dg_error_set(&bad, DG_E_INTERNAL,
-                                 "canvas %u step %u: the model produced non-finite logits at "
-                                 "%lld positions",
-                                 r->run.index, (unsigned)r->run.step,
-                                 (long long)e->den[k].nonfinite);
-                    fail(e, slot, &bad);
-                    continue;
-                }
-                end = dg_canvas_run_step(&r->run, r->sample, r->argmax, r->entropy, NULL);
-                if (end == DG_CANVAS_RUNNING)
-                    e->cond[n_cond++] = k;
-                else
-                    finish_canvas(e, slot);
-            }
-            if (n_cond > 0 && b->ops->condition(b, e->cond, n_cond, &err) < 0)
-                for (int k = 0; k < n_cond; k++)
-                    fail(e, e->den_req[e->cond[k]], &err);
-        }
-    }
+    if (n_den > 0)
+        denoise_items(e, 0, n_den);
     return e->active;
 }

@@ -478,8 +478,21 @@ struct faulty {
     struct dg_backend *inner;
     int fail_denoise_at;      /* fail the n-th denoise call (1-based); 0: never */
     int nonfinite_slot;       /* report non-finite logits for this slot; -1: none */
-    int calls;
+    int refuse_encode_slot;   /* refuse (DG_E_RANGE, before running) any batch */
+    int refuse_denoise_slot;  /* that holds this slot; -1: none */
+    int calls, refusals;
 };
+
+/* the refusal backend.h allows: the whole batch, before anything runs */
+static int f_refuses(struct faulty *f, int slot, const int *slots, int n, struct dg_error *err)
+{
+    for (int i = 0; slot >= 0 && i < n; i++)
+        if (slots[i] == slot) {
+            f->refusals++;
+            return dg_error_set(err, DG_E_RANGE, "injected refusal of slot %d", slot);
+        }
+    return 0;
+}
 
 static int f_slot_open(struct dg_backend *b, int slot, int64_t n, int cl, struct dg_error *err)
 {
@@ -500,12 +513,21 @@ static int f_encode(struct dg_backend *b, const struct dg_encode_item *it, int n
                     struct dg_error *err)
 {
     struct faulty *f = (struct faulty *)b;
+    int slots[8];
+    for (int i = 0; i < n && i < 8; i++)
+        slots[i] = it[i].slot;
+    if (f_refuses(f, f->refuse_encode_slot, slots, n < 8 ? n : 8, err) < 0)
+        return -DG_E_RANGE;
     return f->inner->ops->encode(f->inner, it, n, err);
 }
 static int f_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, struct dg_error *err)
 {
     struct faulty *f = (struct faulty *)b;
-    int rc;
+    int slots[8], rc;
+    for (int i = 0; i < n && i < 8; i++)
+        slots[i] = it[i].slot;
+    if (f_refuses(f, f->refuse_denoise_slot, slots, n < 8 ? n : 8, err) < 0)
+        return -DG_E_RANGE;
     if (++f->calls == f->fail_denoise_at)
         return dg_error_set(err, DG_E_CUDA, "injected device failure");
     rc = f->inner->ops->denoise(f->inner, it, n, err);
@@ -545,9 +567,10 @@ static int backend_failures(void)
     f.base = *inner;
     f.base.ops = &faulty_ops;
     f.inner = inner;
-    f.calls = 0;
+    f.calls = f.refusals = 0;
     f.fail_denoise_at = 3;
     f.nonfinite_slot = -1;
+    f.refuse_encode_slot = f.refuse_denoise_slot = -1;
     dg_engine_config_default(&ec, &model.cfg);
     ec.max_batch = 2;
     CHECK_OK(dg_engine_create(&f.base, &ec, tok, on_event, &sink, &e, &err), &err);
@@ -575,6 +598,59 @@ static int backend_failures(void)
     CHECK(o2->done && o2->finish == DG_FINISH_ERROR && strstr(o2->error, "non-finite"));
     dg_engine_destroy(e);
     inner->ops->destroy(inner);
+    return 0;
+}
+
+/* A backend that refuses a whole batch for one of its items (backend.h:
+ * checked before anything ran) ends only that item's request: the other
+ * request of the batch, run alone by the engine, gives what it gives on an
+ * engine of its own.  Once for a refused denoise, once for a refused
+ * encode (the prompt's prefill). */
+static int backend_refuses_one(void)
+{
+    static struct outcome ref;
+    struct dg_gen_settings s;
+    int32_t p[6], q[6];
+
+    prompt_of(p, 6, 8);
+    prompt_of(q, 6, 9);
+    settings(&s, 3, 40);
+    CHECK(alone(q, 6, &s, 64, &ref) == 0 && ref.done && ref.finish != DG_FINISH_ERROR);
+    for (int which = 0; which < 2; which++) {
+        struct sink sink;
+        struct dg_backend *inner;
+        struct dg_engine *e;
+        struct dg_engine_config ec;
+        struct dg_error err = {0};
+        struct faulty f;
+        struct outcome *o1, *o2;
+
+        memset(&sink, 0, sizeof sink);
+        CHECK_OK(cpu_backend(2, &inner, &err), &err);
+        f.base = *inner;
+        f.base.ops = &faulty_ops;
+        f.inner = inner;
+        f.calls = f.refusals = 0;
+        f.fail_denoise_at = 0;
+        f.nonfinite_slot = -1;
+        /* the first request takes slot 0, the second slot 1 */
+        f.refuse_encode_slot = which == 0 ? 0 : -1;
+        f.refuse_denoise_slot = which == 1 ? 0 : -1;
+        dg_engine_config_default(&ec, &model.cfg);
+        ec.max_batch = 2;
+        CHECK_OK(dg_engine_create(&f.base, &ec, tok, on_event, &sink, &e, &err), &err);
+        CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
+        CHECK_OK(submit(e, &sink, q, 6, &s, &o2, &err), &err);
+        run_all(e);
+        CHECK(f.refusals >= 2); /* the batch of two, then the item alone */
+        CHECK(o1->done && o1->finish == DG_FINISH_ERROR && o1->error_code == DG_E_RANGE &&
+              strstr(o1->error, "injected refusal of slot 0"));
+        CHECK(o2->done && o2->finish != DG_FINISH_ERROR);
+        CHECK(same_output(o2, &ref) && consistent(o2, &s) == 0);
+        CHECK(inner->ops->slot_length(inner, 0) == -1 && inner->ops->slot_length(inner, 1) == -1);
+        dg_engine_destroy(e);
+        inner->ops->destroy(inner);
+    }
     return 0;
 }
 
@@ -754,6 +830,7 @@ int main(void)
     TEST_CASE(cancel_and_busy);
     TEST_CASE(bad_requests);
     TEST_CASE(backend_failures);
+    TEST_CASE(backend_refuses_one);
     TEST_CASE(scripted_canvases);
     if (ready) {
         dg_tokenizer_free(tok);
