@@ -2,7 +2,7 @@
  * references: dg_fp8_quantize_rows and dg_ref_fp8_linear in lib/ref-fp8.c).
  *
  * Quantize (one warp per row r of X, bf16 or fp32):
- *   s_r = max_k |X[r, k]| / 448   (1 for a row of zeros, NaN with a NaN)
+ *   s_r = max(max_k |X[r, k]| / 448, 2^-126)   (1 for a row of zeros, NaN with a NaN)
  *   Q[r, k] = e4m3(X[r, k] / s_r)  (nearest even, saturating at 448)
  *
  * Product (per group j, its rows r = offsets[j] .. + counts[j] - 1, or one

@@ -3,7 +3,7 @@
  * kernels, and the FP8 experts' one launch in fp8-wgmma.cu, which
  * quantizes an expert's hidden rows itself):
  *
- *   s_r = max_k |X[r, k]| / 448   (1 for a row of zeros, NaN with a NaN)
+ *   s_r = max(max_k |X[r, k]| / 448, 2^-126)   (1 for a row of zeros, NaN with a NaN)
  *   Q[r, k] = e4m3(X[r, k] / s_r)  (nearest even, saturating at 448)
  *
  * the values X read 8 at a time (16-byte loads: rows 16-byte aligned,
@@ -23,10 +23,11 @@
 
 #define DG_FQ_CHUNKS 4 /* dg_fp8_quantize_row_warp's pieces a lane: rows of up to 1,024 */
 
-/* the row's scale from its maximum: amax / 448 (1 for zeros, NaN with a NaN) */
+/* the row's scale from its maximum: amax / 448, at least FLT_MIN (1 for
+ * zeros, NaN with a NaN), as lib/ref-fp8.c's row_scale */
 __device__ static inline float dg_fp8_row_scale(float amax, int nan)
 {
-    return nan ? NAN : amax > 0.0f ? amax / 448.0f : 1.0f;
+    return nan ? NAN : amax > 0.0f ? fmaxf(amax / 448.0f, 0x1p-126f) : 1.0f;
 }
 
 /* x[0..8) into v, through the L2 only where CG (elt.cuh's dg_ld8_cg) */

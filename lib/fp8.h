@@ -15,8 +15,9 @@
  * relative to the leading 1), and below it the absolute error is at most
  * 2^-10.
  *
- * Quantization (symmetric, per row): s = max|x_row| / 448 (1 for a row of
- * zeros), q = e4m3(x / s), x ~ q * s.  Weights are quantized per output
+ * Quantization (symmetric, per row): s = max|x_row| / 448, at least
+ * FLT_MIN = 2^-126 so that a row of tiny values keeps a scale (1 for a row
+ * of zeros), q = e4m3(x / s), x ~ q * s.  Weights are quantized per output
  * channel (a row of W [N, K]), activations per token (a row of X [T, K]) at
  * run time; a linear layer is then
  *     y[t, n] = sa[t] * sw[n] * sum_k q(X)[t, k] * q(W)[n, k]
@@ -25,6 +26,7 @@
 #ifndef DG_FP8_H
 #define DG_FP8_H
 
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>

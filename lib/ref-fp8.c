@@ -31,7 +31,9 @@ uint8_t dg_f32_to_e4m3(float f)
     return sign | (uint8_t)(((ex + 6) << 3) | ((int)q - 8));
 }
 
-/* A row's scale: max |x| / 448, 1 for a row of zeros, NaN if any is NaN. */
+/* A row's scale: max |x| / 448 but at least FLT_MIN (a row of tiny values
+ * would have a scale of 0 else, and its codes be NaN), 1 for a row of
+ * zeros, NaN if any is NaN. */
 static float row_scale(const float *xr, size_t cols)
 {
     float amax = 0;
@@ -42,7 +44,7 @@ static float row_scale(const float *xr, size_t cols)
         if (a > amax)
             amax = a;
     }
-    return amax > 0 ? amax / DG_E4M3_MAX : 1.0f;
+    return amax > 0 ? fmaxf(amax / DG_E4M3_MAX, FLT_MIN) : 1.0f;
 }
 
 void dg_fp8_quantize_rows(const float *x, size_t rows, size_t cols, size_t ld, uint8_t *q,

@@ -17,6 +17,7 @@
  * products in one launch (Hopper) against the three launches it replaces,
  * to the byte (experts_one_launch).  Exit 77 where there is no GPU.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,11 +56,15 @@ static int quantize_one(enum dg_elt e, int64_t rows, int cols)
     float *hs = malloc(sizeof(float) * (size_t)rows + GUARD_BYTES);
     void *dx, *dq, *ds;
     CHECK(sref && qref && hq && hs && gt_rand_elts(e, n, 3.0f, &hx, &fx) == 0);
-    /* row 0 zeros; row 1 a NaN; row 2 one large value among small ones */
+    /* row 0 zeros; row 1 a NaN; row 2 one large value among small ones;
+     * row 3 values so small that max / 448 is below FLT_MIN (the scale
+     * held there) */
     for (int k = 0; k < cols; k++) {
         fx[k] = 0.0f;
         if (rows > 2)
             fx[2 * cols + k] = k == cols / 2 ? 5000.0f : fx[2 * cols + k] * 1e-3f;
+        if (rows > 3)
+            fx[3 * cols + k] *= 1e-41f;
     }
     if (rows > 1)
         fx[cols + cols / 3] = NAN;
@@ -92,6 +97,8 @@ static int quantize_one(enum dg_elt e, int64_t rows, int cols)
                    (long long)r, k, hq[i], qref[i]);
         }
     }
+    if (rows > 3)
+        CHECKF(sref[3] == FLT_MIN, "row 3: scale %g, want FLT_MIN", (double)sref[3]);
     printf("# quantize %s %lld x %d: every byte and scale equal to the reference\n",
            e == DG_ELT_F32 ? "fp32" : "bf16", (long long)rows, cols);
     dg_cuda_free(dx), dg_cuda_free(dq), dg_cuda_free(ds);

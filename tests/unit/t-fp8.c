@@ -6,6 +6,7 @@
  * bound, and the W8A8 linear reference against a double product of the
  * dequantized operands at several shapes.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -112,6 +113,9 @@ static int quantize_rows(void)
         if (rows > 2)
             for (size_t i = 0; i < cols; i++)
                 x[2 * ld + i] = 0; /* a row of zeros */
+        if (rows > 3) /* a row whose max / 448 is 0 in fp32: the scale stays FLT_MIN */
+            for (size_t i = 0; i < cols; i++)
+                x[3 * ld + i] = (i % 2 ? -1e-43f : 1e-43f) * (float)(i % 3);
         memset(q, 0xa5, rows * cols + 16);
         s[rows] = 12345.0f; /* guard */
         dg_fp8_quantize_rows(x, rows, cols, ld, q, s);
@@ -123,7 +127,8 @@ static int quantize_rows(void)
             int hit_max = 0;
             for (size_t i = 0; i < cols; i++)
                 amax = fmaxf(amax, fabsf(x[r * ld + i]));
-            CHECK(amax > 0 ? s[r] == amax / 448.0f : s[r] == 1.0f);
+            CHECK(amax > 0 ? s[r] == fmaxf(amax / 448.0f, FLT_MIN) : s[r] == 1.0f);
+            CHECK(s[r] >= FLT_MIN && isfinite(s[r]));
             for (size_t i = 0; i < cols; i++) {
                 const float v = x[r * ld + i], back = dg_e4m3_to_f32(q[r * cols + i]) * s[r];
                 /* the stated bound: 2^-4 relative at or above 2^-6 * s, 2^-10 * s below */
@@ -131,9 +136,12 @@ static int quantize_rows(void)
                                                                : 0x1p-10f * s[r];
                 CHECKF(fabsf(back - v) <= bound * 1.0001f, "row %zu col %zu: %g -> %g", r, i, v,
                        back);
+                CHECK((q[r * cols + i] & 0x7f) != 0x7f); /* no NaN code */
                 hit_max |= (q[r * cols + i] & 0x7f) == 0x7e;
             }
-            CHECK(amax == 0 || hit_max); /* the largest element takes the top code */
+            /* the largest element takes the top code (but where the scale
+             * is held at FLT_MIN) */
+            CHECK(amax == 0 || amax / 448.0f < FLT_MIN || hit_max);
         }
         free(x);
         free(s);
