@@ -209,25 +209,33 @@ int dg_file_exists(const char *path)
 
 int dg_write_text(const char *dir, const char *name, const char *text, struct dg_error *err)
 {
-    char *path = dg_path_join(dir, name);
-    FILE *f;
-    int ok;
+    char *path = dg_path_join(dir, name), *tmp = NULL;
+    FILE *f = NULL;
+    int rc = 0, ok;
 
-    if (!path)
-        return dg_error_set(err, DG_E_NOMEM, "out of memory");
-    f = fopen(path, "w");
-    if (!f) {
-        int rc = dg_error_set(err, DG_E_IO, "%s: cannot create: %s", path, strerror(errno));
-        free(path);
-        return rc;
+    if (!path || !(tmp = malloc(strlen(path) + sizeof ".tmp"))) {
+        rc = dg_error_set(err, DG_E_NOMEM, "out of memory");
+        goto out;
+    }
+    sprintf(tmp, "%s.tmp", path);
+    if (!(f = fopen(tmp, "w"))) {
+        rc = dg_error_set(err, DG_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
     }
     ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
     ok = (fclose(f) == 0) && ok;
     if (!ok) {
-        int rc = dg_error_set(err, DG_E_IO, "%s: write failed", path);
-        free(path);
-        return rc;
+        rc = dg_error_set(err, DG_E_IO, "%s: write failed: %s", tmp, strerror(errno));
+        unlink(tmp);
+        goto out;
     }
+    if (rename(tmp, path) != 0) {
+        rc = dg_error_set(err, DG_E_IO, "%s: cannot rename into place: %s", path,
+                          strerror(errno));
+        unlink(tmp);
+    }
+out:
+    free(tmp);
     free(path);
-    return 0;
+    return rc;
 }

@@ -50,8 +50,10 @@ void dg_path_dir(const char *path, char *buf, size_t n);
  * DIR: reason". */
 int dg_path_creatable(const char *what, const char *path, struct dg_error *err);
 
-/* Write text and a newline to dir/name (created or truncated).  Errors:
- * DG_E_NOMEM, DG_E_IO (naming the path). */
+/* Write text and a newline to dir/name: into dir/name.tmp, renamed over
+ * dir/name once whole, so that a failure leaves an old dir/name as it was
+ * and a symlink there is replaced, not written through.  Errors:
+ * DG_E_NOMEM, DG_E_IO (naming the path; the .tmp removed). */
 int dg_write_text(const char *dir, const char *name, const char *text, struct dg_error *err);
 
 /* True if path names an existing regular file (following symlinks). */

@@ -2,10 +2,12 @@
 #include "lib/quantize.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "lib/checkpoint.h"
 #include "lib/fileio.h"
@@ -90,6 +92,18 @@ static int fill(void *ud, size_t index, void *buf, size_t nbytes, struct dg_erro
     }
     load_rows(w, x);
     dg_fp8_quantize_rows(x, (size_t)w->rows, (size_t)w->cols, (size_t)w->cols, qb, scale);
+    /* a row holding an infinity or a NaN has no scale (the loader refuses
+     * one that is not finite): said here, with the row */
+    for (int64_t r = 0; r < w->rows; r++)
+        if (!isfinite(scale[r])) {
+            free(x);
+            free(scale);
+            if (e->kind == OUT_SCALE)
+                free(qb);
+            return dg_error_set(err, DG_E_FORMAT, "'%s' row %lld holds a value that is not "
+                                "finite (inf or NaN): it cannot be quantized", w->name,
+                                (long long)r);
+        }
     if (e->kind == OUT_SCALE) {
         memcpy(buf, scale, nbytes);
         free(qb);
@@ -167,20 +181,29 @@ out:
     return rc;
 }
 
-/* Copy dir/name to out/name if it exists. */
+/* Copy dir/name to out/name through out/name.tmp, renamed into place once
+ * whole (an old out/name, or a symlink there, replaced, not written
+ * through); where dir/name does not exist, remove an out/name left from
+ * another model. */
 static int copy_file(const char *dir, const char *out, const char *name, struct dg_error *err)
 {
-    char src[4096], dst[4096], buf[1 << 16];
+    char src[4096], dst[4096], tmp[4096 + 8], buf[1 << 16];
     FILE *in, *o;
     size_t n;
     int bad = 0;
     snprintf(src, sizeof src, "%s/%s", dir, name);
     snprintf(dst, sizeof dst, "%s/%s", out, name);
-    if (!(in = fopen(src, "rb")))
-        return errno == ENOENT ? 0
-                               : dg_error_set(err, DG_E_IO, "%s: %s", src, strerror(errno));
-    if (!(o = fopen(dst, "wb"))) {
-        int rc = dg_error_set(err, DG_E_IO, "%s: %s", dst, strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+    if (!(in = fopen(src, "rb"))) {
+        if (errno != ENOENT)
+            return dg_error_set(err, DG_E_IO, "%s: %s", src, strerror(errno));
+        if (unlink(dst) != 0 && errno != ENOENT)
+            return dg_error_set(err, DG_E_IO, "%s: cannot remove the one of another model: %s",
+                                dst, strerror(errno));
+        return 0;
+    }
+    if (!(o = fopen(tmp, "wb"))) {
+        int rc = dg_error_set(err, DG_E_IO, "%s: %s", tmp, strerror(errno));
         fclose(in);
         return rc;
     }
@@ -191,9 +214,26 @@ static int copy_file(const char *dir, const char *out, const char *name, struct 
         }
     bad |= ferror(in) != 0;
     fclose(in);
-    if (fclose(o) != 0 || bad)
-        return dg_error_set(err, DG_E_IO, "%s: could not copy to %s", src, dst);
+    if (fclose(o) != 0 || bad) {
+        unlink(tmp);
+        return dg_error_set(err, DG_E_IO, "%s: could not copy to %s", src, tmp);
+    }
+    if (rename(tmp, dst) != 0) {
+        int rc = dg_error_set(err, DG_E_IO, "%s: cannot rename into place: %s", dst,
+                              strerror(errno));
+        unlink(tmp);
+        return rc;
+    }
     return 0;
+}
+
+/* Whether the folders a and b are one (by device and inode, so that a
+ * second name or a symlink for the model's folder counts). */
+static int same_dir(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
 }
 
 int dg_quantize_dir(const char *model, const char *out, int weights_only,
@@ -220,6 +260,11 @@ int dg_quantize_dir(const char *model, const char *out, int weights_only,
     }
     if (mkdir(out, 0755) != 0 && errno != EEXIST) {
         rc = dg_error_set(err, DG_E_IO, "%s: cannot create directory: %s", out, strerror(errno));
+        goto out;
+    }
+    if (same_dir(model, out)) {
+        rc = dg_error_set(err, DG_E_INVAL, "%s: the output folder is the model's own (%s): "
+                          "quantize into another folder", out, model);
         goto out;
     }
     if (plan(&q, &ck, &m) < 0 || !(ot = calloc(q.n + 1, sizeof *ot))) {
@@ -250,8 +295,10 @@ int dg_quantize_dir(const char *model, const char *out, int weights_only,
         rc = dg_error_set(err, DG_E_NOMEM, "out of memory");
         goto out;
     }
-    if ((rc = dg_write_text(out, "config.json", text, err)) != 0)
-        goto out;
+    /* the weights first and config.json last, each renamed into place
+     * whole: a folder left by a failure or a kill between them holds FP8
+     * weights under a config without FP8, which the loader refuses, never
+     * an FP8 config over weights that are not */
     {
         char *path = dg_path_join(out, "model.safetensors");
         if (!path) {
@@ -266,6 +313,8 @@ int dg_quantize_dir(const char *model, const char *out, int weights_only,
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++)
         if ((rc = copy_file(model, out, extra[i], err)) != 0)
             goto out;
+    if ((rc = dg_write_text(out, "config.json", text, err)) != 0)
+        goto out;
 out:
     free(text);
     free(ot);

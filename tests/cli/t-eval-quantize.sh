@@ -12,8 +12,12 @@
 # the quantization, a second quantization is refused, the default model
 # quantized generates (at TP 1 and 2), with FP8 weights alone the same
 # ids at TP 1 and 2; the trained default model's logits, quantized, stay
-# within a stated bound of its bf16 logits on 8 held-out problems; usage
-# errors exit 2.
+# within a stated bound of its bf16 logits on 8 held-out problems.  And
+# what it must not do to files: quantize into the model's own folder
+# (refused), write through symlinks to the model's files, leave a folder
+# half-written when a weight is not finite (refused, naming it), give a row
+# of tiny values a scale of 0 (NaN codes), keep another model's tokenizer
+# in the output folder.  Usage errors exit 2.
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
@@ -131,6 +135,83 @@ sys.exit(1 if bad else 0)
 EOF
 then sed 's/^/# /' "$tmp/e2e.out"; ok trained_model_end_to_end
 else bad trained_model_end_to_end "$(cat "$tmp/e2e.out")"; fi
+
+# ---- what quantize must not do to the files it reads and writes ----------------
+# poke FILE TENSOR ROW VALUE...: set the first values of an F32 tensor's row
+poke() {
+    python3 - "$@" <<'EOF2'
+import json, struct, sys
+path, name, row, vals = sys.argv[1], sys.argv[2], int(sys.argv[3]), [float(v) for v in sys.argv[4:]]
+with open(path, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    t = json.loads(f.read(n))[name]
+    assert t["dtype"] == "F32"
+    f.seek(8 + n + t["data_offsets"][0] + 4 * row * t["shape"][1])
+    f.write(struct.pack("<%df" % len(vals), *vals))
+EOF2
+}
+Q0=model.decoder.layers.0.self_attn.q_proj.weight
+cp -r "$tmp/A" "$tmp/A2"
+ln -s A2 "$tmp/A2link"
+if run self 1 "$EVAL" quantize --model "$tmp/A2" --out "$tmp/A2" && has self err "is the model's own" &&
+   run selflink 1 "$EVAL" quantize --model "$tmp/A2" --out "$tmp/A2link" &&
+   diff -r "$tmp/A" "$tmp/A2" >/dev/null
+then ok refuses_its_own_folder; else bad refuses_its_own_folder "$(cat "$tmp/self.err"; diff -r "$tmp/A" "$tmp/A2" | head -5)"; fi
+
+# an output folder whose files are symlinks to the model's: replaced, the
+# model's files untouched
+mkdir "$tmp/L"
+for f in "$tmp/A2"/*; do ln -s "$f" "$tmp/L/${f##*/}"; done
+if run links 0 "$EVAL" quantize --model "$tmp/A2" --out "$tmp/L" &&
+   diff -r "$tmp/A" "$tmp/A2" >/dev/null && [ ! -L "$tmp/L/model.safetensors" ] &&
+   [ ! -L "$tmp/L/config.json" ] && run linksi 0 "$EVAL" inspect "$tmp/L" &&
+   has linksi out "F8_E4M3"
+then ok symlinks_replaced; else bad symlinks_replaced "$(cat "$tmp/links.err"; diff -r "$tmp/A" "$tmp/A2" | head -5)"; fi
+
+# a weight that is not finite: refused with its tensor and row, and a folder
+# that held another model (B, bf16) left as it was, nothing half-written
+cp -r "$tmp/A" "$tmp/Inf"
+poke "$tmp/Inf/model.safetensors" $Q0 3 inf
+cp -r "$tmp/B" "$tmp/Old"
+if run inf 1 "$EVAL" quantize --model "$tmp/Inf" --out "$tmp/Old" &&
+   has inf err "'$Q0' row 3 holds a value that is not finite" &&
+   diff -r "$tmp/B" "$tmp/Old" >/dev/null
+then ok not_finite_refused; else bad not_finite_refused "$(cat "$tmp/inf.err"; diff -r "$tmp/B" "$tmp/Old" | head -5)"; fi
+
+# a row of values too small for max/448 in fp32: a scale all the same (at
+# least FLT_MIN), no NaN code; the model it makes loads and runs
+cp -r "$tmp/A" "$tmp/Tiny"
+poke "$tmp/Tiny/model.safetensors" $Q0 2 1e-43 0 0 0
+if run tiny 0 "$EVAL" quantize --model "$tmp/Tiny" --out "$tmp/TinyQ" &&
+   python3 - "$tmp/TinyQ/model.safetensors" $Q0 >"$tmp/tinyq.out" 2>&1 <<'EOF2' &&
+import json, struct, sys
+path, name = sys.argv[1:3]
+with open(path, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    h = json.loads(f.read(n))
+    data = f.read()
+t, s = h[name], h[name + "_scale"]
+cols = t["shape"][1]
+scale = struct.unpack("<f", data[s["data_offsets"][0] + 4 * 2:][:4])[0]
+codes = data[t["data_offsets"][0] + 2 * cols:][:cols]
+assert scale >= 2.0 ** -126, scale
+assert not any(c in (0x7F, 0xFF) for c in codes), list(codes)
+EOF2
+   run tinyf 0 "$EVAL" forward --model "$tmp/TinyQ" --prompt-ids "$tmp/p.ids" \
+       --canvas-ids "$tmp/c.ids" --out "$tmp/tiny.npy" &&
+   run tinyc 0 "$EVAL" compare "$tmp/tiny.npy" "$tmp/D.npy" --tol 1
+then ok tiny_row; else bad tiny_row "$(cat "$tmp/tiny.err" "$tmp/tinyq.out" "$tmp/tinyc.out" | head -8)"; fi
+
+# quantized into a folder that held a model with a tokenizer, from one
+# without: the old tokenizer goes (it is another model's)
+cp -r "$BUILD/model/random" "$tmp/Stale"
+cp -r "$tmp/A" "$tmp/NoTok"
+rm -f "$tmp/NoTok/tokenizer.json" "$tmp/NoTok/tokenizer_config.json"
+if [ -f "$tmp/Stale/tokenizer.json" ] &&
+   run stale 0 "$EVAL" quantize --model "$tmp/NoTok" --out "$tmp/Stale" &&
+   [ ! -e "$tmp/Stale/tokenizer.json" ] && [ ! -e "$tmp/Stale/tokenizer_config.json" ] &&
+   cmp -s "$tmp/NoTok/generation_config.json" "$tmp/Stale/generation_config.json"
+then ok stale_files_removed; else bad stale_files_removed "$(ls "$tmp/Stale" "$tmp/NoTok")"; fi
 
 if run usage1 2 "$EVAL" quantize --model "$tmp/A" && run usage2 2 "$EVAL" quantize --out "$tmp/F" --bogus &&
    run help 0 "$EVAL" quantize --help && has help out "usage: dgemma-eval quantize"
