@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "lib/fileio.h"
 #include "lib/safetensors-write.h"
@@ -310,5 +311,17 @@ int dg_synth_write(const char *dir, const struct dg_model_config *cfg,
         free(text);
     }
     free(shard_of);
+    /* the other layout's file, from a model written here before, would be
+     * loaded instead (a single file wins over an index) or warned about */
+    if (rc == 0) {
+        char *stale = dg_path_join(dir, n_shards == 1 ? "model.safetensors.index.json"
+                                                      : "model.safetensors");
+        if (!stale)
+            rc = dg_error_set(err, DG_E_NOMEM, "out of memory");
+        else if (unlink(stale) != 0 && errno != ENOENT)
+            rc = dg_error_set(err, DG_E_IO, "%s: cannot remove the earlier model's file: %s",
+                              stale, strerror(errno));
+        free(stale);
+    }
     return rc;
 }

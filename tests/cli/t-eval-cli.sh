@@ -25,6 +25,17 @@ if run json 0 "$EVAL" inspect "$tmp/m" --json && has json out '"shards":1' &&
    has json out '"tensors":74' && has json out '"bytes_by_dtype":{"F32":'; then ok inspect_json
 else bad inspect_json "$(cat "$tmp/json.out")"; fi
 
+# written again into the same folder in the other layout: the earlier
+# model's file goes (a single file would be loaded over the new shards)
+if run reshard 0 "$EVAL" mkmodel --out "$tmp/m2" --seed 7 &&
+   run reshard2 0 "$EVAL" mkmodel --out "$tmp/m2" --seed 8 --shards 3 &&
+   [ ! -e "$tmp/m2/model.safetensors" ] && run reshardi 0 "$EVAL" inspect "$tmp/m2" &&
+   has reshardi out "(index + 3 files)" && ! has reshardi err "using model.safetensors" &&
+   run reshard3 0 "$EVAL" mkmodel --out "$tmp/m2" --seed 9 &&
+   [ ! -e "$tmp/m2/model.safetensors.index.json" ] && run reshardj 0 "$EVAL" inspect "$tmp/m2" &&
+   has reshardj out "(1 file)"
+then ok rewritten_other_layout; else bad rewritten_other_layout "$(ls "$tmp/m2"; cat "$tmp/reshardi.out" "$tmp/reshardi.err")"; fi
+
 rm -f "$tmp/m/generation_config.json"
 if run nogen 0 "$EVAL" inspect "$tmp/m" && has nogen out "generation    defaults:"; then ok defaults_without_generation_config
 else bad defaults_without_generation_config "$(cat "$tmp/nogen.out")"; fi
