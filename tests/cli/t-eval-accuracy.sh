@@ -58,6 +58,11 @@ if run noproblems 2 "$E" accuracy -s "$sock" && has noproblems err "--problems F
    run badopt 2 "$E" accuracy --problems "$HELDOUT" --bogus -s "$sock"
 then ok usage; else bad usage "a usage error was not refused as it should be"; fi
 
+# a results file that cannot be created: exit 1, as dgemma-eval(1) says
+if run noresults 1 "$E" accuracy --problems "$HELDOUT" -s "$sock" --results "$tmp/nodir/r.jsonl" &&
+   has noresults err "$tmp/nodir/r.jsonl: No such file or directory"
+then ok results_not_writable; else bad results_not_writable "$(cat "$tmp/noresults.err")"; fi
+
 # ---- no daemon at the socket: exit 3 ------------------------------------------------
 if run unreachable 3 "$E" accuracy --problems "$HELDOUT" --limit 2 -s "$tmp/none.sock" &&
    has unreachable err "cannot reach the daemon" && has unreachable err "$tmp/none.sock"

@@ -233,10 +233,10 @@ int cmd_accuracy(int argc, char **argv)
     if (eval_problems_load(o.problems, &ps) < 0)
         return ACC_USAGE;
     n = o.limit > 0 && (unsigned long long)o.limit < ps.n ? (size_t)o.limit : ps.n;
-    if (o.results && !(results = fopen(o.results, "w"))) {
+    if (o.results && !(results = fopen(o.results, "w"))) { /* (man: "could not be written") */
         eval_errorf("accuracy: %s: %s", o.results, strerror(errno));
         eval_problems_free(&ps);
-        return ACC_USAGE;
+        return ACC_BELOW;
     }
     rc = ACC_LOST;
     if (!(out = calloc(n, sizeof *out)) || !(c = dgemma_new())) {
