@@ -2,10 +2,13 @@
  * dgemma-client command (see client.h). */
 #include "client/client.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 volatile sig_atomic_t client_interrupted;
 
@@ -75,6 +78,11 @@ static const struct {
     {"--stop-id", "stop_token_ids", 'n'},
 };
 
+/* a generate line's keys that are not settings (daemon/protocol.c) */
+static const char *const REQUEST_KEYS[] = {"v",          "op",     "tag",
+                                           "prompt",     "messages", "prompt_ids",
+                                           "stream",     "enable_thinking", "batch"};
+
 static int need_value(int argc, char **argv, int i)
 {
     if (i + 1 >= argc) {
@@ -125,7 +133,19 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
             json_decref(s);
             return -1;
         }
-        json_object_update(o->settings, s);
+        /* the request's own keys are not settings: they would replace
+         * what the command builds (the prompt, the stream, ...) */
+        for (size_t k = 0; k < sizeof REQUEST_KEYS / sizeof REQUEST_KEYS[0]; k++)
+            if (json_object_get(s, REQUEST_KEYS[k])) {
+                client_errorf("--settings: '%s' is not a generation setting", REQUEST_KEYS[k]);
+                json_decref(s);
+                return -1;
+            }
+        if (json_object_update(o->settings, s) != 0) {
+            client_errorf("out of memory");
+            json_decref(s);
+            return -1;
+        }
         json_decref(s);
         ++*i;
         return 1;
@@ -139,9 +159,15 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
             return -1;
         val = argv[++*i];
         if (SETTINGS[k].kind == 'i' || SETTINGS[k].kind == 'n') {
-            long long x = strtoll(val, &end, 10);
+            long long x;
+            errno = 0;
+            x = strtoll(val, &end, 10);
             if (end == val || *end) {
                 client_errorf("%s: '%s' is not an integer", a, val);
+                return -1;
+            }
+            if (errno == ERANGE) {
+                client_errorf("%s: '%s' is out of range", a, val);
                 return -1;
             }
             v = json_integer(x);
@@ -149,6 +175,11 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
             double x = strtod(val, &end);
             if (end == val || *end) {
                 client_errorf("%s: '%s' is not a number", a, val);
+                return -1;
+            }
+            /* (JSON holds no infinity or NaN: the setting would be lost) */
+            if (!isfinite(x)) {
+                client_errorf("%s: '%s' is not a finite number", a, val);
                 return -1;
             }
             v = json_real(x);
@@ -159,15 +190,28 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
                 return -1;
             }
         }
+        if (!v) {
+            client_errorf("out of memory");
+            return -1;
+        }
         if (SETTINGS[k].kind == 's' || SETTINGS[k].kind == 'n') {
-            json_t *list = json_object_get(o->settings, SETTINGS[k].key);
-            if (!json_is_array(list)) {
-                list = json_array();
-                json_object_set_new(o->settings, SETTINGS[k].key, list);
+            json_t *had = json_object_get(o->settings, SETTINGS[k].key), *list = had;
+            if (!json_is_array(had)) {
+                /* a single value from --settings starts the list */
+                if (!(list = json_array()) || (had && json_array_append(list, had) != 0) ||
+                    json_object_set_new(o->settings, SETTINGS[k].key, list) != 0) {
+                    json_decref(v);
+                    client_errorf("out of memory");
+                    return -1;
+                }
             }
-            json_array_append_new(list, v);
-        } else {
-            json_object_set_new(o->settings, SETTINGS[k].key, v);
+            if (json_array_append_new(list, v) != 0) {
+                client_errorf("out of memory");
+                return -1;
+            }
+        } else if (json_object_set_new(o->settings, SETTINGS[k].key, v) != 0) {
+            client_errorf("out of memory");
+            return -1;
         }
         return 1;
     }
@@ -204,6 +248,23 @@ int client_apply_settings(const struct client_opts *o, dgemma_request_t *r)
         client_errorf("settings: %s", dgemma_request_errmsg(r));
     free(text);
     return rc;
+}
+
+void client_interrupt_now(void)
+{
+    signal(SIGINT, SIG_DFL);
+    raise(SIGINT);
+    _exit(130); /* (if SIGINT is ignored or blocked) */
+}
+
+int client_output_failed(void)
+{
+    static int said;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return 0;
+    if (!said++)
+        client_errorf("writing the output: %s", strerror(errno ? errno : EIO));
+    return 1;
 }
 
 static void on_sigint(int sig)

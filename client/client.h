@@ -51,9 +51,18 @@ dgemma_t *client_connect(const struct client_opts *o);
 /* Copy o's settings into r (the request's own keys win when present). */
 int client_apply_settings(const struct client_opts *o, dgemma_request_t *r);
 
-/* Set by SIGINT (installed by client_catch_sigint). */
+/* Counts SIGINTs (installed by client_catch_sigint, without SA_RESTART:
+ * a blocking read returns EINTR). */
 extern volatile sig_atomic_t client_interrupted;
 void client_catch_sigint(void);
+
+/* End the process as SIGINT's default action does (after a second Ctrl-C:
+ * the daemon may not answer the first one's cancel). */
+void client_interrupt_now(void) __attribute__((noreturn));
+
+/* Whether standard output has failed (flushed here): 1 after saying why
+ * once on standard error, so that lost output is an error, not exit 0. */
+int client_output_failed(void);
 
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

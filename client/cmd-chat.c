@@ -2,6 +2,7 @@
  * "> " prompt, the reply streamed, /exit or Ctrl-D to leave, Ctrl-C to stop
  * a reply.  Otherwise each input line is one turn and each reply one
  * output line. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,7 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
         return EXIT_FAILED;
     for (size_t i = 0; i < h->n; i++)
         if (dgemma_request_add_message(r, h->t[i].role, h->t[i].content) < 0) {
+            client_errorf("%s", dgemma_request_errmsg(r)); /* (a line not UTF-8) */
             dgemma_request_free(r);
             return EXIT_FAILED;
         }
@@ -89,13 +91,16 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
     for (;;) {
         dgemma_event_t ev;
         int e = dgemma_next_event(c, &ev, 200);
-        if (e == DGEMMA_E_AGAIN) {
-            if (client_interrupted && id && !cancelled) {
-                dgemma_cancel(c, id);
-                cancelled = 1;
-            }
-            continue;
+        /* after every call (a reply whose canvases keep coming stops too);
+         * a second Ctrl-C ends the client at once */
+        if (client_interrupted >= 2)
+            client_interrupt_now();
+        if (client_interrupted && id && !cancelled) {
+            dgemma_cancel(c, id);
+            cancelled = 1;
         }
+        if (e == DGEMMA_E_AGAIN)
+            continue;
         if (e < 0) {
             client_errorf("%s", dgemma_errmsg(c));
             break;
@@ -123,7 +128,12 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
                     if (text[i] == '\n')
                         text[i] = ' ';
             client_write_text(stdout, text + len - ev.text_len, ev.text_len, isatty(1));
-            fflush(stdout);
+            if (client_output_failed()) { /* (the caller ends the chat) */
+                if (id && !cancelled)
+                    dgemma_cancel(c, id);
+                rc = EXIT_FAILED;
+                break;
+            }
         } else if (ev.kind == DGEMMA_EV_DONE) {
             putchar('\n');
             fflush(stdout);
@@ -166,11 +176,32 @@ int cmd_chat(int argc, char **argv)
             continue;
         if (!strcmp(argv[i], "--thinking")) {
             thinking = 1;
-        } else if (!strcmp(argv[i], "--system") && i + 1 < argc) {
+        } else if (!strcmp(argv[i], "--system")) {
+            if (i + 1 >= argc) {
+                client_errorf("--system needs a value");
+                json_decref(o.settings);
+                return EXIT_USAGE;
+            }
             system = argv[++i];
         } else {
             client_errorf("chat: unexpected '%s'", argv[i]);
             fputs(usage, stderr);
+            json_decref(o.settings);
+            return EXIT_USAGE;
+        }
+    }
+    if (o.json) {
+        client_errorf("chat: --json is for generate (generate --chat --json sends one turn)");
+        json_decref(o.settings);
+        return EXIT_USAGE;
+    }
+    if (system) { /* checked before the first turn */
+        dgemma_request_t *r = dgemma_request_chat();
+        int bad = r && dgemma_request_add_message(r, "system", system) < 0;
+        if (bad)
+            client_errorf("--system: %s", dgemma_request_errmsg(r));
+        dgemma_request_free(r);
+        if (bad) {
             json_decref(o.settings);
             return EXIT_USAGE;
         }
@@ -196,7 +227,14 @@ int cmd_chat(int argc, char **argv)
             fflush(stdout);
         }
         client_interrupted = 0;
+        errno = 0;
         n = getline(&line, &cap, stdin);
+        if (n < 0 && errno == EINTR && client_interrupted) {
+            /* Ctrl-C at the prompt: a new prompt, the conversation kept */
+            clearerr(stdin);
+            putchar('\n');
+            continue;
+        }
         if (n < 0) {
             if (tty)
                 putchar('\n');
@@ -206,6 +244,14 @@ int cmd_chat(int argc, char **argv)
             line[--n] = '\0';
         if (n == 0)
             continue;
+        if (memchr(line, '\0', (size_t)n)) {
+            client_errorf("a line holds a NUL byte: not sent");
+            if (!tty) {
+                rc = EXIT_FAILED;
+                break;
+            }
+            continue;
+        }
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit"))
             break;
         if (!strcmp(line, "/reset")) {
@@ -217,6 +263,11 @@ int cmd_chat(int argc, char **argv)
             break;
         }
         rc = reply(c, &o, &h, thinking, &text, &text_len, tty);
+        if (client_output_failed()) { /* nowhere to write the conversation */
+            free(text);
+            rc = EXIT_FAILED;
+            break;
+        }
         if (rc == EXIT_DONE && text_len > 0 && push(&h, "assistant", text, text_len) < 0)
             rc = EXIT_FAILED;
         if (rc != EXIT_DONE || text_len == 0)

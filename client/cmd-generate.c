@@ -19,11 +19,14 @@ static const char usage[] =
     "text; --json writes the daemon's events as they come.  Ctrl-C cancels the\n"
     "request.\n";
 
-/* The prompt: the arguments joined by spaces, else standard input. */
-static char *prompt_text(int argc, char **argv, int first)
+/* The prompt: the arguments joined by spaces, else standard input (NULL
+ * after saying why: out of memory, a read error, a NUL byte, which a
+ * prompt cannot hold; *status the exit code then). */
+static char *prompt_text(int argc, char **argv, int first, int *status)
 {
     size_t cap = 4096, len = 0;
     char *b;
+    *status = EXIT_FAILED;
     if (first < argc) {
         size_t n = 1;
         for (int i = first; i < argc; i++)
@@ -34,6 +37,8 @@ static char *prompt_text(int argc, char **argv, int first)
                 strcat(b, " ");
             strcat(b, argv[i]);
         }
+        if (!b)
+            client_errorf("out of memory reading the prompt");
         return b;
     }
     b = malloc(cap);
@@ -46,14 +51,30 @@ static char *prompt_text(int argc, char **argv, int first)
             char *nb = realloc(b, cap * 2);
             if (!nb) {
                 free(b);
-                return NULL;
+                b = NULL;
+                break;
             }
             b = nb;
             cap *= 2;
         }
     }
-    if (b)
-        b[len] = '\0';
+    if (!b) {
+        client_errorf("out of memory reading the prompt");
+        return NULL;
+    }
+    if (ferror(stdin)) {
+        client_errorf("reading the prompt from standard input: %s", strerror(errno));
+        free(b);
+        return NULL;
+    }
+    if (memchr(b, '\0', len)) {
+        client_errorf("the prompt holds a NUL byte (at byte %zu of standard input)",
+                      (size_t)((char *)memchr(b, '\0', len) - b));
+        *status = EXIT_USAGE;
+        free(b);
+        return NULL;
+    }
+    b[len] = '\0';
     return b;
 }
 
@@ -125,9 +146,14 @@ int cmd_generate(int argc, char **argv)
             stream = 0;
         else if (!strcmp(a, "--quiet"))
             quiet = 1;
-        else if ((!strcmp(a, "--system") || !strcmp(a, "--tag") || !strcmp(a, "--ids")) &&
-                 i + 1 < argc) {
-            const char *v = argv[++i];
+        else if (!strcmp(a, "--system") || !strcmp(a, "--tag") || !strcmp(a, "--ids")) {
+            const char *v;
+            if (i + 1 >= argc) {
+                client_errorf("%s needs a value", a);
+                json_decref(o.settings);
+                return EXIT_USAGE;
+            }
+            v = argv[++i];
             if (a[2] == 's')
                 system = v;
             else if (a[2] == 't')
@@ -169,21 +195,21 @@ int cmd_generate(int argc, char **argv)
         r = dgemma_request_ids(ids, n);
         free(ids);
     } else {
-        prompt = prompt_text(argc, argv, first);
+        int status;
+        prompt = prompt_text(argc, argv, first, &status);
         if (!prompt) {
-            client_errorf("out of memory reading the prompt");
             json_decref(o.settings);
-            return EXIT_FAILED;
+            return status;
         }
         if (chat) {
             r = dgemma_request_chat();
-            if (r && system && dgemma_request_add_message(r, "system", system) < 0) {
+            if (r && ((system && dgemma_request_add_message(r, "system", system) < 0) ||
+                      dgemma_request_add_message(r, "user", prompt) < 0)) {
+                client_errorf("%s", dgemma_request_errmsg(r));
                 dgemma_request_free(r);
-                r = NULL;
-            }
-            if (r && dgemma_request_add_message(r, "user", prompt) < 0) {
-                dgemma_request_free(r);
-                r = NULL;
+                free(prompt);
+                json_decref(o.settings);
+                return EXIT_USAGE;
             }
             if (r && thinking)
                 dgemma_request_set_thinking(r, 1);
@@ -198,8 +224,11 @@ int cmd_generate(int argc, char **argv)
         return EXIT_USAGE;
     }
     dgemma_request_set_stream(r, stream);
-    if (tag)
-        dgemma_request_set_tag(r, tag);
+    if (tag && dgemma_request_set_tag(r, tag) < 0) {
+        client_errorf("--tag: %s", dgemma_request_errmsg(r));
+        rc = EXIT_USAGE;
+        goto out;
+    }
     if (client_apply_settings(&o, r) < 0) {
         rc = EXIT_USAGE;
         goto out;
@@ -214,13 +243,17 @@ int cmd_generate(int argc, char **argv)
     for (;;) {
         dgemma_event_t ev;
         int e = dgemma_next_event(c, &ev, 200);
-        if (e == DGEMMA_E_AGAIN) {
-            if (client_interrupted && id && !cancelled) {
-                dgemma_cancel(c, id);
-                cancelled = 1;
-            }
-            continue;
+        /* after every call, not only when none came: a request whose
+         * canvases keep coming is cancelled too; a second Ctrl-C ends the
+         * client at once (the daemon may not be answering) */
+        if (client_interrupted >= 2)
+            client_interrupt_now();
+        if (client_interrupted && id && !cancelled) {
+            dgemma_cancel(c, id);
+            cancelled = 1;
         }
+        if (e == DGEMMA_E_AGAIN)
+            continue;
         if (e < 0) {
             client_errorf("%s", dgemma_errmsg(c));
             rc = EXIT_UNREACHABLE;
@@ -258,7 +291,17 @@ int cmd_generate(int argc, char **argv)
             rc = !strcmp(fin, "stop") || !strcmp(fin, "length") ? EXIT_DONE : EXIT_FAILED;
             break;
         }
+        /* output that cannot be written (a full disk): the request is of
+         * no use any more */
+        if (client_output_failed()) {
+            if (id && !cancelled)
+                dgemma_cancel(c, id);
+            rc = EXIT_FAILED;
+            goto out;
+        }
     }
+    if (client_output_failed() && rc == EXIT_DONE)
+        rc = EXIT_FAILED;
 out:
     dgemma_close(c);
     dgemma_request_free(r);

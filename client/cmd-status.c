@@ -1,4 +1,6 @@
 /* cmd-status.c - `dgemma-client status` and `dgemma-client cancel`. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +79,8 @@ int cmd_status(int argc, char **argv)
             rc = EXIT_FAILED;
         }
     }
+    if (client_output_failed() && rc == EXIT_DONE)
+        rc = EXIT_FAILED;
     dgemma_close(c);
     json_decref(o.settings);
     return rc;
@@ -106,8 +110,11 @@ int cmd_cancel(int argc, char **argv)
             }
             continue;
         }
+        errno = 0;
         x = strtoull(argv[i], &end, 10);
-        if (*end || x == 0 || argv[i][0] == '-' || n == 256) {
+        /* (ids are JSON integers: at most 2^63 - 1) */
+        if (*end || x == 0 || argv[i][0] == '-' || errno == ERANGE || x > INT64_MAX ||
+            n == 256) {
             client_errorf("cancel: '%s' is not a request id (or too many ids)", argv[i]);
             json_decref(o.settings);
             return EXIT_USAGE;
@@ -140,6 +147,8 @@ int cmd_cancel(int argc, char **argv)
             rc = EXIT_FAILED;
         }
     }
+    if (client_output_failed() && rc == EXIT_DONE)
+        rc = EXIT_FAILED;
     dgemma_close(c);
     json_decref(o.settings);
     return rc;

@@ -4,7 +4,11 @@
  * with 50 lines including bad ones (every line gets exactly one result);
  * batch killed halfway and run again (no id twice, none missing); chat
  * driven through a pseudo-terminal (a reply holding control bytes reaches
- * the terminal without them) and through a pipe; status and cancel;
+ * the terminal without them; Ctrl-C at its prompt) and through a pipe;
+ * Ctrl-C while canvases stream fast, and a second one while the daemon
+ * does not answer; options and input refused (non-finite numbers, ids out
+ * of range, a lost tag, a NUL byte, a read error, --settings holding the
+ * request's own keys); output to a full disk; status and cancel;
  * every exit code (0 done, 1 failed, 2 usage, 3 unreachable); the socket
  * options before the command word.
  */
@@ -27,10 +31,13 @@ static char sock[600], log_path[600];
 static pid_t daemon_pid;
 
 /* Run the client with argv (NULL-terminated, without the program name),
- * stdin from `input` (may be NULL), collecting stdout and stderr.
- * Returns the exit status, or -1 if it did not exit normally. */
-static int run_client(const char *const *args, const char *input, char *out, size_t out_size,
-                      char *err, size_t err_size)
+ * stdin from input's in_len bytes (input may be NULL) or, where in_path is
+ * set, from that file opened for reading; stdout to out_path where set;
+ * collecting stdout and stderr.  Returns the exit status, or -1 if it did
+ * not exit normally. */
+static int run_client_io(const char *const *args, const char *input, size_t in_len,
+                         const char *in_path, const char *out_path, char *out, size_t out_size,
+                         char *err, size_t err_size)
 {
     int in_p[2], out_p[2], err_p[2], st;
     size_t no = 0, ne = 0;
@@ -52,6 +59,16 @@ static int run_client(const char *const *args, const char *input, char *out, siz
         close(in_p[1]);
         close(out_p[0]);
         close(err_p[0]);
+        if (in_path) {
+            int fd = open(in_path, O_RDONLY);
+            if (fd < 0 || dup2(fd, 0) < 0)
+                _exit(126);
+        }
+        if (out_path) {
+            int fd = open(out_path, O_WRONLY);
+            if (fd < 0 || dup2(fd, 1) < 0)
+                _exit(126);
+        }
         setenv("DGEMMA_SOCKET", sock, 1);
         execv(argv[0], (char *const *)argv);
         _exit(127);
@@ -60,7 +77,7 @@ static int run_client(const char *const *args, const char *input, char *out, siz
     close(out_p[1]);
     close(err_p[1]);
     if (input) {
-        size_t len = strlen(input), off = 0;
+        size_t len = in_len, off = 0;
         signal(SIGPIPE, SIG_IGN);
         while (off < len) {
             ssize_t w = write(in_p[1], input + off, len - off);
@@ -100,6 +117,13 @@ static int run_client(const char *const *args, const char *input, char *out, siz
     if (fixture_wait_exit(pid, &st) < 0 || !WIFEXITED(st))
         return -1;
     return WEXITSTATUS(st);
+}
+
+static int run_client(const char *const *args, const char *input, char *out, size_t out_size,
+                      char *err, size_t err_size)
+{
+    return run_client_io(args, input, input ? strlen(input) : 0, NULL, NULL, out, out_size, err,
+                         err_size);
 }
 
 static char OUT[1 << 20], ERR[1 << 16];
@@ -231,6 +255,166 @@ static int generate_interrupted(void)
            WEXITSTATUS(st), buf);
     close(out_p[0]);
     close(err_p[0]);
+    return 0;
+}
+
+/* Ctrl-C while canvases keep coming (short canvases, each well inside the
+ * client's 200 ms wait): cancelled all the same.  It used to be looked at
+ * only when no event came for 200 ms, and the request ran to its end. */
+static int generate_interrupted_fast_canvases(void)
+{
+    int out_p[2], err_p[2], st;
+    char buf[4096];
+    ssize_t n;
+    pid_t pid;
+    CHECK(pipe(out_p) == 0 && pipe(err_p) == 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(out_p[1], 1);
+        dup2(err_p[1], 2);
+        setenv("DGEMMA_SOCKET", sock, 1);
+        execl(fixture_bin("dgemma-client"), "dgemma-client", "--max-tokens", "4000",
+              "--canvas-length", "8", "--max-denoising-steps", "2", "--seed", "1",
+              "a long one", (char *)NULL);
+        _exit(127);
+    }
+    close(out_p[1]);
+    close(err_p[1]);
+    n = read(out_p[0], buf, sizeof buf);
+    CHECK(n > 0);
+    CHECK(kill(pid, SIGINT) == 0);
+    /* (keep reading, so that the client never blocks on a full pipe) */
+    while (read(out_p[0], buf, sizeof buf) > 0)
+        ;
+    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
+    n = read(err_p[0], buf, sizeof buf - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    CHECKF(WEXITSTATUS(st) == 1 && strstr(buf, ": cancelled;"), "exit %d: %s",
+           WEXITSTATUS(st), buf);
+    close(out_p[0]);
+    close(err_p[0]);
+    return 0;
+}
+
+/* A second Ctrl-C ends the client at once, while the daemon (stopped here)
+ * cannot answer the first one's cancel. */
+static int second_interrupt(void)
+{
+    int out_p[2], st = 0;
+    char buf[4096];
+    pid_t pid;
+    double t0;
+    CHECK(pipe(out_p) == 0);
+    pid = fork();
+    if (pid == 0) {
+        dup2(out_p[1], 1);
+        setenv("DGEMMA_SOCKET", sock, 1);
+        execl(fixture_bin("dgemma-client"), "dgemma-client", "--max-tokens", "4000",
+              "--max-denoising-steps", "30", "--seed", "1", "a long one", (char *)NULL);
+        _exit(127);
+    }
+    close(out_p[1]);
+    CHECK(read(out_p[0], buf, sizeof buf) > 0);
+    CHECK(kill(daemon_pid, SIGSTOP) == 0);
+    CHECK(kill(pid, SIGINT) == 0);
+    usleep(500 * 1000);
+    {
+        const pid_t w = waitpid(pid, &st, WNOHANG); /* still waiting for the daemon */
+        if (w != 0)
+            kill(daemon_pid, SIGCONT);
+        CHECKF(w == 0, "the client ended after one Ctrl-C (status 0x%x)", st);
+    }
+    t0 = fixture_now_ms();
+    CHECK(kill(pid, SIGINT) == 0);
+    {
+        const int rc = fixture_wait_exit(pid, &st);
+        kill(daemon_pid, SIGCONT);
+        CHECK(rc == 0);
+    }
+    CHECKF(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT, "status 0x%x", st);
+    CHECKF(fixture_now_ms() - t0 < 2000, "%.0f ms after the second Ctrl-C",
+           fixture_now_ms() - t0);
+    close(out_p[0]);
+    return 0;
+}
+
+/* Options and input the client refuses, each with its exit code and
+ * message (each of these used to be taken and lost, or misreported). */
+static int refused_input(void)
+{
+    static char long_tag[200];
+    static const struct {
+        const char *args[12];
+        int want;
+        const char *says;
+    } cases[] = {
+        {{"--top-p", "nan", "x"}, 2, "--top-p: 'nan' is not a finite number"},
+        {{"--t-min", "1e999", "x"}, 2, "--t-min: '1e999' is not a finite number"},
+        {{"--seed", "18446744073709551616", "x"}, 2, "--seed: '18446744073709551616' is out of range"},
+        {{"cancel", "99999999999999999999999"}, 2, "is not a request id"},
+        {{"cancel", "9223372036854775808"}, 2, "is not a request id"},
+        {{"--tag", long_tag, "x"}, 2, "--tag: "},
+        {{"--max-tokens", "4", "--tag"}, 2, "--tag needs a value"},
+        {{"--chat", "--system"}, 2, "--system needs a value"},
+        {{"--ids"}, 2, "--ids needs a value"},
+        {{"chat", "--system"}, 2, "--system needs a value"},
+        {{"chat", "--json"}, 2, "chat: --json is for generate"},
+        {{"chat", "--system", "\xff"}, 2, "--system: "},
+        {{"--settings", "{\"prompt\":\"x\"}", "y"}, 2, "'prompt' is not a generation setting"},
+        {{"--settings", "{\"stream\":false}", "y"}, 2, "'stream' is not a generation setting"},
+    };
+    memset(long_tag, 't', 129);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int rc = run_client(cases[i].args, "", OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == cases[i].want && strstr(ERR, cases[i].says), "case %zu (%s): exit %d: %s",
+               i, cases[i].args[0], rc, ERR);
+    }
+    /* standard input: a NUL byte (2), a read error (1) */
+    {
+        const char *args[] = {"--max-tokens", "4", "--seed", "1", NULL};
+        int rc = run_client_io(args, "Tell me\0 more", 14, NULL, NULL, OUT, sizeof OUT, ERR,
+                               sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "the prompt holds a NUL byte (at byte 7"), "exit %d: %s",
+               rc, ERR);
+        rc = run_client_io(args, NULL, 0, test_tmpdir(), NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "reading the prompt from standard input: "), "exit %d: %s",
+               rc, ERR);
+    }
+    /* a chat line that is not UTF-8: said, and (off a terminal) exit 1 */
+    {
+        const char *args[] = {"chat", "--max-tokens", "4", NULL};
+        int rc = run_client(args, "a\xff\nb\n", OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "UTF-8"), "exit %d: %s", rc, ERR);
+    }
+    return 0;
+}
+
+/* Output that cannot be written: exit 1 with the reason, never 0. */
+static int output_full(void)
+{
+    const char *gen[] = {"--max-tokens", "8", "--seed", "1", "hi", NULL};
+    const char *json[] = {"--json", "--max-tokens", "8", "--seed", "1", "hi", NULL};
+    const char *status[] = {"status", NULL};
+    const char *chat[] = {"chat", "--max-tokens", "8", "--seed", "1", NULL};
+    const char *const *cases[] = {gen, json, status, chat};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int rc = run_client_io(cases[i], i == 3 ? "hello\n" : "", i == 3 ? 6 : 0, NULL,
+                                     "/dev/full", OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "writing the output: No space left on device"),
+               "case %zu: exit %d: %s", i, rc, ERR);
+    }
+    return 0;
+}
+
+/* --stop after a single stop string from --settings: both are sent (the
+ * accepted event echoes the settings) */
+static int stop_after_settings(void)
+{
+    const char *args[] = {"--json", "--settings", "{\"stop\":\"xx\"}", "--stop", "yy",
+                          "--max-tokens", "4", "--seed", "1", "hi", NULL};
+    const int rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 0 && strstr(OUT, "\"stop\":[\"xx\",\"yy\"]"), "exit %d: %.400s %s", rc,
+           OUT, ERR);
     return 0;
 }
 
@@ -491,6 +675,11 @@ static int chat_terminal(void)
     seen[0] = '\0';
     /* the reply, then the prompt again */
     CHECKF(expect(master, "\n> ", seen, sizeof seen) == 0, "no second prompt: %s", seen);
+    /* Ctrl-C at the prompt: a new prompt, the chat goes on (it used to end
+     * the chat, exit 0) */
+    CHECK(write(master, "\x03", 1) == 1);
+    seen[0] = '\0';
+    CHECKF(expect(master, "> ", seen, sizeof seen) == 0, "no prompt after Ctrl-C: %s", seen);
     CHECK(write(master, "/reset\n", 7) == 7);
     seen[0] = '\0';
     CHECK(expect(master, "> ", seen, sizeof seen) == 0);
@@ -511,6 +700,11 @@ int main(void)
         TEST_CASE(generate_plain_and_json);
         TEST_CASE(exit_codes);
         TEST_CASE(generate_interrupted);
+        TEST_CASE(generate_interrupted_fast_canvases);
+        TEST_CASE(second_interrupt);
+        TEST_CASE(refused_input);
+        TEST_CASE(output_full);
+        TEST_CASE(stop_after_settings);
         TEST_CASE(batch_with_bad_lines);
         TEST_CASE(batch_text_with_nul);
         TEST_CASE(batch_resume_after_kill);
