@@ -54,7 +54,8 @@ dgemma_t *dgemma_new(void);
 
 /* Connect to the daemon at path (NULL: $DGEMMA_SOCKET, else
  * DGEMMA_DEFAULT_SOCKET), retrying for up to wait_s seconds while the
- * socket does not exist or refuses (the daemon is starting).
+ * socket does not exist, refuses (the daemon is starting) or has its
+ * queue of connections full (never blocking past wait_s).
  * Errors: DGEMMA_E_CONNECT, DGEMMA_E_INVAL (a path too long). */
 int dgemma_connect(dgemma_t *c, const char *path, double wait_s);
 

@@ -10,6 +10,7 @@
  * libdgemma-internal.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h> /* isfinite: a macro, no libm */
@@ -143,7 +144,10 @@ int dgemma_connect(dgemma_t *c, const char *path, double wait_s)
         wait_s = 1e7;
     deadline = dgc_now_ms() + wait_s * 1e3;
     for (;;) {
-        int e, fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        /* non-blocking, so that a daemon whose queue of connections is full
+         * (a hung one) gives EAGAIN at once, retried until the deadline,
+         * instead of a connect that blocks for ever */
+        int e, fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         double left;
         if (fd < 0) {
             e = errno;
@@ -151,12 +155,23 @@ int dgemma_connect(dgemma_t *c, const char *path, double wait_s)
                               "socket: %s", dgc_errstr(e, eb, sizeof eb));
         }
         if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            const int fl = fcntl(fd, F_GETFL);
+            if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+                e = errno;
+                close(fd);
+                return dgc_seterr(c, DGEMMA_E_CONNECT, "connect %.300s: %s", path,
+                                  dgc_errstr(e, eb, sizeof eb));
+            }
             c->fd = fd;
             c->err[0] = '\0';
             return DGEMMA_OK;
         }
         e = errno;
         close(fd);
+        if (e == EAGAIN && !(deadline - dgc_now_ms() > 0))
+            return dgc_seterr(c, DGEMMA_E_CONNECT, "connect %.300s: the daemon's queue of "
+                              "connections is full (a hung daemon?)%s", path,
+                              wait_s > 0 ? " after the wait" : "");
         left = deadline - dgc_now_ms();
         if ((e != ENOENT && e != ECONNREFUSED && e != EAGAIN && e != EINTR) || left <= 0) {
             if (wait_s > 0 && (e == ENOENT || e == ECONNREFUSED || e == EAGAIN))
@@ -268,7 +283,7 @@ dgemma_request_t *dgemma_request_chat(void)
 dgemma_request_t *dgemma_request_ids(const int32_t *ids, size_t n)
 {
     json_t *a;
-    if (!ids && n > 0)
+    if (!ids && n > 0) /* (NULL, 0: an empty list, the daemon's to refuse) */
         return NULL;
     a = json_array();
     for (size_t i = 0; a && i < n; i++)

@@ -1,7 +1,8 @@
 /*
  * Description: libdgemma (client/dgemma.h) against the real dgemmad on the
  * random test model ($BUILD/model/random), through the public API only: NULL handles and
- * statuses, connecting to a missing socket (fails in about the wait) and to
+ * statuses, connecting to a missing socket (fails in about the wait), to a
+ * listener whose queue is full (likewise, never blocking) and to
  * a daemon still starting (waits for it), a streamed text request (accepted
  * with the seed, canvases in order adding up to the done), a chat request
  * not streamed (text and ids in the done), a token-id request, settings
@@ -10,6 +11,7 @@
  * dgemma_fd, and the daemon going away mid-request (a done or
  * DGEMMA_E_CLOSED, never a hang).
  */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <poll.h>
@@ -231,6 +233,47 @@ static int connect_missing(void)
     long_path[0] = '/';
     long_path[sizeof long_path - 1] = '\0';
     CHECK(dgemma_connect(c, long_path, 0) == DGEMMA_E_INVAL);
+    dgemma_close(c);
+    return 0;
+}
+
+/* A listener that never accepts, its queue of connections full (a hung
+ * daemon): the connect gives up after about the wait, never blocks (it
+ * did, for ever, whatever the wait). */
+static int connect_full_queue(void)
+{
+    struct sockaddr_un a;
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0), held[512], n_held = 0, rc;
+    dgemma_t *c = dgemma_new();
+    double t0, ms;
+
+    CHECK(lfd >= 0 && c);
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", test_path("hung.sock"));
+    CHECK(bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 0) == 0);
+    for (;;) {
+        const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        CHECK(fd >= 0 && n_held < 512);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+            CHECKF(errno == EAGAIN, "filling the queue: %s", strerror(errno));
+            close(fd);
+            break;
+        }
+        held[n_held++] = fd;
+    }
+    t0 = fixture_now_ms();
+    rc = dgemma_connect(c, a.sun_path, 0.3);
+    ms = fixture_now_ms() - t0;
+    CHECKF(rc == DGEMMA_E_CONNECT && strstr(dgemma_errmsg(c), "queue of connections is full"),
+           "rc %d: %s", rc, dgemma_errmsg(c));
+    CHECKF(ms >= 250 && ms < 1500, "gave up after %.0f ms", ms);
+    t0 = fixture_now_ms();
+    CHECK(dgemma_connect(c, a.sun_path, 0) == DGEMMA_E_CONNECT);
+    CHECK(fixture_now_ms() - t0 < 100);
+    for (int i = 0; i < n_held; i++)
+        close(held[i]);
+    close(lfd);
     dgemma_close(c);
     return 0;
 }
@@ -914,6 +957,7 @@ int main(void)
     signal(SIGPIPE, SIG_DFL); /* a send raising SIGPIPE would kill the test */
     TEST_CASE(null_handles);
     TEST_CASE(connect_missing);
+    TEST_CASE(connect_full_queue);
     TEST_CASE(fake_daemon);
     TEST_CASE(overlong_line);
     TEST_CASE(connect_waits_for_daemon);
