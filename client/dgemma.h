@@ -195,7 +195,9 @@ typedef struct dgemma_ring_opts {
 
 /* Ask the daemon for a ring on c (opts may be NULL) and map it.  Waits for
  * the answer (events of requests already in flight on c that arrive
- * meanwhile are kept for dgemma_next_event).  Errors: DGEMMA_E_DAEMON (the
+ * meanwhile are kept for dgemma_next_event: a poll loop must take them
+ * with timeout 0 after the call, as after a POLLIN, since they do not make
+ * the socket readable).  Errors: DGEMMA_E_DAEMON (the
  * daemon refused: dgemma_errmsg says why), DGEMMA_E_PROTOCOL (a ring this
  * library cannot use), DGEMMA_E_IO, DGEMMA_E_CLOSED, DGEMMA_E_NOMEM. */
 int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_t **out);

@@ -133,13 +133,21 @@ static int parse_event(dgemma_t *c, char *line, size_t n, dgemma_event_t *ev)
 
 /* Whether event o is the first answer to a request line (the daemon
  * answers lines in order): accepted, cancelling, status, or an error
- * without an id (a line refused) or a cancel's not_found (the only error
- * with an id that answers a line; the others are about a request in
- * flight). */
-int dgc_is_answer(const json_t *o)
+ * without an id (a line refused), a cancel's not_found, or an error whose
+ * id is above *max_id, the largest an earlier event carried (a submit the
+ * daemon cancelled as it accepted it, out of memory for its answer); the
+ * other errors with an id are about a request in flight.  Raises *max_id
+ * to o's id: call it once for each event, in the order they came
+ * (dgemma_ring_attach's look ahead at the buffer keeps a copy). */
+int dgc_is_answer(const json_t *o, uint64_t *max_id)
 {
     const char *kind = dgc_str_of(o, "event");
     const json_t *id = json_object_get(o, "id");
+    const uint64_t idv = json_is_integer(id) && json_integer_value(id) > 0
+                             ? (uint64_t)json_integer_value(id) : 0;
+    const int fresh = idv > *max_id;
+    if (fresh)
+        *max_id = idv;
     if (!kind)
         return 0;
     if (!strcmp(kind, "accepted") || !strcmp(kind, "cancelling") || !strcmp(kind, "status"))
@@ -148,7 +156,7 @@ int dgc_is_answer(const json_t *o)
         return 0;
     if (!id || json_is_null(id))
         return 1;
-    return dgc_str_of(o, "code") && !strcmp(dgc_str_of(o, "code"), "not_found");
+    return fresh || (dgc_str_of(o, "code") && !strcmp(dgc_str_of(o, "code"), "not_found"));
 }
 
 /* Room for at least READ_CHUNK more bytes at buf + end.  While the last
@@ -324,7 +332,7 @@ int dgemma_next_event(dgemma_t *c, dgemma_event_t *ev, int timeout_ms)
             rc = parse_event(c, line, n, ev);
             if (rc == DGEMMA_OK) {
                 c->ev_in_buf = 1;
-                if (c->unanswered > 0 && dgc_is_answer(c->ev))
+                if (dgc_is_answer(c->ev, &c->max_id) && c->unanswered > 0)
                     c->unanswered--;
             }
             return rc;

@@ -51,6 +51,11 @@ struct dgemma {
      * daemon answers lines in order, so it tells dgemma_ring_attach which
      * error event without an id answers its shm_attach. */
     unsigned long unanswered;
+    /* The largest request id an event on this connection has carried: the
+     * daemon's ids only grow, so an error whose id is larger names a
+     * request this connection was never told of, and answers a line (a
+     * submit the daemon could not answer with its accepted). */
+    uint64_t max_id;
     /* Descriptors that came with the bytes read (SCM_RIGHTS), kept only
      * while dgemma_ring_attach waits for its answer; fds_lost: some did not
      * fit or came in a second read. */
@@ -116,13 +121,14 @@ DGC_HIDDEN int dgc_send_all(dgemma_t *c, const char *s, size_t n, const char *wh
 
 /* libdgemma-events.c */
 DGC_HIDDEN const char *dgc_str_of(const json_t *o, const char *key);
-DGC_HIDDEN int dgc_is_answer(const json_t *o);
+DGC_HIDDEN int dgc_is_answer(const json_t *o, uint64_t *max_id);
 DGC_HIDDEN int dgc_fill(dgemma_t *c, int wait_ms, int keep_fds);
 
 /* libdgemma-ring.c */
 DGC_HIDDEN int dgc_ring_break(dgemma_ring_t *ring, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 DGC_HIDDEN int dgc_ring_gone(dgemma_ring_t *ring);
+DGC_HIDDEN int dgc_ring_hung_up(dgemma_ring_t *ring);
 DGC_HIDDEN int dgc_ring_doorbell(dgemma_ring_t *ring);
 
 #endif

@@ -38,15 +38,6 @@ static int ring_drain(dgemma_ring_t *ring)
 
 /* ---- completions ---- */
 
-/* Whether the connection's socket says the daemon hung up (a poll that
- * does not wait); sets ring->hup.  A failing poll counts as no. */
-static int ring_hung_up(dgemma_ring_t *ring)
-{
-    struct pollfd p = {ring->sock, POLLRDHUP, 0};
-    if (!ring->hup && poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
-        ring->hup = 1;
-    return ring->hup;
-}
 
 /* Kick when entries are queued, unless the ring is gone (the caller tells
  * that after taking what completions are left). */
@@ -162,7 +153,7 @@ int dgemma_ring_reap(dgemma_ring_t *ring, dgemma_completion_t *out)
     if ((rc = reap_one(ring, out)) != DGEMMA_E_AGAIN)
         return rc;
     /* the daemon hung up: what it posted before that, then CLOSED */
-    if (ring_hung_up(ring) && (rc = reap_one(ring, out)) != DGEMMA_E_AGAIN)
+    if (dgc_ring_hung_up(ring) && (rc = reap_one(ring, out)) != DGEMMA_E_AGAIN)
         return rc;
     if ((rc = dgc_ring_gone(ring)) < 0)
         return rc;

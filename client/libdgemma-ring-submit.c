@@ -324,6 +324,7 @@ int dgemma_ring_cancel(dgemma_ring_t *ring, uint64_t user_data)
 
     if (!ring)
         return DGEMMA_E_INVAL;
+    dgc_ring_hung_up(ring); /* (a daemon gone would never see the cancel) */
     if ((rc = dgc_ring_gone(ring)) < 0)
         return rc;
     if ((rc = sq_room(ring, "ring cancel")) < 0)
@@ -342,6 +343,7 @@ int dgemma_ring_kick(dgemma_ring_t *ring)
     int rc;
     if (!ring)
         return DGEMMA_E_INVAL;
+    dgc_ring_hung_up(ring); /* (one poll that does not wait, beside the doorbell's write) */
     if ((rc = dgc_ring_gone(ring)) < 0)
         return rc;
     if (ring->unkicked == 0)

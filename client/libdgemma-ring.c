@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,16 @@ int dgc_ring_break(dgemma_ring_t *ring, const char *fmt, ...)
     va_end(ap);
     ring->broken = 1;
     return dgc_seterr(ring->c, DGEMMA_E_PROTOCOL, "ring: %s", ring->why);
+}
+
+/* Whether the connection's socket says the daemon hung up (a poll that
+ * does not wait); sets ring->hup.  A failing poll counts as no. */
+int dgc_ring_hung_up(dgemma_ring_t *ring)
+{
+    struct pollfd p = {ring->sock, POLLRDHUP, 0};
+    if (!ring->hup && poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+        ring->hup = 1;
+    return ring->hup;
 }
 
 /* 0, or the status a ring call returns at once: DGEMMA_E_PROTOCOL (broken)
@@ -245,7 +256,8 @@ enum attach_kind { AK_OTHER, AK_ANSWER_OTHER, AK_ATTACHED, AK_ERROR_NO_ID };
 
 /* Parse line[0, n) (a '\r' already cut); *o: the parse when it is an
  * event (the caller's to free), else NULL. */
-static enum attach_kind attach_classify(const char *line, size_t n, json_t **o)
+static enum attach_kind attach_classify(const char *line, size_t n, json_t **o,
+                                        uint64_t *max_id)
 {
     json_t *v = json_loadb(line, n, JSON_ALLOW_NUL, NULL), *ver;
     const char *kind;
@@ -263,7 +275,7 @@ static enum attach_kind attach_classify(const char *line, size_t n, json_t **o)
         return AK_ATTACHED;
     if (!strcmp(kind, "error") && (!json_object_get(v, "id") || json_is_null(json_object_get(v, "id"))))
         return AK_ERROR_NO_ID;
-    return dgc_is_answer(v) ? AK_ANSWER_OTHER : AK_OTHER;
+    return dgc_is_answer(v, max_id) ? AK_ANSWER_OTHER : AK_OTHER;
 }
 
 int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_t **out)
@@ -272,6 +284,7 @@ int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_
     char line[320];
     size_t n, seen = 0; /* bytes after c->start known not to hold the answer */
     unsigned long before; /* answers due to earlier lines, before ours */
+    uint64_t max_id;      /* (a copy: dgemma_next_event notes the ids again) */
     int rc;
 
     if (!c)
@@ -302,6 +315,7 @@ int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_
     if ((rc = dgc_send_all(c, line, n, "shm_attach")) < 0)
         return rc;
     before = c->unanswered;
+    max_id = c->max_id;
     for (;;) {
         char *nl;
         if (c->skipping && c->end > c->start) { /* the tail of an overlong line */
@@ -318,7 +332,7 @@ int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_
             if (len > 0 && c->buf[ls + len - 1] == '\r')
                 len--;
             seen = le - c->start;
-            k = attach_classify(c->buf + ls, len, &o);
+            k = attach_classify(c->buf + ls, len, &o, &max_id);
             if (k == AK_ANSWER_OTHER || (k == AK_ERROR_NO_ID && before > 0)) {
                 if (before > 0)
                     before--;

@@ -109,6 +109,7 @@ static void disconnect(dgemma_t *c)
     c->eof = c->skipping = 0;
     c->start = c->end = c->scan = 0;
     c->unanswered = 0;
+    c->max_id = 0;
     json_decref(c->ev);
     c->ev = NULL;
     c->ev_in_buf = 0;

@@ -459,6 +459,81 @@ static int fake_daemon(void)
     return 0;
 }
 
+/* The child of attach_after_error_with_id: a submit answered with an
+ * error carrying a new request's id (as dgemmad does when it runs out of
+ * memory answering one), then the shm_attach refused. */
+static void fake_refusals(int fd)
+{
+    static const char cancelled[] =
+        "{\"v\":1,\"event\":\"error\",\"id\":5,\"code\":\"internal\",\"message\":\"out of "
+        "memory answering the request; it was cancelled\"}\n";
+    static const char refused[] = "{\"v\":1,\"event\":\"error\",\"id\":null,\"code\":"
+                                  "\"bad_request\",\"message\":\"no rings here\"}\n";
+    char buf[4096];
+    size_t len = 0;
+    int lines = 0;
+    while (lines < 2) {
+        ssize_t got = read(fd, buf + len, sizeof buf - 1 - len);
+        if (got <= 0)
+            _exit(2);
+        for (ssize_t i = 0; i < got; i++)
+            if (buf[len + (size_t)i] == '\n' && ++lines == 1 &&
+                write_all(fd, cancelled, sizeof cancelled - 1) != 0)
+                _exit(3);
+        len += (size_t)got;
+        if (len > sizeof buf - 256)
+            len = 0;
+    }
+    if (write_all(fd, refused, sizeof refused - 1) != 0)
+        _exit(4);
+    usleep(200 * 1000);
+    _exit(0);
+}
+
+/* A submit answered by an error with the request's id (never accepted),
+ * then dgemma_ring_attach: its refusal is its answer.  It waited for ever,
+ * counting the refusal as the submit's answer. */
+static int attach_after_error_with_id(void)
+{
+    const char *path = test_path("fake3.sock");
+    struct sockaddr_un a;
+    int lf = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), sfd, st, rc;
+    dgemma_t *c = dgemma_new();
+    dgemma_request_t *r = dgemma_request_text("hi");
+    dgemma_ring_t *ring = NULL;
+    dgemma_event_t ev;
+    pid_t pid;
+
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    CHECK(lf >= 0 && bind(lf, (struct sockaddr *)&a, sizeof a) == 0 && listen(lf, 4) == 0);
+    CHECK(c && r);
+    CHECK_RC(dgemma_connect(c, path, 0), c);
+    sfd = accept(lf, NULL, NULL);
+    CHECK(sfd >= 0);
+    close(lf);
+    fflush(stdout);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0)
+        fake_refusals(sfd);
+    close(sfd);
+    CHECK_RC(dgemma_submit(c, r), c);
+    dgemma_request_free(r);
+    NEXT(c, &ev);
+    CHECKF(ev.kind == DGEMMA_EV_ERROR && ev.id == 5 && streq(ev.code, "internal"), "%s",
+           ev.json);
+    alarm(20); /* (a hang ends the test) */
+    rc = dgemma_ring_attach(c, NULL, &ring);
+    alarm(0);
+    CHECKF(rc == DGEMMA_E_DAEMON && !ring && strstr(dgemma_errmsg(c), "no rings here"),
+           "%d: %s", rc, dgemma_errmsg(c));
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    dgemma_close(c);
+    return 0;
+}
+
 /* A line over 256 MiB: DGEMMA_E_PROTOCOL, its rest skipped, the next line
  * read. */
 static int overlong_line(void)
@@ -960,6 +1035,7 @@ int main(void)
     TEST_CASE(connect_full_queue);
     TEST_CASE(fake_daemon);
     TEST_CASE(overlong_line);
+    TEST_CASE(attach_after_error_with_id);
     TEST_CASE(connect_waits_for_daemon);
     if (daemon_pid > 0) {
         TEST_CASE(streamed_text);

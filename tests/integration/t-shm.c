@@ -486,6 +486,38 @@ static int ring_cancel(void)
     return 0;
 }
 
+/* The daemon killed under a ring with a job in it: kick and cancel say
+ * DGEMMA_E_CLOSED (they said 0 until a reap or a wait looked), and the
+ * reap too.  Last: the daemon is gone after it. */
+static int daemon_killed(void)
+{
+    dgemma_t *c;
+    dgemma_ring_t *ring = NULL;
+    dgemma_request_t *r = dgemma_request_text("a long one");
+    dgemma_completion_t d;
+    int rc;
+
+    stop_daemon(); /* (refusals left one with rings off) */
+    CHECK(start_daemon(DAEMON_OPTS) == 0);
+    c = open_conn();
+
+    CHECK(c && r && dgemma_ring_attach(c, NULL, &ring) == 0);
+    CHECK(dgemma_request_set_int(r, "max_tokens", 4000) == 0);
+    CHECK(dgemma_ring_submit(ring, r, 9) == 0 && dgemma_ring_kick(ring) == 0);
+    dgemma_request_free(r);
+    CHECK(kill(daemon_pid, SIGKILL) == 0 && fixture_wait_exit(daemon_pid, NULL) == 0);
+    daemon_pid = 0;
+    rc = dgemma_ring_kick(ring);
+    CHECKF(rc == DGEMMA_E_CLOSED, "kick %d: %s", rc, dgemma_errmsg(c));
+    rc = dgemma_ring_cancel(ring, 9);
+    CHECKF(rc == DGEMMA_E_CLOSED, "cancel %d: %s", rc, dgemma_errmsg(c));
+    rc = dgemma_ring_reap(ring, &d);
+    CHECKF(rc == DGEMMA_E_CLOSED, "reap %d: %s", rc, dgemma_errmsg(c));
+    dgemma_ring_detach(ring);
+    dgemma_close(c);
+    return 0;
+}
+
 /* Jobs whose prompts go to the tokenizing thread, with a short one behind
  * them in the same ring: a 3 MB prompt (while it is tokenized, another
  * connection's status says so; then too_large), a 4.2 KB one (the same
@@ -585,5 +617,6 @@ int main(void)
     TEST_CASE(ring_cancel);
     TEST_CASE(ring_long_prompt);
     TEST_CASE(refusals);
+    TEST_CASE(daemon_killed);
     return fixture_finish(daemon_pid, NULL);
 }
