@@ -250,6 +250,16 @@ int client_apply_settings(const struct client_opts *o, dgemma_request_t *r)
     return rc;
 }
 
+void client_on_interrupt(dgemma_t *c, uint64_t id, int *cancelled)
+{
+    if (client_interrupted >= 2)
+        client_interrupt_now();
+    if (client_interrupted && id && !*cancelled) {
+        dgemma_cancel(c, id);
+        *cancelled = 1;
+    }
+}
+
 void client_interrupt_now(void)
 {
     signal(SIGINT, SIG_DFL);

@@ -56,6 +56,12 @@ int client_apply_settings(const struct client_opts *o, dgemma_request_t *r);
 extern volatile sig_atomic_t client_interrupted;
 void client_catch_sigint(void);
 
+/* What Ctrl-C does while request id (0: not accepted yet) runs on c:
+ * the first cancels it (once its id is known), a second ends the client
+ * at once (client_interrupt_now).  Call it after every dgemma_next_event,
+ * whatever it returned: events that keep coming must not hide it. */
+void client_on_interrupt(dgemma_t *c, uint64_t id, int *cancelled);
+
 /* End the process as SIGINT's default action does (after a second Ctrl-C:
  * the daemon may not answer the first one's cancel). */
 void client_interrupt_now(void) __attribute__((noreturn));

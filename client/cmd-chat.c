@@ -91,14 +91,7 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
     for (;;) {
         dgemma_event_t ev;
         int e = dgemma_next_event(c, &ev, 200);
-        /* after every call (a reply whose canvases keep coming stops too);
-         * a second Ctrl-C ends the client at once */
-        if (client_interrupted >= 2)
-            client_interrupt_now();
-        if (client_interrupted && id && !cancelled) {
-            dgemma_cancel(c, id);
-            cancelled = 1;
-        }
+        client_on_interrupt(c, id, &cancelled);
         if (e == DGEMMA_E_AGAIN)
             continue;
         if (e < 0) {

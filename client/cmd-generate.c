@@ -243,15 +243,7 @@ int cmd_generate(int argc, char **argv)
     for (;;) {
         dgemma_event_t ev;
         int e = dgemma_next_event(c, &ev, 200);
-        /* after every call, not only when none came: a request whose
-         * canvases keep coming is cancelled too; a second Ctrl-C ends the
-         * client at once (the daemon may not be answering) */
-        if (client_interrupted >= 2)
-            client_interrupt_now();
-        if (client_interrupted && id && !cancelled) {
-            dgemma_cancel(c, id);
-            cancelled = 1;
-        }
+        client_on_interrupt(c, id, &cancelled);
         if (e == DGEMMA_E_AGAIN)
             continue;
         if (e < 0) {

@@ -222,35 +222,41 @@ static int exit_codes(void)
     return 0;
 }
 
-static int generate_interrupted(void)
+/* Run the client with args (NULL-terminated, after the program name),
+ * send SIGINT once its first text arrives, and require the daemon's
+ * cancel: exit 1 and ": cancelled;" in the summary. */
+static int interrupted_after_first_text(const char *const *args)
 {
-    /* Ctrl-C: the client cancels, the daemon says cancelled, exit 1 */
     int out_p[2], err_p[2], st;
     char buf[4096];
-    ssize_t n;
+    const char *argv[32];
+    int n = 0;
+    ssize_t got;
     pid_t pid;
+    argv[n++] = "dgemma-client";
+    for (const char *const *a = args; *a && n < 31; a++)
+        argv[n++] = *a;
+    argv[n] = NULL;
     CHECK(pipe(out_p) == 0 && pipe(err_p) == 0);
     pid = fork();
     if (pid == 0) {
         dup2(out_p[1], 1);
         dup2(err_p[1], 2);
         setenv("DGEMMA_SOCKET", sock, 1);
-        /* (seed 1: its first 256 tokens hold no stop token, so the request
-         * is still running when the interrupt comes; without a seed the
-         * random model sometimes stopped in its first canvas) */
-        execl(fixture_bin("dgemma-client"), "dgemma-client", "--max-tokens", "4000",
-              "--max-denoising-steps", "30", "--seed", "1", "a long one", (char *)NULL);
+        execv(fixture_bin("dgemma-client"), (char *const *)argv);
         _exit(127);
     }
     close(out_p[1]);
     close(err_p[1]);
-    /* wait for the first canvas's text, then interrupt */
-    n = read(out_p[0], buf, sizeof buf);
-    CHECK(n > 0);
+    got = read(out_p[0], buf, sizeof buf);
+    CHECK(got > 0);
     CHECK(kill(pid, SIGINT) == 0);
+    /* (keep reading, so that the client never blocks on a full pipe) */
+    while (read(out_p[0], buf, sizeof buf) > 0)
+        ;
     CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
-    n = read(err_p[0], buf, sizeof buf - 1);
-    buf[n > 0 ? n : 0] = '\0';
+    got = read(err_p[0], buf, sizeof buf - 1);
+    buf[got > 0 ? got : 0] = '\0';
     CHECKF(WEXITSTATUS(st) == 1 && strstr(buf, ": cancelled;"), "exit %d: %s",
            WEXITSTATUS(st), buf);
     close(out_p[0]);
@@ -258,42 +264,25 @@ static int generate_interrupted(void)
     return 0;
 }
 
+static int generate_interrupted(void)
+{
+    /* Ctrl-C: the client cancels, the daemon says cancelled, exit 1.  (Seed
+     * 1: its first 256 tokens hold no stop token, so the request is still
+     * running when the interrupt comes; without a seed the random model
+     * sometimes stopped in its first canvas.) */
+    const char *args[] = {"--max-tokens", "4000", "--max-denoising-steps", "30", "--seed", "1",
+                          "a long one", NULL};
+    return interrupted_after_first_text(args);
+}
+
 /* Ctrl-C while canvases keep coming (short canvases, each well inside the
  * client's 200 ms wait): cancelled all the same.  It used to be looked at
  * only when no event came for 200 ms, and the request ran to its end. */
 static int generate_interrupted_fast_canvases(void)
 {
-    int out_p[2], err_p[2], st;
-    char buf[4096];
-    ssize_t n;
-    pid_t pid;
-    CHECK(pipe(out_p) == 0 && pipe(err_p) == 0);
-    pid = fork();
-    if (pid == 0) {
-        dup2(out_p[1], 1);
-        dup2(err_p[1], 2);
-        setenv("DGEMMA_SOCKET", sock, 1);
-        execl(fixture_bin("dgemma-client"), "dgemma-client", "--max-tokens", "4000",
-              "--canvas-length", "8", "--max-denoising-steps", "2", "--seed", "1",
-              "a long one", (char *)NULL);
-        _exit(127);
-    }
-    close(out_p[1]);
-    close(err_p[1]);
-    n = read(out_p[0], buf, sizeof buf);
-    CHECK(n > 0);
-    CHECK(kill(pid, SIGINT) == 0);
-    /* (keep reading, so that the client never blocks on a full pipe) */
-    while (read(out_p[0], buf, sizeof buf) > 0)
-        ;
-    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
-    n = read(err_p[0], buf, sizeof buf - 1);
-    buf[n > 0 ? n : 0] = '\0';
-    CHECKF(WEXITSTATUS(st) == 1 && strstr(buf, ": cancelled;"), "exit %d: %s",
-           WEXITSTATUS(st), buf);
-    close(out_p[0]);
-    close(err_p[0]);
-    return 0;
+    const char *args[] = {"--max-tokens", "4000", "--canvas-length", "8",
+                          "--max-denoising-steps", "2", "--seed", "1", "a long one", NULL};
+    return interrupted_after_first_text(args);
 }
 
 /* A second Ctrl-C ends the client at once, while the daemon (stopped here)

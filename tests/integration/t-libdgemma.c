@@ -292,6 +292,25 @@ static int write_all(int fd, const char *s, size_t n)
     return 0;
 }
 
+/* A scripted daemon's socket at test_path(name): c connected to it, its
+ * end accepted into *sfd (the listener closed). */
+static int fake_accept(const char *name, dgemma_t *c, int *sfd)
+{
+    const char *path = test_path(name);
+    struct sockaddr_un a;
+    const int lf = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    CHECK(lf >= 0 && bind(lf, (struct sockaddr *)&a, sizeof a) == 0 && listen(lf, 4) == 0);
+    CHECK(c);
+    CHECK_RC(dgemma_connect(c, path, 0), c);
+    *sfd = accept(lf, NULL, NULL);
+    CHECK(*sfd >= 0);
+    close(lf);
+    return 0;
+}
+
 /* The child: read n request lines, echo them in one event, then the script. */
 static void fake_script(int fd, int n_lines)
 {
@@ -354,24 +373,15 @@ static void fake_script(int fd, int n_lines)
 
 static int fake_daemon(void)
 {
-    const char *path = test_path("fake.sock");
-    struct sockaddr_un a;
-    int lf = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), sfd, st, rc;
+    int sfd, st, rc;
     dgemma_t *c = dgemma_new();
     dgemma_request_t *r = dgemma_request_text("hi");
     dgemma_event_t ev;
     json_t *echo, *l0;
     pid_t pid;
 
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    CHECK(lf >= 0 && bind(lf, (struct sockaddr *)&a, sizeof a) == 0 && listen(lf, 4) == 0);
-    CHECK(c && r);
-    CHECK_RC(dgemma_connect(c, path, 0), c);
-    sfd = accept(lf, NULL, NULL);
-    CHECK(sfd >= 0);
-    close(lf);
+    CHECK(fake_accept("fake.sock", c, &sfd) == 0);
+    CHECK(r);
     CHECK_RC(dgemma_request_set_int(r, "max_tokens", 5), c);
     CHECK_RC(dgemma_request_add_stop(r, "a"), c);
     CHECK_RC(dgemma_request_set_json(r, "{\"stop\":\"b\",\"top_p\":0.5}"), c);
@@ -495,24 +505,15 @@ static void fake_refusals(int fd)
  * counting the refusal as the submit's answer. */
 static int attach_after_error_with_id(void)
 {
-    const char *path = test_path("fake3.sock");
-    struct sockaddr_un a;
-    int lf = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), sfd, st, rc;
+    int sfd, st, rc;
     dgemma_t *c = dgemma_new();
     dgemma_request_t *r = dgemma_request_text("hi");
     dgemma_ring_t *ring = NULL;
     dgemma_event_t ev;
     pid_t pid;
 
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    CHECK(lf >= 0 && bind(lf, (struct sockaddr *)&a, sizeof a) == 0 && listen(lf, 4) == 0);
-    CHECK(c && r);
-    CHECK_RC(dgemma_connect(c, path, 0), c);
-    sfd = accept(lf, NULL, NULL);
-    CHECK(sfd >= 0);
-    close(lf);
+    CHECK(fake_accept("fake3.sock", c, &sfd) == 0);
+    CHECK(r);
     fflush(stdout);
     pid = fork();
     CHECK(pid >= 0);
@@ -538,22 +539,12 @@ static int attach_after_error_with_id(void)
  * read. */
 static int overlong_line(void)
 {
-    const char *path = test_path("fake2.sock");
-    struct sockaddr_un a;
-    int lf = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), sfd, st, rc;
+    int sfd, st, rc;
     dgemma_t *c = dgemma_new();
     dgemma_event_t ev;
     pid_t pid;
 
-    memset(&a, 0, sizeof a);
-    a.sun_family = AF_UNIX;
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    CHECK(lf >= 0 && bind(lf, (struct sockaddr *)&a, sizeof a) == 0 && listen(lf, 4) == 0);
-    CHECK(c);
-    CHECK_RC(dgemma_connect(c, path, 0), c);
-    sfd = accept(lf, NULL, NULL);
-    CHECK(sfd >= 0);
-    close(lf);
+    CHECK(fake_accept("fake2.sock", c, &sfd) == 0);
     fflush(stdout);
     pid = fork();
     CHECK(pid >= 0);

@@ -548,12 +548,33 @@ static void f_destroy(struct dg_backend *b)
 static const struct dg_backend_ops faulty_ops = {f_slot_open, f_slot_close, f_slot_length,
                                                  f_encode, f_denoise, f_condition, f_destroy, NULL};
 
+/* f around a fresh CPU backend of 2 slots (*inner), failing nowhere yet,
+ * and an engine of max_batch 2 on it writing to sink. */
+static int faulty_engine(struct faulty *f, struct dg_backend **inner, struct sink *sink,
+                         struct dg_engine **e)
+{
+    struct dg_engine_config ec;
+    struct dg_error err = {0};
+    memset(sink, 0, sizeof *sink);
+    CHECK_OK(cpu_backend(2, inner, &err), &err);
+    f->base = **inner;
+    f->base.ops = &faulty_ops;
+    f->inner = *inner;
+    f->calls = f->refusals = 0;
+    f->fail_denoise_at = 0;
+    f->nonfinite_slot = -1;
+    f->refuse_encode_slot = f->refuse_denoise_slot = -1;
+    dg_engine_config_default(&ec, &model.cfg);
+    ec.max_batch = 2;
+    CHECK_OK(dg_engine_create(&f->base, &ec, tok, on_event, sink, e, &err), &err);
+    return 0;
+}
+
 static int backend_failures(void)
 {
     struct sink sink;
     struct dg_backend *inner;
     struct dg_engine *e;
-    struct dg_engine_config ec;
     struct dg_error err = {0};
     struct dg_gen_settings s;
     struct faulty f;
@@ -562,18 +583,8 @@ static int backend_failures(void)
 
     prompt_of(p, 6, 8);
     settings(&s, 3, 40);
-    memset(&sink, 0, sizeof sink);
-    CHECK_OK(cpu_backend(2, &inner, &err), &err);
-    f.base = *inner;
-    f.base.ops = &faulty_ops;
-    f.inner = inner;
-    f.calls = f.refusals = 0;
+    CHECK(faulty_engine(&f, &inner, &sink, &e) == 0);
     f.fail_denoise_at = 3;
-    f.nonfinite_slot = -1;
-    f.refuse_encode_slot = f.refuse_denoise_slot = -1;
-    dg_engine_config_default(&ec, &model.cfg);
-    ec.max_batch = 2;
-    CHECK_OK(dg_engine_create(&f.base, &ec, tok, on_event, &sink, &e, &err), &err);
     CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
     CHECK_OK(submit(e, &sink, p, 6, &s, &o2, &err), &err);
     run_all(e);
@@ -620,25 +631,14 @@ static int backend_refuses_one(void)
         struct sink sink;
         struct dg_backend *inner;
         struct dg_engine *e;
-        struct dg_engine_config ec;
         struct dg_error err = {0};
         struct faulty f;
         struct outcome *o1, *o2;
 
-        memset(&sink, 0, sizeof sink);
-        CHECK_OK(cpu_backend(2, &inner, &err), &err);
-        f.base = *inner;
-        f.base.ops = &faulty_ops;
-        f.inner = inner;
-        f.calls = f.refusals = 0;
-        f.fail_denoise_at = 0;
-        f.nonfinite_slot = -1;
+        CHECK(faulty_engine(&f, &inner, &sink, &e) == 0);
         /* the first request takes slot 0, the second slot 1 */
         f.refuse_encode_slot = which == 0 ? 0 : -1;
         f.refuse_denoise_slot = which == 1 ? 0 : -1;
-        dg_engine_config_default(&ec, &model.cfg);
-        ec.max_batch = 2;
-        CHECK_OK(dg_engine_create(&f.base, &ec, tok, on_event, &sink, &e, &err), &err);
         CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
         CHECK_OK(submit(e, &sink, q, 6, &s, &o2, &err), &err);
         run_all(e);
