@@ -68,8 +68,8 @@ struct conn {
     char *rbuf;                /* unframed input */
     size_t rlen, rcap;
     int prepping;              /* a request with the tokenizing thread: input, ring paused */
-    char *held;                /* input received after that request's line (malloc'd) */
-    size_t held_len;
+    char *held;                /* input not yet framed: received after that request's line, */
+    size_t held_len;           /* or while a quarter of max_output_bytes waited (malloc'd) */
     char chunk[RECV_CHUNK];
     struct out_block *head, *tail;
     size_t out_bytes;          /* unsent */
@@ -92,6 +92,10 @@ struct conn {
 
 enum phase { RUNNING = 0, DRAINING, CANCELLING, FLUSHING };
 
+/* connections refused at accept, kept open for reading a while */
+#define LINGER_MAX 32
+#define LINGER_S 1.0
+
 struct dserver {
     struct dserver_options o;
     struct dsched *sched;
@@ -103,6 +107,15 @@ struct dserver {
     int ring_ok;
     int listen_fd, event_fd, signal_fd;
     int accept_armed;
+    /* connections refused at accept (busy, forbidden), their refusal sent
+     * and their side shut for writing, kept until the client closes or
+     * LINGER_S passes, what they send read and dropped: a client that
+     * writes before it reads gets the line, not a reset or EPIPE */
+    struct {
+        int fd;
+        double until;
+    } linger[LINGER_MAX];
+    int n_linger;
     uint64_t event_buf;
     struct signalfd_siginfo sig_buf;
     struct __kernel_timespec tick_ts;

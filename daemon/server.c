@@ -95,11 +95,19 @@ static void arm_tick(struct dserver *srv)
     io_uring_sqe_set_data64(sqe, ud_make(OP_TICK, 0, 0));
 }
 
+/* Whether a quarter of max_output_bytes waits for the client: its input
+ * is then neither read nor framed (what one read brought is held), so
+ * that a burst of short requests cannot queue past the limit in one go. */
+static int output_backed_up(const struct dserver *srv, const struct conn *c)
+{
+    return c->out_bytes > srv->o.max_output_bytes / 4;
+}
+
 static void arm_recv(struct dserver *srv, struct conn *c)
 {
     struct io_uring_sqe *sqe;
-    if (c->recv_armed || c->read_closed || c->gone || c->prepping ||
-        c->out_bytes > srv->o.max_output_bytes / 4 || !(sqe = get_sqe(srv)))
+    if (c->recv_armed || c->read_closed || c->gone || c->prepping || c->held ||
+        output_backed_up(srv, c) || !(sqe = get_sqe(srv)))
         return;
     io_uring_prep_recv(sqe, c->fd, c->chunk, sizeof c->chunk, 0);
     io_uring_sqe_set_data64(sqe, ud_make(OP_RECV, slot_of(srv, c), c->gen));
@@ -225,7 +233,7 @@ static void conn_gone(struct dserver *srv, struct conn *c, const char *why)
 /* Done with a client that closed its side and has nothing more coming. */
 void maybe_finish(struct dserver *srv, struct conn *c)
 {
-    if (!c->gone && c->read_closed && c->active == 0 && !c->prepping && !c->head)
+    if (!c->gone && c->read_closed && c->active == 0 && !c->prepping && !c->held && !c->head)
         conn_gone(srv, c, "closed");
 }
 
@@ -577,13 +585,14 @@ static void hold(struct dserver *srv, struct conn *c, const char *p, size_t n)
 }
 
 /* Frame the input into lines and handle each; once a line goes to the
- * tokenizing thread, the rest is held for prep_resume. */
+ * tokenizing thread, or the answers wait past a quarter of
+ * max_output_bytes, the rest is held for resume_input. */
 static void consume(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
     while (n > 0 && !c->gone) {
         const char *nl = memchr(p, '\n', n);
         const size_t upto = nl ? (size_t)(nl - p) : n;
-        if (c->prepping) {
+        if (c->prepping || output_backed_up(srv, c)) {
             hold(srv, c, p, n);
             return;
         }
@@ -665,9 +674,10 @@ void prep_start(struct dserver *srv, struct conn *c, struct dproto_request *req,
     dprep_submit(srv->prep, j);
 }
 
-/* The connection's request is back: frame the input held meanwhile (which
- * may pause it again), then read on and look at its ring. */
-static void prep_resume(struct dserver *srv, struct conn *c)
+/* The connection's request is back, or its output has gone down: frame
+ * the input held meanwhile (which may pause it again), then read on and
+ * look at its ring. */
+static void resume_input(struct dserver *srv, struct conn *c)
 {
     char *held = c->held;
     const size_t n = c->held_len;
@@ -714,7 +724,7 @@ static void drain_prep(struct dserver *srv)
             } else {
                 submit_generate(srv, c, &j->req);
             }
-            prep_resume(srv, c);
+            resume_input(srv, c);
         }
         dproto_request_free(&j->req);
         free(j);
@@ -736,6 +746,28 @@ static struct conn *conn_of(struct dserver *srv, uint64_t ud)
 
 /* Turn away a just-accepted client: the reason as one error line, sent
  * without blocking (best effort), then close it and accept again. */
+/* Read and drop what a refused client sent, without waiting: 1 once it
+ * has closed its side (or the socket failed), 0 while it may send more. */
+static int drain_refused(int fd)
+{
+    for (size_t drained = 0; drained < (256u << 10);) {
+        char sink[4096];
+        const ssize_t r = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (r == 0)
+            return 1;
+        if (r < 0)
+            return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+        drained += (size_t)r;
+    }
+    return 0;
+}
+
+/* Send the refusal line, shut our side for writing (the client reads the
+ * line, then the end), and keep the socket for reading until the client
+ * closes or LINGER_S passes (linger_sweep): closed at once with its input
+ * unread, a UNIX socket resets its peer, and a client that wrote its
+ * request first saw only the reset, or EPIPE, never the line.  Past
+ * LINGER_MAX such sockets, closed at once. */
 static void refuse_at_accept(struct dserver *srv, int fd, const char *code, const char *msg)
 {
     size_t len = 0;
@@ -745,8 +777,28 @@ static void refuse_at_accept(struct dserver *srv, int fd, const char *code, cons
         (void)w;
         free(line);
     }
-    close(fd);
+    shutdown(fd, SHUT_WR);
+    if (drain_refused(fd) || srv->n_linger == LINGER_MAX) {
+        close(fd);
+    } else {
+        srv->linger[srv->n_linger].fd = fd;
+        srv->linger[srv->n_linger].until = now_s() + LINGER_S;
+        srv->n_linger++;
+    }
     arm_accept(srv);
+}
+
+/* The refused sockets kept by refuse_at_accept: each read (and dropped),
+ * closed once its client has closed, or at its time. */
+static void linger_sweep(struct dserver *srv, double t)
+{
+    for (int i = 0; i < srv->n_linger;)
+        if (drain_refused(srv->linger[i].fd) || t >= srv->linger[i].until) {
+            close(srv->linger[i].fd);
+            srv->linger[i] = srv->linger[--srv->n_linger];
+        } else {
+            i++;
+        }
 }
 
 static void on_accept(struct dserver *srv, int res)
@@ -857,7 +909,10 @@ static void on_send(struct dserver *srv, struct conn *c, int res)
         block_free(b);
     }
     arm_send(srv, c);
-    arm_recv(srv, c); /* backpressure may have lifted */
+    if (c->held && !c->prepping && !output_backed_up(srv, c))
+        resume_input(srv, c); /* (it reads on and looks at the ring) */
+    else
+        arm_recv(srv, c); /* backpressure may have lifted */
     maybe_finish(srv, c);
 }
 
@@ -976,6 +1031,7 @@ static void on_tick(struct dserver *srv)
             ring_service(srv, &srv->conns[i]);
     if (srv->listen_fd >= 0 && !srv->accept_armed)
         arm_accept(srv);
+    linger_sweep(srv, t);
     if (srv->phase == DRAINING && t >= srv->deadline) {
         dlog(DG_LOG_INFO, "shutdown grace period over: cancelling the running requests");
         srv->phase = CANCELLING;
@@ -1278,6 +1334,8 @@ void dserver_destroy(struct dserver *srv)
     if (!srv)
         return;
     dprep_destroy(srv->prep); /* (before the connections: its jobs name them) */
+    for (int i = 0; i < srv->n_linger; i++)
+        close(srv->linger[i].fd);
     for (int i = 0; srv->conns && i < srv->o.max_connections; i++) {
         struct conn *c = &srv->conns[i];
         if (c->in_use) {
