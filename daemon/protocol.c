@@ -123,16 +123,21 @@ static int tokenize(const json_t *prompt, const json_t *messages, int thinking,
     return 0;
 }
 
-/* Bytes of text a prompt or a list of messages holds (the messages'
- * string contents; anything else counts 0: the render refuses it). */
+/* Bytes of text a prompt or a list of messages holds: the messages'
+ * contents, a string or a list of parts (their "text" strings; anything
+ * else counts 0: the render refuses it). */
 static size_t text_bytes(const json_t *prompt, const json_t *messages)
 {
-    size_t n = 0, i;
-    const json_t *m;
+    size_t n = 0, i, k;
+    const json_t *m, *part;
     if (prompt)
         return json_string_length(prompt);
-    json_array_foreach(messages, i, m)
-        n += json_string_length(json_object_get(m, "content"));
+    json_array_foreach(messages, i, m) {
+        const json_t *content = json_object_get(m, "content");
+        n += json_string_length(content);
+        json_array_foreach(content, k, part)
+            n += json_string_length(json_object_get(part, "text"));
+    }
     return n;
 }
 

@@ -73,7 +73,8 @@ static int good_requests(void)
 }
 
 /* Texts at and past ctx.defer_text_bytes are left for dproto_tokenize,
- * which gives the ids the parse itself gives (prompts and chats); its
+ * which gives the ids the parse itself gives (prompts and chats, a content
+ * of parts too); its
  * errors carry the request's tag; a request freed untokenized leaks
  * nothing (the AddressSanitizer build checks). */
 static int deferred_tokenize(void)
@@ -82,6 +83,9 @@ static int deferred_tokenize(void)
         "{\"v\":1,\"op\":\"generate\",\"tag\":\"p\",\"prompt\":\"the cat sat on\"}",
         "{\"v\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"hi "
         "there\"},{\"role\":\"assistant\",\"content\":\"yes\"}],\"enable_thinking\":true}",
+        /* a content of parts: their text counts (it counted 0, never deferred) */
+        "{\"v\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":"
+        "[{\"type\":\"text\",\"text\":\"hi there\"}]}]}",
     };
     struct dproto_request a, b;
     struct dproto_error e;
