@@ -234,8 +234,11 @@ int dproto_parse(const char *line, size_t len, const struct dproto_ctx *ctx,
     memset(req, 0, sizeof *req);
     memset(perr, 0, sizeof *perr);
     root = dg_json_parse(line, len, "request", &err);
-    if (!root)
-        return fail(perr, err.code == DG_E_NOMEM ? "internal" : "bad_json", "%s", err.msg);
+    if (!root) /* (a number too large is a value out of range, as dgemmad(8) says) */
+        return fail(perr, err.code == DG_E_NOMEM    ? "internal"
+                          : err.code == DG_E_RANGE ? "bad_request"
+                                                   : "bad_json",
+                    "%s", err.msg);
     rc = dproto_parse_json(root, ctx, req, perr);
     json_decref(root);
     return rc;

@@ -48,7 +48,12 @@ json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *wha
         dg_error_set(err, DG_E_NOMEM, "%s: out of memory parsing JSON", what);
         return NULL;
     }
-    if (!v)
+    if (!v && json_error_code(&je) == json_error_numeric_overflow)
+        /* valid JSON, a number past what the parser holds (an int64, a
+         * double): a value out of range, not malformed text */
+        dg_error_set(err, DG_E_RANGE, "%s: a number out of range at line %d column %d: %s",
+                     what, je.line, je.column, je.text);
+    else if (!v)
         dg_error_set(err, DG_E_FORMAT, "%s: malformed JSON at line %d column %d: %s", what,
                      je.line, je.column, je.text);
     return v;

@@ -22,7 +22,8 @@ enum dg_json_need { DG_JSON_OPTIONAL = 0, DG_JSON_REQUIRED = 1 };
 
 /* Parse len bytes as one JSON value (duplicate keys rejected, NUL bytes
  * rejected, nothing but whitespace after it).  what names the source in
- * errors.  Returns NULL with DG_E_FORMAT set on malformed input, or
+ * errors.  Returns NULL with DG_E_FORMAT set on malformed input,
+ * DG_E_RANGE for a number too large for an int64 or a double, or
  * DG_E_NOMEM when an allocation failed while parsing (jansson may then
  * misread the text, so the result is not used). */
 json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err);

@@ -19,8 +19,9 @@ static json_t *parse(const char *s)
 static int case_parse_errors(void)
 {
     struct dg_error err = {0};
-    const char *bad[] = {"{\"a\": 1", "{\"a\": 1, \"a\": 2}", "{} x", "", "{\"a\": 1e999}",
-                         "{\"a\": 99999999999999999999}"};
+    const char *bad[] = {"{\"a\": 1", "{\"a\": 1, \"a\": 2}", "{} x", ""};
+    /* valid JSON, numbers past an int64 or a double: out of range */
+    const char *big[] = {"{\"a\": 1e999}", "{\"a\": 99999999999999999999}", "[-1e400]"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         json_t *v;
         dg_error_clear(&err);
@@ -28,6 +29,12 @@ static int case_parse_errors(void)
         CHECKF(!v, "accepted %s", bad[i]);
         CHECKF(err.code == DG_E_FORMAT && strstr(err.msg, "t.json: malformed JSON at line 1"),
                "%s: %s", bad[i], err.msg);
+    }
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+        dg_error_clear(&err);
+        CHECKF(!dg_json_parse(big[i], strlen(big[i]), "t.json", &err), "accepted %s", big[i]);
+        CHECKF(err.code == DG_E_RANGE && strstr(err.msg, "t.json: a number out of range at line 1"),
+               "%s: %s", big[i], err.msg);
     }
     {
         json_t *v = parse("{\"a\": 1, \"a\": 2}");

@@ -138,6 +138,11 @@ static int bad_requests(void)
         {"{", "bad_json", ""},
         {"{\"v\":1,\"op\":\"status\"} x", "bad_json", ""},
         {"\"str\"", "bad_json", "expected"},
+        /* valid JSON, a number past what it can be: a value out of range */
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"seed\":9223372036854775808}",
+         "bad_request", "a number out of range"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"entropy_bound\":1e999}",
+         "bad_request", "a number out of range"},
         {"[1]", "bad_request", "JSON object"},
         {"{\"op\":\"status\"}", "bad_request", "v: missing"},
         {"{\"v\":\"1\",\"op\":\"status\"}", "bad_version", "version 1"},
