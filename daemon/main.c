@@ -38,6 +38,7 @@
 #include "lib/metrics-db.h"
 #include "lib/model-weights.h"
 #include "lib/tokenizer.h"
+#include "lib/tp-plan.h"
 #include "lib/version.h"
 
 #if DG_HAVE_CUDA
@@ -233,6 +234,42 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
 #endif
 }
 
+/* --check-config's look at the backend, allocating nothing: the model
+ * splits into tp ranks (the plan every backend builds), and an explicit
+ * cuda backend finds as many GPUs as it needs (and those devices names). */
+static int check_backend(const struct dg_config *cfg, const struct loaded *L,
+                         const struct mp *mp, struct dg_error *err)
+{
+    struct dg_tp_plan plan;
+    int rc = dg_tp_plan_build(&L->m.cfg, cfg->tp,
+                              cfg->experts_width ? DG_EXPERTS_WIDTH : DG_EXPERTS_ACROSS, 1, &plan,
+                              err);
+    if (rc < 0)
+        return rc;
+#if DG_HAVE_CUDA
+    if (cfg->backend == DG_BACKEND_CUDA && mp->rank < 0) {
+        struct dg_error probe = {0};
+        const int need = cfg->tp;
+        int n = 0;
+        if (dg_gpu_count(&n, &probe) < 0)
+            n = 0;
+        if (cfg->n_devices && cfg->n_devices < need)
+            return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
+                                need, need, cfg->n_devices);
+        for (int i = 0; i < cfg->n_devices; i++)
+            if (cfg->devices[i] >= n)
+                return dg_error_set(err, DG_E_CONFIG, "cuda: devices names GPU %d; %d visible%s%s",
+                                    cfg->devices[i], n, probe.msg[0] ? ": " : "", probe.msg);
+        if (n < need)
+            return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPU(s); %d visible%s%s", need,
+                                need, n, probe.msg[0] ? ": " : "", probe.msg);
+    }
+#else
+    (void)mp;
+#endif
+    return 0;
+}
+
 static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
                             struct dg_engine_config *ec, struct dg_gen_settings *def,
                             struct dg_error *err)
@@ -241,9 +278,14 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
     dg_engine_config_default(ec, mc);
     ec->max_batch = cfg->max_batch;
     ec->prefill_chunk = cfg->prefill_chunk;
-    if (cfg->max_context > 0)
+    if (cfg->max_context > 0) {
         ec->max_context = cfg->max_context < mc->max_position_embeddings
                               ? cfg->max_context : mc->max_position_embeddings;
+        if (cfg->max_context > ec->max_context)
+            dlog(DG_LOG_WARN, "max_context %lld: the model holds %lld positions; using %lld",
+                 (long long)cfg->max_context, (long long)mc->max_position_embeddings,
+                 (long long)ec->max_context);
+    }
     ec->limits.max_canvas_length = cfg->max_canvas_length > 0 ? cfg->max_canvas_length
                                                               : mc->canvas_length;
     ec->limits.max_denoising_steps = cfg->max_denoising_steps;
@@ -251,10 +293,19 @@ static int request_defaults(const struct dg_config *cfg, const struct loaded *L,
     dg_gen_settings_defaults(def, mc, &L->ck.generation);
     if (cfg->default_max_tokens > 0)
         def->max_tokens = cfg->default_max_tokens;
-    if (def->max_tokens > cfg->max_tokens)
+    /* the defaults within the limits, as a request's own values must be
+     * (said where a configured value is what gives way) */
+    if (def->max_tokens > cfg->max_tokens) {
+        if (cfg->default_max_tokens > 0)
+            dlog(DG_LOG_WARN, "default_max_tokens %lld is above max_tokens %lld; using %lld",
+                 (long long)cfg->default_max_tokens, (long long)cfg->max_tokens,
+                 (long long)cfg->max_tokens);
         def->max_tokens = cfg->max_tokens;
+    }
     if (def->max_denoising_steps > cfg->max_denoising_steps)
         def->max_denoising_steps = cfg->max_denoising_steps;
+    if (def->canvas_length > ec->limits.max_canvas_length)
+        def->canvas_length = ec->limits.max_canvas_length;
     if (dg_gen_settings_validate(def, mc, &ec->limits, err) < 0)
         return dg_error_prefix(err, "the default request settings (generation_config.json "
                                     "and the configuration)");
@@ -518,8 +569,14 @@ int main(int argc, char **argv)
             i++;
         }
         else if ((!strcmp(argv[i], "-c") || !strcmp(argv[i], "-o")) && i + 1 < argc) {
-            if (argv[i][1] == 'c')
+            if (argv[i][1] == 'c') {
+                if (config_path) { /* (the first would be dropped without a word) */
+                    errorf("-c given twice ('%s', then '%s'): one configuration file; "
+                           "-o sets single keys over it", config_path, argv[i + 1]);
+                    return 2;
+                }
                 config_path = argv[i + 1];
+            }
             i++;
         } else {
             errorf("unexpected argument '%s'", argv[i]);
@@ -626,6 +683,10 @@ int main(int argc, char **argv)
         }
         if (mp.rank <= 0 && cfg.metrics[0] && dg_metrics_db_check(cfg.metrics, &err) < 0) {
             dlog(DG_LOG_ERROR, "%s", err.msg);
+            goto out;
+        }
+        if (check_backend(&cfg, &L, &mp, &err) < 0) {
+            dlog(DG_LOG_ERROR, "backend: %s", err.msg);
             goto out;
         }
         if (live)

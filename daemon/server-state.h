@@ -26,6 +26,7 @@
 enum op_kind {
     OP_ACCEPT = 1, OP_RECV, OP_SEND, OP_POLL, OP_EVENT, OP_SIGNAL, OP_TICK, OP_CANCEL,
     OP_BELL,                   /* a ring's submission doorbell is readable */
+    OP_DEADLINE,               /* shutdown_grace has passed (one timeout, at its time) */
 };
 
 static inline uint64_t ud_make(enum op_kind k, uint32_t slot, uint32_t gen)
@@ -119,6 +120,7 @@ struct dserver {
     uint64_t event_buf;
     struct signalfd_siginfo sig_buf;
     struct __kernel_timespec tick_ts;
+    struct __kernel_timespec grace_ts; /* shutdown_grace, for OP_DEADLINE */
     struct conn *conns;
     int n_conns;               /* slots in use */
     enum phase phase;

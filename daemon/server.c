@@ -86,6 +86,30 @@ static void arm_signal(struct dserver *srv)
     io_uring_sqe_set_data64(sqe, ud_make(OP_SIGNAL, 0, 0));
 }
 
+/* The end of shutdown_grace, from now (begin_shutdown), on a timeout of
+ * its own: the tick's period may be far longer than the grace. */
+static void arm_deadline(struct dserver *srv, double seconds)
+{
+    struct io_uring_sqe *sqe = get_sqe(srv);
+    if (!sqe)
+        return; /* (the tick still ends it, later) */
+    srv->grace_ts.tv_sec = (long long)seconds;
+    srv->grace_ts.tv_nsec = (long long)((seconds - (double)(long long)seconds) * 1e9);
+    io_uring_prep_timeout(sqe, &srv->grace_ts, 0, 0);
+    io_uring_sqe_set_data64(sqe, ud_make(OP_DEADLINE, 0, 0));
+}
+
+/* shutdown_grace is over: the requests still running are cancelled (from
+ * the tick or the deadline's own timeout, whichever comes first). */
+static void grace_check(struct dserver *srv, double t)
+{
+    if (srv->phase == DRAINING && t >= srv->deadline) {
+        dlog(DG_LOG_INFO, "shutdown grace period over: cancelling the running requests");
+        srv->phase = CANCELLING;
+        dsched_shutdown(srv->sched, 1);
+    }
+}
+
 static void arm_tick(struct dserver *srv)
 {
     struct io_uring_sqe *sqe = get_sqe(srv);
@@ -961,10 +985,12 @@ static void begin_shutdown(struct dserver *srv, const char *why)
     srv->signals++;
     if (srv->signals == 1) {
         dlog(DG_LOG_INFO, "%s: shutting down: no new connections or requests; running "
-             "requests have %.0f s", why, srv->o.shutdown_grace);
+             "requests have %g s", why, srv->o.shutdown_grace);
         sd_notify_send("STOPPING=1\nSTATUS=draining");
         srv->phase = DRAINING;
         srv->deadline = now_s() + srv->o.shutdown_grace;
+        if (srv->o.shutdown_grace > 0)
+            arm_deadline(srv, srv->o.shutdown_grace);
         if (srv->listen_fd >= 0) {
             struct io_uring_sqe *sqe = get_sqe(srv);
             if (sqe) {
@@ -1032,11 +1058,7 @@ static void on_tick(struct dserver *srv)
     if (srv->listen_fd >= 0 && !srv->accept_armed)
         arm_accept(srv);
     linger_sweep(srv, t);
-    if (srv->phase == DRAINING && t >= srv->deadline) {
-        dlog(DG_LOG_INFO, "shutdown grace period over: cancelling the running requests");
-        srv->phase = CANCELLING;
-        dsched_shutdown(srv->sched, 1);
-    }
+    grace_check(srv, t);
     arm_tick(srv);
 }
 
@@ -1084,6 +1106,9 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
                 break;
             case OP_TICK:
                 on_tick(srv);
+                break;
+            case OP_DEADLINE:
+                grace_check(srv, srv->deadline); /* (its time, by construction) */
                 break;
             case OP_CANCEL:
                 break;

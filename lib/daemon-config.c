@@ -99,8 +99,8 @@ static const struct opt opts[] = {
      .def = "8192", .help = "Largest max_tokens a request may ask for."},
     {.name = "max_context", .type = T_LLONG, .off = OFF(max_context), .min = 2, .max = 16777216,
      .zero_ok = 1, .def = "0",
-     .help = "Most tokens, prompt and output together, one request may hold. "
-             "0: the model's max_position_embeddings."},
+     .help = "Most positions one request may hold: its prompt and its max_tokens rounded up to "
+             "whole canvases. 0: the model's max_position_embeddings (also the most it takes)."},
     {.name = "default_max_tokens", .type = T_INT, .off = OFF(default_max_tokens), .min = 0,
      .max = 16777216, .def = "0",
      .help = "max_tokens of a request that gives none. 0: the checkpoint's max_new_tokens."},
@@ -116,13 +116,15 @@ static const struct opt opts[] = {
      .max = 65536, .def = "256", .help = "Client connections open at once; more are refused."},
     {.name = "max_line_bytes", .type = T_LLONG, .off = OFF(max_line_bytes), .min = 1024,
      .max = 268435456, .def = "1048576",
-     .help = "Longest request line in bytes; a longer one is an error and closes the connection."},
+     .help = "Longest request line in bytes; a longer one gets a too_large error and the rest of "
+             "it is skipped (the connection stays usable)."},
     {.name = "max_output_bytes", .type = T_LLONG, .off = OFF(max_output_bytes), .min = 65536,
      .max = 4294967296LL, .def = "67108864",
      .help = "Unsent output bytes a connection may hold; a client that lets more pile up is "
              "dropped."},
     {.name = "socket", .type = T_STRING, .off = OFF(socket), .size = SIZE(socket),
-     .def = "/run/dgemma/dgemmad.sock", .help = "Path of the Unix socket clients connect to."},
+     .def = "/run/dgemma/dgemmad.sock",
+     .help = "Path of the Unix socket clients connect to (a socket address holds 107 bytes)."},
     {.name = "socket_mode", .type = T_OCTAL, .off = OFF(socket_mode), .min = 0, .max = 0777,
      .def = "0660", .help = "Permissions of the socket, in octal (0660, 0o660 or 660)."},
     {.name = "socket_group", .type = T_STRING, .off = OFF(socket_group),
@@ -186,7 +188,8 @@ static const struct opt opts[] = {
      .help = "Seconds the requests in flight at SIGTERM may take to finish before they are "
              "cancelled."},
     {.name = "tick", .type = T_DOUBLE, .off = OFF(tick), .dmin = 0.01, .dmax = 60, .def = "1",
-     .help = "Period in seconds of the housekeeping timer (timeouts, metrics, statistics)."},
+     .help = "Period in seconds of the housekeeping timer (shared-memory rings that were not "
+             "rung, accept retries, refused connections)."},
 };
 
 #define N_OPTS ((int)NELEM(opts))

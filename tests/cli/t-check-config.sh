@@ -8,7 +8,10 @@
 # and leave the file in the way as it was; a log file is not created (nor
 # when the check fails), a log file in a directory that does not exist
 # fails; beside a running daemon on the same socket the check passes with
-# a note that the socket is in use.
+# a note that the socket is in use.  What the backend would refuse (tp past
+# the model's split, GPUs missing) fails the check; limits below the
+# model's values lower the defaults, with a warning where a configured
+# value gives way; a second -c is a usage error.
 set -u
 BUILD=${BUILD:-build}
 . "${0%/*}/cli-lib.sh" t-check-config
@@ -51,6 +54,34 @@ then ok socket_path_taken; else bad socket_path_taken "$(cat "$tmp/file.err")"; 
 if chk sockdir 1 -o socket=/nonexistent-dgemma/d.sock &&
    has sockdir err "cannot create it in /nonexistent-dgemma"
 then ok socket_missing_directory; else bad socket_missing_directory "$(cat "$tmp/sockdir.err")"; fi
+
+# what the backend would refuse at start, found by the check (it said
+# usable): more ranks than the model splits into; GPUs the machine lacks
+# (where the build has CUDA: a devices entry past any machine's)
+if chk tp 1 -o socket="$tmp/t.sock" -o backend=cpu -o tp=64 &&
+   has tp err "backend: tensor parallel: 64 ranks for"
+then ok tp_too_large; else bad tp_too_large "$(cat "$tmp/tp.out" "$tmp/tp.err")"; fi
+if [ -e "$BUILD/libdgemma-cuda.a" ]; then
+    if chk gpus 1 -o socket="$tmp/g.sock" -o backend=cuda -o "devices=[63]" &&
+       has gpus err "backend: cuda: devices names GPU 63"
+    then ok gpus_missing; else bad gpus_missing "$(cat "$tmp/gpus.out" "$tmp/gpus.err")"; fi
+fi
+
+# limits below the model's own values: the defaults give way, said where
+# a configured value does (max_canvas_length below the model's canvas
+# stopped the start)
+if chk lim 0 -o socket="$tmp/m.sock" -o max_canvas_length=16 -o max_tokens=16 \
+       -o default_max_tokens=100 -o max_context=16000000 &&
+   has lim out "are usable" && has lim err "default_max_tokens 100 is above max_tokens 16" &&
+   has lim err "max_context 16000000: the model holds"
+then ok defaults_within_limits; else bad defaults_within_limits "$(cat "$tmp/lim.out" "$tmp/lim.err")"; fi
+
+# one configuration file: a second -c is refused (it dropped the first)
+printf 'max_batch: 3\n' >"$tmp/c1.yaml"
+printf 'tp: 1\n' >"$tmp/c2.yaml"
+if run twice 2 "$D" $ROOT_OK -c "$tmp/c1.yaml" -c "$tmp/c2.yaml" --check-config &&
+   has twice err "-c given twice"
+then ok config_twice; else bad config_twice "$(cat "$tmp/twice.err")"; fi
 
 "$D" $ROOT_OK -o model="$M" -o socket="$tmp/live.sock" -o log_file="$tmp/live.log" &
 pid=$!

@@ -642,6 +642,48 @@ static int long_done_line(void)
     return 0;
 }
 
+/* shutdown_grace shorter than the tick (0.5 s against 5): a request still
+ * running at SIGTERM is cancelled at the grace's end, not at the next tick
+ * (which ended it 4.3 s after the signal), and the log says 0.5 s. */
+static int grace_shorter_than_tick(void)
+{
+    const char *opts[] = {"tick=5", "shutdown_grace=0.5", "pin_workers=false", NULL};
+    char sock2[600], log6[600];
+    struct fixture_cl *c;
+    json_t *e;
+    int eof, st, saw_done = 0;
+    double t0, ms = 0;
+    pid_t p;
+
+    snprintf(sock2, sizeof sock2, "%s", test_path("grace.sock"));
+    snprintf(log6, sizeof log6, "%s", test_path("grace.log"));
+    p = spawn(sock2, log6, opts);
+    CHECKF(wait_ready(p, sock2) == 0, "the daemon did not come up; log %s", log6);
+    CHECK((c = fixture_cl_open(sock2)) != NULL && cl_send(c, LONG_REQ) == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "accepted"));
+    json_decref(e);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "canvas"));
+    json_decref(e);
+    t0 = now_ms();
+    CHECK(kill(p, SIGTERM) == 0);
+    while ((e = cl_event(c, &eof)) != NULL) {
+        if (!strcmp(ev_kind(e), "done")) {
+            ms = now_ms() - t0;
+            CHECK(!strcmp(json_string_value(json_object_get(e, "finish_reason")), "cancelled"));
+            saw_done = 1;
+        }
+        json_decref(e);
+    }
+    fixture_cl_close(c);
+    CHECK(saw_done);
+    CHECKF(ms >= 400 && ms < 2500, "cancelled %.0f ms after SIGTERM (grace 0.5 s, tick 5 s)", ms);
+    CHECK(wait_exit(p, &st) == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(file_has(log6, "running requests have 0.5 s"));
+    return 0;
+}
+
 /* 150 status lines in one write to a daemon of the least max_output_bytes
  * (65,536; their answers are about 70 KB), read as they come: every answer
  * arrives, in order.  The daemon framed the whole read at once and dropped
@@ -834,6 +876,7 @@ int main(void)
         TEST_CASE(sigterm_during_start);
         TEST_CASE(long_done_line);
         TEST_CASE(burst_of_short_requests);
+        TEST_CASE(grace_shorter_than_tick);
     }
     for (int i = 0; i < 2; i++) {
         const pid_t left = i ? over_b : over_a;
