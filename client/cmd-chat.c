@@ -3,6 +3,8 @@
  * a reply.  Otherwise each input line is one turn and each reply one
  * output line. */
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +143,33 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
     return rc;
 }
 
+/* Wait until standard input, a terminal, has a line, or Ctrl-C comes
+ * (-1).  A terminal in canonical mode gives a read at most one line, so
+ * nothing waits in stdio's buffer that a poll would miss.  SIGINT is let
+ * in only inside ppoll, so a Ctrl-C typed as the prompt was written (before
+ * the wait began) is seen, not left for a read that then blocks. */
+static int wait_line(void)
+{
+    sigset_t block, old;
+    struct pollfd p = {0, POLLIN, 0};
+    int rc = 0;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    for (;;) {
+        int r;
+        if (client_interrupted) {
+            rc = -1;
+            break;
+        }
+        r = ppoll(&p, 1, NULL, &old);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            break; /* (a line, the end, or an error getline then reports) */
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 int cmd_chat(int argc, char **argv)
 {
     struct client_opts o = {0};
@@ -215,14 +244,14 @@ int cmd_chat(int argc, char **argv)
         ssize_t n;
         char *text;
         size_t text_len;
+        client_interrupted = 0; /* (before the prompt: a Ctrl-C at it counts) */
         if (tty) {
             fputs("> ", stdout);
             fflush(stdout);
         }
-        client_interrupted = 0;
         errno = 0;
-        n = getline(&line, &cap, stdin);
-        if (n < 0 && errno == EINTR && client_interrupted) {
+        n = tty && wait_line() < 0 ? -1 : getline(&line, &cap, stdin);
+        if (n < 0 && client_interrupted) {
             /* Ctrl-C at the prompt: a new prompt, the conversation kept */
             clearerr(stdin);
             putchar('\n');
