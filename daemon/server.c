@@ -768,8 +768,6 @@ static struct conn *conn_of(struct dserver *srv, uint64_t ud)
     return c->in_use && c->gen == ud_gen(ud) ? c : NULL;
 }
 
-/* Turn away a just-accepted client: the reason as one error line, sent
- * without blocking (best effort), then close it and accept again. */
 /* Read and drop what a refused client sent, without waiting: 1 once it
  * has closed its side (or the socket failed), 0 while it may send more. */
 static int drain_refused(int fd)
@@ -786,12 +784,13 @@ static int drain_refused(int fd)
     return 0;
 }
 
-/* Send the refusal line, shut our side for writing (the client reads the
- * line, then the end), and keep the socket for reading until the client
- * closes or LINGER_S passes (linger_sweep): closed at once with its input
- * unread, a UNIX socket resets its peer, and a client that wrote its
- * request first saw only the reset, or EPIPE, never the line.  Past
- * LINGER_MAX such sockets, closed at once. */
+/* Turn away a just-accepted client, then accept again: the reason as one
+ * error line, sent without blocking (best effort); our side shut for
+ * writing (the client reads the line, then the end); the socket kept for
+ * reading until the client closes or LINGER_S passes (linger_sweep).
+ * Closed at once with its input unread, a UNIX socket resets its peer, and
+ * a client that wrote its request first saw only the reset, or EPIPE,
+ * never the line.  Past LINGER_MAX such sockets, closed at once. */
 static void refuse_at_accept(struct dserver *srv, int fd, const char *code, const char *msg)
 {
     size_t len = 0;
