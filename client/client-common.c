@@ -79,9 +79,9 @@ static const struct {
 };
 
 /* a generate line's keys that are not settings (daemon/protocol.c) */
-static const char *const REQUEST_KEYS[] = {"v",          "op",     "tag",
-                                           "prompt",     "messages", "prompt_ids",
-                                           "stream",     "enable_thinking", "batch"};
+static const char *const REQUEST_KEYS[] = {
+    "v", "op", "tag", "prompt", "messages", "prompt_ids", "stream", "enable_thinking", "batch",
+};
 
 static int need_value(int argc, char **argv, int i)
 {
@@ -198,8 +198,13 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
             json_t *had = json_object_get(o->settings, SETTINGS[k].key), *list = had;
             if (!json_is_array(had)) {
                 /* a single value from --settings starts the list */
-                if (!(list = json_array()) || (had && json_array_append(list, had) != 0) ||
-                    json_object_set_new(o->settings, SETTINGS[k].key, list) != 0) {
+                int bad = !(list = json_array());
+                if (!bad && had && json_array_append(list, had) != 0) {
+                    json_decref(list);
+                    bad = 1;
+                }
+                /* (set_new takes list, on failure too) */
+                if (bad || json_object_set_new(o->settings, SETTINGS[k].key, list) != 0) {
                     json_decref(v);
                     client_errorf("out of memory");
                     return -1;
