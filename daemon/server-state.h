@@ -69,8 +69,8 @@ struct conn {
     char *rbuf;                /* unframed input */
     size_t rlen, rcap;
     int prepping;              /* a request with the tokenizing thread: input, ring paused */
-    char *held;                /* input not yet framed: received after that request's line, */
-    size_t held_len;           /* or while a quarter of max_output_bytes waited (malloc'd) */
+    char *held;                /* input received after that request's line (malloc'd) */
+    size_t held_len;
     char chunk[RECV_CHUNK];
     struct out_block *head, *tail;
     size_t out_bytes;          /* unsent */

@@ -120,8 +120,7 @@ static void arm_tick(struct dserver *srv)
 }
 
 /* Whether a quarter of max_output_bytes waits for the client: its input
- * is then neither read nor framed (what one read brought is held), so
- * that a burst of short requests cannot queue past the limit in one go. */
+ * is then not read. */
 static int output_backed_up(const struct dserver *srv, const struct conn *c)
 {
     return c->out_bytes > srv->o.max_output_bytes / 4;
@@ -130,7 +129,7 @@ static int output_backed_up(const struct dserver *srv, const struct conn *c)
 static void arm_recv(struct dserver *srv, struct conn *c)
 {
     struct io_uring_sqe *sqe;
-    if (c->recv_armed || c->read_closed || c->gone || c->prepping || c->held ||
+    if (c->recv_armed || c->read_closed || c->gone || c->prepping ||
         output_backed_up(srv, c) || !(sqe = get_sqe(srv)))
         return;
     io_uring_prep_recv(sqe, c->fd, c->chunk, sizeof c->chunk, 0);
@@ -257,7 +256,7 @@ static void conn_gone(struct dserver *srv, struct conn *c, const char *why)
 /* Done with a client that closed its side and has nothing more coming. */
 void maybe_finish(struct dserver *srv, struct conn *c)
 {
-    if (!c->gone && c->read_closed && c->active == 0 && !c->prepping && !c->held && !c->head)
+    if (!c->gone && c->read_closed && c->active == 0 && !c->prepping && !c->head)
         conn_gone(srv, c, "closed");
 }
 
@@ -609,14 +608,13 @@ static void hold(struct dserver *srv, struct conn *c, const char *p, size_t n)
 }
 
 /* Frame the input into lines and handle each; once a line goes to the
- * tokenizing thread, or the answers wait past a quarter of
- * max_output_bytes, the rest is held for resume_input. */
+ * tokenizing thread, the rest is held for resume_input. */
 static void consume(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
     while (n > 0 && !c->gone) {
         const char *nl = memchr(p, '\n', n);
         const size_t upto = nl ? (size_t)(nl - p) : n;
-        if (c->prepping || output_backed_up(srv, c)) {
+        if (c->prepping) {
             hold(srv, c, p, n);
             return;
         }
@@ -698,9 +696,8 @@ void prep_start(struct dserver *srv, struct conn *c, struct dproto_request *req,
     dprep_submit(srv->prep, j);
 }
 
-/* The connection's request is back, or its output has gone down: frame
- * the input held meanwhile (which may pause it again), then read on and
- * look at its ring. */
+/* The connection's request is back: frame the input held meanwhile (which
+ * may pause it again), then read on and look at its ring. */
 static void resume_input(struct dserver *srv, struct conn *c)
 {
     char *held = c->held;
@@ -932,10 +929,7 @@ static void on_send(struct dserver *srv, struct conn *c, int res)
         block_free(b);
     }
     arm_send(srv, c);
-    if (c->held && !c->prepping && !output_backed_up(srv, c))
-        resume_input(srv, c); /* (it reads on and looks at the ring) */
-    else
-        arm_recv(srv, c); /* backpressure may have lifted */
+    arm_recv(srv, c); /* backpressure may have lifted */
     maybe_finish(srv, c);
 }
 

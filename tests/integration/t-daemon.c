@@ -684,50 +684,6 @@ static int grace_shorter_than_tick(void)
     return 0;
 }
 
-/* 150 status lines in one write to a daemon of the least max_output_bytes
- * (65,536; their answers are about 70 KB), read as they come: every answer
- * arrives, in order.  The daemon framed the whole read at once and dropped
- * the client as too slow before sending anything. */
-static int burst_of_short_requests(void)
-{
-    enum { N = 150 };
-    const char *opts[] = {"max_output_bytes=65536", "pin_workers=false", NULL};
-    char sock2[600], log5[600];
-    static char lines[N * 64];
-    struct fixture_cl *c;
-    size_t len = 0;
-    int st, got = 0;
-    pid_t p;
-
-    snprintf(sock2, sizeof sock2, "%s", test_path("burst.sock"));
-    snprintf(log5, sizeof log5, "%s", test_path("burst.log"));
-    p = spawn(sock2, log5, opts);
-    CHECKF(wait_ready(p, sock2) == 0, "the daemon did not come up; log %s", log5);
-    for (int i = 0; i < N; i++)
-        len += (size_t)snprintf(lines + len, sizeof lines - len,
-                                "{\"v\":1,\"op\":\"status\",\"tag\":\"s%d\"}\n", i);
-    CHECK((c = fixture_cl_open(sock2)) != NULL);
-    CHECK(cl_send(c, lines) == 0);
-    for (; got < N; got++) {
-        char want[16];
-        int eof = 0;
-        json_t *e = cl_event(c, &eof);
-        snprintf(want, sizeof want, "s%d", got);
-        if (!e || strcmp(ev_kind(e), "status") ||
-            strcmp(json_string_value(json_object_get(e, "tag")) ? json_string_value(json_object_get(e, "tag")) : "", want)) {
-            json_decref(e);
-            break;
-        }
-        json_decref(e);
-    }
-    fixture_cl_close(c);
-    CHECKF(got == N, "%d answers of %d (log %s)", got, N, log5);
-    CHECK(!file_has(log5, "too slow"));
-    CHECK(kill(p, SIGTERM) == 0 && wait_exit(p, &st) == 0 && WIFEXITED(st) &&
-          WEXITSTATUS(st) == 0);
-    return 0;
-}
-
 static int stale_socket_replaced(void)
 {
     struct sockaddr_un a;
@@ -875,7 +831,6 @@ int main(void)
         TEST_CASE(hung_daemon_socket);
         TEST_CASE(sigterm_during_start);
         TEST_CASE(long_done_line);
-        TEST_CASE(burst_of_short_requests);
         TEST_CASE(grace_shorter_than_tick);
     }
     for (int i = 0; i < 2; i++) {
