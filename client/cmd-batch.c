@@ -24,7 +24,7 @@
 
 static const char usage[] =
     "usage: dgemma-client batch --input FILE|- --output FILE [--parallel N]\n"
-    "                           [-s SOCKET] [--wait SECONDS] [SETTINGS]\n"
+    "                           [-s|--socket SOCKET] [--wait SECONDS] [SETTINGS]\n"
     "Each input line: {\"id\": \"...\" or N, \"prompt\": \"...\" | \"messages\": [...] |\n"
     "\"prompt_ids\": [...], any setting...}; the flags' settings apply where a\n"
     "line has none.  Each output line: {\"id\", \"finish_reason\", \"text\", \"ids\",\n"

@@ -13,8 +13,8 @@
 #include "client/client.h"
 
 static const char usage[] =
-    "usage: dgemma-client chat [-s SOCKET] [--wait SECONDS] [--system TEXT] [--thinking]\n"
-    "                          [SETTINGS]\n"
+    "usage: dgemma-client chat [-s|--socket SOCKET] [--wait SECONDS] [--system TEXT]\n"
+    "                          [--thinking] [SETTINGS]\n"
     "A conversation: every turn sends the whole history in the model's chat\n"
     "format.  On a terminal it prompts with \"> \"; /reset forgets the history,\n"
     "/exit or end of input leaves; Ctrl-C stops the reply being written.  When\n"

@@ -9,9 +9,9 @@
 #include "client/client.h"
 
 static const char usage[] =
-    "usage: dgemma-client [generate] [-s SOCKET] [--wait SECONDS] [--json] [--no-stream]\n"
-    "                     [--chat [--system TEXT] [--thinking]] [--ids \"ID ...\"]\n"
-    "                     [--tag TAG] [--quiet] [SETTINGS] [PROMPT...]\n"
+    "usage: dgemma-client [generate] [-s|--socket SOCKET] [--wait SECONDS] [--json]\n"
+    "                     [--no-stream] [--chat [--system TEXT] [--thinking]]\n"
+    "                     [--ids \"ID ...\"] [--tag TAG] [--quiet] [SETTINGS] [PROMPT...]\n"
     "Send PROMPT (the arguments joined by spaces, or standard input) and write\n"
     "the text as each canvas arrives, then a summary to standard error (not\n"
     "with --quiet).  --chat sends it as a user message in the model's chat\n"

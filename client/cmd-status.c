@@ -8,12 +8,12 @@
 #include "client/client.h"
 
 static const char status_usage[] =
-    "usage: dgemma-client status [-s SOCKET] [--wait SECONDS] [--json]\n"
+    "usage: dgemma-client status [-s|--socket SOCKET] [--wait SECONDS] [--json]\n"
     "The daemon's model, backend, limits, queue, running requests, counters\n"
     "and uptime; --json writes the status event as it comes.\n";
 
 static const char cancel_usage[] =
-    "usage: dgemma-client cancel [-s SOCKET] [--wait SECONDS] ID...\n"
+    "usage: dgemma-client cancel [-s|--socket SOCKET] [--wait SECONDS] [--json] ID...\n"
     "Cancel requests by id (yours, or any as root).  Exit status 1 if one of\n"
     "them is not in flight.\n";
 

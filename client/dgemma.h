@@ -56,7 +56,7 @@ dgemma_t *dgemma_new(void);
  * DGEMMA_DEFAULT_SOCKET), retrying for up to wait_s seconds while the
  * socket does not exist, refuses (the daemon is starting) or has its
  * queue of connections full (never blocking past wait_s).
- * Errors: DGEMMA_E_CONNECT, DGEMMA_E_INVAL (a path too long). */
+ * Errors: DGEMMA_E_CONNECT, DGEMMA_E_INVAL (a path empty or too long). */
 int dgemma_connect(dgemma_t *c, const char *path, double wait_s);
 
 /* Close the connection and free c (NULL is fine). */
@@ -86,7 +86,8 @@ int dgemma_request_add_message(dgemma_request_t *r, const char *role, const char
 /* Settings by their protocol names (dgemmad(8)): integers (max_tokens,
  * seed, top_k, canvas_length, max_denoising_steps, stability_threshold),
  * reals (entropy_bound, confidence_threshold, t_min, t_max, top_p).
- * DGEMMA_E_INVAL for a key that is not one of those names. */
+ * DGEMMA_E_INVAL for a key that is not one of those names, or a real that
+ * is not finite. */
 int dgemma_request_set_int(dgemma_request_t *r, const char *key, long long value);
 int dgemma_request_set_real(dgemma_request_t *r, const char *key, double value);
 /* Append a stop string / a stop token id. */
