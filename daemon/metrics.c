@@ -245,7 +245,7 @@ static int write_batch(struct dmetrics *m, struct mrec *batch, int *retention_du
     if (*retention_due && (m->o.retention_days > 0 || m->o.max_bytes > 0)) {
         struct dg_metrics_retained gone;
         if ((rc = dg_metrics_db_retain(m->db, dmetrics_now(), m->o.retention_days * 86400.0,
-                                       m->o.max_bytes, &gone, err)) < 0)
+                                       m->o.max_bytes, m->run_id, &gone, err)) < 0)
             goto rollback;
         if (gone.requests + gone.events + gone.runs > 0) {
             char d[160];

@@ -285,6 +285,8 @@ int dproto_parse_json(json_t *root, const struct dproto_ctx *ctx, struct dproto_
     ops = json_string_value(op);
     if (!strcmp(ops, "generate")) {
         req->op = perr->op = DPROTO_GENERATE;
+        /* (known before the rest is checked, for a refusal's metrics row) */
+        perr->batch = json_is_true(json_object_get(root, "batch"));
         rc = parse_generate(root, ctx, req, perr);
     } else if (!strcmp(ops, "cancel")) {
         static const char *const keys[] = {"v", "op", "tag", "id"};
@@ -337,6 +339,7 @@ int dproto_tokenize(const struct dproto_ctx *ctx, struct dproto_request *req,
         return 0;
     memset(perr, 0, sizeof *perr);
     perr->op = req->op;
+    perr->batch = req->batch;
     if (req->has_tag) {
         memcpy(perr->tag, req->tag, sizeof perr->tag);
         perr->has_tag = 1;

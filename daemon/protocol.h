@@ -84,6 +84,7 @@ struct dproto_error {
     char tag[DPROTO_TAG_MAX + 1];
     int has_tag;
     enum dproto_op op;          /* 0: the line failed before its op was known */
+    int batch;                  /* a generate that said "batch":true (its metrics source) */
 };
 
 struct dproto_request {

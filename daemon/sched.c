@@ -112,7 +112,7 @@ static void record(struct dsched *s, const struct sreq *r, const char *finish,
         row.completion_tokens = st->completion_tokens;
         row.canvases = st->canvases;
         row.steps = st->decoder_steps;
-        row.tokens_per_s = st->tokens_per_s;
+        row.tokens_per_s = st->ms_prefill > 0 ? st->tokens_per_s : -1; /* (NULL: no prefill) */
         if (st->canvases > (int)(sizeof canvas / sizeof canvas[0]) &&
             !(cv = malloc((size_t)st->canvases * sizeof *cv)))
             cv = NULL;
@@ -295,7 +295,10 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
     else
         record(s, r, dg_finish_name(ev->finish),
                ev->finish == DG_FINISH_ERROR ? dg_status_name(ev->error_code)
-               : r->conn_gone ? "client_gone" : NULL,
+               /* (a request that ended by itself as its client went keeps
+                * its own finish, and no code) */
+               : r->conn_gone && ev->finish == DG_FINISH_CANCELLED ? "client_gone"
+                                                                   : NULL,
                ev->finish == DG_FINISH_ERROR ? ev->error : NULL, ev->stats);
     pthread_mutex_lock(&s->mu);
     push(s, r, line, len, 1);

@@ -553,7 +553,7 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
     if (len == 0)
         return;
     if (dproto_parse(line, len, &srv->pctx_defer, &req, &perr) < 0) {
-        line_refused(srv, c, &perr, DG_SOURCE_SOCKET);
+        line_refused(srv, c, &perr, perr.batch ? DG_SOURCE_BATCH : DG_SOURCE_SOCKET);
         return;
     }
     tag = req.has_tag ? req.tag : NULL;

@@ -576,8 +576,8 @@ int dg_metrics_db_put_request(struct dg_metrics_db *db, int64_t run, const char 
     b |= sqlite3_bind_int64(st, 12, r->completion_tokens);
     b |= sqlite3_bind_int(st, 13, r->canvases);
     b |= sqlite3_bind_int64(st, 14, r->steps);
-    b |= r->started > 0 ? sqlite3_bind_double(st, 15, r->tokens_per_s)
-                        : sqlite3_bind_null(st, 15);
+    b |= r->started > 0 && r->tokens_per_s >= 0 ? sqlite3_bind_double(st, 15, r->tokens_per_s)
+                                                : sqlite3_bind_null(st, 15);
     b |= r->ttfc_ms >= 0 ? sqlite3_bind_double(st, 16, r->ttfc_ms) : sqlite3_bind_null(st, 16);
     b |= sqlite3_bind_double(st, 17, r->total_ms);
     b |= bind_text(st, 18, backend);
@@ -640,13 +640,17 @@ int dg_metrics_db_live_bytes(struct dg_metrics_db *db, int64_t *bytes, struct dg
 
 /* Run sql with one bound real (or integer when is_int), add the rows it
  * changed to *count. */
+/* Run a DELETE with ?1 = x (an integer where is_int) and, where it has a
+ * ?2, ?2 = keep (the run whose start is kept); *count += rows deleted. */
 static int delete_with(struct dg_metrics_db *db, const char *sql, double x, int is_int,
-                       int64_t *count, struct dg_error *err)
+                       int64_t keep, int64_t *count, struct dg_error *err)
 {
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(db->h, sql, -1, &st, NULL);
     if (rc == SQLITE_OK) {
         rc = is_int ? sqlite3_bind_int64(st, 1, (sqlite3_int64)x) : sqlite3_bind_double(st, 1, x);
+        if (rc == SQLITE_OK && sqlite3_bind_parameter_count(st) >= 2)
+            rc = sqlite3_bind_int64(st, 2, keep);
         if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_DONE)
             rc = SQLITE_OK;
     }
@@ -658,9 +662,11 @@ static int delete_with(struct dg_metrics_db *db, const char *sql, double x, int 
 }
 
 int dg_metrics_db_retain(struct dg_metrics_db *db, double now, double max_age_s,
-                         int64_t max_bytes, struct dg_metrics_retained *out,
+                         int64_t max_bytes, int64_t keep_run, struct dg_metrics_retained *out,
                          struct dg_error *err)
 {
+    /* (the events that say which daemon this is and how it was set up) */
+#define KEPT_EVENT "(run = ?2 AND kind IN ('start', 'config'))"
     int64_t live, n_req, n_ev;
     int rc;
 
@@ -669,17 +675,19 @@ int dg_metrics_db_retain(struct dg_metrics_db *db, double now, double max_age_s,
         return rc;
     if (max_age_s > 0) {
         const double cutoff = now - max_age_s;
+        /* a run that never stopped (its daemon killed) goes by its start */
         if ((rc = delete_with(db, "DELETE FROM canvases WHERE request IN "
                               "(SELECT id FROM requests WHERE finished < ?1)", cutoff, 0,
-                              &out->canvases, err)) < 0 ||
+                              keep_run, &out->canvases, err)) < 0 ||
             (rc = delete_with(db, "DELETE FROM requests WHERE finished < ?1", cutoff, 0,
-                              &out->requests, err)) < 0 ||
-            (rc = delete_with(db, "DELETE FROM events WHERE time < ?1", cutoff, 0, &out->events,
-                              err)) < 0 ||
-            (rc = delete_with(db, "DELETE FROM runs WHERE stopped IS NOT NULL AND stopped < ?1 "
+                              keep_run, &out->requests, err)) < 0 ||
+            (rc = delete_with(db, "DELETE FROM events WHERE time < ?1 AND NOT " KEPT_EVENT,
+                              cutoff, 0, keep_run, &out->events, err)) < 0 ||
+            (rc = delete_with(db, "DELETE FROM runs WHERE id != ?2 AND "
+                              "coalesce(stopped, started) < ?1 "
                               "AND NOT EXISTS (SELECT 1 FROM requests WHERE run = runs.id) "
                               "AND NOT EXISTS (SELECT 1 FROM events WHERE run = runs.id)",
-                              cutoff, 0, &out->runs, err)) < 0)
+                              cutoff, 0, keep_run, &out->runs, err)) < 0)
             return rc;
     }
     if (max_bytes > 0) {
@@ -687,28 +695,35 @@ int dg_metrics_db_retain(struct dg_metrics_db *db, double now, double max_age_s,
             return rc;
         const int trimming = live > max_bytes;
         while (trimming && live > max_bytes - max_bytes / 10) {
+            const int64_t before = out->requests + out->events;
             if ((rc = query_int(db, "SELECT count(*) FROM requests", &n_req, err)) < 0 ||
                 (rc = query_int(db, "SELECT count(*) FROM events", &n_ev, err)) < 0)
                 return rc;
             if (n_req + n_ev == 0)
                 break;
-            /* the oldest tenth (at least 64 rows) of each, per round */
+            /* the oldest tenth of each, per round: at least 64 requests;
+             * events, a small share of the file, by their tenth alone (a
+             * floor of 64 took every event of a small table), never the
+             * kept run's start and config */
             n_req = n_req / 10 > 64 ? n_req / 10 : 64;
-            n_ev = n_ev / 10 > 64 ? n_ev / 10 : 64;
+            n_ev /= 10;
             if ((rc = delete_with(db, "DELETE FROM canvases WHERE request IN "
                                   "(SELECT id FROM requests ORDER BY id LIMIT ?1)",
-                                  (double)n_req, 1, &out->canvases, err)) < 0 ||
+                                  (double)n_req, 1, keep_run, &out->canvases, err)) < 0 ||
                 (rc = delete_with(db, "DELETE FROM requests WHERE id IN "
                                   "(SELECT id FROM requests ORDER BY id LIMIT ?1)",
-                                  (double)n_req, 1, &out->requests, err)) < 0 ||
-                (rc = delete_with(db, "DELETE FROM events WHERE id IN "
-                                  "(SELECT id FROM events ORDER BY id LIMIT ?1)",
-                                  (double)n_ev, 1, &out->events, err)) < 0)
+                                  (double)n_req, 1, keep_run, &out->requests, err)) < 0 ||
+                (rc = delete_with(db, "DELETE FROM events WHERE id IN (SELECT id FROM events "
+                                  "WHERE NOT " KEPT_EVENT " ORDER BY id LIMIT ?1)",
+                                  (double)n_ev, 1, keep_run, &out->events, err)) < 0)
                 return rc;
+            if (out->requests + out->events == before)
+                break; /* (nothing left that may go) */
             if ((rc = dg_metrics_db_live_bytes(db, &live, err)) < 0)
                 return rc;
         }
     }
+#undef KEPT_EVENT
     if (out->requests + out->events + out->runs > 0 &&
         (rc = exec(db, "PRAGMA incremental_vacuum", "returning free pages", err)) < 0)
         return rc;

@@ -67,7 +67,8 @@ struct dg_metrics_request {
     double submitted, started, first_canvas, finished;
     int64_t prompt_tokens, completion_tokens, steps;
     int canvases;
-    double tokens_per_s, ttfc_ms, total_ms; /* ttfc_ms < 0: no canvas */
+    double tokens_per_s, ttfc_ms, total_ms; /* ttfc_ms < 0: no canvas; tokens_per_s < 0:
+                                               no prefill finished (both NULL) */
     const char *settings_json;
     const char *finish;
     const char *error_code, *error;
@@ -148,12 +149,15 @@ struct dg_metrics_retained {
 };
 
 /* Inside a transaction: delete requests (with their canvases), events and
- * stopped runs older than max_age_s before now (0: no age limit), then the
- * oldest requests and events until the live pages take at most 90% of
- * max_bytes (0: no size limit), and give the freed pages back to the file
- * system (incremental vacuum).  *out counts what went. */
+ * runs (by their stop, or their start if they never stopped) older than
+ * max_age_s before now (0: no age limit), then the oldest requests and
+ * events (a tenth of each a round) until the live pages take at most 90%
+ * of max_bytes (0: no size limit), and give the freed pages back to the
+ * file system (incremental vacuum).  Run keep_run (the writer's own; 0:
+ * none) and its start and config events are never deleted.  *out counts
+ * what went. */
 int dg_metrics_db_retain(struct dg_metrics_db *db, double now, double max_age_s,
-                         int64_t max_bytes, struct dg_metrics_retained *out,
+                         int64_t max_bytes, int64_t keep_run, struct dg_metrics_retained *out,
                          struct dg_error *err);
 
 /* Bytes the live pages take: (page_count - freelist_count) * page_size. */

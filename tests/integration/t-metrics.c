@@ -544,15 +544,23 @@ static int batch_source(void)
 
     CHECK(start_daemon(db, NULL) == 0);
     CHECK((f = fopen(in, "w")) != NULL);
+    /* (the third refused by the daemon's parse: recorded as batch too, where
+     * it was socket) */
     fputs("{\"id\":\"a\",\"prompt\":\"one\",\"max_tokens\":8}\n"
-          "{\"id\":\"b\",\"prompt\":\"two\",\"max_tokens\":8}\n", f);
+          "{\"id\":\"b\",\"prompt\":\"two\",\"max_tokens\":8}\n"
+          "{\"id\":\"c\",\"prompt\":\"three\",\"top_p\":7}\n", f);
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s batch -s %s --input %s --output %s", fixture_bin("dgemma-client"),
              sock_path, in, out);
-    CHECK(system(cmd) == 0);
+    {
+        const int st = system(cmd);
+        CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 1, "batch: status %d", st);
+    }
     CHECK(run_requests(1, 8) == 0); /* and one that is not */
     CHECK(stop_daemon() == 0);
-    CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'batch'") == 2);
+    CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'batch'") == 3);
+    CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'batch' AND "
+                    "finish = 'rejected' AND error_code = 'bad_request'") == 1);
     CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'socket'") == 1);
     CHECK(q_int(db, "SELECT count(*) FROM requests WHERE source = 'batch' AND "
                     "tag IN ('b0', 'b1') AND finish IN ('stop', 'length')") == 2);

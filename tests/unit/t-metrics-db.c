@@ -270,17 +270,23 @@ static int retention_by_age(void)
     struct dg_metrics_request r;
     struct dg_metrics_canvas cv[8];
     struct dg_metrics_retained gone;
-    int64_t id1 = 0, id2 = 0;
+    int64_t id1 = 0, id2 = 0, id3 = 0;
     int64_t want_req = 0, want_cv = 0, want_ev = 0;
     const double now = 1e6, age = 1000;
 
     CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
     CHECK_OK(dg_metrics_db_begin(db, &err), &err);
-    /* an old stopped run with nothing left after retention, and the current one */
+    /* an old stopped run with nothing left after retention, an old one that
+     * never stopped (its daemon killed: it stayed for ever), and the
+     * current one, started long ago, whose start and config events stay */
     CHECK_OK(dg_metrics_db_put_run(db, &run, &id1, &err), &err);
     CHECK_OK(dg_metrics_db_stop_run(db, id1, now - 2 * age, &err), &err);
-    run.started = now - 10;
+    run.started = now - 3 * age;
+    CHECK_OK(dg_metrics_db_put_run(db, &run, &id3, &err), &err);
+    run.started = now - 3 * age;
     CHECK_OK(dg_metrics_db_put_run(db, &run, &id2, &err), &err);
+    CHECK_OK(dg_metrics_db_put_event(db, id2, now - 3 * age, "start", NULL, &err), &err);
+    CHECK_OK(dg_metrics_db_put_event(db, id2, now - 3 * age, "config", "x: 1", &err), &err);
     for (int i = 0; i < 200; i++) {
         const double t = now - 2 * age + (double)(rnd() % (unsigned)(2 * age));
         const int n = (int)(rnd() % 8);
@@ -297,13 +303,14 @@ static int retention_by_age(void)
     }
     CHECK_OK(dg_metrics_db_commit(db, &err), &err);
     CHECK_OK(dg_metrics_db_begin(db, &err), &err);
-    CHECK_OK(dg_metrics_db_retain(db, now, age, 0, &gone, &err), &err);
+    CHECK_OK(dg_metrics_db_retain(db, now, age, 0, id2, &gone, &err), &err);
     CHECK_OK(dg_metrics_db_commit(db, &err), &err);
     CHECKF(gone.requests == want_req && gone.canvases == want_cv && gone.events == want_ev,
            "deleted %lld/%lld/%lld, want %lld/%lld/%lld", (long long)gone.requests,
            (long long)gone.canvases, (long long)gone.events, (long long)want_req,
            (long long)want_cv, (long long)want_ev);
-    CHECK(gone.runs == 1);
+    CHECKF(gone.runs == 2, "%lld runs deleted", (long long)gone.runs);
+    CHECK(peek(path, "SELECT count(*) FROM events WHERE kind IN ('start', 'config')") == 2);
     CHECK(peek(path, "SELECT count(*) FROM requests") == 200 - want_req);
     CHECK(peek(path, "SELECT count(*) FROM requests WHERE finished < 999000") == 0);
     CHECK(peek(path, "SELECT count(*) FROM canvases WHERE request NOT IN "
@@ -333,6 +340,12 @@ static int retention_by_size(void)
     CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
     CHECK_OK(dg_metrics_db_begin(db, &err), &err);
     CHECK_OK(dg_metrics_db_put_run(db, &run, &run_id, &err), &err);
+    /* the run's start and config, and a few other events: trimming took
+     * at least 64 events a round, so all of them, and the run's start */
+    CHECK_OK(dg_metrics_db_put_event(db, run_id, 1, "start", NULL, &err), &err);
+    CHECK_OK(dg_metrics_db_put_event(db, run_id, 1, "config", "x: 1", &err), &err);
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(dg_metrics_db_put_event(db, run_id, 2 + i, "reload", NULL, &err), &err);
     for (int i = 0; i < 3000; i++) {
         make_request(&r, cv, 8, (uint64_t)i + 1, 100.0 + i);
         r.settings_json = settings;
@@ -343,13 +356,13 @@ static int retention_by_size(void)
     CHECKF(live > 2000000, "3000 requests take only %lld bytes", (long long)live);
     /* under the limit: nothing goes */
     CHECK_OK(dg_metrics_db_begin(db, &err), &err);
-    CHECK_OK(dg_metrics_db_retain(db, 1e9, 0, live + 4096, &gone, &err), &err);
+    CHECK_OK(dg_metrics_db_retain(db, 1e9, 0, live + 4096, run_id, &gone, &err), &err);
     CHECK_OK(dg_metrics_db_commit(db, &err), &err);
     CHECK(gone.requests == 0 && gone.events == 0);
     /* half the size: the oldest go until the live pages fit 90% of it */
     max_bytes = live / 2;
     CHECK_OK(dg_metrics_db_begin(db, &err), &err);
-    CHECK_OK(dg_metrics_db_retain(db, 1e9, 0, max_bytes, &gone, &err), &err);
+    CHECK_OK(dg_metrics_db_retain(db, 1e9, 0, max_bytes, run_id, &gone, &err), &err);
     CHECK_OK(dg_metrics_db_commit(db, &err), &err);
     CHECK_OK(dg_metrics_db_live_bytes(db, &live_after, &err), &err);
     CHECKF(live_after <= max_bytes - max_bytes / 10, "live %lld after trimming to %lld",
@@ -358,6 +371,9 @@ static int retention_by_size(void)
            (long long)gone.requests);
     CHECK(gone.canvases == 8 * gone.requests);
     CHECK(peek(path, "SELECT count(*) FROM requests") == 3000 - gone.requests);
+    CHECKF(peek(path, "SELECT count(*) FROM events WHERE kind IN ('start', 'config')") == 2 &&
+               peek(path, "SELECT count(*) FROM events") >= 2,
+           "%lld events deleted", (long long)gone.events);
     /* the oldest went: what is left is the newest, contiguous */
     oldest = peek(path, "SELECT min(request_id) FROM requests");
     CHECK(oldest == gone.requests + 1);
