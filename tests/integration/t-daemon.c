@@ -262,6 +262,22 @@ static int concurrent_batching(void)
 static const char LONG_REQ[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a long one\","
                                "\"max_tokens\":4000,\"max_denoising_steps\":30,\"seed\":5}\n";
 
+/* Send LONG_REQ on c (NULL: fails) and take its accepted and first canvas
+ * events: the request is running. */
+static int long_req_started(struct fixture_cl *c)
+{
+    json_t *e;
+    int eof;
+    CHECK(c && cl_send(c, LONG_REQ) == 0);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "accepted"));
+    json_decref(e);
+    e = cl_event(c, &eof);
+    CHECK(e && !strcmp(ev_kind(e), "canvas"));
+    json_decref(e);
+    return 0;
+}
+
 static int cancel_mid_request(void)
 {
     struct fixture_cl *c = cl_open();
@@ -310,17 +326,9 @@ static int cancel_mid_request(void)
 static int client_vanishes(void)
 {
     struct fixture_cl *c = cl_open();
-    json_t *e;
     const long long cancelled = status_int("cancelled");
     double t0;
-    int eof;
-    CHECK(c && cl_send(c, LONG_REQ) == 0);
-    e = cl_event(c, &eof);
-    CHECK(e && !strcmp(ev_kind(e), "accepted"));
-    json_decref(e);
-    e = cl_event(c, &eof);
-    CHECK(e && !strcmp(ev_kind(e), "canvas"));
-    json_decref(e);
+    CHECK(long_req_started(c) == 0);
     cl_close(c); /* mid-stream */
     t0 = now_ms();
     while (status_int("running") != 0 && now_ms() - t0 < WAIT_MS)
@@ -522,13 +530,7 @@ static int sigterm_during_generation(void)
     json_t *e;
     int eof, st, saw_done = 0;
     struct stat sb;
-    CHECK(c && cl_send(c, LONG_REQ) == 0);
-    e = cl_event(c, &eof);
-    CHECK(e && !strcmp(ev_kind(e), "accepted"));
-    json_decref(e);
-    e = cl_event(c, &eof);
-    CHECK(e && !strcmp(ev_kind(e), "canvas"));
-    json_decref(e);
+    CHECK(long_req_started(c) == 0);
     CHECK(kill(daemon_pid, SIGTERM) == 0);
     {
         /* systemd hears of the stop as it begins, while the request still
@@ -659,13 +661,7 @@ static int grace_shorter_than_tick(void)
     snprintf(log6, sizeof log6, "%s", test_path("grace.log"));
     p = spawn(sock2, log6, opts);
     CHECKF(wait_ready(p, sock2) == 0, "the daemon did not come up; log %s", log6);
-    CHECK((c = fixture_cl_open(sock2)) != NULL && cl_send(c, LONG_REQ) == 0);
-    e = cl_event(c, &eof);
-    CHECK(e && !strcmp(ev_kind(e), "accepted"));
-    json_decref(e);
-    e = cl_event(c, &eof);
-    CHECK(e && !strcmp(ev_kind(e), "canvas"));
-    json_decref(e);
+    CHECK(long_req_started(c = fixture_cl_open(sock2)) == 0);
     t0 = now_ms();
     CHECK(kill(p, SIGTERM) == 0);
     while ((e = cl_event(c, &eof)) != NULL) {
