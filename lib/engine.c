@@ -402,17 +402,26 @@ static int refused_unrun(const struct dg_error *err)
     return err->code == DG_E_INVAL || err->code == DG_E_RANGE;
 }
 
+/* A batch call on items first .. first + n - 1 of this step's list failed
+ * with err (their requests' slots in req): a refusal of the whole batch
+ * runs them again one at a time through one; anything else fails each. */
+static void batch_failed(struct dg_engine *e, const struct dg_error *err, int first, int n,
+                         const int *req, void (*one)(struct dg_engine *, int, int))
+{
+    for (int k = first; k < first + n; k++)
+        if (n > 1 && refused_unrun(err))
+            one(e, k, 1);
+        else
+            fail(e, req[k], err);
+}
+
 /* Encode items first .. first + n - 1 of this step's list and move their
  * requests on (the prompt's next chunk, or the commit done: a new canvas). */
 static void encode_items(struct dg_engine *e, int first, int n)
 {
     struct dg_error err = {0};
     if (e->b->ops->encode(e->b, e->enc + first, n, &err) < 0) {
-        for (int k = first; k < first + n; k++)
-            if (n > 1 && refused_unrun(&err))
-                encode_items(e, k, 1);
-            else
-                fail(e, e->enc_req[k], &err);
+        batch_failed(e, &err, first, n, e->enc_req, encode_items);
         return;
     }
     for (int k = first; k < first + n; k++) {
@@ -438,11 +447,7 @@ static void denoise_items(struct dg_engine *e, int first, int n)
     int n_cond = 0;
 
     if (b->ops->denoise(b, e->den + first, n, &err) < 0) {
-        for (int k = first; k < first + n; k++)
-            if (n > 1 && refused_unrun(&err))
-                denoise_items(e, k, 1);
-            else
-                fail(e, e->den_req[k], &err);
+        batch_failed(e, &err, first, n, e->den_req, denoise_items);
         return;
     }
     for (int k = first; k < first + n; k++) {
