@@ -182,7 +182,7 @@ void ring_service(struct dserver *srv, struct conn *c)
         struct dshm_job job;
         int rc;
         if (c->prepping)
-            return; /* (resume_input looks again) */
+            return; /* (prep_resume looks again) */
         if (n == RING_TAKE) {
             c->ring_again = 1;
             return;

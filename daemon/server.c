@@ -119,18 +119,11 @@ static void arm_tick(struct dserver *srv)
     io_uring_sqe_set_data64(sqe, ud_make(OP_TICK, 0, 0));
 }
 
-/* Whether a quarter of max_output_bytes waits for the client: its input
- * is then not read. */
-static int output_backed_up(const struct dserver *srv, const struct conn *c)
-{
-    return c->out_bytes > srv->o.max_output_bytes / 4;
-}
-
 static void arm_recv(struct dserver *srv, struct conn *c)
 {
     struct io_uring_sqe *sqe;
     if (c->recv_armed || c->read_closed || c->gone || c->prepping ||
-        output_backed_up(srv, c) || !(sqe = get_sqe(srv)))
+        c->out_bytes > srv->o.max_output_bytes / 4 || !(sqe = get_sqe(srv)))
         return;
     io_uring_prep_recv(sqe, c->fd, c->chunk, sizeof c->chunk, 0);
     io_uring_sqe_set_data64(sqe, ud_make(OP_RECV, slot_of(srv, c), c->gen));
@@ -608,7 +601,7 @@ static void hold(struct dserver *srv, struct conn *c, const char *p, size_t n)
 }
 
 /* Frame the input into lines and handle each; once a line goes to the
- * tokenizing thread, the rest is held for resume_input. */
+ * tokenizing thread, the rest is held for prep_resume. */
 static void consume(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
     while (n > 0 && !c->gone) {
@@ -698,7 +691,7 @@ void prep_start(struct dserver *srv, struct conn *c, struct dproto_request *req,
 
 /* The connection's request is back: frame the input held meanwhile (which
  * may pause it again), then read on and look at its ring. */
-static void resume_input(struct dserver *srv, struct conn *c)
+static void prep_resume(struct dserver *srv, struct conn *c)
 {
     char *held = c->held;
     const size_t n = c->held_len;
@@ -745,7 +738,7 @@ static void drain_prep(struct dserver *srv)
             } else {
                 submit_generate(srv, c, &j->req);
             }
-            resume_input(srv, c);
+            prep_resume(srv, c);
         }
         dproto_request_free(&j->req);
         free(j);
