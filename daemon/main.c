@@ -160,6 +160,19 @@ struct mp {
 #endif
 };
 
+#if DG_HAVE_CUDA
+/* devices, where it is set, lists a GPU for each of the tp ranks of this
+ * process (multi-process ranks take one each). */
+static int devices_cover_tp(const struct dg_config *cfg, const struct mp *mp,
+                            struct dg_error *err)
+{
+    if (cfg->n_devices && cfg->n_devices < cfg->tp && mp->rank < 0)
+        return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
+                            cfg->tp, cfg->tp, cfg->n_devices);
+    return 0;
+}
+#endif
+
 static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                           const struct mp *mp, struct dg_backend **b, struct dg_error *err)
 {
@@ -183,9 +196,8 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                 return 0;
             }
         }
-        if (cfg->n_devices && cfg->n_devices < cfg->tp && mp->rank < 0)
-            return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
-                                cfg->tp, cfg->tp, cfg->n_devices);
+        if ((rc = devices_cover_tp(cfg, mp, err)) < 0)
+            return rc;
         memset(&o, 0, sizeof o);
         o.n_ranks = cfg->tp;
         o.device = cfg->n_devices ? cfg->devices[0] : 0;
@@ -253,9 +265,8 @@ static int check_backend(const struct dg_config *cfg, const struct loaded *L,
         int n = 0;
         if (dg_gpu_count(&n, &probe) < 0)
             n = 0;
-        if (cfg->n_devices && cfg->n_devices < need)
-            return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
-                                need, need, cfg->n_devices);
+        if ((rc = devices_cover_tp(cfg, mp, err)) < 0)
+            return rc;
         for (int i = 0; i < cfg->n_devices; i++)
             if (cfg->devices[i] >= n)
                 return dg_error_set(err, DG_E_CONFIG, "cuda: devices names GPU %d; %d visible%s%s",
