@@ -251,10 +251,8 @@ int cmd_generate(int argc, char **argv)
             rc = EXIT_UNREACHABLE;
             break;
         }
-        if (o.json) {
+        if (o.json) /* (flushed by client_output_failed, in the loop or after it) */
             puts(ev.json);
-            fflush(stdout);
-        }
         if (ev.kind == DGEMMA_EV_ACCEPTED) {
             id = ev.id;
         } else if (ev.kind == DGEMMA_EV_ERROR) {
@@ -265,7 +263,6 @@ int cmd_generate(int argc, char **argv)
             break;
         } else if (ev.kind == DGEMMA_EV_CANVAS && !o.json && ev.text) {
             client_write_text(stdout, ev.text, ev.text_len, terminal);
-            fflush(stdout);
         } else if (ev.kind == DGEMMA_EV_DONE) {
             const char *fin = ev.finish_reason ? ev.finish_reason : "?";
             if (!o.json) {
