@@ -32,12 +32,21 @@ int dg_cuda_attention_tc(void *out, const void *q, const int64_t *q_pos, const i
                          dg_stream_t stream, int dev, struct dg_error *err);
 
 /* The products S = Q K^T through mma.sync, through Hopper's wgmma
- * (compute capability 9.0), or (AUTO) wgmma where the device has it. */
-enum dg_attn_tc_form { DG_ATTN_TC_AUTO = 0, DG_ATTN_TC_MMA = 1, DG_ATTN_TC_WGMMA = 2 };
+ * (compute capability 9.0), through wgmma in the warp-specialised form
+ * (WS: producer warps copying K and V for two consumer warpgroups; head
+ * size 256, the wgmma form at others), or (AUTO) the warp-specialised
+ * form at head size 256 and wgmma at others where the device has wgmma,
+ * mma.sync where not. */
+enum dg_attn_tc_form {
+    DG_ATTN_TC_AUTO = 0,
+    DG_ATTN_TC_MMA = 1,
+    DG_ATTN_TC_WGMMA = 2,
+    DG_ATTN_TC_WS = 3
+};
 
 /* dg_cuda_attention_tc in the given form (the tests run both).  Errors as
- * dg_cuda_attention_tc, and DG_E_UNSUPPORTED for DG_ATTN_TC_WGMMA on a
- * device without it. */
+ * dg_cuda_attention_tc, and DG_E_UNSUPPORTED for DG_ATTN_TC_WGMMA or WS on a
+ * device without wgmma. */
 int dg_cuda_attention_tc_form(enum dg_attn_tc_form form, void *out, const void *q,
                               const int64_t *q_pos, const int32_t *q_seq, int64_t Tq,
                               const struct dg_attn_seq *seqs, int nh, int nkv, int hd, int mask,

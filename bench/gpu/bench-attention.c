@@ -3,7 +3,7 @@
  * kernels of kernels/attention-tc.h), at the 26B-A4B's shapes, against its
  * floor from the ceilings measured in the same run.
  *
- * usage: bench-attention [--reps N] [--form auto|mma|wgmma] [BATCHES...]
+ * usage: bench-attention [--reps N] [--form auto|mma|wgmma|ws] [BATCHES...]
  *   (defaults: 50 reps; auto; batches 1 4)
  *
  * The harness's workload: a prompt of 512 tokens, then canvases of 256.
@@ -137,17 +137,18 @@ int main(int argc, char **argv)
             const char *f = argv[++i];
             form = !strcmp(f, "mma") ? DG_ATTN_TC_MMA
                    : !strcmp(f, "wgmma") ? DG_ATTN_TC_WGMMA
+                   : !strcmp(f, "ws") ? DG_ATTN_TC_WS
                    : !strcmp(f, "auto") ? DG_ATTN_TC_AUTO
                                         : (enum dg_attn_tc_form)-1;
             if ((int)form < 0) {
-                fprintf(stderr, "bench-attention: --form auto, mma or wgmma\n");
+                fprintf(stderr, "bench-attention: --form auto, mma, wgmma or ws\n");
                 return 2;
             }
         } else if (argv[i][0] != '-' && nb < 8 && atoi(argv[i]) >= 1 &&
                    atoi(argv[i]) <= MAX_B) {
             batches[nb++] = atoi(argv[i]);
         } else {
-            fprintf(stderr, "usage: bench-attention [--reps N] [--form auto|mma|wgmma] "
+            fprintf(stderr, "usage: bench-attention [--reps N] [--form auto|mma|wgmma|ws] "
                             "[BATCHES...] (batches 1-%d)\n", MAX_B);
             return 2;
         }

@@ -22,7 +22,8 @@
  * blocks and folded (the output poisoned again, guard bytes after the
  * work space); bf16 at the tensor-core head sizes once more in each form
  * of its S = Q K^T (mma.sync, and wgmma where the device has it, else
- * refused), whole and split, against the same reference.  Exit 77 where
+ * refused; wgmma's warp-specialised form, which head size 256 takes),
+ * whole and split, against the same reference.  Exit 77 where
  * there is no GPU.
  */
 #include <math.h>
@@ -411,7 +412,7 @@ static int batch_one(enum dg_elt e, int mask, int window, int nh, int nkv, int h
         const size_t wsb = dg_cuda_attention_tc_scratch(Tp, nh, nkv, hd);
         void *ws = wsb ? gt_out_alloc(wsb, GUARD_BYTES, GUARD_BYTE, &err) : NULL;
         CHECK(!wsb || ws);
-        for (int form = DG_ATTN_TC_MMA; form <= DG_ATTN_TC_WGMMA; form++)
+        for (int form = DG_ATTN_TC_MMA; form <= DG_ATTN_TC_WS; form++)
             for (int split = 0; split < 2; split++) {
                 int rc1;
                 if (split && !wsb)
@@ -421,8 +422,8 @@ static int batch_one(enum dg_elt e, int mask, int window, int nh, int nkv, int h
                                                 Tp, dseqs, nh, nkv, hd, mask, window,
                                                 split ? ws : NULL, split ? wsb : 0, NULL, 0,
                                                 &err);
-                if (rc1 == -DG_E_UNSUPPORTED && form == DG_ATTN_TC_WGMMA) {
-                    printf("#   wgmma form: refused on this device (%s)\n", err.msg);
+                if (rc1 == -DG_E_UNSUPPORTED && form >= DG_ATTN_TC_WGMMA) {
+                    printf("#   wgmma forms: refused on this device (%s)\n", err.msg);
                     break;
                 }
                 CHECK_OK(rc1, &err);
@@ -439,7 +440,9 @@ static int batch_one(enum dg_elt e, int mask, int window, int nh, int nkv, int h
                     den += (double)ref[c] * ref[c];
                 }
                 printf("#   %s form%s: relative error %.2e\n",
-                       form == DG_ATTN_TC_MMA ? "mma.sync" : "wgmma",
+                       form == DG_ATTN_TC_MMA     ? "mma.sync"
+                       : form == DG_ATTN_TC_WGMMA ? "wgmma"
+                                                  : "warp-specialised wgmma",
                        split ? ", keys split" : "", sqrt(num / den));
                 CHECK(sqrt(num / den) <= bound);
             }
