@@ -492,7 +492,8 @@ enum norm_in { NORM_NONE, NORM_DONE, NORM_QUANTIZED };
  * on return what of the next one's this layer did: the next layer's input
  * norm (quantized where its q, k, v projections are FP8), or after the
  * last layer of a decoder pass the final norm, in the feed-forward
- * combine's pass. */
+ * combine's pass.  The last layer of an encoder pass stops once its keys
+ * and values are in the caches (x is then left as it was). */
 static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                          enum norm_in *in, struct dg_error *err)
 {
@@ -579,6 +580,13 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                                          cx->pos, T, nh, nkv, hd, L->q_norm, L->k_norm,
                                          L->inv_freq, eps, tab, cx->q_seq, st, dev, err));
         MARK("qk norm, rope, kv append");
+        if (!decoder && l + 1 == c->num_layers) {
+            /* an encoder pass leaves only its keys and values: nothing
+             * reads its last layer's output (dg_cuda_encode returns no
+             * hidden states), so that layer ends here, every rank alike */
+            *in = NORM_NONE;
+            return 0;
+        }
         /* attention over the rows the layer's table names (encoder:
          * causal, decoder: all) */
         TRY(dg_cuda_attention_batch_ws_e(e, cx->o, cx->q, cx->pos, cx->q_seq, T, tab, nh, nkv,

@@ -5,7 +5,8 @@
  *
  *   encoder  each sequence's new tokens at positions length .. +n-1,
  *            causal (sliding layers: within the window) over its cache and
- *            themselves; K/V appended to its cache; lengths advance.
+ *            themselves; K/V appended to its cache; lengths advance.  (No
+ *            hidden states come out: the last layer stops at its K/V.)
  *   decoder  each sequence's canvas at positions length .. +CL-1, with an
  *            optional self-conditioning input (the soft embedding
  *            (pi E) c, [CL, H] elements); bidirectional over its cached window
