@@ -54,6 +54,115 @@ __host__ __device__ static inline int64_t tc_o_at(int splits, int64_t rows)
     return ((int64_t)splits * rows * 2 + 3) & ~(int64_t)3;
 }
 
+/* P (a warp's scores over a tile of NK keys, rounded to bf16) as the A
+ * fragments of the tile's k16 steps of O += P V */
+template <int NK>
+__device__ static inline void tc_pack_p(const float (&sc)[NK / 8][4], uint32_t (&a)[NK / 16][4])
+{
+#pragma unroll
+    for (int k = 0; k < NK / 16; k++) {
+        a[k][0] = pack_bf16(sc[2 * k][0], sc[2 * k][1]);
+        a[k][1] = pack_bf16(sc[2 * k][2], sc[2 * k][3]);
+        a[k][2] = pack_bf16(sc[2 * k + 1][0], sc[2 * k + 1][1]);
+        a[k][3] = pack_bf16(sc[2 * k + 1][2], sc[2 * k + 1][3]);
+    }
+}
+
+/* Mask and online softmax of a tile of NK keys at key kt of sequence s,
+ * whose keys the block walks up to j1, its cache's row 0 at position
+ * k_start (sc: the mma accumulators' layout, the thread's column pair
+ * tig; its two rows h = 0, 1 of sequence rseq[h], -1 past the tokens, at
+ * position rpos[h]): sc becomes P, m and l move on, alpha[h] = exp(m_old
+ * - m_new) for row h.  A tile that
+ * every row of the warp sees whole (one sequence, all its keys inside
+ * the range and visible) skips the per-key mask, which runs as a pass of
+ * its own, so that the maxima, exponentials and sums after it are
+ * straight-line code on every tile (the same operations in the same
+ * order: the same bits).  Run 165, bench-attention, a step's attention
+ * with this and the 32-bit descriptor add (wgmma.cuh) against the mask
+ * tested inside the maxima's loop: batch 1 1,438 / 1,495 -> 1,305 /
+ * 1,373 us, batch 16 12,351 / 12,433 -> 10,556 / 10,710, every output
+ * hash equal. */
+template <int NK>
+__device__ static inline void tc_softmax(float (&sc)[NK / 8][4], int64_t kt, int64_t j1,
+                                         int64_t k_start, int s, const int (&rseq)[2],
+                                         const int64_t (&rpos)[2], int mask, int window,
+                                         int tig, float (&m)[2], float (&l)[2],
+                                         float (&alpha)[2])
+{
+    int whole = kt + NK <= j1;
+    {
+        const int64_t kfirst = k_start + kt, klast = kfirst + NK - 1;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            whole &= rseq[h] == s &&
+                     (mask == 0 ||
+                      (klast <= rpos[h] && (mask == 1 || kfirst > rpos[h] - window)));
+        whole = __all_sync(0xffffffffu, whole);
+    }
+    /* the mask first, apart (warp-uniform: a whole tile skips it in one
+     * branch), then the same maxima, exponentials and sums in the same
+     * order on every tile */
+    if (!whole)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int n = 0; n < NK / 8; n++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int64_t j = kt + n * 8 + tig * 2 + u;
+                    if (rseq[h] != s || j >= j1 ||
+                        !visible(mask, rpos[h], k_start + j, window))
+                        sc[n][2 * h + u] = -INFINITY;
+                }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mt = -INFINITY, mn, sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NK / 8; n++)
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+                mt = fmaxf(mt, sc[n][2 * h + u]);
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+        mn = fmaxf(m[h], mt);
+        /* e^(v - mn) = 2^(v log2 e - mn log2 e), one FFMA and one MUFU a
+         * score; mn = -inf (every key so far masked, so v = -inf too)
+         * taken as 0, so that a masked score gives 2^-inf = 0, not NaN */
+        const float mb = (mn == -INFINITY ? 0.0f : mn) * TC_LOG2E;
+        alpha[h] = mn == m[h] ? 1.0f : ex2_ftz(fmaf(m[h], TC_LOG2E, -mb));
+#pragma unroll
+        for (int n = 0; n < NK / 8; n++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float *v = &sc[n][2 * h + u];
+                *v = ex2_ftz(fmaf(*v, TC_LOG2E, -mb));
+                sum += *v;
+            }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        l[h] = alpha[h] * l[h] + sum;
+        m[h] = mn;
+    }
+}
+
+/* O *= alpha by row, only where some row of the warp's maximum moved
+ * (alpha = 1 exactly where it did not, so skipping the multiply changes
+ * nothing) */
+template <int DV>
+__device__ static inline void tc_rescale(float (&o)[DV / 8][4], const float (&alpha)[2])
+{
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int d = 0; d < DV / 8; d++) {
+            o[d][0] *= alpha[0];
+            o[d][1] *= alpha[0];
+            o[d][2] *= alpha[1];
+            o[d][3] *= alpha[1];
+        }
+    }
+}
+
 /* The splits of `blocks` blocks' keys (1 .. TC_MAX_SPLITS) where the
  * device runs `slots` blocks at once and the scratch holds
  * scratch_bytes of partial results (attention-tc.cu, "Key ranges per row

@@ -273,17 +273,6 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                                     dg_wgmma_desc_add(kd, kc * TC_KEYS * 128 + 32 * kk),
                                     kc > 0 || kk > 0);
         };
-        /* P (the score registers, rounded to bf16) as the A fragments of
-         * the tile's k16 steps */
-        auto pack_p = [&](const float(&sc)[TC_KEYS / 8][4], uint32_t(&a)[TC_KEYS / 16][4]) {
-#pragma unroll
-            for (int k = 0; k < TC_KEYS / 16; k++) {
-                a[k][0] = pack_bf16(sc[2 * k][0], sc[2 * k][1]);
-                a[k][1] = pack_bf16(sc[2 * k][2], sc[2 * k][3]);
-                a[k][2] = pack_bf16(sc[2 * k + 1][0], sc[2 * k + 1][1]);
-                a[k][3] = pack_bf16(sc[2 * k + 1][2], sc[2 * k + 1][3]);
-            }
-        };
         /* WG: O += P V for the tile in buffer b, the warpgroup's m64nDVk16
          * products, B = the V tile read N-major (its swizzled 64-column
          * sub-tiles TC_KEYS x 128 bytes apart), the same O registers as
@@ -305,74 +294,6 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                     dg_wgmma_m64n256_rt(od, a[k], vd);
             }
         };
-        /* mask, online softmax of the tile at key kt: sc becomes P, m and
-         * l move on, alpha[h] = exp(m_old - m_new) for row h.  A tile that
-         * every row of the warp sees whole (one sequence, all its keys
-         * inside the range and visible) skips the per-key mask, which runs
-         * as a pass of its own, so that the maxima, exponentials and sums
-         * after it are straight-line code on every tile (the same
-         * operations in the same order: the same bits).  Run 165,
-         * bench-attention, a step's attention with this and the 32-bit
-         * descriptor add (wgmma.cuh) against the mask tested inside the
-         * maxima's loop: batch 1 1,438 / 1,495 -> 1,305 / 1,373 us, batch
-         * 16 12,351 / 12,433 -> 10,556 / 10,710, every output hash equal */
-        auto softmax = [&](float(&sc)[TC_KEYS / 8][4], int64_t kt, float(&alpha)[2]) {
-            int whole = kt + TC_KEYS <= j1;
-            {
-                const int64_t kfirst = sq.k_start + kt, klast = kfirst + TC_KEYS - 1;
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    whole &= rseq[h] == s &&
-                             (mask == 0 ||
-                              (klast <= rpos[h] && (mask == 1 || kfirst > rpos[h] - window)));
-                whole = __all_sync(0xffffffffu, whole);
-            }
-            /* the mask first, apart (warp-uniform: a whole tile skips it
-             * in one branch), then the same maxima, exponentials and sums
-             * in the same order on every tile */
-            if (!whole)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int n = 0; n < TC_KEYS / 8; n++)
-#pragma unroll
-                        for (int u = 0; u < 2; u++) {
-                            const int64_t j = kt + n * 8 + tig * 2 + u;
-                            if (rseq[h] != s || j >= j1 ||
-                                !visible(mask, rpos[h], sq.k_start + j, window))
-                                sc[n][2 * h + u] = -INFINITY;
-                        }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float mt = -INFINITY, mn, sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < TC_KEYS / 8; n++)
-#pragma unroll
-                    for (int u = 0; u < 2; u++)
-                        mt = fmaxf(mt, sc[n][2 * h + u]);
-                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-                mn = fmaxf(m[h], mt);
-                /* e^(v - mn) = 2^(v log2 e - mn log2 e), one FFMA and one
-                 * MUFU a score; mn = -inf (every key so far masked, so v =
-                 * -inf too) taken as 0, so that a masked score gives
-                 * 2^-inf = 0, not NaN */
-                const float mb = (mn == -INFINITY ? 0.0f : mn) * TC_LOG2E;
-                alpha[h] = mn == m[h] ? 1.0f : ex2_ftz(fmaf(m[h], TC_LOG2E, -mb));
-#pragma unroll
-                for (int n = 0; n < TC_KEYS / 8; n++)
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        float *v = &sc[n][2 * h + u];
-                        *v = ex2_ftz(fmaf(*v, TC_LOG2E, -mb));
-                        sum += *v;
-                    }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                l[h] = alpha[h] * l[h] + sum;
-                m[h] = mn;
-            }
-        };
         /* PAIR: S's two halves (each warpgroup's Q K^T over its half of
          * the head) added through shared memory, so that both hold the
          * whole S.  Sx is free: every thread passed a barrier after
@@ -389,20 +310,15 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
                     d[i] += Sx[((wg ^ 1) * 16 + i) * 128 + t];
             }
         };
-        /* O *= alpha by row, only where some row's maximum moved (alpha = 1
-         * exactly where it did not, so skipping the multiply changes
-         * nothing) */
-        auto rescale = [&](const float(&alpha)[2]) {
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                for (int d = 0; d < DV / 8; d++) {
-                    o[d][0] *= alpha[0];
-                    o[d][1] *= alpha[0];
-                    o[d][2] *= alpha[1];
-                    o[d][3] *= alpha[1];
-                }
-            }
+        /* (tc_softmax, tc_pack_p, tc_rescale: attention-tc-parts.cuh) */
+        auto softmax = [&](float(&sc)[TC_KEYS / 8][4], int64_t kt, float(&alpha)[2]) {
+            tc_softmax<TC_KEYS>(sc, kt, j1, sq.k_start, s, rseq, rpos, mask, window, tig, m, l,
+                                alpha);
         };
+        auto pack_p = [&](const float(&sc)[TC_KEYS / 8][4], uint32_t(&a)[TC_KEYS / 16][4]) {
+            tc_pack_p<TC_KEYS>(sc, a);
+        };
+        auto rescale = [&](const float(&alpha)[2]) { tc_rescale<DV>(o, alpha); };
         if constexpr (WG) {
             /* Pipelined (FlashAttention-3's overlap within a warpgroup):
              * tile i's Q K^T is issued, O is scaled by alpha_{i-1} while

@@ -267,15 +267,6 @@ __global__ static void __launch_bounds__(WS_THREADS, 1)
                                           dg_wgmma_desc_add(kd, kc * KT * 128 + 32 * kk),
                                           kc > 0 || kk > 0);
         };
-        auto pack_p = [&](const float(&sc)[KT / 8][4], uint32_t(&a)[KT / 16][4]) {
-#pragma unroll
-            for (int k = 0; k < KT / 16; k++) {
-                a[k][0] = pack_bf16(sc[2 * k][0], sc[2 * k][1]);
-                a[k][1] = pack_bf16(sc[2 * k][2], sc[2 * k][3]);
-                a[k][2] = pack_bf16(sc[2 * k + 1][0], sc[2 * k + 1][1]);
-                a[k][3] = pack_bf16(sc[2 * k + 1][2], sc[2 * k + 1][3]);
-            }
-        };
         auto pv_issue = [&](const uint32_t(&a)[KT / 16][4], uint32_t i) {
             const uint64_t vd0 = dg_wgmma_desc_n(vbase + (i % SV) * WS_T_BYTES, KT * 128);
             float(&od)[HD / 2] = *reinterpret_cast<float(*)[HD / 2]>(&o[0][0]);
@@ -283,68 +274,14 @@ __global__ static void __launch_bounds__(WS_THREADS, 1)
             for (int k = 0; k < KT / 16; k++)
                 dg_wgmma_m64n256_rt(od, a[k], dg_wgmma_desc_add(vd0, k * 16 * 128));
         };
-        /* attention-tc.cu's softmax (see there) */
+        /* (tc_softmax, tc_pack_p, tc_rescale: attention-tc-parts.cuh) */
         auto softmax = [&](float(&sc)[KT / 8][4], int64_t kt, float(&alpha)[2]) {
-            int whole = kt + KT <= j1;
-            {
-                const int64_t kfirst = sq.k_start + kt, klast = kfirst + KT - 1;
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    whole &= rseq[h] == s &&
-                             (mask == 0 ||
-                              (klast <= rpos[h] && (mask == 1 || kfirst > rpos[h] - window)));
-                whole = __all_sync(0xffffffffu, whole);
-            }
-            if (!whole)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int nn = 0; nn < KT / 8; nn++)
-#pragma unroll
-                        for (int u = 0; u < 2; u++) {
-                            const int64_t j = kt + nn * 8 + tig * 2 + u;
-                            if (rseq[h] != s || j >= j1 ||
-                                !visible(mask, rpos[h], sq.k_start + j, window))
-                                sc[nn][2 * h + u] = -INFINITY;
-                        }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float mt = -INFINITY, mn, sum = 0.0f;
-#pragma unroll
-                for (int nn = 0; nn < KT / 8; nn++)
-#pragma unroll
-                    for (int u = 0; u < 2; u++)
-                        mt = fmaxf(mt, sc[nn][2 * h + u]);
-                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-                mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-                mn = fmaxf(m[h], mt);
-                const float mb = (mn == -INFINITY ? 0.0f : mn) * TC_LOG2E;
-                alpha[h] = mn == m[h] ? 1.0f : ex2_ftz(fmaf(m[h], TC_LOG2E, -mb));
-#pragma unroll
-                for (int nn = 0; nn < KT / 8; nn++)
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        float *v = &sc[nn][2 * h + u];
-                        *v = ex2_ftz(fmaf(*v, TC_LOG2E, -mb));
-                        sum += *v;
-                    }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                l[h] = alpha[h] * l[h] + sum;
-                m[h] = mn;
-            }
+            tc_softmax<KT>(sc, kt, j1, sq.k_start, s, rseq, rpos, mask, window, tig, m, l, alpha);
         };
-        auto rescale = [&](const float(&alpha)[2]) {
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                for (int d = 0; d < HD / 8; d++) {
-                    o[d][0] *= alpha[0];
-                    o[d][1] *= alpha[0];
-                    o[d][2] *= alpha[1];
-                    o[d][3] *= alpha[1];
-                }
-            }
+        auto pack_p = [&](const float(&sc)[KT / 8][4], uint32_t(&a)[KT / 16][4]) {
+            tc_pack_p<KT>(sc, a);
         };
+        auto rescale = [&](const float(&alpha)[2]) { tc_rescale<HD>(o, alpha); };
         if (ntiles == 0)
             return;
         uint32_t p[KT / 16][4]; /* P_{i-1}: PV's A fragments */
