@@ -187,18 +187,19 @@ void ring_service(struct dserver *srv, struct conn *c)
             c->ring_again = 1;
             return;
         }
-        if (srv->phase == RUNNING && (dsched_room(srv->sched) == 0 ||
-                                      c->active >= srv->o.client_max_requests)) {
-            c->ring_stalled = 1;
-            return;
-        }
-        rc = dshm_ring_next(c->ring, &job, &err);
+        /* no room for a new job: only a cancel is taken (it needs none) */
+        const int full = srv->phase == RUNNING && (dsched_room(srv->sched) == 0 ||
+                                                   c->active >= srv->o.client_max_requests);
+        rc = full ? dshm_ring_next_cancel(c->ring, &job, &err)
+                  : dshm_ring_next(c->ring, &job, &err);
         if (rc < 0) {
             ring_fault(srv, c, err.msg);
             return;
         }
-        if (rc == 0)
+        if (rc == 0) {
+            c->ring_stalled = full;
             return;
+        }
         ring_job(srv, c, &job);
         json_decref(job.request);
     }
@@ -306,6 +307,7 @@ void shm_attach(struct dserver *srv, struct conn *c, const struct dproto_request
     const struct dshm_sizes ask = {req->shm.sq_entries, req->shm.cq_entries, req->shm.in_bytes,
                                    req->shm.out_bytes};
     struct dshm_sizes got;
+    struct dshm_limits lim;
     struct dg_error err = {0};
     uint64_t total = 0;
     int fds[3] = {-1, -1, -1};
@@ -326,7 +328,10 @@ void shm_attach(struct dserver *srv, struct conn *c, const struct dproto_request
         send_error(srv, c, 0, tag, "shutting_down", "the daemon is shutting down");
         return;
     }
-    if (dshm_ring_create(&ask, &srv->o.shm, &c->ring, &fds[0], &err) < 0) {
+    lim = srv->o.shm;
+    lim.max_prompt_ids = srv->pctx_defer.max_prompt_tokens;
+    lim.max_stop_strings = DG_MAX_STOP_STRINGS;
+    if (dshm_ring_create(&ask, &lim, &c->ring, &fds[0], &err) < 0) {
         dlog(DG_LOG_ERROR, "conn %u: %s", slot_of(srv, c), err.msg);
         send_error(srv, c, 0, tag, "internal", err.msg);
         return;

@@ -40,6 +40,8 @@ struct dshm_ring {
     /* the geometry: the daemon's copy, never read back from the client */
     uint32_t sq_n, cq_n;
     uint64_t sq_off, cq_off, in_off, in_size, out_off, out_size;
+    uint64_t max_prompt_ids;       /* dshm_limits' (0: none) */
+    uint32_t max_stop_strings;
     int sq_efd, cq_efd;
     /* what the daemon published or last accepted */
     uint32_t sq_head, cq_tail, cq_head;
@@ -95,6 +97,8 @@ int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim
     if (!r)
         return dg_error_set(err, DG_E_NOMEM, "shm ring: out of memory");
     r->sq_efd = r->cq_efd = -1;
+    r->max_prompt_ids = lim->max_prompt_ids;
+    r->max_stop_strings = lim->max_stop_strings;
     r->sq_n = pow2_at_least(ask->sq_entries ? ask->sq_entries : DSHM_DEFAULT_ENTRIES);
     r->cq_n = pow2_at_least(ask->cq_entries ? ask->cq_entries : DSHM_DEFAULT_ENTRIES);
     r->sq_n = r->sq_n > max_e ? max_e : r->sq_n;
@@ -294,6 +298,19 @@ static int bad(struct dshm_job *job, const char *fmt, ...)
     return -1;
 }
 
+static int too_large(struct dshm_job *job, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static int too_large(struct dshm_job *job, const char *fmt, ...)
+{
+    va_list ap;
+    job->error = DG_SHM_ERR_TOO_LARGE;
+    va_start(ap, fmt);
+    vsnprintf(job->message, sizeof job->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 /* Out of memory building the job: an internal error, not the client's. */
 static int oom(struct dshm_job *job)
 {
@@ -322,8 +339,9 @@ static int put_int(json_t *o, const char *key, long long v, struct dshm_job *job
 /* The request object of a TEXT or IDS entry e (copied), with its prompt
  * and stop bytes; the values are checked by the protocol parser later, the
  * form here.  NULL with job->error set when the entry cannot be used. */
-static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *prompt,
-                          const unsigned char *stop, struct dshm_job *job)
+static json_t *request_of(const struct dshm_ring *r, const struct dg_shm_sqe *e,
+                          const unsigned char *prompt, const unsigned char *stop,
+                          struct dshm_job *job)
 {
     json_t *o = json_pack("{s:i,s:s,s:b,s:b}", "v", 1, "op", "generate", "stream", 0, "batch",
                           (e->flags & DG_SHM_F_BATCH) != 0);
@@ -347,6 +365,9 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
         if (e->prompt_len % 4 != 0)
             rc = bad(job, "prompt: %u bytes is not a whole number of int32 token ids",
                      e->prompt_len);
+        else if (r->max_prompt_ids && e->prompt_len / 4 > r->max_prompt_ids)
+            rc = too_large(job, "prompt_ids: %u tokens; at most %llu", e->prompt_len / 4,
+                           (unsigned long long)r->max_prompt_ids);
         for (uint32_t i = 0; rc == 0 && a && i < e->prompt_len / 4; i++) {
             int32_t id;
             memcpy(&id, prompt + 4 * (size_t)i, 4);
@@ -407,6 +428,15 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
         size_t i = 0;
         if (e->stop_len > 0 && stop[e->stop_len - 1] != 0)
             rc = bad(job, "stop: the strings must each end with a NUL byte");
+        if (rc == 0 && r->max_stop_strings) {
+            /* counted before any is copied (each ends with its NUL) */
+            size_t n = 0;
+            for (const unsigned char *q = stop, *end = stop + e->stop_len;
+                 n <= r->max_stop_strings && (q = memchr(q, 0, (size_t)(end - q))) != NULL; q++)
+                n++;
+            if (n > r->max_stop_strings)
+                rc = bad(job, "stop: more than %u strings", r->max_stop_strings);
+        }
         while (rc == 0 && a && i < e->stop_len) {
             const size_t n = strlen((const char *)stop + i);
             json_t *s;
@@ -431,7 +461,10 @@ static json_t *request_of(const struct dg_shm_sqe *e, const unsigned char *promp
     return o;
 }
 
-int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *err)
+/* dshm_ring_next, or with cancels_only dshm_ring_next_cancel.  The entry
+ * is copied once, and that copy decides: a cancel needs no slot. */
+static int ring_take(struct dshm_ring *r, struct dshm_job *job, int cancels_only,
+                     struct dg_error *err)
 {
     struct dg_shm_sqe e;
     unsigned char *prompt = NULL, *stop = NULL;
@@ -447,22 +480,26 @@ int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *e
         return fault(r, err, "sq_tail", tail), -1;
     if (tail == r->sq_head)
         return 0;
-    /* a completion slot for it: jobs held + completions unreaped < cq_n */
-    if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n) {
-        /* ask for a ring after the client reaps; then look again, in case
-         * it reaped between the check and the flag (seq_cst on both sides:
-         * the client stores cq_head, then loads flags) */
-        __atomic_fetch_or(&r->hdr->flags, DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
-        if (load_cq_head(r, __ATOMIC_SEQ_CST, err) < 0)
-            return -1;
-        if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n)
-            return 0;
-    }
-    __atomic_fetch_and(&r->hdr->flags, ~DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
-
-    /* copy the entry and its bytes out, then hand the entry back */
+    /* copy the entry out (once: this copy is what counts), its bytes
+     * below, then hand the entry back */
     memcpy(&e, r->map + r->sq_off + (uint64_t)(r->sq_head & (r->sq_n - 1)) * DG_SHM_SQE_SIZE,
            sizeof e);
+    if (e.op != DG_SHM_OP_CANCEL) {
+        if (cancels_only)
+            return 0;
+        /* a completion slot for it: jobs held + completions unreaped < cq_n */
+        if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n) {
+            /* ask for a ring after the client reaps; then look again, in
+             * case it reaped between the check and the flag (seq_cst on
+             * both sides: the client stores cq_head, then loads flags) */
+            __atomic_fetch_or(&r->hdr->flags, DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
+            if (load_cq_head(r, __ATOMIC_SEQ_CST, err) < 0)
+                return -1;
+            if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n)
+                return 0;
+        }
+        __atomic_fetch_and(&r->hdr->flags, ~DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
+    }
     /* (a cancel's user_data is the job it names) */
     job->user_data = e.op == DG_SHM_OP_CANCEL ? e.cancel_user_data : e.user_data;
     job->op = e.op;
@@ -486,13 +523,23 @@ int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *e
         else if (e.flags & ~DG_SHM_F_BATCH)
             bad(job, "flags: unknown bits 0x%x", e.flags & ~DG_SHM_F_BATCH);
         else
-            job->request = request_of(&e, prompt, stop, job);
+            job->request = request_of(r, &e, prompt, stop, job);
     }
     free(prompt);
     free(stop);
     job->slot = r->free_slots[--r->n_free];
     r->jobs[job->slot] = (struct rjob){1, e.user_data, 0, 0};
     return 1;
+}
+
+int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *err)
+{
+    return ring_take(r, job, 0, err);
+}
+
+int dshm_ring_next_cancel(struct dshm_ring *r, struct dshm_job *job, struct dg_error *err)
+{
+    return ring_take(r, job, 1, err);
 }
 
 void dshm_ring_bind(struct dshm_ring *r, uint32_t slot, uint64_t id, uint64_t seed)

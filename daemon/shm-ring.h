@@ -42,6 +42,11 @@ struct dshm_sizes {
 struct dshm_limits {
     uint32_t max_entries;          /* cap on sq_entries and cq_entries */
     uint64_t max_arena_bytes;      /* cap on in_bytes and out_bytes */
+    /* what a request may hold (0: no cap here), refused while the entry is
+     * read, before any of it is copied into a request: more prompt ids
+     * (too_large), more stop strings (bad_request) */
+    uint64_t max_prompt_ids;
+    uint32_t max_stop_strings;
 };
 
 /* The defaults when a client asks for nothing (capped by the limits). */
@@ -84,9 +89,14 @@ struct dshm_job {
 /* Take the next submission.  Returns 1 with *job filled (json_decref
  * job->request), 0 when there is none or no completion slot is free for it
  * (DG_SHM_NEED_WAKE is then set), -1 when the ring is broken (err says how;
- * it stays broken).  A CANCEL takes no slot; any other op does, until its
- * completion is posted. */
+ * it stays broken).  A CANCEL takes no slot (it is taken even when every
+ * slot is held); any other op does, until its completion is posted. */
 int dshm_ring_next(struct dshm_ring *r, struct dshm_job *job, struct dg_error *err);
+
+/* The same, but only a CANCEL: for a caller that can take no new job
+ * now (its scheduler is full).  Returns 0, leaving the entry, when the
+ * next one is not a cancel. */
+int dshm_ring_next_cancel(struct dshm_ring *r, struct dshm_job *job, struct dg_error *err);
 
 /* Record that the job in slot became request id (daemon's id). */
 void dshm_ring_bind(struct dshm_ring *r, uint32_t slot, uint64_t id, uint64_t seed);

@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const struct dproto_ctx *ctx = &fuzz_proto_ctx()->ctx;
     const struct dshm_sizes ask = {16, 16, 4096, 4096};
-    const struct dshm_limits lim = {16, 1 << 20};
+    const struct dshm_limits lim = {.max_entries = 16, .max_arena_bytes = 1 << 20};
     struct dshm_ring *r;
     struct dg_error err;
     struct dshm_sizes got;

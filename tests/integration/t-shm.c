@@ -9,7 +9,10 @@
  * unchanged, the daemon stays up and answers; a client killed with jobs in
  * flight: the daemon cancels them, releases the ring (status "rings" back
  * to 0) and holds no more descriptors than before; a job cancelled through
- * the ring ends cancelled; jobs with prompts long enough for the
+ * the ring ends cancelled, also while a running job holds each of its
+ * completion slots; entries far past the request limits (2M prompt ids,
+ * 4M stop strings) refused without the daemon's memory growing; jobs
+ * with prompts long enough for the
  * tokenizing thread (3 MB: status shows it being tokenized, then
  * too_large; 4.2 KB, just past the thread's 4 KiB: the socket's output,
  * a prompt whose prefill is short even under AddressSanitizer) and a
@@ -202,10 +205,9 @@ struct raw {
     size_t size;
 };
 
-/* Attach over a new connection: 0, or -1. */
-static int raw_attach(struct raw *w)
+/* Attach over a new connection with the shm_attach line req: 0, or -1. */
+static int raw_attach_req(struct raw *w, const char *req)
 {
-    const char req[] = "{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":64,\"cq_entries\":64}\n";
     char buf[4096];
     union {
         char b[CMSG_SPACE(3 * sizeof(int))];
@@ -244,6 +246,71 @@ static int raw_attach(struct raw *w)
     w->cq_fd = fds[2];
     w->map = mmap(NULL, w->size, PROT_READ | PROT_WRITE, MAP_SHARED, w->memfd, 0);
     return w->map == MAP_FAILED ? -1 : 0;
+}
+
+static int raw_attach(struct raw *w)
+{
+    return raw_attach_req(w, "{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":64,"
+                             "\"cq_entries\":64}\n");
+}
+
+static struct dg_shm_header *raw_hdr(struct raw *w)
+{
+    return (struct dg_shm_header *)w->map;
+}
+
+/* Entry e as submission number i (then the caller publishes sq_tail). */
+static void raw_put(struct raw *w, uint32_t i, const struct dg_shm_sqe *e)
+{
+    const struct dg_shm_header *h = raw_hdr(w);
+    memcpy(w->map + h->sq_off + (uint64_t)(i & (h->sq_entries - 1)) * DG_SHM_SQE_SIZE, e,
+           sizeof *e);
+}
+
+/* The next completion (number i) into *c and its message (up to cap - 1
+ * bytes) into msg; 0, or -1 when none came within ms. */
+static int raw_reap(struct raw *w, uint32_t i, struct dg_shm_cqe *c, char *msg, size_t cap,
+                    int ms)
+{
+    struct dg_shm_header *h = raw_hdr(w);
+    size_t n;
+    for (int t = 0; __atomic_load_n(&h->cq_tail, __ATOMIC_ACQUIRE) == i; t++) {
+        if (t >= ms)
+            return -1;
+        usleep(1000);
+    }
+    memcpy(c, w->map + h->cq_off + (uint64_t)(i & (h->cq_entries - 1)) * DG_SHM_CQE_SIZE,
+           sizeof *c);
+    n = c->text_len < cap - 1 ? c->text_len : cap - 1;
+    memcpy(msg, w->map + h->out_off + c->out_off + 4 * (uint64_t)c->n_ids, n);
+    msg[n] = 0;
+    __atomic_store_n(&h->cq_head, i + 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static void raw_detach(struct raw *w)
+{
+    munmap(w->map, w->size);
+    close(w->memfd);
+    close(w->sq_fd);
+    close(w->cq_fd);
+    close(w->sock);
+}
+
+/* The daemon's peak resident memory (VmHWM), in KiB; -1 if unknown. */
+static long daemon_hwm_kib(void)
+{
+    char path[64], line[256];
+    long v = -1;
+    FILE *f;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)daemon_pid);
+    if (!(f = fopen(path, "r")))
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &v) == 1)
+            break;
+    fclose(f);
+    return v;
 }
 
 static void raw_bell(struct raw *w)
@@ -486,6 +553,104 @@ static int ring_cancel(void)
     return 0;
 }
 
+/* A cancel is taken while the ring's every completion slot is held by a
+ * running job (cq_entries 2, two long jobs): the job ends cancelled.  (It
+ * used to wait behind the jobs it was meant to stop.) */
+static int ring_cancel_when_full(void)
+{
+    const dgemma_ring_opts_t opts = {.sq_entries = 8, .cq_entries = 2};
+    dgemma_t *c = open_conn();
+    dgemma_ring_t *ring = NULL;
+    dgemma_completion_t d;
+    int rc;
+
+    CHECK(c && dgemma_ring_attach(c, &opts, &ring) == 0);
+    for (uint64_t u = 1; u <= 2; u++) {
+        dgemma_request_t *r = dgemma_request_text("a long one");
+        CHECK(r && dgemma_request_set_int(r, "max_tokens", 4000) == 0);
+        CHECK(dgemma_ring_submit(ring, r, u) == 0);
+        dgemma_request_free(r);
+    }
+    CHECK(dgemma_ring_kick(ring) == 0);
+    for (int tries = 0; status_int("running") < 2 && tries < 500; tries++)
+        usleep(10000);
+    CHECK(status_int("running") == 2);
+    CHECK(dgemma_ring_cancel(ring, 1) == 0 && dgemma_ring_kick(ring) == 0);
+    CHECK(dgemma_ring_wait(ring, WAIT_MS) == 0);
+    rc = dgemma_ring_reap(ring, &d);
+    CHECKF(rc == 0 && d.user_data == 1 && d.code == NULL, "reap %d: user_data %llu", rc,
+           (unsigned long long)d.user_data);
+    CHECKF(!strcmp(d.finish_reason, "cancelled") && d.completion_tokens < 4000, "%s, %lld tokens",
+           d.finish_reason, d.completion_tokens);
+    CHECK(dgemma_ring_cancel(ring, 2) == 0 && dgemma_ring_kick(ring) == 0);
+    CHECK(dgemma_ring_wait(ring, WAIT_MS) == 0 && dgemma_ring_reap(ring, &d) == 0);
+    CHECK(d.user_data == 2 && !strcmp(d.finish_reason, "cancelled"));
+    dgemma_ring_detach(ring);
+    dgemma_close(c);
+    return 0;
+}
+
+/* Entries far past the request limits (2M prompt ids, 4M stop strings,
+ * in a 16 MiB arena) are refused as they are read, without building them
+ * into requests: too_large and bad_request, the daemon's peak memory up
+ * by less than 128 MiB (building them took gigabytes), another client
+ * served after them. */
+static int ring_oversized(void)
+{
+    struct raw w;
+    struct dg_shm_sqe e;
+    struct dg_shm_cqe cq;
+    char msg[256];
+    const uint32_t ids_len = 8u << 20, stop_len = 4u << 20;
+    long before, after;
+    struct out o;
+    dgemma_t *c;
+    dgemma_request_t *r;
+
+    CHECK(raw_attach_req(&w, "{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":8,"
+                             "\"cq_entries\":8,\"in_bytes\":16777216}\n") == 0);
+    CHECK(raw_hdr(&w)->in_size >= (uint64_t)ids_len + 64 + stop_len);
+    before = daemon_hwm_kib();
+    memset(w.map + raw_hdr(&w)->in_off, 0, (size_t)ids_len + 64 + stop_len);
+    memcpy(w.map + raw_hdr(&w)->in_off + ids_len, "hi", 2);
+    memset(&e, 0, sizeof e);
+    e.user_data = 1;
+    e.op = DG_SHM_OP_IDS;
+    e.prompt_off = 0;
+    e.prompt_len = ids_len;
+    raw_put(&w, 0, &e);
+    memset(&e, 0, sizeof e);
+    e.user_data = 2;
+    e.op = DG_SHM_OP_TEXT;
+    e.prompt_off = ids_len;
+    e.prompt_len = 2;
+    e.set = DG_SHM_SET_STOP;
+    e.stop_off = ids_len + 64;
+    e.stop_len = stop_len;
+    raw_put(&w, 1, &e);
+    __atomic_store_n(&raw_hdr(&w)->sq_tail, 2, __ATOMIC_RELEASE);
+    raw_bell(&w);
+    CHECK(raw_reap(&w, 0, &cq, msg, sizeof msg, WAIT_MS) == 0);
+    CHECKF(cq.user_data == 1 && cq.status == DG_SHM_ERR_TOO_LARGE &&
+               strstr(msg, "prompt_ids: 2097152 tokens"),
+           "user_data %llu status %u: %s", (unsigned long long)cq.user_data, cq.status, msg);
+    CHECK(raw_reap(&w, 1, &cq, msg, sizeof msg, WAIT_MS) == 0);
+    CHECKF(cq.user_data == 2 && cq.status == DG_SHM_ERR_BAD_REQUEST &&
+               strstr(msg, "more than 8 strings"),
+           "user_data %llu status %u: %s", (unsigned long long)cq.user_data, cq.status, msg);
+    after = daemon_hwm_kib();
+    CHECKF(before > 0 && after - before < 128 * 1024, "VmHWM %ld -> %ld KiB", before, after);
+    raw_detach(&w);
+    /* and the daemon serves on */
+    c = open_conn();
+    r = dgemma_request_text("after");
+    CHECK(c && r && dgemma_request_set_int(r, "max_tokens", 4) == 0);
+    CHECK(socket_run(c, r, &o) == 0);
+    dgemma_request_free(r);
+    dgemma_close(c);
+    return 0;
+}
+
 /* The daemon killed under a ring with a job in it: kick and cancel say
  * DGEMMA_E_CLOSED (they said 0 until a reap or a wait looked), and the
  * reap too.  Last: the daemon is gone after it. */
@@ -618,6 +783,8 @@ int main(void)
     TEST_CASE(hostile_client);
     TEST_CASE(killed_client);
     TEST_CASE(ring_cancel);
+    TEST_CASE(ring_cancel_when_full);
+    TEST_CASE(ring_oversized);
     TEST_CASE(ring_long_prompt);
     TEST_CASE(refusals);
     TEST_CASE(daemon_killed);

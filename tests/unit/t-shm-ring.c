@@ -43,7 +43,7 @@ struct cli {
 static int cli_open(struct cli *c, uint32_t sq, uint32_t cq, uint64_t in, uint64_t out)
 {
     struct dshm_sizes ask = {sq, cq, in, out}, got;
-    struct dshm_limits lim = {1024, 1 << 20};
+    struct dshm_limits lim = {.max_entries = 1024, .max_arena_bytes = 1 << 20};
     struct dg_error err = {0};
     uint64_t total;
     int fd;
@@ -145,7 +145,7 @@ static int complete_text(struct cli *c, const struct dshm_job *job, const char *
 static int geometry_and_seals(void)
 {
     struct dshm_sizes ask = {100, 0, 5000, 0}, got;
-    struct dshm_limits lim = {64, 1 << 20};
+    struct dshm_limits lim = {.max_entries = 64, .max_arena_bytes = 1 << 20};
     struct dg_error err = {0};
     struct dshm_ring *r;
     struct stat st;
