@@ -15,18 +15,53 @@
 
 #define RING_TAKE 64 /* ring submissions taken per turn of the loop */
 
-/* Wait for the client to ring its submission doorbell: a poll, since the
- * eventfd is non-blocking (the read happens in on_bell). */
+/* Wait for the client to ring its submission doorbell: a poll, then a
+ * read that empties the counter (on_bell), both through the io_uring: the
+ * client can make the eventfd blocking (the flag is the open file's, and
+ * it holds the file too), and a read of the loop's own would then wait
+ * for it. */
 static void arm_bell(struct dserver *srv, struct conn *c)
 {
     struct io_uring_sqe *sqe;
-    if (c->bell_armed || c->gone || !c->ring || dshm_ring_broken(c->ring) ||
+    if (c->bell_armed || c->bell_reading || c->gone || !c->ring || dshm_ring_broken(c->ring) ||
         !(sqe = get_sqe(srv)))
         return;
     io_uring_prep_poll_add(sqe, dshm_ring_sq_fd(c->ring), POLLIN);
     io_uring_sqe_set_data64(sqe, ud_make(OP_BELL, slot_of(srv, c), c->gen));
     c->bell_armed = 1;
     c->pending++;
+}
+
+/* Write the completion doorbell if the ring owes one: through the io_uring
+ * (a write of the loop's own would wait for ever on an eventfd the client
+ * made blocking and filled), one write at a time (what is owed meanwhile
+ * goes once that one ends: on_cq_bell). */
+static void cq_bell(struct dserver *srv, struct conn *c)
+{
+    struct io_uring_sqe *sqe;
+    if (!c->ring)
+        return;
+    if (dshm_ring_bell_due(c->ring))
+        c->cq_bell_due = 1;
+    if (!c->cq_bell_due || c->cq_bell_busy || c->gone || !(sqe = get_sqe(srv)))
+        return;
+    c->cq_bell_val = 1;
+    io_uring_prep_write(sqe, dshm_ring_cq_fd(c->ring), &c->cq_bell_val, sizeof c->cq_bell_val,
+                        0);
+    io_uring_sqe_set_data64(sqe, ud_make(OP_CQ_BELL, slot_of(srv, c), c->gen));
+    c->cq_bell_busy = 1;
+    c->cq_bell_due = 0;
+    c->pending++;
+}
+
+/* The completion doorbell's write ended (written, refused, or cancelled
+ * with the connection): the next one owed, if any. */
+void on_cq_bell(struct dserver *srv, struct conn *c, int res)
+{
+    (void)res; /* (a client that left its counter full gets no more wakes: its
+                * loss alone) */
+    c->cq_bell_busy = 0;
+    cq_bell(srv, c);
 }
 
 /* A protocol or engine error code as a ring status: the client's mistakes
@@ -64,6 +99,7 @@ static void ring_fail(struct dserver *srv, struct conn *c, uint32_t slot, uint32
     if (dshm_ring_complete(c->ring, slot, &res) < 0)
         dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
              "internal error", slot_of(srv, c));
+    cq_bell(srv, c);
 }
 
 /* A ring job that will not run: its completion says why (and the metrics
@@ -89,6 +125,7 @@ static void ring_fault(struct dserver *srv, struct conn *c, const char *why)
         c->ring_active = 0;
     }
     c->ring_again = c->ring_stalled = 0;
+    cq_bell(srv, c); /* (the fault's: a client waiting for completions sees the flag) */
     maybe_finish(srv, c);
 }
 
@@ -168,7 +205,7 @@ static void ring_job(struct dserver *srv, struct conn *c, struct dshm_job *job)
  * most RING_TAKE submissions, and only while the scheduler has room (the
  * rest wait in the ring: ring_again / ring_stalled say when to look
  * again). */
-void ring_service(struct dserver *srv, struct conn *c)
+static void ring_take_all(struct dserver *srv, struct conn *c)
 {
     struct dg_error err = {0};
     c->ring_again = c->ring_stalled = 0;
@@ -203,6 +240,12 @@ void ring_service(struct dserver *srv, struct conn *c)
         ring_job(srv, c, &job);
         json_decref(job.request);
     }
+}
+
+void ring_service(struct dserver *srv, struct conn *c)
+{
+    ring_take_all(srv, c);
+    cq_bell(srv, c); /* (for what the flush and the refusals posted) */
 }
 
 /* A ring job's last line (done, or error when it could not start): its
@@ -297,6 +340,7 @@ void ring_done(struct dserver *srv, struct conn *c, const char *line, size_t len
     if (dshm_ring_complete(c->ring, (uint32_t)slot, &res) < 0)
         dlog(DG_LOG_ERROR, "conn %u: out of memory completing a ring job: it ends as an "
              "internal error", slot_of(srv, c));
+    cq_bell(srv, c);
     free(idv);
     json_decref(d);
 }
@@ -367,11 +411,12 @@ void shm_attach(struct dserver *srv, struct conn *c, const struct dproto_request
     arm_bell(srv, c);
 }
 
-/* The doorbell poll completed: empty the counter, serve the ring, re-arm. */
+/* The doorbell poll completed: serve the ring, and empty the counter by a
+ * read through the io_uring (the poll is armed again once it ends:
+ * on_bell_read). */
 void on_bell(struct dserver *srv, struct conn *c, int res)
 {
-    uint64_t v;
-    ssize_t n;
+    struct io_uring_sqe *sqe;
     c->bell_armed = 0;
     if (c->gone || !c->ring)
         return;
@@ -379,9 +424,28 @@ void on_bell(struct dserver *srv, struct conn *c, int res)
         ring_fault(srv, c, "the ring's doorbell failed");
         return;
     }
-    do
-        n = read(dshm_ring_sq_fd(c->ring), &v, sizeof v);
-    while (n < 0 && errno == EINTR);
+    if ((sqe = get_sqe(srv)) != NULL) {
+        io_uring_prep_read(sqe, dshm_ring_sq_fd(c->ring), &c->bell_val, sizeof c->bell_val, 0);
+        io_uring_sqe_set_data64(sqe, ud_make(OP_BELL_READ, slot_of(srv, c), c->gen));
+        c->bell_reading = 1;
+        c->pending++;
+    }
+    ring_service(srv, c);
+    arm_bell(srv, c); /* (only where no read went out) */
+}
+
+/* The doorbell's counter was read (or the read failed: -EAGAIN when the
+ * client emptied it first): serve the ring again, and wait for the next
+ * ring. */
+void on_bell_read(struct dserver *srv, struct conn *c, int res)
+{
+    c->bell_reading = 0;
+    if (c->gone || !c->ring)
+        return;
+    if (res < 0 && res != -EINTR && res != -EAGAIN) {
+        ring_fault(srv, c, "the ring's doorbell failed");
+        return;
+    }
     ring_service(srv, c);
     arm_bell(srv, c);
 }

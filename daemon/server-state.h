@@ -26,6 +26,8 @@
 enum op_kind {
     OP_ACCEPT = 1, OP_RECV, OP_SEND, OP_POLL, OP_EVENT, OP_SIGNAL, OP_TICK, OP_CANCEL,
     OP_BELL,                   /* a ring's submission doorbell is readable */
+    OP_BELL_READ,              /* its counter read (emptied) */
+    OP_CQ_BELL,                /* a ring's completion doorbell written */
     OP_DEADLINE,               /* shutdown_grace has passed (one timeout, at its time) */
 };
 
@@ -79,7 +81,14 @@ struct conn {
     pid_t pid;
     /* the shared-memory ring, if attached */
     struct dshm_ring *ring;
-    int bell_armed;
+    /* the doorbells go through the io_uring, never a read or write of the
+     * loop's own: the eventfds' open files are shared with the client,
+     * which can make them blocking (their flags are the file's) */
+    int bell_armed;            /* the poll on the submission doorbell */
+    int bell_reading;          /* the read that empties it */
+    int cq_bell_busy;          /* a write of the completion doorbell */
+    int cq_bell_due;           /* another is owed once that one ends */
+    uint64_t bell_val, cq_bell_val; /* their 8 bytes (stable while in flight) */
     int ring_again;            /* more submissions may wait: look again this turn */
     int ring_stalled;          /* the scheduler was full: look again when it has room */
     int ring_active;           /* ring jobs accepted and not yet done (part of active) */
@@ -202,6 +211,8 @@ void shm_attach(struct dserver *srv, struct conn *c, const struct dproto_request
 
 /* The doorbell poll of the connection's ring completed. */
 void on_bell(struct dserver *srv, struct conn *c, int res);
+void on_bell_read(struct dserver *srv, struct conn *c, int res);
+void on_cq_bell(struct dserver *srv, struct conn *c, int res);
 
 /* Look again at the rings that asked for it (stalled ones too when
  * stalled_too).  Returns whether one still has more to take. */

@@ -233,12 +233,17 @@ static void conn_gone(struct dserver *srv, struct conn *c, const char *why)
         if (c->ring)
             dsched_conn_gone(srv->sched, conn_key(srv, c) | RING_KEY_BIT);
     }
-    if (c->bell_armed) {
-        /* the poll on the doorbell would never end by itself */
-        struct io_uring_sqe *sqe = get_sqe(srv);
-        if (sqe) {
-            io_uring_prep_cancel64(sqe, ud_make(OP_BELL, slot_of(srv, c), c->gen), 0);
-            io_uring_sqe_set_data64(sqe, ud_make(OP_CANCEL, 0, 0));
+    {
+        /* the doorbells' poll, read and write might never end by
+         * themselves (the client may have made the eventfds blocking) */
+        const enum op_kind bells[3] = {OP_BELL, OP_BELL_READ, OP_CQ_BELL};
+        const int armed[3] = {c->bell_armed, c->bell_reading, c->cq_bell_busy};
+        for (int i = 0; i < 3; i++) {
+            struct io_uring_sqe *sqe = armed[i] ? get_sqe(srv) : NULL;
+            if (sqe) {
+                io_uring_prep_cancel64(sqe, ud_make(bells[i], slot_of(srv, c), c->gen), 0);
+                io_uring_sqe_set_data64(sqe, ud_make(OP_CANCEL, 0, 0));
+            }
         }
     }
     shutdown(c->fd, SHUT_RDWR);
@@ -865,7 +870,8 @@ static void on_accept(struct dserver *srv, int res)
     c->uid = cred.uid;
     c->pid = cred.pid;
     c->ring = NULL;
-    c->bell_armed = c->ring_again = c->ring_stalled = c->ring_active = 0;
+    c->bell_armed = c->bell_reading = c->cq_bell_busy = c->cq_bell_due = 0;
+    c->ring_again = c->ring_stalled = c->ring_active = 0;
     srv->n_conns++;
     dlog(DG_LOG_DEBUG, "conn %u: uid %d pid %d", slot_of(srv, c), (int)c->uid, (int)c->pid);
     arm_recv(srv, c);
@@ -1102,12 +1108,18 @@ int dserver_run(struct dserver *srv, struct dg_error *err)
             case OP_SEND:
             case OP_POLL:
             case OP_BELL:
+            case OP_BELL_READ:
+            case OP_CQ_BELL:
                 c = conn_of(srv, ud);
                 if (!c)
                     break;
                 c->pending--;
                 if (ud_kind(ud) == OP_BELL)
                     on_bell(srv, c, res);
+                else if (ud_kind(ud) == OP_BELL_READ)
+                    on_bell_read(srv, c, res);
+                else if (ud_kind(ud) == OP_CQ_BELL)
+                    on_cq_bell(srv, c, res);
                 else if (ud_kind(ud) == OP_RECV)
                     on_recv(srv, c, res);
                 else if (ud_kind(ud) == OP_SEND)

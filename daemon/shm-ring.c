@@ -43,6 +43,7 @@ struct dshm_ring {
     uint64_t max_prompt_ids;       /* dshm_limits' (0: none) */
     uint32_t max_stop_strings;
     int sq_efd, cq_efd;
+    int bell_due;                  /* the completion doorbell is owed */
     /* what the daemon published or last accepted */
     uint32_t sq_head, cq_tail, cq_head;
     int broken;
@@ -621,13 +622,17 @@ static int post(struct dshm_ring *r, struct waiting *w)
     return 1;
 }
 
+/* The completion doorbell is owed (the caller writes it: dshm_ring_bell_due). */
 static void ring_bell(struct dshm_ring *r)
 {
-    const uint64_t one = 1;
-    ssize_t n;
-    do
-        n = write(r->cq_efd, &one, sizeof one);
-    while (n < 0 && errno == EINTR);
+    r->bell_due = 1;
+}
+
+int dshm_ring_bell_due(struct dshm_ring *r)
+{
+    const int due = r->bell_due;
+    r->bell_due = 0;
+    return due;
 }
 
 /* Post waiting completions in order while there is room; 1 if any went. */

@@ -125,8 +125,8 @@ struct dshm_result {
 
 /* The job in slot has ended: post its completion (copied), or keep it
  * until the result arena has room.  Output larger than the whole arena
- * becomes a DG_SHM_ERR_TOO_LARGE completion.  Writes the completion
- * doorbell when something was posted.  Returns 0, or -DG_E_NOMEM when
+ * becomes a DG_SHM_ERR_TOO_LARGE completion.  Owes the completion
+ * doorbell (dshm_ring_bell_due) when something was posted.  Returns 0, or -DG_E_NOMEM when
  * the completion could not be copied: the job then completes as
  * DG_SHM_ERR_INTERNAL without output (from a spare made with the ring). */
 int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_result *res);
@@ -134,6 +134,12 @@ int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_res
 /* Post what waits for room, after the client reaped.  Returns -1 when the
  * ring is (or just became) broken, else 0. */
 int dshm_ring_flush(struct dshm_ring *r, struct dg_error *err);
+
+/* Whether the completion doorbell is owed (something was posted, or the
+ * ring broke, since the last call); clears it.  The ring never writes the
+ * doorbell itself: the caller does, without blocking (the client can make
+ * the eventfd blocking, and fill its counter). */
+int dshm_ring_bell_due(struct dshm_ring *r);
 
 /* Jobs taken and not yet posted. */
 uint32_t dshm_ring_in_flight(const struct dshm_ring *r);

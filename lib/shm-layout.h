@@ -63,7 +63,10 @@
  *   then loads cq_head; the client stores cq_head, then loads flags; both
  *   sequentially consistent, so one of them sees the other.  (The daemon
  *   also looks at every ring at each housekeeping tick.)  The daemon
- *   writes the completion doorbell after moving cq_tail.
+ *   writes the completion doorbell after moving cq_tail.  It reads and
+ *   writes the doorbells only through its io_uring, never in its own
+ *   thread: a client that makes its copies blocking, or fills the
+ *   completion doorbell's counter, delays only its own wake-ups.
  *
  * SUBMISSIONS
  *   op DG_SHM_OP_TEXT: prompt_len bytes of UTF-8 at in_off + prompt_off (a

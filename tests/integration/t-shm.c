@@ -11,7 +11,10 @@
  * to 0) and holds no more descriptors than before; a job cancelled through
  * the ring ends cancelled, also while a running job holds each of its
  * completion slots; entries far past the request limits (2M prompt ids,
- * 4M stop strings) refused without the daemon's memory growing; jobs
+ * 4M stop strings) refused without the daemon's memory growing; a client
+ * that makes its doorbells blocking and fills the completion doorbell
+ * gets its completion while the daemon serves others, and its ring is
+ * released when it leaves; jobs
  * with prompts long enough for the
  * tokenizing thread (3 MB: status shows it being tokenized, then
  * too_large; 4.2 KB, just past the thread's 4 KiB: the socket's output,
@@ -22,6 +25,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
@@ -651,6 +655,50 @@ static int ring_oversized(void)
     return 0;
 }
 
+/* A client that makes both of its doorbells blocking (the eventfds' flags
+ * are the open file's, which it shares) and fills the completion
+ * doorbell's counter: its job still completes, the daemon serves another
+ * client meanwhile, and the ring is released when the client leaves.
+ * (The daemon's own write of the doorbell used to wait for ever, and with
+ * it the whole daemon.) */
+static int blocking_doorbells(void)
+{
+    struct raw w;
+    struct dg_shm_sqe e;
+    struct dg_shm_cqe cq;
+    char msg[256];
+    const uint64_t full = 0xfffffffffffffffeull;
+    dgemma_t *c;
+    dgemma_event_t ev;
+
+    CHECK(raw_attach(&w) == 0);
+    CHECK(fcntl(w.cq_fd, F_SETFL, fcntl(w.cq_fd, F_GETFL) & ~O_NONBLOCK) == 0);
+    CHECK(fcntl(w.sq_fd, F_SETFL, fcntl(w.sq_fd, F_GETFL) & ~O_NONBLOCK) == 0);
+    CHECK(write(w.cq_fd, &full, sizeof full) == (ssize_t)sizeof full);
+    memcpy(w.map + raw_hdr(&w)->in_off, "hi", 2);
+    memset(&e, 0, sizeof e);
+    e.user_data = 5;
+    e.op = DG_SHM_OP_TEXT;
+    e.prompt_len = 2;
+    e.set = DG_SHM_SET_MAX_TOKENS;
+    e.max_tokens = 4;
+    raw_put(&w, 0, &e);
+    __atomic_store_n(&raw_hdr(&w)->sq_tail, 1, __ATOMIC_RELEASE);
+    raw_bell(&w);
+    CHECK(raw_reap(&w, 0, &cq, msg, sizeof msg, WAIT_MS) == 0);
+    CHECKF(cq.user_data == 5 && cq.status == DG_SHM_OK, "status %u: %s", cq.status, msg);
+    /* (the daemon's write of the doorbell now waits on the full counter) */
+    c = open_conn();
+    CHECK(c && dgemma_status(c) == 0);
+    CHECKF(dgemma_next_event(c, &ev, 10000) == 0, "status: %s", dgemma_errmsg(c));
+    dgemma_close(c);
+    raw_detach(&w);
+    for (int tries = 0; status_int("rings") != 0 && tries < 200; tries++)
+        usleep(10000);
+    CHECK(status_int("rings") == 0);
+    return 0;
+}
+
 /* The daemon killed under a ring with a job in it: kick and cancel say
  * DGEMMA_E_CLOSED (they said 0 until a reap or a wait looked), and the
  * reap too.  Last: the daemon is gone after it. */
@@ -785,6 +833,7 @@ int main(void)
     TEST_CASE(ring_cancel);
     TEST_CASE(ring_cancel_when_full);
     TEST_CASE(ring_oversized);
+    TEST_CASE(blocking_doorbells);
     TEST_CASE(ring_long_prompt);
     TEST_CASE(refusals);
     TEST_CASE(daemon_killed);
