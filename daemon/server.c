@@ -947,10 +947,14 @@ static void drain_outbox(struct dserver *srv)
                     ring_done(srv, c, o->line, o->len);
                 else if (o->line)
                     conn_write(srv, c, o->line, o->len);
-                if (o->ends_request && c->active > 0)
+                /* a ring job counts in active only while its ring does: a
+                 * fault took all of them off at once (ring_fault), and the
+                 * end of one already on its way here must not count again */
+                if (o->ends_request && (ring_job ? c->ring_active > 0 : c->active > 0)) {
                     c->active--;
-                if (o->ends_request && ring_job && c->ring_active > 0)
-                    c->ring_active--;
+                    if (ring_job)
+                        c->ring_active--;
+                }
                 maybe_finish(srv, c);
             }
             free(o->line);
