@@ -287,30 +287,22 @@ static int copy_in(const struct dshm_ring *r, uint64_t off, uint64_t len, unsign
     return 0;
 }
 
-static int bad(struct dshm_job *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The job completes with status (a DG_SHM_ERR_*) and the message; -1. */
+static int refuse(struct dshm_job *job, uint32_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
-static int bad(struct dshm_job *job, const char *fmt, ...)
+static int refuse(struct dshm_job *job, uint32_t status, const char *fmt, ...)
 {
     va_list ap;
-    job->error = DG_SHM_ERR_BAD_REQUEST;
+    job->error = status;
     va_start(ap, fmt);
     vsnprintf(job->message, sizeof job->message, fmt, ap);
     va_end(ap);
     return -1;
 }
 
-static int too_large(struct dshm_job *job, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static int too_large(struct dshm_job *job, const char *fmt, ...)
-{
-    va_list ap;
-    job->error = DG_SHM_ERR_TOO_LARGE;
-    va_start(ap, fmt);
-    vsnprintf(job->message, sizeof job->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+#define bad(job, ...) refuse(job, DG_SHM_ERR_BAD_REQUEST, __VA_ARGS__)
+#define too_large(job, ...) refuse(job, DG_SHM_ERR_TOO_LARGE, __VA_ARGS__)
 
 /* Out of memory building the job: an internal error, not the client's. */
 static int oom(struct dshm_job *job)
