@@ -241,3 +241,21 @@ int fixture_wait_count(const char *db, int64_t want, double limit_s, const char 
     }
     return 0;
 }
+
+long fixture_proc_kib(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    const size_t n = strlen(field);
+    long v = -1;
+    FILE *f;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    if (!(f = fopen(path, "r")))
+        return -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':') {
+            v = strtol(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}

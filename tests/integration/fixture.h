@@ -92,6 +92,10 @@ json_t *fixture_cl_event(struct fixture_cl *c, int *eof);
 const char *fixture_ev_kind(const json_t *e);
 long long fixture_ev_int(const json_t *e, const char *key);
 
+/* A "Name:   123 kB" line of /proc/pid/status (field "VmRSS", "VmHWM",
+ * ...), in KiB; -1 where it cannot be read. */
+long fixture_proc_kib(pid_t pid, const char *field);
+
 /* The metrics database, read from the test (tests/sql-peek.h reads one
  * value): wait up to limit_s seconds until the query gives want (0, or -1
  * at the limit). */

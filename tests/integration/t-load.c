@@ -239,21 +239,6 @@ static int start_daemon(void)
     return daemon_pid > 0 && fixture_wait_ready(daemon_pid, sock_path) == 0 ? 0 : -1;
 }
 
-/* The daemon's VmRSS in KiB; -1 if unreadable. */
-static long daemon_rss_kib(void)
-{
-    char path[64], line[256];
-    long v = -1;
-    FILE *f;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)daemon_pid);
-    if (!(f = fopen(path, "r")))
-        return -1;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6))
-            v = strtol(line + 6, NULL, 10);
-    fclose(f);
-    return v;
-}
 
 /* The status event on the blocking monitor connection mon; NULL on failure. */
 static json_t *status_of(int mon)
@@ -1113,7 +1098,7 @@ static int load(void)
                "round %d: no request finished while the slow readers were not reading", r);
         CHECKF(wait_idle(mon, &last) == 0, "round %d: the daemon does not settle: %s", r,
                last ? json_dumps(last, JSON_COMPACT) : "no status");
-        rss[r] = daemon_rss_kib();
+        rss[r] = fixture_proc_kib(daemon_pid, "VmRSS");
         printf("# round %d: %.1f s, RSS %ld KiB, %ld done while slow readers paused\n", r,
                (now_ms() - t) / 1e3, rss[r], L.done_in_pause - in_pause_before);
 

@@ -301,21 +301,6 @@ static void raw_detach(struct raw *w)
     close(w->sock);
 }
 
-/* The daemon's peak resident memory (VmHWM), in KiB; -1 if unknown. */
-static long daemon_hwm_kib(void)
-{
-    char path[64], line[256];
-    long v = -1;
-    FILE *f;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)daemon_pid);
-    if (!(f = fopen(path, "r")))
-        return -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %ld kB", &v) == 1)
-            break;
-    fclose(f);
-    return v;
-}
 
 static void raw_bell(struct raw *w)
 {
@@ -614,7 +599,7 @@ static int ring_oversized(void)
     CHECK(raw_attach_req(&w, "{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":8,"
                              "\"cq_entries\":8,\"in_bytes\":16777216}\n") == 0);
     CHECK(raw_hdr(&w)->in_size >= (uint64_t)ids_len + 64 + stop_len);
-    before = daemon_hwm_kib();
+    before = fixture_proc_kib(daemon_pid, "VmHWM");
     memset(w.map + raw_hdr(&w)->in_off, 0, (size_t)ids_len + 64 + stop_len);
     memcpy(w.map + raw_hdr(&w)->in_off + ids_len, "hi", 2);
     memset(&e, 0, sizeof e);
@@ -642,7 +627,7 @@ static int ring_oversized(void)
     CHECKF(cq.user_data == 2 && cq.status == DG_SHM_ERR_BAD_REQUEST &&
                strstr(msg, "more than 8 strings"),
            "user_data %llu status %u: %s", (unsigned long long)cq.user_data, cq.status, msg);
-    after = daemon_hwm_kib();
+    after = fixture_proc_kib(daemon_pid, "VmHWM");
     CHECKF(before > 0 && after - before < 128 * 1024, "VmHWM %ld -> %ld KiB", before, after);
     raw_detach(&w);
     /* and the daemon serves on */
