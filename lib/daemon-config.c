@@ -45,6 +45,7 @@ struct opt {
     size_t count_off;         /* T_INT_LIST: offsetof its int count */
     long long min, max;
     int zero_ok;
+    int unique;               /* T_INT_LIST: an element given twice is an error */
     double dmin, dmax;        /* T_DOUBLE */
     const char *const *names; /* T_ENUM: the names of 0, 1, ...; NULL-terminated */
     const char *type_doc;     /* overrides type_names[type] in the documentation */
@@ -69,7 +70,7 @@ static const struct opt opts[] = {
      .help = "Where the model runs: cuda on GPUs, cpu on the CPU backend; auto takes cuda "
              "when a usable GPU is present and cpu otherwise."},
     {.name = "devices", .type = T_INT_LIST, .off = OFF(devices), .size = DG_CONFIG_MAX_DEVICES,
-     .count_off = OFF(n_devices), .min = 0, .max = 1023, .def = "[]",
+     .count_off = OFF(n_devices), .min = 0, .max = 1023, .unique = 1, .def = "[]",
      .help = "GPU ordinals, as CUDA numbers them, the daemon may use. Empty: every visible GPU."},
     {.name = "tp", .type = T_INT, .off = OFF(tp), .min = 1, .max = 64, .def = "1",
      .help = "Tensor-parallel degree: the model is split over this many GPUs (rank threads on "
@@ -578,7 +579,8 @@ static int apply_scalar(struct ctx *x, const struct opt *o, const char *s, size_
 }
 
 /* The current event opened a sequence for list option o: read its scalar
- * elements up to the closing event, check each, then store them in c. */
+ * elements up to the closing event, check each (and, where o is unique,
+ * that none repeats an earlier one), then store them in c. */
 static int apply_list(struct ctx *x, const struct opt *o, struct dg_config *c)
 {
     int vals[DG_CONFIG_MAX_DEVICES];
@@ -611,6 +613,10 @@ static int apply_list(struct ctx *x, const struct opt *o, struct dg_config *c)
                         ev->data.scalar.style != YAML_PLAIN_SCALAR_STYLE ? "the quoted string "
                                                                           : "",
                         show(shown, s, len));
+        for (size_t j = 0; o->unique && j < n; j++)
+            if (vals[j] == (int)v)
+                return fail(x, ev->start_mark, "%s[%zu]: %lld is listed twice (first as %s[%zu])",
+                            o->name, n, v, o->name, j);
         vals[n++] = (int)v;
     }
     memset((char *)c + o->off, 0, o->size * sizeof(int));

@@ -265,6 +265,8 @@ static int bad_values(void)
         {"devices: [[1]]", "devices[0]: expected an integer in [0, 1023], got a list"},
         {"devices:\n  - {a: 1}\n", "dgemmad.yaml:2:5: devices[0]: expected an integer in [0, 1023], got a mapping"},
         {"devices: {0: 1}", "devices: expected a list of at most 64 integers in [0, 1023], got a mapping"},
+        {"devices: [2, 0, 2]", "dgemmad.yaml:1:17: devices[2]: 2 is listed twice (first as devices[0])"},
+        {"tp: 2\ndevices:\n  - 1\n  - 1\n", "dgemmad.yaml:4:5: devices[1]: 1 is listed twice (first as devices[0])"},
         /* strings */
         {"socket: [a]", "socket: expected a string of at most 4095 bytes, got a list"},
         {"socket: {a: b}", "socket: expected a string of at most 4095 bytes, got a mapping"},
@@ -408,6 +410,12 @@ static int overrides(void)
     CHECK(c.n_devices == 2 && c.devices[0] == 0 && c.devices[1] == 1);
     CHECK_OK(dg_config_set(&c, "devices=[]", "-o", &err), &err);
     CHECK(c.n_devices == 0 && c.devices[1] == 0);
+    CHECK_FAILS(dg_config_set(&c, "devices=[3,3]", "-o devices=[3,3]", &err), &err, DG_E_CONFIG,
+                "-o devices=[3,3]: devices[1]: 3 is listed twice (first as devices[0])");
+    CHECK(c.n_devices == 0);
+    /* a uid given twice means what it says once: not an error */
+    CHECK_OK(dg_config_set(&c, "allow_uids=[5,5]", "-o", &err), &err);
+    CHECK(c.n_allow_uids == 2);
     CHECK_OK(dg_config_set(&c, "socket=/tmp/x y.sock", "-o", &err), &err);
     CHECK(!strcmp(c.socket, "/tmp/x y.sock"));
     CHECK_OK(dg_config_set(&c, "socket=\"a=b\"", "-o", &err), &err);
@@ -455,7 +463,8 @@ static int validate(void)
     dg_config_defaults(&c);
     CHECK_OK(load(&c, "devices: [2, 0, 5]\ntp: 64\n", &err), &err);
     CHECK_OK(dg_config_validate(&c, &err), &err);
-    CHECK_OK(load(&c, "devices: [2, 0, 2]\n", &err), &err);
+    /* (a config built in code, not read: the loader refuses this list) */
+    c.n_devices = 3, c.devices[0] = 2, c.devices[1] = 0, c.devices[2] = 2;
     CHECK_FAILS(dg_config_validate(&c, &err), &err, DG_E_CONFIG,
                 "devices: GPU 2 is listed twice (entries 0 and 2)");
     dg_config_defaults(&c);
