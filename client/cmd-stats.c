@@ -364,7 +364,8 @@ static json_t *summary_json(const char *path, const struct dg_metrics_summary *s
                              (json_int_t)h->completion_tokens, "finish",
                              json_finish(h->finish)));
     }
-    for (int k = 0; !bad && k < s->n_step_buckets; k++) {
+    /* from bucket 1 (steps 1), and bucket 0 (no step) only where it counts any */
+    for (int k = s->step_hist[0] ? 0 : 1; !bad && k < s->n_step_buckets; k++) {
         int64_t lo, hi;
         dg_metrics_step_bucket_range(k, &lo, &hi);
         bad |= json_array_append_new(hist, json_pack("{s:I,s:I,s:I}", "lo", (json_int_t)lo,

@@ -28,9 +28,11 @@ static int finish_of(const char *s)
 
 int dg_metrics_step_bucket(int64_t steps)
 {
-    int k = 0;
+    int k = 1;
     int64_t hi = 1;
-    /* the smallest k with steps <= 2^k, capped at the last bucket */
+    if (steps <= 0)
+        return 0;
+    /* the smallest k >= 1 with steps <= 2^(k-1), capped at the last bucket */
     while (steps > hi && k < DG_METRICS_STEP_BUCKETS - 1) {
         hi <<= 1;
         k++;
@@ -40,14 +42,14 @@ int dg_metrics_step_bucket(int64_t steps)
 
 void dg_metrics_step_bucket_range(int k, int64_t *lo, int64_t *hi)
 {
-    if (k <= 0) {
-        *lo = *hi = 1;
+    if (k <= 1) {
+        *lo = *hi = k < 1 ? 0 : 1;
         return;
     }
     if (k > DG_METRICS_STEP_BUCKETS - 1)
         k = DG_METRICS_STEP_BUCKETS - 1;
-    *lo = ((int64_t)1 << (k - 1)) + 1;
-    *hi = (int64_t)1 << k;
+    *lo = ((int64_t)1 << (k - 2)) + 1;
+    *hi = (int64_t)1 << (k - 1);
 }
 
 double dg_metrics_percentile(const double *sorted, int64_t n, double p)
@@ -281,7 +283,7 @@ static int query_steps(sqlite3 *h, struct dg_metrics_summary *s, struct dg_error
         for (int64_t i = 0; i < n; i++) {
             /* a REAL steps value (not ours) is cut to an integer */
             double x = v[i];
-            int64_t steps = x < 1 ? 0 : x > 4e18 ? INT64_MAX : (int64_t)x;
+            int64_t steps = !(x >= 1) ? 0 : x > 4e18 ? INT64_MAX : (int64_t)x;
             int k = dg_metrics_step_bucket(steps);
             s->step_hist[k]++;
             if (k + 1 > s->n_step_buckets)

@@ -40,16 +40,17 @@ enum dg_metrics_finish {   /* (DG_MFINISH_: not lib/engine.h's DG_FINISH_) */
 /* "stop", "length", "cancelled", "error", "rejected", "other". */
 const char *dg_metrics_finish_name(int f);
 
-/* Steps-per-canvas histogram buckets: bucket 0 holds steps <= 1, bucket k
- * (k >= 1) holds 2^(k-1) < steps <= 2^k: 1, 2, 3-4, 5-8, 9-16, ...; the
- * last bucket also takes anything larger. */
+/* Steps-per-canvas histogram buckets: bucket 0 holds steps <= 0 (a canvas
+ * that never ran a step), bucket 1 exactly 1, bucket k (k >= 2) holds
+ * 2^(k-2) < steps <= 2^(k-1): 0, 1, 2, 3-4, 5-8, 9-16, ...; the last
+ * bucket also takes anything larger. */
 #define DG_METRICS_STEP_BUCKETS 32
 
 /* Bucket of a steps value (see above). */
 int dg_metrics_step_bucket(int64_t steps);
 
-/* The smallest and largest steps value bucket k holds (lo = hi = 1 for
- * bucket 0; hi of the last bucket is its nominal 2^31). */
+/* The smallest and largest steps value bucket k holds (lo = hi = 0 for
+ * bucket 0, 1 for bucket 1; hi of the last bucket is its nominal 2^30). */
 void dg_metrics_step_bucket_range(int k, int64_t *lo, int64_t *hi);
 
 /* Nearest-rank percentile of n values sorted ascending (see above); 0 when

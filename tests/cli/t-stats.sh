@@ -86,7 +86,7 @@ for k in ("tokens_per_s", "ttfc_ms", "steps_per_canvas"):
 assert s["tokens_per_s"]["n"] == sent - 1 and s["ttfc_ms"]["n"] == sent - 1
 sp = s["steps_per_canvas"]
 assert sp["n"] >= sent - 1 and sum(b["count"] for b in sp["histogram"]) == sp["n"]
-assert all(b["lo"] <= b["hi"] for b in sp["histogram"])
+assert all(b["lo"] <= b["hi"] for b in sp["histogram"]) and sp["histogram"][0]["lo"] == 1
 assert any(e["finish"] == "rejected" and e["code"] == "bad_request" and e["count"] == 1
            for e in s["errors"]), s["errors"]
 assert s["sources"] == [{"source": "socket", "requests": sent}], s["sources"]
@@ -163,7 +163,7 @@ then ok not_a_database; else bad not_a_database "exit $st: $(cat "$tmp/j.err")";
 odd=$tmp/$'m\xff.db'
 cp "$db" "$odd"
 if [ $have_python -eq 1 ]; then
-    python3 -c 'import sqlite3,sys; c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE requests SET tokens_per_s = 9e999 WHERE id = (SELECT min(id) FROM requests WHERE tokens_per_s IS NOT NULL)"); c.commit()' \
+    python3 -c 'import sqlite3,sys; c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE requests SET tokens_per_s = 9e999 WHERE id = (SELECT min(id) FROM requests WHERE tokens_per_s IS NOT NULL)"); c.execute("UPDATE canvases SET steps = 0 WHERE (request, idx) = (SELECT request, idx FROM canvases ORDER BY request, idx LIMIT 1)"); c.commit()' \
         "$odd" 2>"$tmp/odd.py" || bad odd_values "cannot set up: $(cat "$tmp/odd.py")"
 fi
 "$C" stats --db "$odd" --json >"$tmp/odd.json" 2>"$tmp/odd.err"; st=$?
@@ -177,6 +177,8 @@ assert s["file"] == sys.argv[2] + "/m\ufffd.db", s["file"]
 d = s["tokens_per_s"]
 assert d["max"] is None and d["mean"] is None, d
 assert isinstance(d["min"], float), d
+h = s["steps_per_canvas"]["histogram"]
+assert h[0] == {"lo": 0, "hi": 0, "count": 1} and h[1]["lo"] == 1, h
 EOF2
     then ok odd_values; else bad odd_values "$(tail -3 "$tmp/odd.out")"; fi
 else

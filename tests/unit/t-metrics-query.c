@@ -57,28 +57,30 @@ static int percentile_and_buckets(void)
 
     CHECK(dg_metrics_step_bucket(-3) == 0);
     CHECK(dg_metrics_step_bucket(0) == 0);
-    CHECK(dg_metrics_step_bucket(1) == 0);
-    CHECK(dg_metrics_step_bucket(2) == 1);
-    CHECK(dg_metrics_step_bucket(3) == 2);
-    CHECK(dg_metrics_step_bucket(4) == 2);
-    CHECK(dg_metrics_step_bucket(5) == 3);
-    CHECK(dg_metrics_step_bucket(8) == 3);
-    CHECK(dg_metrics_step_bucket(9) == 4);
-    CHECK(dg_metrics_step_bucket(256) == 8);
-    CHECK(dg_metrics_step_bucket(257) == 9);
-    CHECK(dg_metrics_step_bucket((int64_t)1 << 31) == DG_METRICS_STEP_BUCKETS - 1);
+    CHECK(dg_metrics_step_bucket(1) == 1);
+    CHECK(dg_metrics_step_bucket(2) == 2);
+    CHECK(dg_metrics_step_bucket(3) == 3);
+    CHECK(dg_metrics_step_bucket(4) == 3);
+    CHECK(dg_metrics_step_bucket(5) == 4);
+    CHECK(dg_metrics_step_bucket(8) == 4);
+    CHECK(dg_metrics_step_bucket(9) == 5);
+    CHECK(dg_metrics_step_bucket(256) == 9);
+    CHECK(dg_metrics_step_bucket(257) == 10);
+    CHECK(dg_metrics_step_bucket((int64_t)1 << 30) == DG_METRICS_STEP_BUCKETS - 1);
     CHECK(dg_metrics_step_bucket(INT64_MAX) == DG_METRICS_STEP_BUCKETS - 1);
 
     dg_metrics_step_bucket_range(0, &lo, &hi);
-    CHECK(lo == 1 && hi == 1);
+    CHECK(lo == 0 && hi == 0);
     dg_metrics_step_bucket_range(1, &lo, &hi);
-    CHECK(lo == 2 && hi == 2);
+    CHECK(lo == 1 && hi == 1);
     dg_metrics_step_bucket_range(2, &lo, &hi);
-    CHECK(lo == 3 && hi == 4);
+    CHECK(lo == 2 && hi == 2);
     dg_metrics_step_bucket_range(3, &lo, &hi);
+    CHECK(lo == 3 && hi == 4);
+    dg_metrics_step_bucket_range(4, &lo, &hi);
     CHECK(lo == 5 && hi == 8);
     dg_metrics_step_bucket_range(DG_METRICS_STEP_BUCKETS - 1, &lo, &hi);
-    CHECK(lo == ((int64_t)1 << 30) + 1 && hi == (int64_t)1 << 31);
+    CHECK(lo == ((int64_t)1 << 29) + 1 && hi == (int64_t)1 << 30);
     /* every bucket's range maps back to it */
     for (int k = 0; k < DG_METRICS_STEP_BUCKETS; k++) {
         dg_metrics_step_bucket_range(k, &lo, &hi);
@@ -119,16 +121,17 @@ static int finish_index(const char *s)
     return 5;
 }
 
-/* The bucket of a steps value, computed from the bit length of steps - 1. */
+/* The bucket of a steps value, computed from the bit length of steps - 1:
+ * 0 for none, 1 for one step, else 1 + that length. */
 static int bucket_of(int64_t steps)
 {
     uint64_t v;
     int bits = 0;
     if (steps <= 1)
-        return 0;
+        return steps < 1 ? 0 : 1;
     for (v = (uint64_t)(steps - 1); v; v >>= 1)
         bits++;
-    return bits > 31 ? 31 : bits;
+    return bits + 1 > 31 ? 31 : bits + 1;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -214,7 +217,7 @@ static void generate(struct gen *g, double since, double until)
         for (int k = 0; k < n; k++) {
             int steps;
             switch (rnd() % 8) {
-            case 0: steps = 1 + (int)(rnd() % 5); break;             /* the small edges */
+            case 0: steps = (int)(rnd() % 6); break;                 /* the small edges, 0 too */
             case 1: steps = 1 << (rnd() % 12); break;                /* powers of two */
             case 2: steps = (1 << (rnd() % 12)) + 1; break;          /* just above */
             case 3: steps = 100000 + (int)(rnd() % 10); break;       /* large */
