@@ -26,6 +26,7 @@
 
 /* how long a query waits for a lock the daemon holds (WAL readers rarely do) */
 #define STATS_BUSY_MS 2000
+#define STATS_READS 3 /* reads of a file a daemon keeps writing under an unlocked read */
 /* uids the text output lists */
 #define STATS_TOP_UIDS 10
 #define STATS_TOP_UIDS_TEXT "10"
@@ -446,10 +447,31 @@ int cmd_stats(int argc, char **argv)
         client_errorf("stats: %s: not a regular file", path);
         goto out;
     }
-    if (dg_metrics_db_open(path, DG_METRICS_READ, STATS_BUSY_MS, &db, &err) < 0 ||
-        dg_metrics_summary(dg_metrics_db_handle(db), o.since, o.until, &s, &err) < 0) {
-        client_errorf("stats: %s", err.msg);
-        goto out;
+    /* a file read without SQLite's locks (a stopped daemon's) that a
+     * daemon started writing meanwhile is read again */
+    for (int tries = 1;; tries++) {
+        int changed;
+        if (dg_metrics_db_open(path, DG_METRICS_READ, STATS_BUSY_MS, &db, &err) < 0 ||
+            dg_metrics_summary(dg_metrics_db_handle(db), o.since, o.until, &s, &err) < 0) {
+            if (!dg_metrics_db_changed(db) || tries == STATS_READS) {
+                client_errorf("stats: %s", err.msg);
+                goto out;
+            }
+            changed = 1;
+        } else {
+            changed = dg_metrics_db_changed(db);
+        }
+        if (!changed)
+            break;
+        if (tries == STATS_READS) {
+            client_errorf("stats: %s: a daemon wrote the file during each of %d reads; try "
+                          "again", path, STATS_READS);
+            goto out;
+        }
+        dg_metrics_summary_free(&s);
+        memset(&s, 0, sizeof s);
+        dg_metrics_db_close(db);
+        db = NULL;
     }
     if (o.json) {
         json_t *j = summary_json(path, &s);

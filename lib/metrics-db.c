@@ -79,6 +79,8 @@ struct dg_metrics_db {
     int ready;           /* WAL on and the schema at our version */
     int version;
     int in_txn;
+    int immutable;       /* read as it is (reopen_immutable), the file as seen then: */
+    struct stat seen;
     sqlite3_stmt *ins_request, *ins_canvas, *ins_event, *ins_run, *upd_run;
 };
 
@@ -272,22 +274,44 @@ static int reopen_immutable(struct dg_metrics_db *db, int busy_ms, struct dg_err
     return rc;
 }
 
+/* Whether db's file has no -wal file beside it (1), has one (0), or
+ * cannot be told (-1). */
+static int wal_absent(const struct dg_metrics_db *db)
+{
+    char *wal = malloc(strlen(db->path) + 5);
+    int absent;
+    if (!wal)
+        return -1;
+    sprintf(wal, "%s-wal", db->path);
+    absent = access(wal, F_OK) == 0 ? 0 : errno == ENOENT ? 1 : -1;
+    free(wal);
+    return absent;
+}
+
 /* Whether read_version's failure on a read-only connection is SQLite
  * unable to open a WAL file it may not add a -shm to, with no writer
  * there (no -wal file). */
 static int wal_needs_immutable(struct dg_metrics_db *db)
 {
     const int code = sqlite3_errcode(db->h) & 0xff;
-    char *wal;
-    int absent;
     if (code != SQLITE_READONLY && code != SQLITE_CANTOPEN)
         return 0;
-    if (!(wal = malloc(strlen(db->path) + 5)))
+    return wal_absent(db) == 1;
+}
+
+int dg_metrics_db_changed(struct dg_metrics_db *db)
+{
+    struct stat now;
+    if (!db || !db->immutable)
         return 0;
-    sprintf(wal, "%s-wal", db->path);
-    absent = access(wal, F_OK) != 0 && errno == ENOENT;
-    free(wal);
-    return absent;
+    /* a writer has it open (or died with it open), or it is another file,
+     * or its bytes were written since */
+    if (wal_absent(db) != 1 || stat(db->path, &now) != 0)
+        return 1;
+    return now.st_dev != db->seen.st_dev || now.st_ino != db->seen.st_ino ||
+           now.st_size != db->seen.st_size ||
+           now.st_mtim.tv_sec != db->seen.st_mtim.tv_sec ||
+           now.st_mtim.tv_nsec != db->seen.st_mtim.tv_nsec;
 }
 
 int dg_metrics_db_open(const char *path, enum dg_metrics_open_mode mode, int busy_ms,
@@ -323,9 +347,16 @@ int dg_metrics_db_open(const char *path, enum dg_metrics_open_mode mode, int bus
     rc = read_version(db, err);
     if (rc < 0 && mode == DG_METRICS_READ && wal_needs_immutable(db)) {
         /* a stopped daemon's file in a directory this reader cannot
-         * write: taken as it is (nothing uncommitted: no -wal) */
+         * write: taken as it is (nothing uncommitted: no -wal), as it is
+         * now, so that dg_metrics_db_changed can tell a daemon that
+         * started writing it meanwhile */
+        if (stat(path, &db->seen) != 0) {
+            rc = dg_error_set(err, DG_E_IO, "%s: %s", path, strerror(errno));
+            goto failed;
+        }
         if ((rc = reopen_immutable(db, busy_ms, err)) < 0)
             goto failed;
+        db->immutable = 1;
         rc = read_version(db, err);
     }
     if (rc < 0 && rc != -DG_E_BUSY)

@@ -110,6 +110,14 @@ void dg_metrics_db_close(struct dg_metrics_db *db);
  * path), DG_E_IO, DG_E_FORMAT. */
 int dg_metrics_db_check(const char *path, struct dg_error *err);
 
+/* Whether what a READ-mode db read may be torn: 1 where it was opened as
+ * it is, without SQLite's locks (a stopped daemon's file in a directory
+ * the reader cannot write: SQLite's immutable open), and since then a
+ * writer has opened the file (a -wal beside it) or its size, time of
+ * change or identity moved; 0 otherwise (locked reads are never torn).
+ * A reader that finds 1 after its queries reads again with a new open. */
+int dg_metrics_db_changed(struct dg_metrics_db *db);
+
 /* The connection, for queries (readers).  Owned by db. */
 struct sqlite3 *dg_metrics_db_handle(struct dg_metrics_db *db);
 

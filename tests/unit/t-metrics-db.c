@@ -521,6 +521,95 @@ static int readers(void)
     return 0;
 }
 
+/* One byte through fd (write) or from it (read); 0 or -1. */
+static int put_byte(int fd, char c)
+{
+    return write(fd, &c, 1) == 1 ? 0 : -1;
+}
+
+static int get_byte(int fd)
+{
+    char c;
+    return read(fd, &c, 1) == 1 ? (unsigned char)c : -1;
+}
+
+/* A reader that had to take a stopped daemon's file as it is (no locks)
+ * is told when a daemon starts writing it during the read: while the
+ * writer has it open (a -wal beside it) and after the writer's close has
+ * checkpointed into it and removed the -wal; not before. */
+static int immutable_changed(void)
+{
+    const char *dir = test_path("ro2"), *path = test_path("ro2/m.sqlite");
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    struct dg_metrics_run run = {.started = 1, .pid = 7, .version = "v", .backend = "cpu",
+                                 .tp = 1};
+    struct dg_metrics_request r;
+    struct dg_metrics_canvas cv[8];
+    int64_t id = 0;
+    int to_child[2], to_parent[2], st = 0, got[3] = {-1, -1, -1};
+    pid_t pid;
+
+    CHECK(mkdir(dir, 0755) == 0);
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_put_run(db, &run, &id, &err), &err);
+    for (int i = 0; i < 20; i++) {
+        make_request(&r, cv, 8, (uint64_t)i + 1, 100.0 + i);
+        CHECK_OK(dg_metrics_db_put_request(db, id, "cpu", 1, &r, &err), &err);
+    }
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    dg_metrics_db_close(db);
+    db = NULL;
+    CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0);
+    CHECK(chmod(path, 0644) == 0 && chmod(test_tmpdir(), 0711) == 0 && chmod(dir, 0555) == 0);
+    pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        /* the reader: its verdict before, during and after the writer */
+        struct dg_metrics_db *rd = NULL;
+        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+                               setresuid(65534, 65534, 65534) != 0))
+            _exit(3);
+        if (dg_metrics_db_open(path, DG_METRICS_READ, 100, &rd, &err) < 0) {
+            fprintf(stderr, "# the reader: %s\n", err.msg);
+            _exit(1);
+        }
+        for (int k = 0; k < 3; k++) {
+            if (k > 0 && get_byte(to_child[0]) < 0)
+                _exit(4);
+            if (put_byte(to_parent[1], (char)('0' + dg_metrics_db_changed(rd))) < 0)
+                _exit(5);
+        }
+        dg_metrics_db_close(rd);
+        _exit(0);
+    }
+    got[0] = get_byte(to_parent[0]);
+    /* the writer, where a daemon would write: the directory writable
+     * again (a reader not root could not otherwise be shown here), past
+     * the reader's open by more than a tick of the file clock */
+    CHECK(chmod(dir, 0755) == 0);
+    usleep(20000);
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    for (int i = 0; i < 20; i++) {
+        make_request(&r, cv, 8, (uint64_t)i + 101, 300.0 + i);
+        CHECK_OK(dg_metrics_db_put_request(db, id, "cpu", 1, &r, &err), &err);
+    }
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    CHECK(put_byte(to_child[1], 'w') == 0);
+    got[1] = get_byte(to_parent[0]);
+    dg_metrics_db_close(db); /* (checkpoints into the file, removes the -wal) */
+    CHECK(put_byte(to_child[1], 'c') == 0);
+    got[2] = get_byte(to_parent[0]);
+    CHECK(waitpid(pid, &st, 0) == pid);
+    CHECK(chmod(test_tmpdir(), 0700) == 0);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the reader: status %d", st);
+    CHECKF(got[0] == '0' && got[1] == '1' && got[2] == '1',
+           "changed before / while open / after close: %c %c %c", got[0], got[1], got[2]);
+    return 0;
+}
+
 int main(void)
 {
     rng_state = (unsigned)time(NULL);
@@ -532,5 +621,6 @@ int main(void)
     TEST_CASE(retention_by_size);
     TEST_CASE(check_paths);
     TEST_CASE(readers);
+    TEST_CASE(immutable_changed);
     return test_finish();
 }
