@@ -802,6 +802,7 @@ int main(int argc, char **argv)
     so.max_connections = cfg.max_connections;
     so.shm.max_entries = (uint32_t)cfg.shm_max_entries;
     so.shm.max_arena_bytes = (uint64_t)cfg.shm_max_arena_mb << 20;
+    so.shm_user_max_bytes = (uint64_t)cfg.shm_user_max_mb << 20;
     so.max_line_bytes = (size_t)cfg.max_line_bytes;
     so.max_output_bytes = (size_t)cfg.max_output_bytes;
     so.tick = cfg.tick;

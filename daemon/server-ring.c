@@ -345,6 +345,45 @@ void ring_done(struct dserver *srv, struct conn *c, const char *line, size_t len
     json_decref(d);
 }
 
+/* Whether c's uid may take a ring of `size` more bytes under
+ * shm_user_max_bytes (the rings its connections hold now counted); if
+ * not, c is told why (too_large where the ring alone passes the cap,
+ * busy where the uid's other rings leave no room) and 0 returned. */
+static int user_has_room(struct dserver *srv, struct conn *c, uint64_t size, const char *tag)
+{
+    const uint64_t cap = srv->o.shm_user_max_bytes;
+    uint64_t held = 0;
+    int rings = 0;
+    char msg[256];
+    if (cap == 0)
+        return 1;
+    if (size > cap) {
+        snprintf(msg, sizeof msg, "shm_attach: a ring of %llu bytes is more than one user may "
+                 "hold (shm_user_max_mb: %llu); ask for fewer entries or smaller arenas",
+                 (unsigned long long)size, (unsigned long long)(cap >> 20));
+        send_error(srv, c, 0, tag, "too_large", msg);
+        return 0;
+    }
+    for (int i = 0; i < srv->o.max_connections; i++) {
+        const struct conn *o = &srv->conns[i];
+        struct dshm_sizes got;
+        uint64_t total = 0;
+        if (!o->in_use || !o->ring || o->uid != c->uid)
+            continue;
+        dshm_ring_sizes(o->ring, &got, &total);
+        held += total;
+        rings++;
+    }
+    if (held + size <= cap)
+        return 1;
+    snprintf(msg, sizeof msg, "shm_attach: uid %d's %d ring(s) hold %llu bytes; %llu more would "
+             "pass shm_user_max_mb (%llu)", (int)c->uid, rings, (unsigned long long)held,
+             (unsigned long long)size, (unsigned long long)(cap >> 20));
+    dlog(DG_LOG_WARN, "conn %u pid=%d: %s", slot_of(srv, c), (int)c->pid, msg);
+    send_error(srv, c, 0, tag, "busy", msg);
+    return 0;
+}
+
 void shm_attach(struct dserver *srv, struct conn *c, const struct dproto_request *req,
                 const char *tag)
 {
@@ -375,6 +414,8 @@ void shm_attach(struct dserver *srv, struct conn *c, const struct dproto_request
     lim = srv->o.shm;
     lim.max_prompt_ids = srv->pctx_defer.max_prompt_tokens;
     lim.max_stop_strings = DG_MAX_STOP_STRINGS;
+    if (!user_has_room(srv, c, dshm_ring_size_for(&ask, &lim), tag))
+        return;
     if (dshm_ring_create(&ask, &lim, &c->ring, &fds[0], &err) < 0) {
         dlog(DG_LOG_ERROR, "conn %u: %s", slot_of(srv, c), err.msg);
         send_error(srv, c, 0, tag, "internal", err.msg);

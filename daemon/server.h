@@ -60,6 +60,7 @@ struct dserver_options {
     json_t *info;                 /* what status reports about the model and backend (borrowed) */
     struct dmetrics *metrics;     /* refused requests are recorded here; NULL: none */
     struct dshm_limits shm;       /* shared-memory rings: caps (max_entries 0: none) */
+    uint64_t shm_user_max_bytes;  /* rings' bytes one uid's connections may hold; 0: no cap */
 };
 
 struct dserver;

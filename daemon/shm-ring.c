@@ -84,11 +84,49 @@ static uint64_t round_up(uint64_t x, uint64_t to)
 
 /* ---- life cycle -------------------------------------------------------------------- */
 
-int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim,
-                     struct dshm_ring **out, int *memfd, struct dg_error *err)
+/* A ring's geometry for ask under lim: each size rounded up (entries to
+ * a power of two, arenas to a page; 0 takes the default), then capped;
+ * the parts laid out one after another. */
+struct geometry {
+    uint32_t sq_n, cq_n;
+    uint64_t in_size, out_size;
+    uint64_t sq_off, cq_off, in_off, out_off, total;
+};
+
+static struct geometry geometry_of(const struct dshm_sizes *ask, const struct dshm_limits *lim)
 {
     const uint32_t max_e = pow2_at_most(lim->max_entries ? lim->max_entries : 1);
     const uint64_t max_a = lim->max_arena_bytes / PAGE * PAGE;
+    struct geometry g;
+    g.sq_n = pow2_at_least(ask->sq_entries ? ask->sq_entries : DSHM_DEFAULT_ENTRIES);
+    g.cq_n = pow2_at_least(ask->cq_entries ? ask->cq_entries : DSHM_DEFAULT_ENTRIES);
+    g.sq_n = g.sq_n > max_e ? max_e : g.sq_n;
+    g.cq_n = g.cq_n > max_e ? max_e : g.cq_n;
+    g.in_size = round_up(ask->in_bytes ? ask->in_bytes : DSHM_DEFAULT_IN_BYTES, PAGE);
+    g.out_size = round_up(ask->out_bytes ? ask->out_bytes : DSHM_DEFAULT_OUT_BYTES, PAGE);
+    if (max_a >= PAGE) {
+        g.in_size = g.in_size > max_a ? max_a : g.in_size;
+        g.out_size = g.out_size > max_a ? max_a : g.out_size;
+    } else {
+        g.in_size = g.out_size = PAGE;
+    }
+    g.sq_off = DG_SHM_HEADER_SIZE;
+    g.cq_off = round_up(g.sq_off + (uint64_t)g.sq_n * DG_SHM_SQE_SIZE, 64);
+    g.in_off = round_up(g.cq_off + (uint64_t)g.cq_n * DG_SHM_CQE_SIZE, PAGE);
+    g.out_off = g.in_off + g.in_size;
+    g.total = g.out_off + g.out_size;
+    return g;
+}
+
+uint64_t dshm_ring_size_for(const struct dshm_sizes *ask, const struct dshm_limits *lim)
+{
+    return geometry_of(ask, lim).total;
+}
+
+int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim,
+                     struct dshm_ring **out, int *memfd, struct dg_error *err)
+{
+    const struct geometry g = geometry_of(ask, lim);
     struct dshm_ring *r;
     int fd = -1;
 
@@ -100,23 +138,15 @@ int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim
     r->sq_efd = r->cq_efd = -1;
     r->max_prompt_ids = lim->max_prompt_ids;
     r->max_stop_strings = lim->max_stop_strings;
-    r->sq_n = pow2_at_least(ask->sq_entries ? ask->sq_entries : DSHM_DEFAULT_ENTRIES);
-    r->cq_n = pow2_at_least(ask->cq_entries ? ask->cq_entries : DSHM_DEFAULT_ENTRIES);
-    r->sq_n = r->sq_n > max_e ? max_e : r->sq_n;
-    r->cq_n = r->cq_n > max_e ? max_e : r->cq_n;
-    r->in_size = round_up(ask->in_bytes ? ask->in_bytes : DSHM_DEFAULT_IN_BYTES, PAGE);
-    r->out_size = round_up(ask->out_bytes ? ask->out_bytes : DSHM_DEFAULT_OUT_BYTES, PAGE);
-    if (max_a >= PAGE) {
-        r->in_size = r->in_size > max_a ? max_a : r->in_size;
-        r->out_size = r->out_size > max_a ? max_a : r->out_size;
-    } else {
-        r->in_size = r->out_size = PAGE;
-    }
-    r->sq_off = DG_SHM_HEADER_SIZE;
-    r->cq_off = round_up(r->sq_off + (uint64_t)r->sq_n * DG_SHM_SQE_SIZE, 64);
-    r->in_off = round_up(r->cq_off + (uint64_t)r->cq_n * DG_SHM_CQE_SIZE, PAGE);
-    r->out_off = r->in_off + r->in_size;
-    r->total = r->out_off + r->out_size;
+    r->sq_n = g.sq_n;
+    r->cq_n = g.cq_n;
+    r->in_size = g.in_size;
+    r->out_size = g.out_size;
+    r->sq_off = g.sq_off;
+    r->cq_off = g.cq_off;
+    r->in_off = g.in_off;
+    r->out_off = g.out_off;
+    r->total = g.total;
 
     r->jobs = calloc(r->cq_n, sizeof *r->jobs);
     r->free_slots = malloc(r->cq_n * sizeof *r->free_slots);

@@ -54,6 +54,10 @@ struct dshm_limits {
 #define DSHM_DEFAULT_IN_BYTES (1u << 20)
 #define DSHM_DEFAULT_OUT_BYTES (4u << 20)
 
+/* The size in bytes of the mapping dshm_ring_create would make for ask
+ * under lim (what the ring pins), making nothing. */
+uint64_t dshm_ring_size_for(const struct dshm_sizes *ask, const struct dshm_limits *lim);
+
 /* Create a ring with ask's sizes (each rounded up: entries to a power of
  * two, arenas to 4 KiB; then capped by lim).  *memfd: the sealed memfd for
  * the client (the caller sends it and closes its copy; the ring keeps its

@@ -164,6 +164,11 @@ static const struct opt opts[] = {
      .max = 1024, .def = "16",
      .help = "Largest prompt arena and largest result arena of a shared-memory ring, in MiB "
              "each."},
+    {.name = "shm_user_max_mb", .type = T_INT, .off = OFF(shm_user_max_mb), .min = 0,
+     .max = 1048576, .def = "256",
+     .help = "MiB of shared-memory rings the connections of one uid may hold at once (each "
+             "ring's whole mapping); an shm_attach past it is refused as busy, or as too_large "
+             "where the ring alone is larger. 0: no limit."},
     {.name = "metrics", .type = T_STRING, .off = OFF(metrics), .size = SIZE(metrics), .def = "",
      .help = "SQLite file the per-request metrics are written to. Empty: no metrics."},
     {.name = "metrics_queue", .type = T_INT, .off = OFF(metrics_queue), .min = 1,

@@ -60,6 +60,7 @@ struct dg_config {
     int allow_root;                      /* bool: may serve as uid 0, default false */
     int shm_max_entries;                 /* ring entries cap, 0..65536 (0 = no rings), default 1024 */
     int shm_max_arena_mb;                /* each ring arena's cap, 1..1024, default 16 */
+    int shm_user_max_mb;                 /* rings' MiB one uid may hold, 0..1048576 (0 = no cap), default 256 */
     char metrics[DG_CONFIG_PATH_MAX];    /* SQLite file, "" = no metrics */
     int metrics_queue;                   /* records waiting for the writer, 1..1000000, default 4096 */
     double metrics_flush;                /* seconds a record may wait, 0.01..60, default 1 */

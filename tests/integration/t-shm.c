@@ -687,6 +687,75 @@ static int blocking_doorbells(void)
 /* The daemon killed under a ring with a job in it: kick and cancel say
  * DGEMMA_E_CLOSED (they said 0 until a reap or a wait looked), and the
  * reap too.  Last: the daemon is gone after it. */
+/* An shm_attach line req on a new connection answered by an error line
+ * with code `code` whose message holds needle: 0, or -1 (said why). */
+static int attach_refused(const char *req, const char *code, const char *needle)
+{
+    char buf[1024];
+    const int fd = fixture_connect(sock_path);
+    ssize_t n = -1;
+    json_t *ev = NULL;
+    const char *got_code, *got_msg;
+    int rc = -1;
+    if (fd >= 0 && send(fd, req, strlen(req), MSG_NOSIGNAL) == (ssize_t)strlen(req))
+        n = recv(fd, buf, sizeof buf - 1, 0);
+    if (n > 0) {
+        buf[n] = 0;
+        ev = json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL);
+    }
+    got_code = json_string_value(json_object_get(ev, "code"));
+    got_msg = json_string_value(json_object_get(ev, "message"));
+    if (got_code && got_msg && !strcmp(got_code, code) && strstr(got_msg, needle))
+        rc = 0;
+    else
+        printf("# attach_refused: wanted %s '%s', got: %s\n", code, needle,
+               n > 0 ? buf : "(nothing)");
+    json_decref(ev);
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* shm_user_max_mb: the rings of one uid's connections together stay
+ * under it (the next attach is busy until one goes), and a ring larger
+ * than it alone is too_large. */
+static int user_ring_cap(void)
+{
+    static const char five[] = "{\"v\":1,\"op\":\"shm_attach\",\"sq_entries\":8,"
+                               "\"cq_entries\":8,\"in_bytes\":1048576,\"out_bytes\":4194304}\n";
+    static const char big[] = "{\"v\":1,\"op\":\"shm_attach\",\"in_bytes\":8388608,"
+                              "\"out_bytes\":8388608}\n";
+    const char *const opts[] = {"pin_workers=false", "tick=0.05", "shm_user_max_mb=12", NULL};
+    struct raw a, b, c;
+    int rc = -1;
+
+    stop_daemon(); /* (refusals left one with rings off) */
+    CHECK(start_daemon(opts) == 0);
+    CHECK(raw_attach_req(&a, five) == 0 && raw_attach_req(&b, five) == 0);
+    CHECK(a.size > (5u << 20) && a.size + b.size <= (12u << 20));
+    CHECK(attach_refused(five, "busy", "2 ring(s) hold") == 0);
+    CHECK(attach_refused(big, "too_large", "more than one user may hold") == 0);
+    /* a ring let go makes room (once the daemon has seen the close) */
+    raw_detach(&a);
+    for (int tries = 0; tries < 200 && (rc = raw_attach_req(&c, five)) != 0; tries++) {
+        if (c.sock > 0)
+            close(c.sock);
+        usleep(10000);
+    }
+    CHECK(rc == 0);
+    raw_detach(&b);
+    raw_detach(&c);
+    /* and without a cap, the large ring is lent */
+    stop_daemon();
+    {
+        const char *const none[] = {"pin_workers=false", "shm_user_max_mb=0", NULL};
+        CHECK(start_daemon(none) == 0);
+    }
+    CHECK(raw_attach_req(&a, big) == 0 && a.size > (16u << 20));
+    raw_detach(&a);
+    return 0;
+}
+
 static int daemon_killed(void)
 {
     dgemma_t *c;
@@ -821,6 +890,7 @@ int main(void)
     TEST_CASE(blocking_doorbells);
     TEST_CASE(ring_long_prompt);
     TEST_CASE(refusals);
+    TEST_CASE(user_ring_cap);
     TEST_CASE(daemon_killed);
     return fixture_finish(daemon_pid, NULL);
 }

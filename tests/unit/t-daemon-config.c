@@ -42,7 +42,8 @@ static int defaults(void)
     /* every default, given back through -o, parses and changes nothing */
     CHECK(c.metrics_queue == 4096 && c.metrics_flush == 1 && c.metrics_retention_days == 90);
     CHECK(c.metrics_max_mb == 1024);
-    CHECK(dg_config_n_options() == 39);
+    CHECK(c.shm_user_max_mb == 256);
+    CHECK(dg_config_n_options() == 40);
     for (int i = 0; i < dg_config_n_options(); i++) {
         const char *name, *type, *def, *help;
         char assign[256];
