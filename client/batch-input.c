@@ -29,9 +29,9 @@ size_t batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_
                 k = strdup(key);
             }
             if (k && !json_object_get(seen, k)) {
-                json_object_set_new(seen, k, json_true());
-                if (json_object_get(r, "error"))
-                    (*failed_before)++;
+                const int failed = json_object_get(r, "error") != NULL;
+                json_object_set_new(seen, k, json_boolean(!failed));
+                *failed_before += failed;
             }
             free(k);
         }
@@ -89,6 +89,7 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
     if (!obj || !json_is_object(obj) || !(json_is_string(id) || json_is_integer(id))) {
         if (json_object_get(in->seen, key)) {
             out->kind = BATCH_LINE_DONE; /* its result is there already */
+            out->failed = json_is_false(json_object_get(in->seen, key));
         } else {
             out->kind = BATCH_LINE_BAD;
             out->code = "bad_line";
@@ -111,6 +112,7 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
     if (json_object_get(in->first_line, k)) {
         if (json_object_get(in->seen, key)) {
             out->kind = BATCH_LINE_DONE;
+            out->failed = json_is_false(json_object_get(in->seen, key));
         } else {
             out->kind = BATCH_LINE_BAD;
             out->code = "duplicate_id";
@@ -125,6 +127,7 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
     json_object_set_new(in->first_line, k, json_integer(ln));
     if (json_object_get(in->seen, k)) {
         out->kind = BATCH_LINE_DONE; /* finished by an earlier run */
+        out->failed = json_is_false(json_object_get(in->seen, k));
         free(k);
         json_decref(obj);
         return 0;

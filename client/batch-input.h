@@ -17,9 +17,10 @@
 
 /* Scan the output file's bytes buf[0 .. len): returns the length of its
  * complete lines (through the last '\n'; what follows is a torn last line
- * the caller cuts), and adds to seen (an object: key -> true) the key of
- * every complete line that is a result object, counting in *failed_before
- * those first seen with an "error".  Lines that are not results are
+ * the caller cuts), and adds to seen (an object: key -> true, or false
+ * where that result has an "error") the key of every complete line that
+ * is a result object (the first line of a key decides), counting in
+ * *failed_before those first seen with an "error".  Lines that are not results are
  * skipped.  Byte-exact: a NUL byte is part of its line (which then is no
  * result).  buf needs no terminator and is only read. */
 size_t batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_before);
@@ -36,6 +37,7 @@ struct batch_line {
     enum batch_line_kind kind;
     json_t *obj;          /* ITEM: the line's object (a reference the caller owns) */
     char *key;            /* ITEM: its result key (malloc'd, the caller frees) */
+    int failed;           /* DONE: the result already there is an error */
     const char *code;     /* BAD: "bad_line" or "duplicate_id" */
     char msg[300];        /* BAD: why, valid UTF-8 (a byte that was not shows as '?') */
 };

@@ -4,7 +4,7 @@
  * carries that id.  Results are appended as requests finish, one write(2)
  * per line; ids already in the output are skipped, so a killed job resumes
  * where it stopped (a torn last line is cut off first).  Requests that did
- * not finish (cancelled by a shutting-down daemon, lost with the
+ * not finish (cancelled or refused by a shutting-down daemon, lost with the
  * connection, refused as busy) get no result line, so the next run retries
  * them.
  */
@@ -32,9 +32,9 @@ static const char usage[] =
     "has no usable id gets {\"line\": N, \"error\": ...}.  Re-running skips the ids\n"
     "(and bad lines) already in the output.  --parallel (default 4) requests are\n"
     "in flight at once.  On a terminal, progress goes to standard error.\n"
-    "Exit status: 0 every line has a result and none failed, 1 some failed,\n"
-    "2 usage (or another batch writes the output), 3 the daemon is unreachable\n"
-    "or went away (run it again to resume).\n";
+    "Exit status: 0 every line has a result and none failed, 1 some failed (or\n"
+    "the input could not be read), 2 usage (or another batch writes the output),\n"
+    "3 the daemon is unreachable or went away (run it again to resume).\n";
 
 enum item_state { IT_TODO = 0, IT_RUNNING, IT_DONE };
 
@@ -55,8 +55,15 @@ struct batch {
     size_t n_items, cap_items;
     size_t done, failed, running, total;
     size_t unfinished;      /* cancelled by the daemon: retried by the next run */
-    int failed_before;      /* error results found in the output */
+    int failed_before;      /* error results in the output for lines of this input */
+    int stopping;           /* the daemon is shutting down: submit nothing more */
     int progress;           /* stderr is a terminal */
+    /* submitted items not yet answered (accepted or refused), oldest first:
+     * the daemon answers a connection's request lines in order, so an
+     * error without a tag (a line it could not read, too long) is the
+     * oldest's.  A ring of `parallel` indexes. */
+    size_t *unanswered;
+    size_t ua_head, ua_n, ua_cap;
 };
 
 static double now_s(void)
@@ -121,7 +128,8 @@ static int load_output(struct batch *b, const char *path)
         client_errorf("%s: cannot read it", path);
         return -1;
     }
-    keep = batch_output_scan(buf, (size_t)st.st_size, b->seen, &b->failed_before);
+    /* (the errors that count are those of this input's lines: read_input) */
+    keep = batch_output_scan(buf, (size_t)st.st_size, b->seen, &(int){0});
     free(buf);
     if ((off_t)keep != st.st_size) {
         if (ftruncate(b->out_fd, (off_t)keep) != 0) {
@@ -152,10 +160,11 @@ static int add_item(struct batch *b, int line, json_t *obj, char *key)
     return 0;
 }
 
-/* Read the input (each line through batch_input_line): bad lines get their
- * result now, good ones become items.  Returns 0, or -1 when a result
- * cannot be written or out of memory. */
-static int read_input(struct batch *b, FILE *in)
+/* Read the input `name` (each line through batch_input_line): bad lines
+ * get their result now, good ones become items.  Returns 0, or -1 after
+ * saying why when a result cannot be written, the input cannot be read
+ * (a read error is not its end) or out of memory. */
+static int read_input(struct batch *b, FILE *in, const char *name)
 {
     struct batch_input bi;
     char *line = NULL;
@@ -167,7 +176,10 @@ static int read_input(struct batch *b, FILE *in)
         return -1;
     while (rc == 0 && (n = getline(&line, &cap, in)) >= 0) {
         struct batch_line l;
-        if (batch_input_line(&bi, line, (size_t)n, ++ln, &l) < 0) {
+        /* (a UTF-8 byte-order mark, as some editors write, is not the line's) */
+        const size_t bom = ln == 0 && n >= 3 && !memcmp(line, "\xef\xbb\xbf", 3) ? 3 : 0;
+        if (batch_input_line(&bi, line + bom, (size_t)n - bom, ++ln, &l) < 0) {
+            client_errorf("out of memory reading the input");
             rc = -1;
             break;
         }
@@ -176,6 +188,7 @@ static int read_input(struct batch *b, FILE *in)
         b->total++;
         if (l.kind == BATCH_LINE_DONE) {
             b->done++; /* its result is there already */
+            b->failed_before += l.failed;
         } else if (l.kind == BATCH_LINE_BAD) {
             rc = line_error(b, ln, l.code, l.msg);
         } else if (add_item(b, ln, l.obj, l.key) < 0) {
@@ -183,6 +196,11 @@ static int read_input(struct batch *b, FILE *in)
             json_decref(l.obj);
             rc = -1;
         }
+    }
+    if (rc == 0 && ferror(in)) {
+        /* (not the end of the input: nothing of it may run as if it were) */
+        client_errorf("%s: cannot read it after line %d: %s", name, ln, strerror(errno));
+        rc = -1;
     }
     free(line);
     batch_input_free(&bi);
@@ -284,6 +302,40 @@ static int error_result(struct batch *b, struct item *it, const char *code, cons
     return rc;
 }
 
+/* Item i submitted: it waits for its answer behind those before it. */
+static void unanswered_push(struct batch *b, size_t i)
+{
+    b->unanswered[(b->ua_head + b->ua_n++) % b->ua_cap] = i;
+}
+
+/* Item i was answered (accepted or refused): off the queue, wherever it is
+ * (the head, as the daemon answers in order). */
+static void unanswered_drop(struct batch *b, size_t i)
+{
+    for (size_t k = 0; k < b->ua_n; k++) {
+        if (b->unanswered[(b->ua_head + k) % b->ua_cap] != i)
+            continue;
+        for (; k > 0; k--) /* (the ones before it move up one) */
+            b->unanswered[(b->ua_head + k) % b->ua_cap] =
+                b->unanswered[(b->ua_head + k - 1) % b->ua_cap];
+        b->ua_head = (b->ua_head + 1) % b->ua_cap;
+        b->ua_n--;
+        return;
+    }
+}
+
+/* The item an event is about: by its tag, or, for an error with neither
+ * tag nor request id (a request line the daemon could not read), the
+ * oldest unanswered one.  NULL when none. */
+static struct item *item_of_event(struct batch *b, const dgemma_event_t *ev)
+{
+    if (ev->tag)
+        return item_of(b, ev->tag);
+    if (ev->kind == DGEMMA_EV_ERROR && ev->id == 0 && b->ua_n > 0)
+        return &b->items[b->unanswered[b->ua_head]];
+    return NULL;
+}
+
 static int run(struct batch *b, const struct client_opts *o, int parallel)
 {
     dgemma_t *c;
@@ -291,13 +343,19 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
 
     if (b->n_items == 0)
         return EXIT_DONE;
+    b->ua_cap = (size_t)parallel;
+    if (!(b->unanswered = malloc(b->ua_cap * sizeof *b->unanswered))) {
+        client_errorf("out of memory");
+        return EXIT_FAILED;
+    }
     if (!(c = client_connect(o)))
         return EXIT_UNREACHABLE;
     for (;;) {
         dgemma_event_t ev;
         int e;
         /* keep `parallel` requests in flight */
-        for (size_t i = next; i < b->n_items && b->running < (size_t)parallel; i++) {
+        for (size_t i = next; !b->stopping && i < b->n_items && b->running < (size_t)parallel;
+             i++) {
             struct item *it = &b->items[i];
             dgemma_request_t *r;
             if (it->state != IT_TODO || it->retry_at > now_s())
@@ -328,11 +386,21 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
             dgemma_request_free(r);
             it->state = IT_RUNNING;
             b->running++;
+            unanswered_push(b, i);
         }
         while (next < b->n_items && b->items[next].state == IT_DONE)
             next++;
         if (next == b->n_items)
             break;
+        if (b->stopping && b->running == 0) {
+            /* what was not sent is for the next run, as what was refused */
+            for (size_t i = next; i < b->n_items; i++)
+                if (b->items[i].state == IT_TODO) {
+                    b->items[i].state = IT_DONE;
+                    b->unfinished++;
+                }
+            break;
+        }
         show_progress(b, 0);
         e = dgemma_next_event(c, &ev, 500);
         if (e == DGEMMA_E_AGAIN)
@@ -345,9 +413,11 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
             return EXIT_UNREACHABLE;
         }
         {
-            struct item *it = item_of(b, ev.tag);
+            struct item *it = item_of_event(b, &ev);
             if (!it || it->state != IT_RUNNING)
                 continue;
+            if (ev.kind == DGEMMA_EV_ACCEPTED || ev.kind == DGEMMA_EV_ERROR)
+                unanswered_drop(b, (size_t)(it - b->items));
             if (ev.kind == DGEMMA_EV_ACCEPTED) {
                 it->id = ev.id;
                 it->seed = ev.seed;
@@ -356,6 +426,14 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
                 it->state = IT_TODO;
                 it->retry_at = now_s() + 1.0;
                 b->running--;
+            } else if (ev.kind == DGEMMA_EV_ERROR && ev.code &&
+                       !strcmp(ev.code, "shutting_down")) {
+                /* refused by a daemon on its way out: no result, the next
+                 * run retries it, and nothing more is sent */
+                it->state = IT_DONE;
+                b->running--;
+                b->unfinished++;
+                b->stopping = 1;
             } else if (ev.kind == DGEMMA_EV_ERROR || ev.kind == DGEMMA_EV_DONE) {
                 int rc;
                 b->running--;
@@ -388,6 +466,7 @@ int cmd_batch(int argc, char **argv)
     const char *input = NULL, *output = NULL;
     int parallel = 4, rc;
     struct batch b;
+    struct stat in_st, out_st;
     FILE *in;
 
     memset(&b, 0, sizeof b);
@@ -432,21 +511,35 @@ int cmd_batch(int argc, char **argv)
         json_decref(o.settings);
         return EXIT_USAGE;
     }
+    b.progress = isatty(2); /* (before the opens: it can set errno) */
     in = strcmp(input, "-") ? fopen(input, "r") : stdin;
-    if (!in) {
+    if (!in || fstat(fileno(in), &in_st) != 0) {
         client_errorf("%s: %s", input, strerror(errno));
+        if (in && in != stdin)
+            fclose(in);
         json_decref(o.settings);
         return EXIT_USAGE;
     }
     b.out_fd = open(output, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     b.seen = json_object();
-    b.progress = isatty(2);
     rc = EXIT_USAGE;
-    if (b.out_fd < 0) {
+    if (b.out_fd < 0 || fstat(b.out_fd, &out_st) != 0) {
         client_errorf("%s: %s", output, strerror(errno));
+    } else if (S_ISDIR(in_st.st_mode)) {
+        client_errorf("%s: is a directory", input);
+    } else if (!S_ISREG(out_st.st_mode)) {
+        /* (a pipe or a device would take the results and keep none to
+         * resume from) */
+        client_errorf("%s: not a regular file", output);
+    } else if (in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino) {
+        client_errorf("batch: --input and --output are the same file (%s)", output);
     } else if (flock(b.out_fd, LOCK_EX | LOCK_NB) != 0) {
         client_errorf("%s: another batch is writing it", output);
-    } else if (load_output(&b, output) < 0 || read_input(&b, in) < 0) {
+    } else if (!b.seen) {
+        client_errorf("out of memory");
+        rc = EXIT_FAILED;
+    } else if (load_output(&b, output) < 0 ||
+               read_input(&b, in, strcmp(input, "-") ? input : "standard input") < 0) {
         rc = EXIT_FAILED;
     } else {
         rc = run(&b, &o, parallel);
@@ -470,6 +563,7 @@ int cmd_batch(int argc, char **argv)
         free(b.items[i].key);
     }
     free(b.items);
+    free(b.unanswered);
     json_decref(b.seen);
     json_decref(o.settings);
     return rc;

@@ -81,15 +81,15 @@ static json_t *scan_checked(const char *buf, size_t len, int *failed_before)
         int err;
         char *key = result_key(buf + p, (size_t)(nl - (buf + p)), &err);
         if (key && !json_object_get(expect, key)) {
-            json_object_set_new(expect, key, json_true());
+            json_object_set_new(expect, key, json_boolean(!err));
             want_fb += err;
         }
         free(key);
         p = (size_t)(nl - buf) + 1;
     }
     json_object_foreach(seen, k, v)
-        if (!json_object_get(expect, k))
-            abort(); /* marked done, but no result line has it */
+        if (!json_object_get(expect, k) || !json_equal(v, json_object_get(expect, k)))
+            abort(); /* marked done, but no result line has it (or not as it is) */
     if (json_object_size(seen) != json_object_size(expect) || fb != want_fb)
         abort();
     json_decref(expect);
@@ -229,8 +229,13 @@ static void read_checked(const char *buf, size_t len, const json_t *seen, json_t
                                    NULL);
             json_t *id = json_is_object(o) ? json_object_get(o, "id") : NULL;
             char *k = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
-            if (!seen || !(json_object_get(seen, lk) || (k && json_object_get(seen, k))))
+            const json_t *by_line = seen ? json_object_get(seen, lk) : NULL;
+            const json_t *by_id = seen && k ? json_object_get(seen, k) : NULL;
+            if (!by_line && !by_id)
                 abort(); /* done, but its result is not in the output */
+            if (!(by_line && l.failed == json_is_false(by_line)) &&
+                !(by_id && l.failed == json_is_false(by_id)))
+                abort(); /* failed, or not, unlike the result that made it done */
             free(k);
             json_decref(o);
         } else if (l.kind != BATCH_LINE_BLANK || l.obj || l.key) {

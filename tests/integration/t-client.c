@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -598,6 +599,174 @@ static int batch_resume_after_kill(void)
     return 0;
 }
 
+/* The whole of a file (up to cap - 1 bytes, NUL-terminated); its length,
+ * or -1. */
+static long slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    size_t n;
+    if (!f)
+        return -1;
+    n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return (long)n;
+}
+
+/* What a batch must not take as it is: a line longer than the daemon
+ * reads (it answers without a tag: that line's result is too_large, and
+ * the next line runs, where the batch used to wait for ever); --input and
+ * --output naming one file (nothing run, and the input left whole, where
+ * its last line was cut as a torn result); an input that cannot be read
+ * (a directory; a read error midway, not taken for its end); an output
+ * that is not a regular file; the reason an output cannot be opened (it
+ * was the terminal test's ENOTTY); a byte-order mark; and error results
+ * of ids this input does not hold, which do not make it fail. */
+static int batch_refusals(void)
+{
+    char in[600], out[600], before[256], after[256];
+    static char big[(1 << 20) + 4096];
+    int rc, n, errors, dups;
+    FILE *f;
+
+    /* a line past max_line_bytes (1 MiB), then a short one */
+    snprintf(in, sizeof in, "%s", test_path("long-in.jsonl"));
+    snprintf(out, sizeof out, "%s", test_path("long-out.jsonl"));
+    f = fopen(in, "w");
+    CHECK(f);
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    fprintf(f, "{\"id\":\"big\",\"prompt\":\"%s\",\"max_tokens\":4}\n", big);
+    fprintf(f, "{\"id\":\"small\",\"prompt\":\"hi\",\"max_tokens\":4,\"max_denoising_steps\":2}\n");
+    CHECK(fclose(f) == 0);
+    {
+        const char *args[] = {"batch", "--input", in, "--output", out, NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1, "exit %d: %s", rc, ERR);
+    }
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 2 && errors == 1 && dups == 0, "%d results, %d errors", n, errors);
+    CHECK(slurp(out, OUT, sizeof OUT) > 0);
+    CHECKF(strstr(OUT, "{\"id\":\"big\",\"error\":{\"code\":\"too_large\"") &&
+               strstr(OUT, "{\"id\":\"small\",\"finish_reason\":"), "%s", OUT);
+
+    /* one file for both: refused, the file as it was */
+    snprintf(in, sizeof in, "%s", test_path("same.jsonl"));
+    f = fopen(in, "w");
+    CHECK(f && fputs("{\"id\":\"a\",\"prompt\":\"x\"}\n{\"id\":\"b\",\"prompt\":\"y\"}", f) >= 0 &&
+          fclose(f) == 0);
+    CHECK(slurp(in, before, sizeof before) > 0);
+    {
+        const char *args[] = {"batch", "--input", in, "--output", in, NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "are the same file"), "exit %d: %s", rc, ERR);
+    }
+    CHECK(slurp(in, after, sizeof after) > 0 && !strcmp(before, after));
+
+    /* inputs that cannot be read: exit 2 (a directory), 1 (a read error) */
+    snprintf(out, sizeof out, "%s", test_path("unread-out.jsonl"));
+    {
+        const char *args[] = {"batch", "--input", test_tmpdir(), "--output", out, NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "is a directory"), "exit %d: %s", rc, ERR);
+    }
+    {
+        /* (reading /proc/self/mem at offset 0 fails: EIO) */
+        const char *args[] = {"batch", "--input", "/proc/self/mem", "--output", out, NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "cannot read it after line 0"), "exit %d: %s", rc, ERR);
+    }
+    /* outputs: a FIFO; a path that cannot be opened, with its reason */
+    snprintf(out, sizeof out, "%s", test_path("fifo"));
+    CHECK(mkfifo(out, 0600) == 0);
+    {
+        const char *args[] = {"batch", "--input", "-", "--output", out, NULL};
+        rc = run_client(args, "{\"id\":1,\"prompt\":\"a\"}\n", OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "not a regular file"), "exit %d: %s", rc, ERR);
+    }
+    {
+        const char *args[] = {"batch", "--input", "-", "--output", "/nonexistent/dir/out.jsonl",
+                              NULL};
+        rc = run_client(args, "{\"id\":1,\"prompt\":\"a\"}\n", OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "No such file or directory"), "exit %d: %s", rc, ERR);
+    }
+    /* a byte-order mark; another input's error result in the output */
+    snprintf(out, sizeof out, "%s", test_path("bom-out.jsonl"));
+    f = fopen(out, "w");
+    CHECK(f && fputs("{\"id\":\"zzz\",\"error\":{\"code\":\"x\",\"message\":\"y\"}}\n", f) >= 0 &&
+          fclose(f) == 0);
+    {
+        const char *args[] = {"batch", "--input", "-", "--output", out, "--max-tokens", "4",
+                              "--max-denoising-steps", "2", NULL};
+        rc = run_client(args, "\xef\xbb\xbf{\"id\":1,\"prompt\":\"a\"}\n", OUT, sizeof OUT, ERR,
+                        sizeof ERR);
+        CHECKF(rc == 0 && strstr(ERR, "1/1 done, 0 failed"), "exit %d: %s", rc, ERR);
+    }
+    return 0;
+}
+
+/* A daemon shutting down during a batch: the requests it refuses then
+ * (shutting_down) get no result, the batch stops sending, exits 3, and
+ * the next run (on a daemon again) finishes them, each id once. */
+static int batch_daemon_stops(void)
+{
+    static const char *const opts[] = {"max_batch=2", "pin_workers=false", "tick=0.05",
+                                       "shutdown_grace=5", NULL};
+    char in[600], out[600], s2[600], l2[600];
+    int st, n = 0, errors, dups;
+    pid_t d, pid;
+    double t0;
+    FILE *f;
+
+    snprintf(in, sizeof in, "%s", test_path("stop-in.jsonl"));
+    snprintf(out, sizeof out, "%s", test_path("stop-out.jsonl"));
+    snprintf(s2, sizeof s2, "%s", test_path("d2.sock"));
+    snprintf(l2, sizeof l2, "%s", test_path("d2.log"));
+    f = fopen(in, "w");
+    CHECK(f);
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "{\"id\":%d,\"prompt\":\"item %d\",\"max_tokens\":24,\"seed\":%d}\n", i, i, i);
+    CHECK(fclose(f) == 0);
+    d = fixture_spawn(s2, l2, opts);
+    CHECK(d > 0 && fixture_wait_ready(d, s2) == 0);
+    pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(fixture_bin("dgemma-client"), "dgemma-client", "-s", s2, "batch", "--input", in,
+              "--output", out, "--parallel", "4", (char *)NULL);
+        _exit(127);
+    }
+    /* the daemon told to stop once a few results are in */
+    t0 = fixture_now_ms();
+    while (!(check_results(out, &n, &errors, &dups) == 0 && n >= 3)) {
+        CHECK(fixture_now_ms() - t0 < FIXTURE_WAIT_MS && waitpid(pid, &st, WNOHANG) == 0);
+        usleep(2000);
+    }
+    CHECK(kill(d, SIGTERM) == 0);
+    CHECK(waitpid(pid, &st, 0) == pid);
+    fixture_wait_exit(d, NULL);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 3, "status %d", st);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    printf("# %d of 40 results before the daemon stopped\n", n);
+    CHECKF(n < 40 && errors == 0 && dups == 0, "%d results, %d errors, %d duplicates", n, errors,
+           dups);
+    d = fixture_spawn(s2, l2, opts);
+    CHECK(d > 0 && fixture_wait_ready(d, s2) == 0);
+    {
+        const char *args[] = {"-s", s2, "batch", "--input", in, "--output", out, NULL};
+        const int rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    }
+    kill(d, SIGTERM);
+    fixture_wait_exit(d, NULL);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 40 && errors == 0 && dups == 0, "%d results, %d errors, %d duplicates", n,
+           errors, dups);
+    return 0;
+}
+
 static int chat_pipe(void)
 {
     const char *args[] = {"chat", "--max-tokens", "16", "--max-denoising-steps", "2", "--seed",
@@ -697,6 +866,8 @@ int main(void)
         TEST_CASE(batch_with_bad_lines);
         TEST_CASE(batch_text_with_nul);
         TEST_CASE(batch_resume_after_kill);
+        TEST_CASE(batch_refusals);
+        TEST_CASE(batch_daemon_stops);
         TEST_CASE(chat_pipe);
         TEST_CASE(chat_terminal);
         kill(daemon_pid, SIGTERM);
