@@ -325,13 +325,17 @@ static void unanswered_drop(struct batch *b, size_t i)
 }
 
 /* The item an event is about: by its tag, or, for an error with neither
- * tag nor request id (a request line the daemon could not read), the
- * oldest unanswered one.  NULL when none. */
+ * tag nor request id about a request line the daemon could not read (too
+ * long), the oldest unanswered one.  NULL when none (the refusals of a
+ * whole connection at accept, busy, forbidden or shutting_down, are no
+ * request's: the daemon then closes it). */
 static struct item *item_of_event(struct batch *b, const dgemma_event_t *ev)
 {
     if (ev->tag)
         return item_of(b, ev->tag);
-    if (ev->kind == DGEMMA_EV_ERROR && ev->id == 0 && b->ua_n > 0)
+    if (ev->kind == DGEMMA_EV_ERROR && ev->id == 0 && b->ua_n > 0 && ev->code &&
+        strcmp(ev->code, "busy") && strcmp(ev->code, "forbidden") &&
+        strcmp(ev->code, "shutting_down"))
         return &b->items[b->unanswered[b->ua_head]];
     return NULL;
 }

@@ -767,6 +767,48 @@ static int batch_daemon_stops(void)
     return 0;
 }
 
+/* A daemon that refuses the batch's connection (busy: max_connections
+ * reached) takes none of its requests: exit 3, no result written (none
+ * taken for a request's), and the next run, with room, does them all. */
+static int batch_daemon_full(void)
+{
+    static const char *const opts[] = {"max_connections=1", "pin_workers=false", "tick=0.05",
+                                       NULL};
+    char out[600], s3[600], l3[600];
+    const char *in = "{\"id\":1,\"prompt\":\"a\",\"max_tokens\":4}\n"
+                     "{\"id\":2,\"prompt\":\"b\",\"max_tokens\":4}\n";
+    int rc, n, errors, dups, held;
+    pid_t d;
+
+    snprintf(out, sizeof out, "%s", test_path("full-out.jsonl"));
+    snprintf(s3, sizeof s3, "%s", test_path("d3.sock"));
+    snprintf(l3, sizeof l3, "%s", test_path("d3.log"));
+    d = fixture_spawn(s3, l3, opts);
+    CHECK(d > 0 && fixture_wait_ready(d, s3) == 0);
+    held = fixture_connect(s3); /* (the one connection it takes) */
+    CHECK(held >= 0);
+    usleep(100000);
+    {
+        const char *args[] = {"-s", s3, "batch", "--input", "-", "--output", out, NULL};
+        rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 3, "exit %d: %s", rc, ERR);
+    }
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 0, "%d results written by a refused batch", n);
+    close(held);
+    usleep(100000);
+    {
+        const char *args[] = {"-s", s3, "batch", "--input", "-", "--output", out, NULL};
+        rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    }
+    kill(d, SIGTERM);
+    fixture_wait_exit(d, NULL);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 2 && errors == 0 && dups == 0, "%d results, %d errors", n, errors);
+    return 0;
+}
+
 static int chat_pipe(void)
 {
     const char *args[] = {"chat", "--max-tokens", "16", "--max-denoising-steps", "2", "--seed",
@@ -868,6 +910,7 @@ int main(void)
         TEST_CASE(batch_resume_after_kill);
         TEST_CASE(batch_refusals);
         TEST_CASE(batch_daemon_stops);
+        TEST_CASE(batch_daemon_full);
         TEST_CASE(chat_pipe);
         TEST_CASE(chat_terminal);
         kill(daemon_pid, SIGTERM);
