@@ -42,6 +42,8 @@ struct dmetrics {
     size_t held;                           /* queued + being written */
     struct dmetrics_counters c;
     uint64_t lost_recorded;                /* lost already written as an event */
+    double drop_logged_at;                 /* when salvage last logged a drop (monotonic) */
+    size_t drops_unlogged;                 /* records salvage dropped since then */
     int64_t run_id;                        /* the writer's copy of the run row id (0: none
                                             * committed yet); c.run follows it under mu */
     double started_at;
@@ -302,9 +304,17 @@ static int salvage(struct dmetrics *m, struct mrec **batch, struct mrec **tail,
             break;
         }
         if (rc < 0) {
+            /* (logged at most every LOSS_LOG_PERIOD_S: a damaged file fails
+             * every record, and would fill the log at the request rate) */
             m->c.lost++;
             dropped++;
-            dlog(DG_LOG_ERROR, "metrics: a record dropped: %s", err->msg);
+            m->drops_unlogged++;
+            if (mono_now() - m->drop_logged_at >= LOSS_LOG_PERIOD_S) {
+                dlog(DG_LOG_ERROR, "metrics: %zu record(s) dropped since the last such line: %s",
+                     m->drops_unlogged, err->msg);
+                m->drops_unlogged = 0;
+                m->drop_logged_at = mono_now();
+            }
         } else {
             m->c.requests += n_req;
             m->c.events += n_ev;
@@ -335,6 +345,18 @@ static void timed_wait(struct dmetrics *m, double seconds)
     pthread_cond_timedwait(&m->cv, &m->mu, &ts);
 }
 
+/* Whether the stop's time to write what is left has run out: 0 before
+ * the stop; the deadline (stop_wait_s on) set at the first look after
+ * quit, wherever the writer was when it came. */
+static int past_stop(const struct dmetrics *m, double *deadline)
+{
+    if (!m->quit)
+        return 0;
+    if (*deadline == 0)
+        *deadline = mono_now() + m->o.stop_wait_s;
+    return mono_now() >= *deadline;
+}
+
 static void *writer_thread(void *arg)
 {
     struct dmetrics *m = arg;
@@ -351,8 +373,7 @@ static void *writer_thread(void *arg)
         uint64_t lost;
         int rc;
 
-        if (m->quit && stop_deadline == 0)
-            stop_deadline = mono_now() + m->o.stop_wait_s;
+        (void)past_stop(m, &stop_deadline);
         /* (a batch already half the bound: its signal may have come before this wait) */
         if (!m->quit && (pause > 0 || !m->head || m->held * 2 < m->o.queue_max))
             timed_wait(m, pause > 0 ? pause : m->o.flush_s);
@@ -413,7 +434,7 @@ static void *writer_thread(void *arg)
             if (pause == 0)
                 dlog(DG_LOG_WARN, "metrics: cannot write, will retry: %s", err.msg);
             pause = pause == 0 ? 0.1 : pause * 2 > RETRY_MAX_S ? RETRY_MAX_S : pause * 2;
-            if (m->quit && mono_now() >= stop_deadline)
+            if (past_stop(m, &stop_deadline))
                 break;
             if (m->quit) {
                 pthread_mutex_unlock(&m->mu);
@@ -428,12 +449,12 @@ static void *writer_thread(void *arg)
             snprintf(m->c.last_error, sizeof m->c.last_error, "%s", err.msg);
             m->c.retries++;
             pause = 0.1;
-            if (m->quit && mono_now() >= stop_deadline)
+            if (past_stop(m, &stop_deadline))
                 break;
             continue;
         }
         /* (at stop: go on for what is queued, the stop event among them) */
-        if (m->quit && mono_now() >= stop_deadline)
+        if (past_stop(m, &stop_deadline))
             break;
         if (m->quit) {
             pthread_mutex_unlock(&m->mu);
@@ -481,6 +502,7 @@ int dmetrics_create(const struct dmetrics_options *o, struct dmetrics **out,
     if (!m)
         return dg_error_set(err, DG_E_NOMEM, "metrics: out of memory");
     m->o = *o;
+    m->drop_logged_at = -1e9; /* (the first drop is logged at once) */
     gethostname(host, sizeof host - 1);
     m->version = dup_or_null(o->version, &bad);
     m->model = dup_or_null(o->model, &bad);

@@ -8,6 +8,7 @@
  * batched with it land; a stop with the file locked gives up after
  * stop_wait_s; a bad file is refused at create.
  */
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/dlog.h"
 #include "daemon/metrics.h"
 #include "lib/metrics-db.h"
 #include "tests/harness.h"
@@ -314,6 +316,102 @@ static int stop_while_locked(void)
     return 0;
 }
 
+/* Holds the write lock of a file from its own thread, for a while. */
+struct locker {
+    const char *path;
+    double hold_s;
+    int locked; /* (atomic) 0 not yet, 1 held, -1 never taken */
+    int ok;
+};
+
+static void *lock_for_a_while(void *arg)
+{
+    struct locker *l = arg;
+    sqlite3 *h = NULL;
+    if (sqlite3_open(l->path, &h) == SQLITE_OK &&
+        sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK) {
+        __atomic_store_n(&l->locked, 1, __ATOMIC_RELEASE);
+        usleep((useconds_t)(l->hold_s * 1e6));
+        l->ok = sqlite3_exec(h, "COMMIT", NULL, NULL, NULL) == SQLITE_OK;
+    } else {
+        __atomic_store_n(&l->locked, -1, __ATOMIC_RELEASE);
+    }
+    sqlite3_close(h);
+    return NULL;
+}
+
+/* A stop that finds the file locked waits up to stop_wait_s for it, also
+ * when the writer was asleep when the stop came (it gave up at its first
+ * try): a lock let go within that time loses nothing. */
+static int stop_waits_for_lock(void)
+{
+    const char *path = test_path("stopwait.sqlite");
+    struct dmetrics_options o = options(path, 64, 60); /* (the writer asleep) */
+    struct dg_metrics_db *db = NULL;
+    struct dmetrics *m = NULL;
+    struct dg_error err = {0};
+    struct locker l = {path, 0.8, 0, 0};
+    pthread_t t;
+    double t0;
+
+    o.stop_wait_s = 4.0;
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    dg_metrics_db_close(db);
+    CHECK_OK(dmetrics_create(&o, &m, &err), &err);
+    usleep(100000); /* (the writer waits out its 60 s flush) */
+    for (int i = 0; i < 5; i++)
+        CHECK(send_request(m, (uint64_t)i + 1, 1, NULL, NULL) == 0);
+    CHECK(pthread_create(&t, NULL, lock_for_a_while, &l) == 0);
+    while (__atomic_load_n(&l.locked, __ATOMIC_ACQUIRE) == 0)
+        usleep(1000);
+    t0 = mono();
+    dmetrics_destroy(m);
+    pthread_join(t, NULL);
+    CHECK(l.locked == 1 && l.ok);
+    CHECKF(mono() - t0 >= 0.7 && mono() - t0 < 4.5, "stop took %.2f s", mono() - t0);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 5);
+    CHECK(peek(path, "SELECT count(*) FROM runs WHERE stopped IS NOT NULL") == 1);
+    return 0;
+}
+
+/* Records the file refuses one by one (a damaged file refuses them all)
+ * are logged at most once in LOSS_LOG_PERIOD_S, each counted. */
+static int drops_logged_sparingly(void)
+{
+    const char *path = test_path("drops.sqlite"), *log = test_path("drops.log");
+    struct dmetrics_options o = options(path, 64, 0.01);
+    struct dmetrics *m = NULL;
+    struct dmetrics_counters c;
+    struct dg_error err = {0};
+    char line[1024];
+    int lines = 0;
+    FILE *f;
+
+    CHECK_OK(dlog_open(log, DG_LOG_INFO, &err), &err);
+    CHECK_OK(dmetrics_create(&o, &m, &err), &err);
+    CHECK(send_request(m, 7, 1, NULL, NULL) == 0);
+    CHECK(wait_requests(m, 1, 10) == 0);
+    for (int i = 0; i < 10; i++) { /* the same request id again: refused, each alone */
+        CHECK(send_request(m, 7, 1, NULL, NULL) == 0);
+        usleep(30000);
+    }
+    for (double end = mono() + 10;; usleep(5000)) {
+        dmetrics_counters(m, &c);
+        if (c.lost >= 10 || mono() > end)
+            break;
+    }
+    CHECKF(c.lost == 10, "lost %llu", (unsigned long long)c.lost);
+    dmetrics_destroy(m);
+    dlog_close();
+    f = fopen(log, "r");
+    CHECK(f);
+    while (fgets(line, sizeof line, f))
+        lines += strstr(line, " E metrics: ") && strstr(line, " dropped"); /* (errors) */
+    fclose(f);
+    CHECKF(lines == 1, "%d log lines for 10 dropped records", lines);
+    return 0;
+}
+
 static int refused_at_create(void)
 {
     const char *junk = test_path("junk.sqlite");
@@ -347,6 +445,8 @@ int main(void)
     TEST_CASE(bound_while_locked);
     TEST_CASE(poison_record);
     TEST_CASE(stop_while_locked);
+    TEST_CASE(stop_waits_for_lock);
+    TEST_CASE(drops_logged_sparingly);
     TEST_CASE(refused_at_create);
     return test_finish();
 }
