@@ -150,6 +150,26 @@ static int query_int(struct dg_metrics_db *db, const char *sql, int64_t *v, stru
     return rc == SQLITE_OK ? 0 : fail(db, rc, err, sql);
 }
 
+/* Whether h's database holds any table: 1, 0, or -1 (the query failed). */
+static int holds_tables(sqlite3 *h)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(h, "SELECT count(*) FROM sqlite_master WHERE type = 'table'", -1,
+                                &st, NULL);
+    if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        rc = sqlite3_column_int64(st, 0) > 0;
+    else
+        rc = -1;
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* The words for a file at schema version 0 that holds tables: never one
+ * of ours (the first migration creates the tables and sets version 1 in
+ * one transaction), so another program's database, not to be changed. */
+#define FOREIGN_MSG "an SQLite database with tables but no dgemma schema version: another " \
+                    "program's file? (name a new file for the metrics)"
+
 static int read_version(struct dg_metrics_db *db, struct dg_error *err)
 {
     int64_t v;
@@ -170,16 +190,27 @@ static int read_version(struct dg_metrics_db *db, struct dg_error *err)
         return dg_error_set(err, DG_E_FORMAT, "%s: metrics schema version %lld is newer than "
                             "this dgemma's (%d); use a newer dgemma or another file",
                             db->path, (long long)v, DG_METRICS_SCHEMA_VERSION);
+    if (v == 0) {
+        const int t = holds_tables(db->h);
+        if (t < 0)
+            return fail(db, sqlite3_errcode(db->h), err, "reading the schema");
+        if (t > 0)
+            return dg_error_set(err, DG_E_FORMAT, "%s: %s", db->path, FOREIGN_MSG);
+    }
     db->version = (int)v;
     return 0;
 }
 
-/* WAL on and the schema migrated (the write lock is needed for both). */
+/* WAL on and the schema migrated (the write lock is needed for both),
+ * after the file's version is known to be one this dgemma writes (a file
+ * that is not, or another program's, is left as it is). */
 static int setup(struct dg_metrics_db *db, struct dg_error *err)
 {
     sqlite3_stmt *st = NULL;
     int rc;
 
+    if ((rc = read_version(db, err)) < 0)
+        return rc;
     rc = sqlite3_prepare_v2(db->h, "PRAGMA journal_mode=WAL", -1, &st, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         const char *m = (const char *)sqlite3_column_text(st, 0);
@@ -425,6 +456,8 @@ int dg_metrics_db_check(const char *path, struct dg_error *err)
                  ? dg_error_set(err, DG_E_FORMAT, "metrics %s: schema version %lld is newer "
                                 "than this dgemma's (%d)", path, (long long)v,
                                 DG_METRICS_SCHEMA_VERSION)
+             : v == 0 && holds_tables(h) > 0
+                 ? dg_error_set(err, DG_E_FORMAT, "metrics %s: %s", path, FOREIGN_MSG)
                  : 0;
     } else {
         rc = dg_error_set(err, (rc & 0xff) == SQLITE_NOTADB ? DG_E_FORMAT : DG_E_IO,

@@ -195,15 +195,25 @@ static int bad_files(void)
     CHECK(stat(newer, &b) == 0 && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
     CHECK(peek(newer, "PRAGMA user_version") == 99);
     CHECK(peek(newer, "SELECT count(*) FROM sqlite_master WHERE name = 'requests'") == 0);
-    /* version 0 with a table of its own: migrated, the table kept */
+    /* version 0 with tables: another program's database (a mistyped path),
+     * refused by every open and by --check-config, and left as it is */
     CHECK(raw_exec(v0, "CREATE TABLE mine (x); INSERT INTO mine VALUES (5)") == SQLITE_OK);
+    CHECK(stat(v0, &a) == 0);
     CHECK_FAILS(dg_metrics_db_open(v0, DG_METRICS_READ, 100, &db, &err), &err, DG_E_FORMAT,
-                "schema version 0");
-    CHECK_OK(dg_metrics_db_open(v0, DG_METRICS_WRITE, 100, &db, &err), &err);
+                "tables but no dgemma schema version");
+    CHECK_FAILS(dg_metrics_db_open(v0, DG_METRICS_WRITE, 100, &db, &err), &err, DG_E_FORMAT,
+                "tables but no dgemma schema version");
+    CHECK_FAILS(dg_metrics_db_check(v0, &err), &err, DG_E_FORMAT,
+                "tables but no dgemma schema version");
+    CHECK(stat(v0, &b) == 0 && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
+    CHECK(peek(v0, "PRAGMA user_version") == 0 && peek(v0, "SELECT x FROM mine") == 5);
+    CHECK(peek(v0, "SELECT count(*) FROM sqlite_master WHERE name = 'requests'") == 0);
+    /* an empty SQLite file (version 0, no table) is made a metrics file */
+    CHECK(raw_exec(test_path("empty.sqlite"), "PRAGMA user_version = 0") == SQLITE_OK);
+    CHECK_OK(dg_metrics_db_open(test_path("empty.sqlite"), DG_METRICS_WRITE, 100, &db, &err),
+             &err);
     dg_metrics_db_close(db);
-    CHECK(peek(v0, "PRAGMA user_version") == DG_METRICS_SCHEMA_VERSION);
-    CHECK(peek(v0, "SELECT x FROM mine") == 5);
-    CHECK(peek(v0, "SELECT count(*) FROM requests") == 0);
+    CHECK(peek(test_path("empty.sqlite"), "PRAGMA user_version") == DG_METRICS_SCHEMA_VERSION);
     /* missing: a directory that is not there, a file read-only mode needs */
     CHECK_FAILS(dg_metrics_db_open("/nonexistent/dir/m.sqlite", DG_METRICS_WRITE, 100, &db,
                                    &err), &err, DG_E_IO, "/nonexistent/dir/m.sqlite");
@@ -212,6 +222,38 @@ static int bad_files(void)
     CHECK(access(test_path("absent.sqlite"), F_OK) != 0);
     CHECK_FAILS(dg_metrics_db_open("", DG_METRICS_WRITE, 100, &db, &err), &err, DG_E_INVAL,
                 "no database file");
+    return 0;
+}
+
+/* A file of a newer schema that another connection holds locked while
+ * the writer opens it (the open then leaves the set-up to the first
+ * begin): the begin refuses it as newer and leaves it as it is, not
+ * turned to WAL first. */
+static int newer_locked_at_open(void)
+{
+    const char *path = test_path("newer-locked.sqlite");
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    sqlite3 *other = NULL;
+    unsigned char hdr[20];
+    struct stat a, b;
+    FILE *f;
+
+    CHECK(raw_exec(path, "CREATE TABLE future (x); PRAGMA user_version = 7") == SQLITE_OK);
+    CHECK(stat(path, &a) == 0);
+    CHECK(sqlite3_open(path, &other) == SQLITE_OK);
+    CHECK(sqlite3_exec(other, "BEGIN EXCLUSIVE", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 50, &db, &err), &err);
+    CHECK(sqlite3_exec(other, "COMMIT", NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_close(other);
+    CHECK_FAILS(dg_metrics_db_begin(db, &err), &err, DG_E_FORMAT, "version 7 is newer");
+    dg_metrics_db_close(db);
+    /* (bytes 18 and 19 of the header: 1 for a rollback journal, 2 for WAL) */
+    f = fopen(path, "rb");
+    CHECK(f && fread(hdr, 1, sizeof hdr, f) == sizeof hdr && fclose(f) == 0);
+    CHECKF(hdr[18] == 1 && hdr[19] == 1, "the file was turned to WAL (%u, %u)", hdr[18], hdr[19]);
+    CHECK(stat(path, &b) == 0 && a.st_size == b.st_size);
+    CHECK(peek(path, "PRAGMA user_version") == 7);
     return 0;
 }
 
@@ -229,8 +271,8 @@ static int locked(void)
 
     /* locked before the writer ever opened it (rollback journal, exclusive) */
     CHECK(sqlite3_open(path, &other) == SQLITE_OK);
-    CHECK(sqlite3_exec(other, "CREATE TABLE mine (x); BEGIN EXCLUSIVE; INSERT INTO mine "
-                              "VALUES (1)", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(other, "BEGIN EXCLUSIVE; PRAGMA user_version = 0", NULL, NULL, NULL) ==
+          SQLITE_OK);
     CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 50, &db, &err), &err);
     clock_gettime(CLOCK_MONOTONIC, &t0);
     CHECK_FAILS(dg_metrics_db_begin(db, &err), &err, DG_E_BUSY, "locked");
@@ -242,7 +284,6 @@ static int locked(void)
     CHECK_OK(dg_metrics_db_put_event(db, 0, 1.0, "e", NULL, &err), &err);
     CHECK_OK(dg_metrics_db_commit(db, &err), &err);
     CHECK(peek(path, "SELECT count(*) FROM events") == 1);
-    CHECK(peek(path, "SELECT x FROM mine") == 1);
     /* in WAL now: a reader's long transaction does not block the writer,
      * a second writer's does */
     CHECK(sqlite3_exec(other, "BEGIN; SELECT count(*) FROM events", NULL, NULL, NULL) ==
@@ -415,7 +456,7 @@ static int check_paths(void)
     CHECK(stat(cur, &a) == 0);
     CHECK_OK(dg_metrics_db_check(cur, &err), &err);
     CHECK(stat(cur, &b) == 0 && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
-    CHECK(raw_exec(empty, "CREATE TABLE mine (x)") == SQLITE_OK);
+    CHECK(raw_exec(empty, "PRAGMA user_version = 0") == SQLITE_OK); /* (one page, no table) */
     CHECK_OK(dg_metrics_db_check(empty, &err), &err);
     CHECK(peek(empty, "PRAGMA user_version") == 0);
     CHECK_FAILS(dg_metrics_db_check("/nonexistent/dir/m.sqlite", &err), &err, DG_E_IO,
@@ -617,6 +658,7 @@ int main(void)
     TEST_CASE(new_file);
     TEST_CASE(bad_files);
     TEST_CASE(locked);
+    TEST_CASE(newer_locked_at_open);
     TEST_CASE(retention_by_age);
     TEST_CASE(retention_by_size);
     TEST_CASE(check_paths);
