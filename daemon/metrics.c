@@ -90,7 +90,8 @@ static char *dup_or_null(const char *s, int *bad)
 }
 
 /* Queue r, or drop it (counted) when the bound is reached.  force: the
- * stop record, which may exceed the bound by one. */
+ * run's start, config and stop records, which may exceed the bound (by
+ * three at most: what queue_max of 1 or 2 could not otherwise hold). */
 static int enqueue(struct dmetrics *m, struct mrec *r, int force)
 {
     int dropped = 0;
@@ -532,9 +533,9 @@ int dmetrics_create(const struct dmetrics_options *o, struct dmetrics **out,
         snprintf(d, sizeof d, "dgemmad %s pid %d: model %s, backend %s, tp %d",
                  o->version ? o->version : "?", (int)getpid(), o->model ? o->model : "?",
                  o->backend ? o->backend : "?", o->tp);
-        dmetrics_event(m, "start", d);
+        enqueue(m, event_rec(MREC_EVENT, "start", d), 1);
         if (o->config_text)
-            dmetrics_event(m, "config", o->config_text);
+            enqueue(m, event_rec(MREC_EVENT, "config", o->config_text), 1);
     }
     if (pthread_create(&m->thread, NULL, writer_thread, m) != 0) {
         dmetrics_destroy(m);

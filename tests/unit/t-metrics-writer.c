@@ -412,6 +412,24 @@ static int drops_logged_sparingly(void)
     return 0;
 }
 
+/* The smallest queue (metrics_queue 1) still keeps the run's start,
+ * config and stop events: they are not held to the bound. */
+static int queue_of_one(void)
+{
+    const char *path = test_path("q1.sqlite");
+    struct dmetrics_options o = options(path, 1, 0.01);
+    struct dmetrics *m = NULL;
+    struct dg_error err = {0};
+
+    CHECK_OK(dmetrics_create(&o, &m, &err), &err);
+    CHECK(wait_events(m, 2, 10) == 0);
+    dmetrics_destroy(m);
+    CHECK(peek(path, "SELECT count(*) FROM events WHERE kind = 'start'") == 1);
+    CHECK(peek(path, "SELECT count(*) FROM events WHERE kind = 'config'") == 1);
+    CHECK(peek(path, "SELECT count(*) FROM events WHERE kind = 'stop'") == 1);
+    return 0;
+}
+
 static int refused_at_create(void)
 {
     const char *junk = test_path("junk.sqlite");
@@ -447,6 +465,7 @@ int main(void)
     TEST_CASE(stop_while_locked);
     TEST_CASE(stop_waits_for_lock);
     TEST_CASE(drops_logged_sparingly);
+    TEST_CASE(queue_of_one);
     TEST_CASE(refused_at_create);
     return test_finish();
 }
