@@ -375,9 +375,17 @@ static void *writer_thread(void *arg)
         int rc;
 
         (void)past_stop(m, &stop_deadline);
-        /* (a batch already half the bound: its signal may have come before this wait) */
-        if (!m->quit && (pause > 0 || !m->head || m->held * 2 < m->o.queue_max))
-            timed_wait(m, pause > 0 ? pause : m->o.flush_s);
+        if (pause > 0) {
+            /* the whole pause after a failure, however full the queue gets
+             * (what it cannot hold is dropped and counted), unless a stop */
+            const double until = mono_now() + pause;
+            while (!m->quit && mono_now() < until)
+                timed_wait(m, until - mono_now());
+        } else if (!m->quit && (!m->head || m->held * 2 < m->o.queue_max)) {
+            /* (a batch already half the bound: its signal may have come
+             * before this wait) */
+            timed_wait(m, m->o.flush_s);
+        }
         /* take what is queued */
         if (m->head) {
             if (batch_tail)

@@ -8,6 +8,7 @@
  * batched with it land; a stop with the file locked gives up after
  * stop_wait_s; a bad file is refused at create.
  */
+#include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdint.h>
@@ -412,6 +413,44 @@ static int drops_logged_sparingly(void)
     return 0;
 }
 
+/* After a failure the writer waits out its pause (0.1 s, doubling) even
+ * while records keep coming past half the queue: a locked file for 1.2 s
+ * is tried a handful of times, not at every record. */
+static int pause_kept_under_load(void)
+{
+    const char *path = test_path("pause.sqlite");
+    struct dmetrics_options o = options(path, 256, 0.02);
+    struct dmetrics *m = NULL;
+    struct dmetrics_counters c;
+    struct dg_error err = {0};
+    sqlite3 *h = NULL;
+    double t0, locked_s, most;
+
+    CHECK_OK(dmetrics_create(&o, &m, &err), &err);
+    CHECK(wait_events(m, 2, 10) == 0);
+    CHECK(sqlite3_open(path, &h) == SQLITE_OK);
+    CHECK(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK);
+    t0 = mono();
+    for (int i = 0; i < 200; i++) { /* past half the queue from the 128th on */
+        CHECK(send_request(m, (uint64_t)i + 1, 1, NULL, NULL) == 0);
+        usleep(6000);
+    }
+    dmetrics_counters(m, &c);
+    locked_s = mono() - t0;
+    /* pauses of 0.1, 0.2, 0.4, ... s: in T seconds a first try and at most
+     * log2(1 + T / 0.1) more (5 in the 1.2 s or so this takes; one more
+     * allowed) */
+    most = 2 + log2(1 + locked_s / 0.1);
+    CHECKF(c.retries >= 1 && (double)c.retries <= most, "%llu retries in %.2f s locked",
+           (unsigned long long)c.retries, locked_s);
+    CHECK(sqlite3_exec(h, "COMMIT", NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_close(h);
+    CHECK(wait_requests(m, 200, 15) == 0);
+    dmetrics_destroy(m);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 200);
+    return 0;
+}
+
 /* The smallest queue (metrics_queue 1) still keeps the run's start,
  * config and stop events: they are not held to the bound. */
 static int queue_of_one(void)
@@ -466,6 +505,7 @@ int main(void)
     TEST_CASE(stop_waits_for_lock);
     TEST_CASE(drops_logged_sparingly);
     TEST_CASE(queue_of_one);
+    TEST_CASE(pause_kept_under_load);
     TEST_CASE(refused_at_create);
     return test_finish();
 }
