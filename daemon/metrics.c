@@ -6,12 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "daemon/dlog.h"
 
 #define RETENTION_PERIOD_S 600.0
+#define PATH_CHECK_PERIOD_S 1.0 /* (one stat(2) a second at most, after a write) */
 #define LOSS_LOG_PERIOD_S 10.0
 #define RETRY_MAX_S 5.0
 
@@ -43,6 +45,9 @@ struct dmetrics {
     struct dmetrics_counters c;
     uint64_t lost_recorded;                /* lost already written as an event */
     double drop_logged_at;                 /* when salvage last logged a drop (monotonic) */
+    char *path;                            /* the file as configured, */
+    struct stat opened;                    /* and what it named at the open */
+    int path_moved;                        /* the path names another file (or none): said */
     size_t drops_unlogged;                 /* records salvage dropped since then */
     int64_t run_id;                        /* the writer's copy of the run row id (0: none
                                             * committed yet); c.run follows it under mu */
@@ -346,6 +351,26 @@ static void timed_wait(struct dmetrics *m, double seconds)
     pthread_cond_timedwait(&m->cv, &m->mu, &ts);
 }
 
+/* Whether m's path still names the file the writer opened: said once in
+ * the log (an error) when it stops doing so (the file moved, deleted or
+ * replaced: rows go on to the open file, which nobody will find at the
+ * path), and once when it names it again.  The writer's thread, no lock
+ * held (it reads only what create set and what only this thread
+ * changes). */
+static void check_path(struct dmetrics *m)
+{
+    struct stat now;
+    const int moved = stat(m->path, &now) != 0 || now.st_dev != m->opened.st_dev ||
+                      now.st_ino != m->opened.st_ino;
+    if (moved && !m->path_moved)
+        dlog(DG_LOG_ERROR, "metrics: %s no longer names the file being written (moved, deleted "
+             "or replaced): the rows go to the file opened at start; restart dgemmad to write "
+             "at %s", m->path, m->path);
+    else if (!moved && m->path_moved)
+        dlog(DG_LOG_INFO, "metrics: %s names the file being written again", m->path);
+    m->path_moved = moved;
+}
+
 /* Whether the stop's time to write what is left has run out: 0 before
  * the stop; the deadline (stop_wait_s on) set at the first look after
  * quit, wherever the writer was when it came. */
@@ -363,6 +388,7 @@ static void *writer_thread(void *arg)
     struct dmetrics *m = arg;
     struct mrec *batch = NULL, *batch_tail = NULL;
     double pause = 0, next_retention = 0, last_loss_log = -1e9, stop_deadline = 0;
+    double next_path_check = 0;
     uint64_t lost_logged = 0;
     int retention_due = 1, was_due;
 
@@ -417,6 +443,10 @@ static void *writer_thread(void *arg)
         rc = write_batch(m, batch, &retention_due, lost, &n_req, &n_ev, &err);
         if (rc == 0 && was_due)
             next_retention = mono_now() + RETENTION_PERIOD_S;
+        if (rc == 0 && mono_now() >= next_path_check) {
+            check_path(m);
+            next_path_check = mono_now() + PATH_CHECK_PERIOD_S;
+        }
 
         pthread_mutex_lock(&m->mu);
         if (rc == 0) {
@@ -536,6 +566,16 @@ int dmetrics_create(const struct dmetrics_options *o, struct dmetrics **out,
         dmetrics_destroy(m);
         return dg_error_prefix(err, "metrics");
     }
+    /* (what the path names now is the file just opened) */
+    if (!(m->path = strdup(o->path))) {
+        dmetrics_destroy(m);
+        return dg_error_set(err, DG_E_NOMEM, "metrics: out of memory");
+    }
+    if (stat(o->path, &m->opened) != 0) {
+        const int e = errno;
+        dmetrics_destroy(m);
+        return dg_error_set(err, DG_E_IO, "metrics: %s: %s", o->path, strerror(e));
+    }
     {
         char d[512];
         snprintf(d, sizeof d, "dgemmad %s pid %d: model %s, backend %s, tp %d",
@@ -584,5 +624,6 @@ void dmetrics_destroy(struct dmetrics *m)
     free(m->backend);
     free(m->digest);
     free(m->host);
+    free(m->path);
     free(m);
 }

@@ -451,6 +451,49 @@ static int pause_kept_under_load(void)
     return 0;
 }
 
+/* The file renamed under a running writer: said once in the log (the
+ * rows go on to the renamed file, none lost), and said again when the
+ * path names it once more. */
+static int file_moved(void)
+{
+    const char *path = test_path("moved.sqlite"), *away = test_path("away.sqlite");
+    const char *log = test_path("moved.log");
+    char line[1024];
+    struct dmetrics_options o = options(path, 64, 0.01);
+    struct dmetrics *m = NULL;
+    struct dg_error err = {0};
+    int moved = 0, back = 0;
+    FILE *f;
+
+    CHECK_OK(dlog_open(log, DG_LOG_INFO, &err), &err);
+    CHECK_OK(dmetrics_create(&o, &m, &err), &err);
+    CHECK(send_request(m, 1, 1, NULL, NULL) == 0);
+    CHECK(wait_requests(m, 1, 10) == 0);
+    CHECK(rename(path, away) == 0);
+    for (int i = 0; i < 25; i++) { /* 1.25 s: past a check */
+        CHECK(send_request(m, (uint64_t)i + 2, 1, NULL, NULL) == 0);
+        usleep(50000);
+    }
+    CHECK(wait_requests(m, 26, 10) == 0);
+    CHECK(rename(away, path) == 0);
+    for (int i = 0; i < 25; i++) {
+        CHECK(send_request(m, (uint64_t)i + 100, 1, NULL, NULL) == 0);
+        usleep(50000);
+    }
+    dmetrics_destroy(m);
+    dlog_close();
+    f = fopen(log, "r");
+    CHECK(f);
+    while (fgets(line, sizeof line, f)) {
+        moved += strstr(line, " E metrics: ") && strstr(line, "no longer names the file");
+        back += strstr(line, "names the file being written again") != NULL;
+    }
+    fclose(f);
+    CHECKF(moved == 1 && back == 1, "%d 'moved' and %d 'again' log lines", moved, back);
+    CHECK(peek(path, "SELECT count(*) FROM requests") == 51);
+    return 0;
+}
+
 /* The smallest queue (metrics_queue 1) still keeps the run's start,
  * config and stop events: they are not held to the bound. */
 static int queue_of_one(void)
@@ -506,6 +549,7 @@ int main(void)
     TEST_CASE(drops_logged_sparingly);
     TEST_CASE(queue_of_one);
     TEST_CASE(pause_kept_under_load);
+    TEST_CASE(file_moved);
     TEST_CASE(refused_at_create);
     return test_finish();
 }
