@@ -369,6 +369,16 @@ int dg_metrics_db_open(const char *path, enum dg_metrics_open_mode mode, int bus
             goto failed;
         }
         close(fd);
+        {
+            /* said here, before SQLite's "attempt to write a readonly database" */
+            char dir[4096];
+            dg_path_dir(path, dir, sizeof dir);
+            if (access(dir, W_OK | X_OK) != 0) {
+                rc = dg_error_set(err, DG_E_IO, "%s: cannot write in %s (SQLite keeps its -wal "
+                                  "and -shm files there): %s", path, dir, strerror(errno));
+                goto failed;
+            }
+        }
         flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX;
     } else {
         flags = SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX;

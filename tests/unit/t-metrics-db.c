@@ -509,6 +509,36 @@ static int child_reads(const char *path)
     return WEXITSTATUS(st);
 }
 
+/* As nobody (when root), a WRITE open of path: 0 when it is refused with
+ * the directory named, else the exit status of the child (1 opened, 2
+ * another message). */
+static int child_writes_refused(const char *path)
+{
+    pid_t pid = fork();
+    int st;
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        struct dg_metrics_db *db = NULL;
+        struct dg_error err = {0};
+        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+                               setresuid(65534, 65534, 65534) != 0))
+            _exit(3);
+        if (dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err) == 0) {
+            dg_metrics_db_close(db);
+            _exit(1);
+        }
+        if (!strstr(err.msg, "cannot write in") || !strstr(err.msg, "-wal")) {
+            fprintf(stderr, "# the writer: %s\n", err.msg);
+            _exit(2);
+        }
+        _exit(0);
+    }
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
 /* dgemmad(8)'s layout: the file 0640, readable by the dgemma group, in a
  * directory only the daemon writes.  After a clean stop (SQLite removes
  * -wal and -shm) such a reader can still open it, and nothing is created
@@ -544,8 +574,15 @@ static int readers(void)
     CHECK(access(wal, F_OK) != 0 && access(shm, F_OK) != 0);
     CHECK(chmod(path, 0644) == 0 && chmod(test_tmpdir(), 0711) == 0 && chmod(dir, 0555) == 0);
     rc = child_reads(path);
+    /* a writer (the daemon's user) whose file is writable but its
+     * directory not: told why, before SQLite's "readonly database" */
+    if (rc == 0) {
+        CHECK(chmod(path, 0666) == 0);
+        rc = child_writes_refused(path);
+        CHECK(chmod(path, 0644) == 0);
+    }
     CHECK(chmod(dir, 0755) == 0 && chmod(test_tmpdir(), 0700) == 0);
-    CHECKF(rc == 0, "the reader exited %d", rc);
+    CHECKF(rc == 0, "the reader (or the refused writer) exited %d", rc);
     CHECK(access(wal, F_OK) != 0 && access(shm, F_OK) != 0);
     /* the first 8 KB of it */
     f = fopen(path, "rb");
