@@ -474,69 +474,70 @@ static int check_paths(void)
     return 0;
 }
 
-/* The rows of runs through a read-only open of path, in a child that
- * (as root) is user and group 65534 with no other groups: the exit status
- * is 0 with one run, else 1 (the open failed: its message on stderr), 2,
- * or 3 (the privileges not dropped). */
-static int child_reads(const char *path)
+/* In a child process: when root, become user and group 65534 with no
+ * other groups.  0, or -1. */
+static int drop_to_nobody(void)
+{
+    if (geteuid() != 0)
+        return 0;
+    return setgroups(0, NULL) == 0 && setresgid(65534, 65534, 65534) == 0 &&
+                   setresuid(65534, 65534, 65534) == 0
+               ? 0
+               : -1;
+}
+
+/* fn(path) in a child that has dropped to nobody (drop_to_nobody): its
+ * value (0 to 2) as the exit status, 3 where the privileges could not be
+ * dropped, -1 where the child could not be run. */
+static int as_nobody(int (*fn)(const char *path), const char *path)
 {
     pid_t pid = fork();
     int st;
     if (pid < 0)
         return -1;
-    if (pid == 0) {
-        struct dg_metrics_db *db = NULL;
-        struct dg_error err = {0};
-        sqlite3_stmt *q = NULL;
-        int n = -1;
-        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
-                               setresuid(65534, 65534, 65534) != 0))
-            _exit(3);
-        if (dg_metrics_db_open(path, DG_METRICS_READ, 100, &db, &err) < 0) {
-            fprintf(stderr, "# the reader: %s\n", err.msg);
-            _exit(1);
-        }
-        if (sqlite3_prepare_v2(dg_metrics_db_handle(db), "SELECT count(*) FROM runs", -1, &q,
-                               NULL) == SQLITE_OK &&
-            sqlite3_step(q) == SQLITE_ROW)
-            n = sqlite3_column_int(q, 0);
-        sqlite3_finalize(q);
-        dg_metrics_db_close(db);
-        _exit(n == 1 ? 0 : 2);
-    }
+    if (pid == 0)
+        _exit(drop_to_nobody() < 0 ? 3 : fn(path));
     if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
         return -1;
     return WEXITSTATUS(st);
 }
 
-/* As nobody (when root), a WRITE open of path: 0 when it is refused with
- * the directory named, else the exit status of the child (1 opened, 2
- * another message). */
-static int child_writes_refused(const char *path)
+/* The rows of runs through a read-only open of path: 0 with one run,
+ * else 1 (the open failed: its message on stderr) or 2. */
+static int reads_one_run(const char *path)
 {
-    pid_t pid = fork();
-    int st;
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        struct dg_metrics_db *db = NULL;
-        struct dg_error err = {0};
-        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
-                               setresuid(65534, 65534, 65534) != 0))
-            _exit(3);
-        if (dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err) == 0) {
-            dg_metrics_db_close(db);
-            _exit(1);
-        }
-        if (!strstr(err.msg, "cannot write in") || !strstr(err.msg, "-wal")) {
-            fprintf(stderr, "# the writer: %s\n", err.msg);
-            _exit(2);
-        }
-        _exit(0);
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    sqlite3_stmt *q = NULL;
+    int n = -1;
+    if (dg_metrics_db_open(path, DG_METRICS_READ, 100, &db, &err) < 0) {
+        fprintf(stderr, "# the reader: %s\n", err.msg);
+        return 1;
     }
-    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-        return -1;
-    return WEXITSTATUS(st);
+    if (sqlite3_prepare_v2(dg_metrics_db_handle(db), "SELECT count(*) FROM runs", -1, &q,
+                           NULL) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW)
+        n = sqlite3_column_int(q, 0);
+    sqlite3_finalize(q);
+    dg_metrics_db_close(db);
+    return n == 1 ? 0 : 2;
+}
+
+/* A WRITE open of path: 0 when it is refused with the directory named,
+ * else 1 (it opened) or 2 (another message, on stderr). */
+static int write_refused(const char *path)
+{
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    if (dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err) == 0) {
+        dg_metrics_db_close(db);
+        return 1;
+    }
+    if (!strstr(err.msg, "cannot write in") || !strstr(err.msg, "-wal")) {
+        fprintf(stderr, "# the writer: %s\n", err.msg);
+        return 2;
+    }
+    return 0;
 }
 
 /* dgemmad(8)'s layout: the file 0640, readable by the dgemma group, in a
@@ -573,12 +574,12 @@ static int readers(void)
     snprintf(shm, sizeof shm, "%s-shm", path);
     CHECK(access(wal, F_OK) != 0 && access(shm, F_OK) != 0);
     CHECK(chmod(path, 0644) == 0 && chmod(test_tmpdir(), 0711) == 0 && chmod(dir, 0555) == 0);
-    rc = child_reads(path);
+    rc = as_nobody(reads_one_run, path);
     /* a writer (the daemon's user) whose file is writable but its
      * directory not: told why, before SQLite's "readonly database" */
     if (rc == 0) {
         CHECK(chmod(path, 0666) == 0);
-        rc = child_writes_refused(path);
+        rc = as_nobody(write_refused, path);
         CHECK(chmod(path, 0644) == 0);
     }
     CHECK(chmod(dir, 0755) == 0 && chmod(test_tmpdir(), 0700) == 0);
@@ -646,8 +647,7 @@ static int immutable_changed(void)
     if (pid == 0) {
         /* the reader: its verdict before, during and after the writer */
         struct dg_metrics_db *rd = NULL;
-        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
-                               setresuid(65534, 65534, 65534) != 0))
+        if (drop_to_nobody() < 0)
             _exit(3);
         if (dg_metrics_db_open(path, DG_METRICS_READ, 100, &rd, &err) < 0) {
             fprintf(stderr, "# the reader: %s\n", err.msg);
