@@ -302,9 +302,16 @@ static int error_result(struct batch *b, struct item *it, const char *code, cons
     return rc;
 }
 
-/* Item i submitted: it waits for its answer behind those before it. */
+/* Item i submitted: it waits for its answer behind those before it.
+ * (The queue holds at most the `parallel` requests in flight: every
+ * answer, and a done, takes its item off; were it full, the oldest would
+ * make room, to be answered by its tag.) */
 static void unanswered_push(struct batch *b, size_t i)
 {
+    if (b->ua_n == b->ua_cap) {
+        b->ua_head = (b->ua_head + 1) % b->ua_cap;
+        b->ua_n--;
+    }
     b->unanswered[(b->ua_head + b->ua_n++) % b->ua_cap] = i;
 }
 
@@ -420,7 +427,8 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
             struct item *it = item_of_event(b, &ev);
             if (!it || it->state != IT_RUNNING)
                 continue;
-            if (ev.kind == DGEMMA_EV_ACCEPTED || ev.kind == DGEMMA_EV_ERROR)
+            if (ev.kind == DGEMMA_EV_ACCEPTED || ev.kind == DGEMMA_EV_ERROR ||
+                ev.kind == DGEMMA_EV_DONE) /* (a done too, were its accepted line lost) */
                 unanswered_drop(b, (size_t)(it - b->items));
             if (ev.kind == DGEMMA_EV_ACCEPTED) {
                 it->id = ev.id;
