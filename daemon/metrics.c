@@ -388,7 +388,7 @@ static void *writer_thread(void *arg)
     struct dmetrics *m = arg;
     struct mrec *batch = NULL, *batch_tail = NULL;
     double pause = 0, next_retention = 0, last_loss_log = -1e9, stop_deadline = 0;
-    double next_path_check = 0;
+    double next_path_check = 0, last_lost_event = -1e9;
     uint64_t lost_logged = 0;
     int retention_due = 1, was_due;
 
@@ -397,7 +397,7 @@ static void *writer_thread(void *arg)
     for (;;) {
         struct dg_error err = {0};
         size_t n_req = 0, n_ev = 0;
-        uint64_t lost;
+        uint64_t lost, recorded;
         int rc;
 
         (void)past_stop(m, &stop_deadline);
@@ -432,17 +432,26 @@ static void *writer_thread(void *arg)
         }
         if (!retention_due && mono_now() >= next_retention)
             retention_due = 1;
+        /* losses go into a metrics_lost event at most every LOSS_LOG_PERIOD_S
+         * (and at the stop): a queue too small for its bursts would
+         * otherwise write one with every batch */
+        if (lost > m->lost_recorded && !m->quit &&
+            mono_now() - last_lost_event < LOSS_LOG_PERIOD_S)
+            lost = m->lost_recorded;
         if (!batch && lost == m->lost_recorded && !retention_due) {
             if (m->quit)
                 break;
             continue;
         }
         was_due = retention_due;
+        recorded = m->lost_recorded; /* (written by this thread only) */
         pthread_mutex_unlock(&m->mu);
 
         rc = write_batch(m, batch, &retention_due, lost, &n_req, &n_ev, &err);
         if (rc == 0 && was_due)
             next_retention = mono_now() + RETENTION_PERIOD_S;
+        if (rc == 0 && lost > recorded) /* (a metrics_lost event went in) */
+            last_lost_event = mono_now();
         if (rc == 0 && mono_now() >= next_path_check) {
             check_path(m);
             next_path_check = mono_now() + PATH_CHECK_PERIOD_S;

@@ -494,6 +494,40 @@ static int file_moved(void)
     return 0;
 }
 
+/* A queue too small for its bursts loses records in every burst: the
+ * losses go into a metrics_lost event at most every 10 s (and at the
+ * stop), the last one's total every record lost. */
+static int lost_events_sparingly(void)
+{
+    const char *path = test_path("bursts.sqlite");
+    struct dmetrics_options o = options(path, 2, 0.005);
+    struct dmetrics *m = NULL;
+    struct dmetrics_counters c;
+    struct dg_error err = {0};
+    unsigned long long in_all = 0;
+    char *s;
+
+    CHECK_OK(dmetrics_create(&o, &m, &err), &err);
+    CHECK(wait_events(m, 2, 10) == 0);
+    for (int b = 0; b < 40; b++) { /* bursts of 5, 20 ms apart */
+        for (int i = 0; i < 5; i++)
+            send_request(m, (uint64_t)(b * 5 + i + 1), 1, NULL, NULL);
+        usleep(20000);
+    }
+    dmetrics_counters(m, &c);
+    CHECKF(c.lost >= 40, "%llu lost", (unsigned long long)c.lost);
+    dmetrics_destroy(m);
+    CHECKF(peek(path, "SELECT count(*) FROM events WHERE kind = 'metrics_lost'") <= 2,
+           "%lld metrics_lost events in about 1 s",
+           (long long)peek(path, "SELECT count(*) FROM events WHERE kind = 'metrics_lost'"));
+    s = peek_text(path, "SELECT detail FROM events WHERE kind = 'metrics_lost' ORDER BY id DESC "
+                        "LIMIT 1");
+    CHECK(s && sscanf(strchr(s, '(') ? strchr(s, '(') : s, "(%llu in all)", &in_all) == 1);
+    free(s);
+    CHECK(peek(path, "SELECT count(*) FROM requests") + (int64_t)in_all == 200);
+    return 0;
+}
+
 /* The smallest queue (metrics_queue 1) still keeps the run's start,
  * config and stop events: they are not held to the bound. */
 static int queue_of_one(void)
@@ -550,6 +584,7 @@ int main(void)
     TEST_CASE(queue_of_one);
     TEST_CASE(pause_kept_under_load);
     TEST_CASE(file_moved);
+    TEST_CASE(lost_events_sparingly);
     TEST_CASE(refused_at_create);
     return test_finish();
 }
