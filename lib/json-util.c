@@ -53,6 +53,11 @@ json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *wha
          * double): a value out of range, not malformed text */
         dg_error_set(err, DG_E_RANGE, "%s: a number out of range at line %d column %d: %s",
                      what, je.line, je.column, je.text);
+    else if (!v && json_error_code(&je) == json_error_null_character)
+        /* (valid JSON, but no C string could hold it; jansson's own words
+         * name a flag of its API) */
+        dg_error_set(err, DG_E_FORMAT, "%s: a string holds \\u0000 (a NUL character), which "
+                     "is not taken, at line %d column %d", what, je.line, je.column);
     else if (!v)
         dg_error_set(err, DG_E_FORMAT, "%s: malformed JSON at line %d column %d: %s", what,
                      je.line, je.column, je.text);

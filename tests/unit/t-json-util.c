@@ -45,6 +45,8 @@ static int case_parse_errors(void)
     {
         const char nul[] = "{\"a\": \"x\\u0000y\"}";
         CHECK(!dg_json_parse(nul, strlen(nul), "t.json", &err)); /* NUL in a string */
+        CHECKF(strstr(err.msg, "t.json: a string holds \\u0000 (a NUL character)") &&
+                   !strstr(err.msg, "JSON_ALLOW_NUL"), "%s", err.msg);
     }
     return 0;
 }

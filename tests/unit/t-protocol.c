@@ -138,6 +138,9 @@ static int bad_requests(void)
         {"{", "bad_json", ""},
         {"{\"v\":1,\"op\":\"status\"} x", "bad_json", ""},
         {"\"str\"", "bad_json", "expected"},
+        /* valid JSON no C string holds: said in plain words */
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\\u0000b\"}", "bad_json",
+         "a string holds \\u0000 (a NUL character)"},
         /* valid JSON, a number past what it can be: a value out of range */
         {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"seed\":9223372036854775808}",
          "bad_request", "a number out of range"},
