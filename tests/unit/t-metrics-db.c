@@ -540,6 +540,30 @@ static int write_refused(const char *path)
     return 0;
 }
 
+/* A new metrics file at path holding one run (its row id in *run) and
+ * requests 1 .. n of 8 canvases each; closed, so no -wal is left.  0, or
+ * the harness's failure. */
+static int file_with_run(const char *path, int n, int64_t *run)
+{
+    struct dg_metrics_db *db = NULL;
+    struct dg_error err = {0};
+    struct dg_metrics_run info = {.started = 1, .pid = 7, .version = "v", .backend = "cpu",
+                                  .tp = 1};
+    struct dg_metrics_request r;
+    struct dg_metrics_canvas cv[8];
+
+    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
+    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
+    CHECK_OK(dg_metrics_db_put_run(db, &info, run, &err), &err);
+    for (int i = 0; i < n; i++) {
+        make_request(&r, cv, 8, (uint64_t)i + 1, 100.0 + i);
+        CHECK_OK(dg_metrics_db_put_request(db, *run, "cpu", 1, &r, &err), &err);
+    }
+    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
+    dg_metrics_db_close(db);
+    return 0;
+}
+
 /* dgemmad(8)'s layout: the file 0640, readable by the dgemma group, in a
  * directory only the daemon writes.  After a clean stop (SQLite removes
  * -wal and -shm) such a reader can still open it, and nothing is created
@@ -551,25 +575,14 @@ static int readers(void)
     const char *cut = test_path("cut.sqlite"), *neg = test_path("neg.sqlite");
     struct dg_metrics_db *db = NULL;
     struct dg_error err = {0};
-    struct dg_metrics_run run = {.started = 1, .pid = 7, .version = "v", .backend = "cpu",
-                                 .tp = 1};
-    struct dg_metrics_request r;
-    struct dg_metrics_canvas cv[8];
     char wal[700], shm[700], buf[8192];
     int64_t id = 0;
     int rc;
     FILE *f;
 
     CHECK(mkdir(dir, 0755) == 0);
-    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
-    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
-    CHECK_OK(dg_metrics_db_put_run(db, &run, &id, &err), &err);
-    for (int i = 0; i < 200; i++) { /* (several pages, for the truncated copy) */
-        make_request(&r, cv, 8, (uint64_t)i + 1, 100.0 + i);
-        CHECK_OK(dg_metrics_db_put_request(db, id, "cpu", 1, &r, &err), &err);
-    }
-    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
-    dg_metrics_db_close(db);
+    if (file_with_run(path, 200, &id) != 0) /* (several pages, for the truncated copy) */
+        return 1;
     snprintf(wal, sizeof wal, "%s-wal", path);
     snprintf(shm, sizeof shm, "%s-shm", path);
     CHECK(access(wal, F_OK) != 0 && access(shm, F_OK) != 0);
@@ -621,8 +634,6 @@ static int immutable_changed(void)
     const char *dir = test_path("ro2"), *path = test_path("ro2/m.sqlite");
     struct dg_metrics_db *db = NULL;
     struct dg_error err = {0};
-    struct dg_metrics_run run = {.started = 1, .pid = 7, .version = "v", .backend = "cpu",
-                                 .tp = 1};
     struct dg_metrics_request r;
     struct dg_metrics_canvas cv[8];
     int64_t id = 0;
@@ -630,16 +641,8 @@ static int immutable_changed(void)
     pid_t pid;
 
     CHECK(mkdir(dir, 0755) == 0);
-    CHECK_OK(dg_metrics_db_open(path, DG_METRICS_WRITE, 100, &db, &err), &err);
-    CHECK_OK(dg_metrics_db_begin(db, &err), &err);
-    CHECK_OK(dg_metrics_db_put_run(db, &run, &id, &err), &err);
-    for (int i = 0; i < 20; i++) {
-        make_request(&r, cv, 8, (uint64_t)i + 1, 100.0 + i);
-        CHECK_OK(dg_metrics_db_put_request(db, id, "cpu", 1, &r, &err), &err);
-    }
-    CHECK_OK(dg_metrics_db_commit(db, &err), &err);
-    dg_metrics_db_close(db);
-    db = NULL;
+    if (file_with_run(path, 20, &id) != 0)
+        return 1;
     CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0);
     CHECK(chmod(path, 0644) == 0 && chmod(test_tmpdir(), 0711) == 0 && chmod(dir, 0555) == 0);
     pid = fork();

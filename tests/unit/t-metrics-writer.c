@@ -90,14 +90,18 @@ static int send_request(struct dmetrics *m, uint64_t id, int n, int64_t *tokens,
     return dmetrics_request(m, &r);
 }
 
-/* Wait (up to limit_s) until the writer has written want request rows. */
-static int wait_requests(struct dmetrics *m, uint64_t want, double limit_s)
+/* The counter a wait looks at. */
+enum counter { REQUESTS, EVENTS, LOST };
+
+/* Wait (up to limit_s) until the writer's counter `which` reaches want:
+ * 0, or -1 when the time ran out. */
+static int wait_count(struct dmetrics *m, enum counter which, uint64_t want, double limit_s)
 {
     double end = mono() + limit_s;
     struct dmetrics_counters c;
     for (;;) {
         dmetrics_counters(m, &c);
-        if (c.requests >= want)
+        if ((which == REQUESTS ? c.requests : which == EVENTS ? c.events : c.lost) >= want)
             return 0;
         if (mono() > end)
             return -1;
@@ -105,18 +109,30 @@ static int wait_requests(struct dmetrics *m, uint64_t want, double limit_s)
     }
 }
 
+/* Request rows written, events written: wait_count's two common waits. */
+static int wait_requests(struct dmetrics *m, uint64_t want, double limit_s)
+{
+    return wait_count(m, REQUESTS, want, limit_s);
+}
+
 static int wait_events(struct dmetrics *m, uint64_t want, double limit_s)
 {
-    double end = mono() + limit_s;
-    struct dmetrics_counters c;
-    for (;;) {
-        dmetrics_counters(m, &c);
-        if (c.events >= want)
-            return 0;
-        if (mono() > end)
-            return -1;
-        usleep(5000);
-    }
+    return wait_count(m, EVENTS, want, limit_s);
+}
+
+/* Lines of the log file at path that hold both a and b (b NULL: a alone);
+ * -1 when it cannot be read. */
+static int log_lines(const char *path, const char *a, const char *b)
+{
+    char line[1024];
+    int n = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, a) && (!b || strstr(line, b));
+    fclose(f);
+    return n;
 }
 
 static int every_record_lands(void)
@@ -384,9 +400,7 @@ static int drops_logged_sparingly(void)
     struct dmetrics *m = NULL;
     struct dmetrics_counters c;
     struct dg_error err = {0};
-    char line[1024];
-    int lines = 0;
-    FILE *f;
+    int lines;
 
     CHECK_OK(dlog_open(log, DG_LOG_INFO, &err), &err);
     CHECK_OK(dmetrics_create(&o, &m, &err), &err);
@@ -396,19 +410,12 @@ static int drops_logged_sparingly(void)
         CHECK(send_request(m, 7, 1, NULL, NULL) == 0);
         usleep(30000);
     }
-    for (double end = mono() + 10;; usleep(5000)) {
-        dmetrics_counters(m, &c);
-        if (c.lost >= 10 || mono() > end)
-            break;
-    }
+    CHECK(wait_count(m, LOST, 10, 10) == 0);
+    dmetrics_counters(m, &c);
     CHECKF(c.lost == 10, "lost %llu", (unsigned long long)c.lost);
     dmetrics_destroy(m);
     dlog_close();
-    f = fopen(log, "r");
-    CHECK(f);
-    while (fgets(line, sizeof line, f))
-        lines += strstr(line, " E metrics: ") && strstr(line, " dropped"); /* (errors) */
-    fclose(f);
+    lines = log_lines(log, " E metrics: ", " dropped"); /* (errors) */
     CHECKF(lines == 1, "%d log lines for 10 dropped records", lines);
     return 0;
 }
@@ -458,12 +465,10 @@ static int file_moved(void)
 {
     const char *path = test_path("moved.sqlite"), *away = test_path("away.sqlite");
     const char *log = test_path("moved.log");
-    char line[1024];
     struct dmetrics_options o = options(path, 64, 0.01);
     struct dmetrics *m = NULL;
     struct dg_error err = {0};
-    int moved = 0, back = 0;
-    FILE *f;
+    int moved, back;
 
     CHECK_OK(dlog_open(log, DG_LOG_INFO, &err), &err);
     CHECK_OK(dmetrics_create(&o, &m, &err), &err);
@@ -482,13 +487,8 @@ static int file_moved(void)
     }
     dmetrics_destroy(m);
     dlog_close();
-    f = fopen(log, "r");
-    CHECK(f);
-    while (fgets(line, sizeof line, f)) {
-        moved += strstr(line, " E metrics: ") && strstr(line, "no longer names the file");
-        back += strstr(line, "names the file being written again") != NULL;
-    }
-    fclose(f);
+    moved = log_lines(log, " E metrics: ", "no longer names the file");
+    back = log_lines(log, "names the file being written again", NULL);
     CHECKF(moved == 1 && back == 1, "%d 'moved' and %d 'again' log lines", moved, back);
     CHECK(peek(path, "SELECT count(*) FROM requests") == 51);
     return 0;
