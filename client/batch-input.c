@@ -58,6 +58,17 @@ static void utf8_scrub(char *s)
     }
 }
 
+/* Whether line[0 .. n) holds nothing but spaces, tabs and CRs (an editor's
+ * indentation or a Windows line end on an empty line: no request, like an
+ * empty line; JSON's own whitespace besides the newline). */
+static int is_blank(const char *line, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (line[i] != ' ' && line[i] != '\t' && line[i] != '\r')
+            return 0;
+    return 1;
+}
+
 int batch_input_init(struct batch_input *in, const json_t *seen)
 {
     in->seen = seen;
@@ -81,7 +92,7 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
     memset(out, 0, sizeof *out);
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
         n--;
-    if (n == 0)
+    if (is_blank(line, n))
         return 0; /* BATCH_LINE_BLANK */
     snprintf(key, sizeof key, "line:%d", ln);
     obj = json_loadb(line, n, JSON_REJECT_DUPLICATES, &je);

@@ -27,7 +27,7 @@ size_t batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_
 
 /* What one input line is. */
 enum batch_line_kind {
-    BATCH_LINE_BLANK = 0, /* nothing but line ends: not counted */
+    BATCH_LINE_BLANK = 0, /* nothing but spaces, tabs and line ends: not counted */
     BATCH_LINE_ITEM,      /* a request to run: obj and key are the caller's */
     BATCH_LINE_DONE,      /* its result is in the output already */
     BATCH_LINE_BAD,       /* code and msg: its {"line": N, "error"} result is due */
@@ -55,7 +55,8 @@ void batch_input_free(struct batch_input *in);
 
 /* Classify input line number ln (1-based, blank lines counted) of n bytes
  * (its '\n' and any trailing '\r's or '\n's are ignored; it need not be
- * terminated and is only read) into *out.  A line is BAD when it is not
+ * terminated and is only read) into *out.  A line of nothing but spaces,
+ * tabs and CRs is BLANK, as an empty one is.  A line is BAD when it is not
  * JSON, not an object, has no string or integer "id", or repeats an id of
  * an earlier line; BAD and the lines whose id or "line:N" key is in seen
  * are DONE instead of BAD or ITEM.  Returns 0, or -1 when out of memory

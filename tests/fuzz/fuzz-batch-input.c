@@ -5,9 +5,10 @@
  *  - the output scan keeps exactly the complete lines, and its keys are
  *    exactly those of the result lines in them (none marked done that is
  *    not there, none missed), with the error results counted;
- *  - on a fresh input every non-blank line is an item with a unique
- *    non-empty key (its id's JSON) or a bad line with a stable code and a
- *    message, whose result names its line number (a duplicate's message
+ *  - on a fresh input every non-blank line (blank: only spaces, tabs and
+ *    line ends) is an item with a unique non-empty key (its id's JSON) or
+ *    a bad line with a stable code and a message, whose result names its
+ *    line number (a duplicate's message
  *    the earlier line); each item's request is refused with a reason, or
  *    is one the daemon's parser accepts in form: a generate with exactly
  *    one prompt, not streaming, a batch job's, carrying the item's tag
@@ -179,7 +180,8 @@ static void read_checked(const char *buf, size_t len, const json_t *seen, json_t
         char lk[64];
 
         for (size_t i = 0; i < n; i++)
-            blank &= buf[p + i] == '\n' || buf[p + i] == '\r';
+            blank &= buf[p + i] == '\n' || buf[p + i] == '\r' || buf[p + i] == ' ' ||
+                     buf[p + i] == '\t';
         if (batch_input_line(&in, buf + p, n, ++ln, &l) < 0)
             abort();
         snprintf(lk, sizeof lk, "line:%d", ln);

@@ -1,7 +1,8 @@
 /*
  * Description: the real dgemma-client against the real dgemmad.  generate
  * (plain text, --json events, settings flags, Ctrl-C cancelling); batch
- * with 50 lines including bad ones (every line gets exactly one result);
+ * with 50 lines including bad ones (every line gets exactly one result;
+ * blank lines, whitespace only too, get none);
  * batch killed halfway and run again (no id twice, none missing); chat
  * driven through a pseudo-terminal (a reply holding control bytes reaches
  * the terminal without them; Ctrl-C at its prompt) and through a pipe;
@@ -613,6 +614,33 @@ static long slurp(const char *path, char *buf, size_t cap)
     return (long)n;
 }
 
+/* Lines of nothing but spaces, tabs and CRs are skipped as empty ones are
+ * (they used to get bad_line results), and the lines after them keep their
+ * numbers in their results. */
+static int batch_blank_lines(void)
+{
+    char out[600];
+    const char *in = " \t \r\n"
+                     "not json\n"
+                     "\n"
+                     "\t\n"
+                     "{\"id\":\"b1\",\"prompt\":\"x\",\"max_tokens\":4,\"max_denoising_steps\":2}\n"
+                     "   \n"
+                     "{\"prompt\":\"no id\"}\n";
+    const char *args[] = {"batch", "--input", "-", "--output", out, NULL};
+    int rc, n, errors, dups;
+    snprintf(out, sizeof out, "%s", test_path("blank-out.jsonl"));
+    rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 1 && strstr(ERR, "3/3 done, 2 failed"), "exit %d: %s", rc, ERR);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 3 && errors == 2 && dups == 0, "%d results, %d errors", n, errors);
+    CHECK(slurp(out, OUT, sizeof OUT) > 0);
+    CHECKF(strstr(OUT, "{\"line\":2,\"error\":{\"code\":\"bad_line\"") &&
+               strstr(OUT, "{\"line\":7,\"error\":{\"code\":\"bad_line\"") &&
+               strstr(OUT, "{\"id\":\"b1\",\"finish_reason\":"), "%s", OUT);
+    return 0;
+}
+
 /* What a batch must not take as it is: a line longer than the daemon
  * reads (it answers without a tag: that line's result is too_large, and
  * the next line runs, where the batch used to wait for ever); --input and
@@ -909,6 +937,7 @@ int main(void)
         TEST_CASE(batch_text_with_nul);
         TEST_CASE(batch_resume_after_kill);
         TEST_CASE(batch_refusals);
+        TEST_CASE(batch_blank_lines);
         TEST_CASE(batch_daemon_stops);
         TEST_CASE(batch_daemon_full);
         TEST_CASE(chat_pipe);
