@@ -2,6 +2,7 @@
  * batch-input.h): the output file's keys, the input's lines, an item's
  * request. */
 #include "client/batch-input.h"
+#include "lib/json-util.h"
 #include "lib/utf8.h"
 
 #include <stdint.h>
@@ -69,6 +70,21 @@ static int is_blank(const char *line, size_t n)
     return 1;
 }
 
+/* A bad line's message from dg_json_loadb's err_msg (made with what "the
+ * line": plain words, never jansson's, which name flags of its API): its
+ * "at line 1 column C" is "at column C" here, as the parser saw the input
+ * line alone and the result names that line itself. */
+static void json_error_words(char *dst, size_t cap, const char *err_msg)
+{
+    static const char line1[] = " at line 1 column ";
+    const char *p = strstr(err_msg, line1);
+    if (p)
+        snprintf(dst, cap, "%.*s at column %s", (int)(p - err_msg), err_msg,
+                 p + strlen(line1));
+    else
+        snprintf(dst, cap, "%s", err_msg);
+}
+
 int batch_input_init(struct batch_input *in, const json_t *seen)
 {
     in->seen = seen;
@@ -85,7 +101,7 @@ void batch_input_free(struct batch_input *in)
 int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
                      struct batch_line *out)
 {
-    json_error_t je;
+    struct dg_error je = {0};
     json_t *obj, *id;
     char key[64], *k;
 
@@ -95,7 +111,9 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
     if (is_blank(line, n))
         return 0; /* BATCH_LINE_BLANK */
     snprintf(key, sizeof key, "line:%d", ln);
-    obj = json_loadb(line, n, JSON_REJECT_DUPLICATES, &je);
+    obj = dg_json_loadb(line, n, JSON_REJECT_DUPLICATES, "the line", &je);
+    if (!obj && je.code == DG_E_NOMEM)
+        return -1;
     id = json_is_object(obj) ? json_object_get(obj, "id") : NULL;
     if (!obj || !json_is_object(obj) || !(json_is_string(id) || json_is_integer(id))) {
         if (json_object_get(in->seen, key)) {
@@ -105,7 +123,7 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
             out->kind = BATCH_LINE_BAD;
             out->code = "bad_line";
             if (!obj)
-                snprintf(out->msg, sizeof out->msg, "not JSON: %s", je.text);
+                json_error_words(out->msg, sizeof out->msg, je.msg);
             else
                 snprintf(out->msg, sizeof out->msg, "%s",
                          json_is_object(obj) ? "no \"id\" (a string or an integer)"

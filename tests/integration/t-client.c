@@ -2,7 +2,8 @@
  * Description: the real dgemma-client against the real dgemmad.  generate
  * (plain text, --json events, settings flags, Ctrl-C cancelling); batch
  * with 50 lines including bad ones (every line gets exactly one result;
- * blank lines, whitespace only too, get none);
+ * blank lines, whitespace only too, get none; bad JSON is said in plain
+ * words);
  * batch killed halfway and run again (no id twice, none missing); chat
  * driven through a pseudo-terminal (a reply holding control bytes reaches
  * the terminal without them; Ctrl-C at its prompt) and through a pipe;
@@ -614,6 +615,34 @@ static long slurp(const char *path, char *buf, size_t cap)
     return (long)n;
 }
 
+/* A line that is JSON the batch cannot take (a string holding \u0000, a
+ * key twice) or not JSON at all gets a bad_line result in plain words:
+ * never jansson's own, which name flags of its API (JSON_ALLOW_NUL), and
+ * the column without the parser's "line 1" (the result names the line). */
+static int batch_bad_json_words(void)
+{
+    char out[600];
+    const char *in = "{\"id\":\"z\",\"prompt\":\"a\\u0000b\"}\n"
+                     "{\"id\":\"d\",\"prompt\":\"a\",\"prompt\":\"b\"}\n"
+                     "{\"id\":\"t\",\n";
+    const char *args[] = {"batch", "--input", "-", "--output", out, NULL};
+    int rc, n, errors, dups;
+    snprintf(out, sizeof out, "%s", test_path("words-out.jsonl"));
+    rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 1 && strstr(ERR, "3/3 done, 3 failed"), "exit %d: %s", rc, ERR);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 3 && errors == 3 && dups == 0, "%d results, %d errors", n, errors);
+    CHECK(slurp(out, OUT, sizeof OUT) > 0);
+    CHECKF(!strstr(OUT, "JSON_") && !strstr(OUT, "line 1 "), "%s", OUT);
+    CHECKF(strstr(OUT, "{\"line\":1,\"error\":{\"code\":\"bad_line\",\"message\":\"the line: a "
+                       "string holds \\\\u0000 (a NUL character)") &&
+               strstr(OUT, "{\"line\":2,\"error\":{\"code\":\"bad_line\",\"message\":\"the line: "
+                           "malformed JSON at column ") &&
+               strstr(OUT, "duplicate object key") &&
+               strstr(OUT, "{\"line\":3,\"error\":{\"code\":\"bad_line\""), "%s", OUT);
+    return 0;
+}
+
 /* Lines of nothing but spaces, tabs and CRs are skipped as empty ones are
  * (they used to get bad_line results), and the lines after them keep their
  * numbers in their results. */
@@ -938,6 +967,7 @@ int main(void)
         TEST_CASE(batch_resume_after_kill);
         TEST_CASE(batch_refusals);
         TEST_CASE(batch_blank_lines);
+        TEST_CASE(batch_bad_json_words);
         TEST_CASE(batch_daemon_stops);
         TEST_CASE(batch_daemon_full);
         TEST_CASE(chat_pipe);
