@@ -6,7 +6,7 @@
  * where it stopped (a torn last line is cut off first).  Requests that did
  * not finish (cancelled or refused by a shutting-down daemon, lost with the
  * connection, refused as busy) get no result line, so the next run retries
- * them.
+ * them.  --json is refused (a usage error): the output is JSON lines always.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -517,6 +517,14 @@ int cmd_batch(int argc, char **argv)
             json_decref(o.settings);
             return EXIT_USAGE;
         }
+    }
+    if (o.json) {
+        /* (taken by the options every command shares; the results are JSON
+         * lines whatever is asked, so it would do nothing) */
+        client_errorf("batch: --json is for generate and status: batch always writes JSON "
+                      "lines; leave it out");
+        json_decref(o.settings);
+        return EXIT_USAGE;
     }
     if (!input || !output) {
         client_errorf("batch: --input and --output are required");

@@ -10,8 +10,8 @@
  * Ctrl-C while canvases stream fast, and a second one while the daemon
  * does not answer; options and input refused (non-finite numbers, ids out
  * of range, a lost tag, a NUL byte, a read error, --settings holding the
- * request's own keys); output to a full disk; status and cancel;
- * every exit code (0 done, 1 failed, 2 usage, 3 unreachable); the socket
+ * request's own keys, batch --json); output to a full disk; status and
+ * cancel; every exit code (0 done, 1 failed, 2 usage, 3 unreachable); the socket
  * options before the command word.
  */
 #include <errno.h>
@@ -615,6 +615,26 @@ static long slurp(const char *path, char *buf, size_t cap)
     return (long)n;
 }
 
+/* batch --json (after the command word or before it) is a usage error,
+ * exit 2, with nothing run or written: it used to be taken and ignored. */
+static int batch_json_refused(void)
+{
+    char out[600];
+    const char *after[] = {"batch", "--json", "--input", "-", "--output", out, NULL};
+    const char *before[] = {"--json", "batch", "--input", "-", "--output", out, NULL};
+    const char *const *cases[] = {after, before};
+    struct stat st;
+    snprintf(out, sizeof out, "%s", test_path("json-out.jsonl"));
+    for (size_t i = 0; i < 2; i++) {
+        const int rc = run_client(cases[i], "{\"id\":1,\"prompt\":\"a\",\"max_tokens\":4}\n",
+                                  OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "batch: --json is for generate and status"),
+               "case %zu: exit %d: %s", i, rc, ERR);
+        CHECKF(stat(out, &st) != 0, "case %zu: the output was made", i);
+    }
+    return 0;
+}
+
 /* A line that is JSON the batch cannot take (a string holding \u0000, a
  * key twice) or not JSON at all gets a bad_line result in plain words:
  * never jansson's own, which name flags of its API (JSON_ALLOW_NUL), and
@@ -968,6 +988,7 @@ int main(void)
         TEST_CASE(batch_refusals);
         TEST_CASE(batch_blank_lines);
         TEST_CASE(batch_bad_json_words);
+        TEST_CASE(batch_json_refused);
         TEST_CASE(batch_daemon_stops);
         TEST_CASE(batch_daemon_full);
         TEST_CASE(chat_pipe);
