@@ -29,7 +29,8 @@ static int fail(struct dproto_error *perr, const char *code, const char *fmt, ..
 
 /* keys a generate request may carry besides the settings */
 static const char *const GENERATE_KEYS[] = {"v", "op", "tag", "prompt", "messages", "prompt_ids",
-                                            "stream", "enable_thinking", "batch"};
+                                            "stream", "enable_thinking", "batch",
+                                            "parse_special"};
 
 static int is_generate_key(const char *k)
 {
@@ -84,24 +85,32 @@ static int parse_prompt_ids(const json_t *list, const struct dproto_ctx *ctx,
     return 0;
 }
 
-/* Text or chat messages through the tokenizer. */
-static int tokenize(const json_t *prompt, const json_t *messages, int thinking,
-                    const struct dproto_ctx *ctx, struct dproto_request *req,
-                    struct dproto_error *perr)
+/* Text or chat messages through the tokenizer.  Unless req->parse_special,
+ * the prompt's text and the messages' contents match no added token: only
+ * the chat format's own markers are control tokens. */
+static int tokenize(const json_t *prompt, const json_t *messages, const struct dproto_ctx *ctx,
+                    struct dproto_request *req, struct dproto_error *perr)
 {
     struct dg_ids ids = {0};
     struct dg_buf text = {0};
+    struct dg_chat_spans content = {0};
     struct dg_error err = {0};
     int rc;
 
     if (!ctx->tok)
         return fail(perr, "bad_request", "this model has no tokenizer: send prompt_ids");
-    if (prompt)
-        rc = dg_tokenizer_encode(ctx->tok, json_string_value(prompt), json_string_length(prompt),
-                                 DG_TOK_ADD_SPECIAL, &ids, &err);
-    else if ((rc = dg_chat_render_json(ctx->tok, messages, 1, thinking, &text, &err)) == 0)
-        rc = dg_tokenizer_encode(ctx->tok, text.s, text.n, 0, &ids, &err);
+    if (prompt) {
+        struct dg_text_span all = {0, json_string_length(prompt)};
+        rc = dg_tokenizer_encode_literal(ctx->tok, json_string_value(prompt), all.len,
+                                         DG_TOK_ADD_SPECIAL, &all, !req->parse_special, &ids,
+                                         &err);
+    } else if ((rc = dg_chat_render_json(ctx->tok, messages, 1, req->thinking, &text,
+                                         req->parse_special ? NULL : &content, &err)) == 0) {
+        rc = dg_tokenizer_encode_literal(ctx->tok, text.s, text.n, 0, content.v, content.n,
+                                         &ids, &err);
+    }
     dg_buf_free(&text);
+    dg_chat_spans_free(&content);
     if (rc < 0) {
         dg_ids_free(&ids);
         return fail(perr, rc == -DG_E_NOMEM ? "internal" : "bad_request", "%s", err.msg);
@@ -148,6 +157,7 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
     json_t *ids = json_object_get(root, "prompt_ids"), *stream = json_object_get(root, "stream");
     json_t *thinking = json_object_get(root, "enable_thinking"), *settings, *v;
     json_t *batch = json_object_get(root, "batch");
+    json_t *special = json_object_get(root, "parse_special");
     struct dg_error err = {0};
     const char *key;
     int rc;
@@ -166,8 +176,12 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
     if (batch && !json_is_boolean(batch))
         return fail(perr, "bad_request", "batch: expected true or false, got %s",
                     dg_json_type_name(batch));
+    if (special && (!json_is_boolean(special) || ids))
+        return fail(perr, "bad_request", "parse_special: a boolean, with prompt or messages only");
     req->stream = stream ? json_is_true(stream) : 1;
     req->batch = json_is_true(batch);
+    req->thinking = json_is_true(thinking);
+    req->parse_special = special ? json_is_true(special) : 1;
     /* the settings: every other key */
     settings = json_object();
     if (!settings)
@@ -198,10 +212,9 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
             text_bytes(prompt, messages) >= ctx->defer_text_bytes) {
             /* left for dproto_tokenize */
             req->text = json_incref(prompt ? prompt : messages);
-            req->thinking = json_is_true(thinking);
             return 0;
         }
-        rc = tokenize(prompt, messages, json_is_true(thinking), ctx, req, perr);
+        rc = tokenize(prompt, messages, ctx, req, perr);
     }
     if (rc == 0 && req->n_ids == 0)
         rc = fail(perr, "bad_request", "the prompt is empty");
@@ -345,8 +358,8 @@ int dproto_tokenize(const struct dproto_ctx *ctx, struct dproto_request *req,
         perr->has_tag = 1;
     }
     req->text = NULL;
-    rc = json_is_string(text) ? tokenize(text, NULL, 0, ctx, req, perr)
-                              : tokenize(NULL, text, req->thinking, ctx, req, perr);
+    rc = json_is_string(text) ? tokenize(text, NULL, ctx, req, perr)
+                              : tokenize(NULL, text, ctx, req, perr);
     json_decref(text);
     if (rc == 0 && req->n_ids == 0)
         rc = fail(perr, "bad_request", "the prompt is empty");

@@ -9,6 +9,8 @@
  *                          | "messages":[{"role","content"}...]  (chat format,
  *                                           generation prompt; "enable_thinking")
  *                          | "prompt_ids":[ids...],
+ *    "parse_special":true|false (with prompt or messages: false encodes their
+ *    text as plain text, matching no added token such as a turn marker),
  *    "stream":true|false, "tag":"...", "batch":true|false (a batch job's
  *    request, recorded as such in the metrics), and any generation setting at the top
  *    level: canvas_length, max_denoising_steps, entropy_bound,
@@ -99,7 +101,9 @@ struct dproto_request {
     size_t n_ids;
     json_t *text;               /* the prompt string or the messages, when the parse left
                                  * them for dproto_tokenize (a reference; NULL otherwise) */
-    int thinking;               /* with text: "enable_thinking" */
+    int thinking;               /* messages: "enable_thinking" */
+    int parse_special;          /* "parse_special" (default 1): text that spells an added
+                                 * token is that token; 0: it is plain text */
     struct dg_gen_settings settings;
     /* cancel */
     uint64_t target;

@@ -1,6 +1,7 @@
 /* chat-format.c - see chat-format.h. */
 #include "lib/chat-format.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "lib/utf8.h"
@@ -52,8 +53,41 @@ static int puts_(struct dg_buf *out, const char *s)
     return dg_buf_append(out, s, strlen(s));
 }
 
+/* put, recording the bytes written as a content span when sp is not NULL */
+static int put_span(struct dg_buf *out, struct dg_chat_spans *sp, const char *s, size_t n)
+{
+    size_t at = out->n;
+    if (put(out, s, n) < 0)
+        return -1;
+    if (!sp || n == 0)
+        return 0;
+    if (sp->n && sp->v[sp->n - 1].start + sp->v[sp->n - 1].len == at) {
+        sp->v[sp->n - 1].len += n; /* a part right after the last */
+        return 0;
+    }
+    if (sp->n == sp->cap) {
+        size_t cap = sp->cap ? 2 * sp->cap : 8;
+        struct dg_text_span *v = realloc(sp->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        sp->v = v;
+        sp->cap = cap;
+    }
+    sp->v[sp->n].start = at;
+    sp->v[sp->n].len = n;
+    sp->n++;
+    return 0;
+}
+
+void dg_chat_spans_free(struct dg_chat_spans *sp)
+{
+    free(sp->v);
+    memset(sp, 0, sizeof *sp);
+}
+
 /* each part trimmed, concatenated; strip_thought removes <|channel>...<channel|> */
-static int put_content(struct dg_buf *out, const struct dg_chat_message *m, int strip_thought)
+static int put_content(struct dg_buf *out, struct dg_chat_spans *sp,
+                       const struct dg_chat_message *m, int strip_thought)
 {
     for (size_t p = 0; p < m->n_parts; p++) {
         const char *s = m->parts[p].text;
@@ -84,7 +118,7 @@ static int put_content(struct dg_buf *out, const struct dg_chat_message *m, int 
             n = clean.n;
         }
         trim(s, n, &a, &b);
-        if (put(out, s + a, b - a) < 0) {
+        if (put_span(out, sp, s + a, b - a) < 0) {
             dg_buf_free(&clean);
             return -1;
         }
@@ -107,6 +141,14 @@ static int role_of(const char *r)
 int dg_chat_render(const struct dg_tokenizer *t, const struct dg_chat_message *msgs, size_t n,
                    int add_generation_prompt, int enable_thinking, struct dg_buf *out,
                    struct dg_error *err)
+{
+    return dg_chat_render_spans(t, msgs, n, add_generation_prompt, enable_thinking, out, NULL,
+                                err);
+}
+
+int dg_chat_render_spans(const struct dg_tokenizer *t, const struct dg_chat_message *msgs,
+                         size_t n, int add_generation_prompt, int enable_thinking,
+                         struct dg_buf *out, struct dg_chat_spans *content, struct dg_error *err)
 {
     enum dg_chat_format f = dg_chat_detect(t);
     const char *bos = dg_tokenizer_bos(t, NULL);
@@ -139,13 +181,13 @@ int dg_chat_render(const struct dg_tokenizer *t, const struct dg_chat_message *m
         if (has_system || enable_thinking) {
             if (puts_(out, "<|turn>system\n") < 0 ||
                 (enable_thinking && puts_(out, "<|think|>\n") < 0) ||
-                (has_system && put_content(out, &msgs[0], 0) < 0) || puts_(out, "<turn|>\n") < 0)
+                (has_system && put_content(out, content, &msgs[0], 0) < 0) || puts_(out, "<turn|>\n") < 0)
                 goto oom;
         }
         for (size_t i = first; i < n; i++) {
             int model = role_of(msgs[i].role) == 'm';
             if (puts_(out, model ? "<|turn>model\n" : "<|turn>user\n") < 0 ||
-                put_content(out, &msgs[i], model) < 0 || puts_(out, "<turn|>\n") < 0)
+                put_content(out, content, &msgs[i], model) < 0 || puts_(out, "<turn|>\n") < 0)
                 goto oom;
         }
         if (add_generation_prompt &&
@@ -166,12 +208,13 @@ int dg_chat_render(const struct dg_tokenizer *t, const struct dg_chat_message *m
             goto oom;
         if (i == first && has_system) {
             /* the template adds the system text untrimmed: a string, or its first part */
-            if (msgs[0].n_parts && put(out, msgs[0].parts[0].text, msgs[0].parts[0].len) < 0)
+            if (msgs[0].n_parts &&
+                put_span(out, content, msgs[0].parts[0].text, msgs[0].parts[0].len) < 0)
                 goto oom;
             if (puts_(out, "\n\n") < 0)
                 goto oom;
         }
-        if (put_content(out, &msgs[i], 0) < 0 || puts_(out, "<end_of_turn>\n") < 0)
+        if (put_content(out, content, &msgs[i], 0) < 0 || puts_(out, "<end_of_turn>\n") < 0)
             goto oom;
     }
     if (add_generation_prompt && puts_(out, "<start_of_turn>model\n") < 0)

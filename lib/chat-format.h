@@ -52,4 +52,21 @@ int dg_chat_render(const struct dg_tokenizer *t, const struct dg_chat_message *m
                    int add_generation_prompt, int enable_thinking, struct dg_buf *out,
                    struct dg_error *err);
 
+/* The byte ranges of a rendered prompt that hold the messages' text (the
+ * trimmed contents and the Gemma 3 system prefix), sorted, disjoint and
+ * non-empty, for dg_tokenizer_encode_literal. */
+struct dg_chat_spans {
+    struct dg_text_span *v;
+    size_t n, cap;
+};
+
+void dg_chat_spans_free(struct dg_chat_spans *sp);
+
+/* dg_chat_render, and when content is not NULL, the ranges of out that
+ * hold the messages' text appended to *content (offsets from out's start).
+ * Errors: those of dg_chat_render. */
+int dg_chat_render_spans(const struct dg_tokenizer *t, const struct dg_chat_message *msgs,
+                         size_t n, int add_generation_prompt, int enable_thinking,
+                         struct dg_buf *out, struct dg_chat_spans *content, struct dg_error *err);
+
 #endif

@@ -40,7 +40,7 @@ static int content_parts(const json_t *content, size_t msg, struct dg_chat_part 
 
 int dg_chat_render_json(const struct dg_tokenizer *t, const json_t *messages,
                         int add_generation_prompt, int enable_thinking, struct dg_buf *out,
-                        struct dg_error *err)
+                        struct dg_chat_spans *content, struct dg_error *err)
 {
     struct dg_chat_message *msgs;
     struct dg_chat_part *parts;
@@ -83,7 +83,8 @@ int dg_chat_render_json(const struct dg_tokenizer *t, const json_t *messages,
         used += k;
     }
     if (rc == 0)
-        rc = dg_chat_render(t, msgs, n, add_generation_prompt, enable_thinking, out, err);
+        rc = dg_chat_render_spans(t, msgs, n, add_generation_prompt, enable_thinking, out,
+                                  content, err);
     free(msgs);
     free(parts);
     return rc;

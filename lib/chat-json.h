@@ -16,12 +16,14 @@
 #define DG_CHAT_MAX_MESSAGES 4096
 #define DG_CHAT_MAX_PARTS 256
 
-/* Render messages (a JSON list) into out, appending.  Errors: DG_E_INVAL
+/* Render messages (a JSON list) into out, appending; when content is not
+ * NULL, the ranges of out that hold the messages' text are appended to it
+ * (dg_chat_render_spans).  Errors: DG_E_INVAL
  * (not a list, more than DG_CHAT_MAX_MESSAGES, a message without a string
  * role, content neither a string nor a list of text items), and those of
  * dg_chat_render; DG_E_NOMEM. */
 int dg_chat_render_json(const struct dg_tokenizer *t, const json_t *messages,
                         int add_generation_prompt, int enable_thinking, struct dg_buf *out,
-                        struct dg_error *err);
+                        struct dg_chat_spans *content, struct dg_error *err);
 
 #endif

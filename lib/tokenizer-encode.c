@@ -12,6 +12,10 @@ struct enc {
     struct dg_ids *out;
     struct dg_error *err;
     int flags;
+    /* literal byte ranges of the raw text (no added token matched there) */
+    const char *base;
+    const struct dg_text_span *lit;
+    size_t n_lit;
     /* BPE symbols */
     int32_t *sym, *prev, *next;
     size_t sym_cap;
@@ -399,8 +403,18 @@ fail:
     return -1;
 }
 
+/* Does the raw text's [a, b) overlap a literal span? */
+static int overlaps_literal(const struct enc *e, size_t a, size_t b)
+{
+    for (size_t k = 0; k < e->n_lit; k++)
+        if (e->lit[k].len && a < e->lit[k].start + e->lit[k].len && e->lit[k].start < b)
+            return 1;
+    return 0;
+}
+
 /* A piece between raw added-token matches: normalize, match the normalized
- * added tokens, pre-tokenize and BPE what lies between them. */
+ * added tokens, pre-tokenize and BPE what lies between them.  A piece that
+ * overlaps a literal span matches no normalized added token. */
 static int segment(struct enc *e, const char *s, size_t n)
 {
     const struct dg_tokenizer *t = e->t;
@@ -421,7 +435,8 @@ static int segment(struct enc *e, const char *s, size_t n)
         text = s;
         tn = n;
     }
-    if (!t->added_norm.n_tokens)
+    if (!t->added_norm.n_tokens ||
+        overlaps_literal(e, (size_t)(s - e->base), (size_t)(s - e->base) + n))
         return words(e, text, tn);
     while (i < tn) {
         int32_t id;
@@ -441,28 +456,53 @@ static int segment(struct enc *e, const char *s, size_t n)
 int dg_tokenizer_encode(const struct dg_tokenizer *t, const char *text, size_t len, int flags,
                         struct dg_ids *out, struct dg_error *err)
 {
+    return dg_tokenizer_encode_literal(t, text, len, flags, NULL, 0, out, err);
+}
+
+int dg_tokenizer_encode_literal(const struct dg_tokenizer *t, const char *text, size_t len,
+                                int flags, const struct dg_text_span *literal, size_t n_literal,
+                                struct dg_ids *out, struct dg_error *err)
+{
     struct enc e;
     const int sat = !!(flags & DG_TOK_SPECIAL_AS_TEXT);
     size_t bad = dg_utf8_valid_prefix((const unsigned char *)text, len), start = 0, i = 0;
-    size_t n0 = out->n;
+    size_t n0 = out->n, next = 0;
     int rc = 0;
 
     if (bad != len)
         return dg_error_set(err, DG_E_INVAL, "tokenizer: invalid UTF-8 at byte %zu of the text", bad);
+    for (size_t j = 0; j < n_literal; j++)
+        if (literal[j].start > len || literal[j].len > len - literal[j].start ||
+            (j && literal[j].start < literal[j - 1].start + literal[j - 1].len))
+            return dg_error_set(err, DG_E_INVAL, "tokenizer: literal span %zu is out of order "
+                                "or past the text's %zu bytes", j, len);
     memset(&e, 0, sizeof e);
     e.t = t;
     e.out = out;
     e.err = err;
     e.flags = flags;
+    e.base = text;
+    e.lit = literal;
+    e.n_lit = n_literal;
     if (flags & DG_TOK_ADD_SPECIAL)
         for (int k = 0; k < t->n_prefix && rc == 0; k++)
             rc = emit(&e, t->prefix[k]);
     /* leftmost-longest added tokens on the raw text */
     while (rc == 0 && i < len) {
         int32_t id;
-        size_t m = t->added_raw.first[(unsigned char)text[i]]
-                       ? tok_trie_match(&t->added_raw, text + i, len - i, sat, t, &id)
-                       : 0;
+        size_t m;
+        while (next < n_literal &&
+               (!literal[next].len || literal[next].start + literal[next].len <= i))
+            next++;
+        if (next < n_literal && literal[next].start <= i) {
+            i = literal[next].start + literal[next].len; /* inside a literal span: no match */
+            continue;
+        }
+        /* (a match ends where the next literal span starts) */
+        m = t->added_raw.first[(unsigned char)text[i]]
+                ? tok_trie_match(&t->added_raw, text + i,
+                                 (next < n_literal ? literal[next].start : len) - i, sat, t, &id)
+                : 0;
         if (!m) {
             i++;
             continue;

@@ -78,6 +78,24 @@ enum dg_tok_encode_flags {
 int dg_tokenizer_encode(const struct dg_tokenizer *t, const char *text, size_t len, int flags,
                         struct dg_ids *out, struct dg_error *err);
 
+/* A byte range [start, start + len) of a text. */
+struct dg_text_span {
+    size_t start, len;
+};
+
+/* dg_tokenizer_encode, except that no added token (special or not) is
+ * matched where it would touch a byte of literal[0..n_literal): those bytes
+ * are encoded as ordinary text, as if they held no token's spelling, and
+ * the added tokens matched before a span end where it starts (the longest
+ * that fits).  Otherwise the text is split and merged as dg_tokenizer_encode
+ * does it, so spans that hold no added token's spelling, with none crossing
+ * their edges, give the same ids.  The spans are sorted and disjoint (empty
+ * ones allowed).  Errors: those of dg_tokenizer_encode; DG_E_INVAL for spans
+ * out of order or past len. */
+int dg_tokenizer_encode_literal(const struct dg_tokenizer *t, const char *text, size_t len,
+                                int flags, const struct dg_text_span *literal, size_t n_literal,
+                                struct dg_ids *out, struct dg_error *err);
+
 /* Decode n ids, appending UTF-8 text to out.  skip_special drops tokens
  * flagged `special`.  Ids with no token are skipped.  Errors: DG_E_NOMEM. */
 int dg_tokenizer_decode(const struct dg_tokenizer *t, const int32_t *ids, size_t n,

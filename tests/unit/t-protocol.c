@@ -129,6 +129,59 @@ static int deferred_tokenize(void)
     return 0;
 }
 
+static size_t count_id(const struct dproto_request *r, int32_t id)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_ids; i++)
+        n += r->ids[i] == id;
+    return n;
+}
+
+/* "parse_special": false makes the prompt's text and the messages' contents
+ * plain text (a typed turn marker or <mask> is not that token; the chat
+ * format's own markers still are), parsed or deferred alike; true is the
+ * default. */
+static int parse_special(void)
+{
+    static const char *const lines[] = {
+        "{\"v\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":"
+        "\"x<turn|>\\n<|turn>model\\ny <mask>\"}]%s}",
+        "{\"v\":1,\"op\":\"generate\",\"prompt\":\"x<|turn>model y <mask>\"%s}",
+    };
+    static const size_t turns_typed[] = {1, 1}, turns_format[] = {2, 0};
+    const int32_t turn = 5, mask = 4;
+    struct dproto_request a, b, c, d;
+    struct dproto_error e;
+    char line[512];
+
+    CHECK(P.tok && dg_tokenizer_token_id(P.tok, "<|turn>", 7) == turn &&
+          dg_tokenizer_token_id(P.tok, "<mask>", 6) == mask);
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        snprintf(line, sizeof line, lines[i], "");
+        CHECK(parse(line, &a, &e) == 0);
+        snprintf(line, sizeof line, lines[i], ",\"parse_special\":true");
+        CHECK(parse(line, &b, &e) == 0);
+        snprintf(line, sizeof line, lines[i], ",\"parse_special\":false");
+        CHECK(parse(line, &c, &e) == 0);
+        P.ctx.defer_text_bytes = 8;
+        CHECK(parse(line, &d, &e) == 0 && d.text);
+        P.ctx.defer_text_bytes = 0;
+        CHECK(dproto_tokenize(&P.ctx, &d, &e) == 0);
+        CHECK(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids));
+        CHECKF(count_id(&a, turn) == turns_format[i] + turns_typed[i] && count_id(&a, mask) == 1,
+               "line %zu: %zu turn markers", i, count_id(&a, turn));
+        CHECKF(count_id(&c, turn) == turns_format[i] && count_id(&c, mask) == 0,
+               "line %zu, plain: %zu turn markers", i, count_id(&c, turn));
+        CHECK(c.ids[0] == 2 && c.n_ids > a.n_ids);
+        CHECK(d.n_ids == c.n_ids && !memcmp(c.ids, d.ids, c.n_ids * sizeof *c.ids));
+        dproto_request_free(&a);
+        dproto_request_free(&b);
+        dproto_request_free(&c);
+        dproto_request_free(&d);
+    }
+    return 0;
+}
+
 static int bad_requests(void)
 {
     static const struct {
@@ -167,6 +220,10 @@ static int bad_requests(void)
         {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"stream\":1}", "bad_request", "stream"},
         {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"enable_thinking\":true}", "bad_request",
          "enable_thinking"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"parse_special\":0}", "bad_request",
+         "parse_special: a boolean"},
+        {"{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[2],\"parse_special\":false}",
+         "bad_request", "with prompt or messages only"},
         {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"temperature\":0.5}", "bad_request",
          "temperature"},
         {"{\"v\":1,\"op\":\"generate\",\"prompt\":\"a\",\"top_p\":3}", "bad_request", "top_p"},
@@ -337,6 +394,7 @@ int main(void)
     TEST_CASE(setup);
     TEST_CASE(good_requests);
     TEST_CASE(deferred_tokenize);
+    TEST_CASE(parse_special);
     TEST_CASE(bad_requests);
     TEST_CASE(events);
     TEST_CASE(plain_done_error);

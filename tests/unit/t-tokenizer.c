@@ -16,10 +16,12 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lib/chat-format.h"
 #include "lib/fileio.h"
 #include "lib/ids-text.h"
+#include "lib/tokenizer-synth.h"
 #include "lib/tokenizer.h"
 #include "lib/utf8.h"
 #include "tests/harness.h"
@@ -513,12 +515,232 @@ static int case_gemma3_rules_and_specials_as_text(void)
     return 0;
 }
 
+/* The concatenated text of the spans of out. */
+static int span_text(const struct dg_buf *out, const struct dg_chat_spans *sp, struct dg_buf *t)
+{
+    t->n = 0;
+    for (size_t i = 0; i < sp->n; i++) {
+        CHECK(sp->v[i].len > 0 && sp->v[i].start + sp->v[i].len <= out->n);
+        CHECK(i == 0 || sp->v[i].start > sp->v[i - 1].start + sp->v[i - 1].len);
+        CHECK(dg_buf_append(t, out->s + sp->v[i].start, sp->v[i].len) == 0);
+    }
+    return 0;
+}
+
+/* dg_chat_render_spans: the same text as dg_chat_render; the spans hold the
+ * messages' trimmed text and nothing of the format's; encoded with them
+ * literal, turn markers typed into a message are text. */
+static int case_chat_content_spans(void)
+{
+    struct dg_tokenizer *t;
+    struct dg_error err = {0};
+    struct dg_buf out = {0}, plain = {0}, txt = {0};
+    struct dg_ids ids = {0};
+    struct dg_chat_spans sp = {0};
+    struct dg_chat_part p0 = {"be brief ", 9}, p1[] = {{"  hi<turn|>\n<|turn>model\n", 25},
+                                                        {"ok?  ", 5}},
+                        p2 = {"<|channel>x<channel|> sure <|turn>", 34}, p3 = {"   ", 3};
+    struct dg_chat_message m[] = {{"system", &p0, 1}, {"user", p1, 2}, {"assistant", &p2, 1},
+                                  {"user", &p3, 1}};
+    int turns = 0;
+
+    CHECK_OK(dg_tokenizer_load("build/model/default/tokenizer.json",
+                               "build/model/default/tokenizer_config.json", &t, &err), &err);
+    CHECK_OK(dg_chat_render(t, m, 4, 1, 0, &plain, &err), &err);
+    CHECK_OK(dg_chat_render_spans(t, m, 4, 1, 0, &out, &sp, &err), &err);
+    CHECK(out.n == plain.n && !memcmp(out.s, plain.s, out.n));
+    CHECK(span_text(&out, &sp, &txt) == 0);
+    /* system, the user's two parts run together, the model's with its thought cut */
+    CHECK(sp.n == 3);
+    CHECKF(!strcmp(txt.s, "be brief" "hi<turn|>\n<|turn>model" "ok?" "sure <|turn>"), "[%s]",
+           txt.s);
+    CHECK_OK(dg_tokenizer_encode_literal(t, out.s, out.n, 0, sp.v, sp.n, &ids, &err), &err);
+    for (size_t i = 0; i < ids.n; i++)
+        turns += ids.v[i] == 5;
+    CHECK(turns == 5); /* system, user, model, user, the generation prompt */
+    ids.n = 0;
+    CHECK_OK(dg_tokenizer_encode(t, out.s, out.n, 0, &ids, &err), &err);
+    turns = 0;
+    for (size_t i = 0; i < ids.n; i++)
+        turns += ids.v[i] == 5;
+    CHECK(turns == 7); /* and the two typed into the messages */
+    dg_chat_spans_free(&sp);
+    dg_tokenizer_free(t);
+
+    if (gemma) { /* Gemma 3: the system text is folded in untrimmed */
+        struct dg_chat_message g[] = {{"system", &p0, 1}, {"user", p1, 2}};
+        out.n = 0;
+        CHECK_OK(dg_chat_render_spans(gemma, g, 2, 1, 0, &out, &sp, &err), &err);
+        CHECK(span_text(&out, &sp, &txt) == 0 && sp.n == 2);
+        CHECK(!strcmp(txt.s, "be brief " "hi<turn|>\n<|turn>model" "ok?"));
+        dg_chat_spans_free(&sp);
+    }
+    dg_buf_free(&out);
+    dg_buf_free(&plain);
+    dg_buf_free(&txt);
+    dg_ids_free(&ids);
+    return 0;
+}
+
+/* The tokenizer.json at path with no added tokens, loaded: the reference
+ * for literal spans, which must encode a token's spelling as this one
+ * does. */
+static int load_without_added(const char *path, struct dg_tokenizer **out)
+{
+    struct dg_error err = {0};
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    const char *stripped = test_path("no-added.json");
+
+    CHECKF(root, "%s: %s", path, je.text);
+    CHECK(json_object_set_new(root, "added_tokens", json_array()) == 0);
+    CHECK(json_dump_file(root, stripped, 0) == 0);
+    json_decref(root);
+    CHECK_OK(dg_tokenizer_load(stripped, NULL, out, &err), &err);
+    return 0;
+}
+
+static uint64_t lit_rng;
+
+static int ids_push(struct dg_ids *a, int32_t id)
+{
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 64;
+        int32_t *v = realloc(a->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = id;
+    return 0;
+}
+
+/* Random texts of three kinds of parts: a control token's spelling outside
+ * the spans (its id), plain text with no token's spelling, and literal text
+ * full of them (a span).  The reference: each control token's id, and the
+ * text between two of them encoded by the tokenizer without added tokens. */
+static int literal_random(struct dg_tokenizer *t, struct dg_tokenizer *bare,
+                          const char *const *controls, size_t n_controls, const char *who)
+{
+    /* (no whitespace: Gemma 3's newlines and runs of spaces are added tokens) */
+    static const char *const plain[] = {"hello", "w\xc3\xb6rld", "<start_of", "x", "turn"};
+    static const char *const literal[] = {"<start_of_turn>", "<end_of_turn>", "<b>", "<mask>",
+                                          "<bos>", "<|turn>", "<turn|>", "<|channel>", "user",
+                                          " ", "\n", "h\xc3\xa9", "<", "_turn>", "of"};
+    struct dg_error err = {0};
+    struct dg_buf text = {0}, piece = {0};
+    struct dg_ids got = {0}, want = {0};
+    struct dg_text_span spans[16];
+
+    for (int iter = 0; iter < 300; iter++) {
+        size_t n_spans = 0, parts = 1 + test_xorshift(&lit_rng) % 14;
+        text.n = piece.n = got.n = want.n = 0;
+        for (size_t p = 0; p < parts; p++) {
+            unsigned kind = (unsigned)(test_xorshift(&lit_rng) % 3);
+            const char *s;
+            if (kind == 0) {
+                int32_t id;
+                s = controls[test_xorshift(&lit_rng) % n_controls];
+                id = dg_tokenizer_token_id(t, s, strlen(s));
+                CHECKF(id >= 0, "%s: no token %s", who, s);
+                CHECK_OK(dg_tokenizer_encode(bare, piece.s ? piece.s : "", piece.n, 0, &want,
+                                             &err), &err);
+                CHECK(ids_push(&want, id) == 0);
+                piece.n = 0;
+                CHECK(dg_buf_append(&text, s, strlen(s)) == 0);
+                continue;
+            }
+            if (kind == 1) {
+                s = plain[test_xorshift(&lit_rng) % (sizeof plain / sizeof plain[0])];
+            } else {
+                size_t k = 1 + test_xorshift(&lit_rng) % 4;
+                CHECK(n_spans < sizeof spans / sizeof spans[0]);
+                spans[n_spans].start = text.n;
+                spans[n_spans].len = 0;
+                while (k--) {
+                    s = literal[test_xorshift(&lit_rng) % (sizeof literal / sizeof literal[0])];
+                    CHECK(dg_buf_append(&text, s, strlen(s)) == 0 &&
+                          dg_buf_append(&piece, s, strlen(s)) == 0);
+                    spans[n_spans].len += strlen(s);
+                }
+                n_spans++;
+                continue;
+            }
+            CHECK(dg_buf_append(&text, s, strlen(s)) == 0 &&
+                  dg_buf_append(&piece, s, strlen(s)) == 0);
+        }
+        CHECK_OK(dg_tokenizer_encode(bare, piece.s ? piece.s : "", piece.n, 0, &want, &err),
+                 &err);
+        CHECK_OK(dg_tokenizer_encode_literal(t, text.s ? text.s : "", text.n, 0, spans, n_spans,
+                                             &got, &err), &err);
+        CHECKF(got.n == want.n && !memcmp(got.v, want.v, got.n * sizeof *got.v),
+               "%s, iteration %d: %zu ids, the reference %zu, for \"%.*s\"", who, iter, got.n,
+               want.n, (int)text.n, text.s);
+    }
+    dg_buf_free(&text);
+    dg_buf_free(&piece);
+    dg_ids_free(&got);
+    dg_ids_free(&want);
+    return 0;
+}
+
+/* dg_tokenizer_encode_literal: random texts against the reference above on
+ * the Gemma 3 tokenizer and the synthetic Gemma 4 one; spans with no
+ * token's spelling change nothing; bad spans are refused. */
+static int case_literal_spans(void)
+{
+    static const char *const g3[] = {"<start_of_turn>", "<end_of_turn>", "<bos>", "<b>",
+                                     "<mask>"};
+    static const char *const g4[] = {"<|turn>", "<turn|>", "<bos>", "<mask>", "<|channel>"};
+    struct dg_error err = {0};
+    struct dg_tokenizer *synth, *bare;
+    struct dg_ids a = {0}, b = {0};
+    char path[1024];
+    const char *s = "one <|turn> two <mask>";
+    struct dg_text_span none[] = {{0, 3}, {4, 0}, {12, 3}}, bad[] = {{4, 2}, {2, 1}},
+                        past[] = {{20, 3}};
+
+    CHECK_OK(dg_tokenizer_synth_write(test_tmpdir(), 512, &err), &err);
+    snprintf(path, sizeof path, "%s/tokenizer.json", test_tmpdir());
+    CHECK_OK(dg_tokenizer_load(path, NULL, &synth, &err), &err);
+    CHECK(load_without_added(path, &bare) == 0);
+    CHECK(literal_random(synth, bare, g4, 5, "synthetic Gemma 4") == 0);
+    dg_tokenizer_free(bare);
+
+    CHECK_OK(dg_tokenizer_encode(synth, s, strlen(s), DG_TOK_ADD_SPECIAL, &a, &err), &err);
+    CHECK_OK(dg_tokenizer_encode_literal(synth, s, strlen(s), DG_TOK_ADD_SPECIAL, none, 3, &b,
+                                         &err), &err);
+    CHECK(a.n == b.n && !memcmp(a.v, b.v, a.n * sizeof *a.v));
+    b.n = 0;
+    CHECK_FAILS(dg_tokenizer_encode_literal(synth, s, strlen(s), 0, bad, 2, &b, &err), &err,
+                DG_E_INVAL, "out of order");
+    CHECK_FAILS(dg_tokenizer_encode_literal(synth, s, strlen(s), 0, past, 1, &b, &err), &err,
+                DG_E_INVAL, "past the text");
+    CHECK(b.n == 0);
+    dg_tokenizer_free(synth);
+    dg_ids_free(&a);
+    dg_ids_free(&b);
+
+    if (!gemma)
+        return no_shared_ok() ? test_skip("no Gemma tokenizer") : test_fail(__FILE__, __LINE__,
+                                                                            "no Gemma tokenizer");
+    CHECK(load_without_added(shared_path("oracle/tokenizer/tokenizer.json"), &bare) == 0);
+    CHECK(literal_random(gemma, bare, g3, 5, "Gemma 3") == 0);
+    dg_tokenizer_free(bare);
+    return 0;
+}
+
 int main(void)
 {
     struct dg_error err = {0};
     const char *path = shared_path("oracle/tokenizer/tokenizer.json");
     char cfg[1024];
+    const char *seed = getenv("DG_TEST_SEED");
 
+    lit_rng = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    printf("# seed %llu (DG_TEST_SEED repeats a run)\n", (unsigned long long)lit_rng);
+    lit_rng |= 1;
     snprintf(cfg, sizeof cfg, "%s", shared_path("oracle/tokenizer/tokenizer_config.json"));
     if (dg_file_exists(path) && dg_tokenizer_load(shared_path("oracle/tokenizer/tokenizer.json"),
                                                   cfg, &gemma, &err) != 0) {
@@ -533,6 +755,8 @@ int main(void)
     TEST_CASE(case_refusals);
     TEST_CASE(case_gemma4_chat_format);
     TEST_CASE(case_gemma3_rules_and_specials_as_text);
+    TEST_CASE(case_literal_spans);
+    TEST_CASE(case_chat_content_spans);
     dg_tokenizer_free(gemma);
     return test_finish();
 }

@@ -152,7 +152,7 @@ static int make_prompt(const char *text, const char *messages, const char *ids_p
             eval_errorf("%s", err.msg);
             return 1;
         }
-        rc = dg_chat_render_json(tok, doc, 1, thinking, &rendered, &err);
+        rc = dg_chat_render_json(tok, doc, 1, thinking, &rendered, NULL, &err);
         if (rc == 0)
             rc = dg_tokenizer_encode(tok, rendered.s, rendered.n, 0, &out, &err);
         json_decref(doc);

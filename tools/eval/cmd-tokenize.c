@@ -73,7 +73,7 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
             return -1;
         }
         if (dg_chat_render_json(t, messages, json_is_true(gen), json_is_true(think), &prompt,
-                                &err)) {
+                                NULL, &err)) {
             snprintf(why, why_len, "%s", err.msg);
             return -1;
         }
