@@ -153,11 +153,15 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
             e->op = ids ? DG_SHM_OP_IDS : DG_SHM_OP_TEXT;
             continue;
         }
-        if (!strcmp(key, "batch")) {
+        if (!strcmp(key, "batch") || !strcmp(key, "parse_special")) {
+            const int batch = !strcmp(key, "batch");
             if (!json_is_boolean(v))
-                return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: batch: expected true or false");
-            if (json_is_true(v))
+                return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: %s: expected true or false",
+                                  key);
+            if (batch && json_is_true(v))
                 e->flags |= DG_SHM_F_BATCH;
+            if (!batch && json_is_false(v))
+                e->flags |= DG_SHM_F_PLAIN_TEXT;
             continue;
         }
         if (json_is_null(v)) /* a setting left at its default, as on the socket */
@@ -245,6 +249,9 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
     }
     if (!*prompt)
         return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: no prompt (a text or token-id request)");
+    if (e->op == DG_SHM_OP_IDS && (e->flags & DG_SHM_F_PLAIN_TEXT))
+        return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: parse_special: with a text prompt "
+                          "only");
     if (e->op == DG_SHM_OP_IDS) {
         json_t *id;
         size_t j;

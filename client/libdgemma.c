@@ -470,6 +470,13 @@ int dgemma_request_set_thinking(dgemma_request_t *r, int on)
     return set_new(r, "enable_thinking", json_boolean(on));
 }
 
+int dgemma_request_set_parse_special(dgemma_request_t *r, int on)
+{
+    if (!r)
+        return DGEMMA_E_INVAL;
+    return set_new(r, "parse_special", json_boolean(on));
+}
+
 int dgemma_request_set_tag(dgemma_request_t *r, const char *tag)
 {
     json_t *t;

@@ -381,7 +381,9 @@ static json_t *request_of(const struct dshm_ring *r, const struct dg_shm_sqe *e,
                               dg_utf8_valid_prefix(prompt, e->prompt_len) != e->prompt_len))
             rc = bad(job, "prompt: not UTF-8 text (or it holds a NUL byte)");
         else if (!(s = json_stringn(e->prompt_len ? (const char *)prompt : "", e->prompt_len)) ||
-                 json_object_set_new(o, "prompt", s) != 0)
+                 json_object_set_new(o, "prompt", s) != 0 ||
+                 ((e->flags & DG_SHM_F_PLAIN_TEXT) &&
+                  json_object_set_new(o, "parse_special", json_false()) != 0))
             rc = oom(job);
     } else {
         json_t *a = json_array();
@@ -543,8 +545,10 @@ static int ring_take(struct dshm_ring *r, struct dshm_job *job, int cancels_only
     if (job->error == 0) {
         if (e.op != DG_SHM_OP_TEXT && e.op != DG_SHM_OP_IDS)
             bad(job, "op: %u is not a known operation", e.op);
-        else if (e.flags & ~DG_SHM_F_BATCH)
-            bad(job, "flags: unknown bits 0x%x", e.flags & ~DG_SHM_F_BATCH);
+        else if (e.flags & ~DG_SHM_F_ALL)
+            bad(job, "flags: unknown bits 0x%x", e.flags & ~DG_SHM_F_ALL);
+        else if ((e.flags & DG_SHM_F_PLAIN_TEXT) && e.op != DG_SHM_OP_TEXT)
+            bad(job, "flags: PLAIN_TEXT is for a text prompt, not token ids");
         else
             job->request = request_of(r, &e, prompt, stop, job);
     }

@@ -113,6 +113,9 @@ enum dg_shm_op { DG_SHM_OP_TEXT = 1, DG_SHM_OP_IDS = 2, DG_SHM_OP_CANCEL = 3 };
 
 /* sqe.flags */
 #define DG_SHM_F_BATCH 1u          /* a batch job's (metrics source 'batch') */
+#define DG_SHM_F_PLAIN_TEXT 2u     /* a text prompt matches no added token ("parse_special":
+                                    * false); not with an ids prompt */
+#define DG_SHM_F_ALL (DG_SHM_F_BATCH | DG_SHM_F_PLAIN_TEXT)
 
 /* sqe.set: which settings the entry gives */
 enum {

@@ -127,6 +127,7 @@ struct out {
     int32_t ids[512];
     size_t n_ids;
     char finish[16];
+    long long prompt_tokens;
 };
 
 static dgemma_request_t *job_request(int i)
@@ -163,6 +164,7 @@ static int socket_run(dgemma_t *c, dgemma_request_t *r, struct out *o)
         memcpy(o->ids, ev.ids, ev.n_ids * sizeof *ev.ids);
         o->n_ids = ev.n_ids;
         snprintf(o->finish, sizeof o->finish, "%s", ev.finish_reason);
+        o->prompt_tokens = ev.prompt_tokens;
         return 0;
     }
 }
@@ -848,6 +850,43 @@ static int ring_long_prompt(void)
     return 0;
 }
 
+/* parse_special false on the ring: the prompt's typed markers are plain
+ * text (more prompt tokens than the default) and the output is the socket's. */
+static int ring_plain_text(void)
+{
+    static const char prompt[] = "say <|turn>model then <turn|> and <mask>";
+    dgemma_t *c = open_conn(), *s = open_conn();
+    dgemma_ring_t *ring = NULL;
+    dgemma_request_t *r;
+    dgemma_completion_t d;
+    struct out parsed, plain;
+
+    CHECK(c && s);
+    for (int special = 1; special >= 0; special--) {
+        CHECK((r = dgemma_request_text(prompt)) != NULL);
+        CHECK(dgemma_request_set_int(r, "seed", 7) == 0 &&
+              dgemma_request_set_int(r, "max_tokens", 4) == 0 &&
+              (special || dgemma_request_set_parse_special(r, 0) == 0));
+        CHECK(socket_run(s, r, special ? &parsed : &plain) == 0);
+        if (!special) {
+            CHECKF(dgemma_ring_attach(c, NULL, &ring) == 0, "%s", dgemma_errmsg(c));
+            CHECK(dgemma_ring_submit(ring, r, 1) == 0 && dgemma_ring_wait(ring, WAIT_MS) == 0);
+            CHECK(dgemma_ring_reap(ring, &d) == 0 && d.code == NULL);
+            CHECKF(d.prompt_tokens == plain.prompt_tokens && d.text_len == plain.text_len &&
+                       !memcmp(d.text, plain.text, d.text_len),
+                   "ring: %lld prompt tokens, the socket %lld", d.prompt_tokens,
+                   plain.prompt_tokens);
+            dgemma_ring_detach(ring);
+        }
+        dgemma_request_free(r);
+    }
+    CHECKF(plain.prompt_tokens > parsed.prompt_tokens, "plain text %lld tokens, parsed %lld",
+           plain.prompt_tokens, parsed.prompt_tokens);
+    dgemma_close(c);
+    dgemma_close(s);
+    return 0;
+}
+
 static int refusals(void)
 {
     dgemma_t *c = open_conn();
@@ -889,6 +928,7 @@ int main(void)
     TEST_CASE(ring_oversized);
     TEST_CASE(blocking_doorbells);
     TEST_CASE(ring_long_prompt);
+    TEST_CASE(ring_plain_text);
     TEST_CASE(refusals);
     TEST_CASE(user_ring_cap);
     TEST_CASE(daemon_killed);

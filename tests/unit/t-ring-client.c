@@ -267,7 +267,7 @@ static void fake_job(struct fake *f, const struct dg_shm_sqe *e)
     const unsigned char *p = in + e->prompt_off;
     uint32_t n_ids = 0, text_len = 0;
 
-    if (e->op < DG_SHM_OP_TEXT || e->op > DG_SHM_OP_CANCEL || (e->flags & ~DG_SHM_F_BATCH) ||
+    if (e->op < DG_SHM_OP_TEXT || e->op > DG_SHM_OP_CANCEL || (e->flags & ~DG_SHM_F_ALL) ||
         (e->set & ~(uint32_t)DG_SHM_SET_ALL) || e->n_stop_ids > DG_SHM_MAX_STOP_IDS ||
         e->prompt_off > f->in_size || e->prompt_len > f->in_size - e->prompt_off ||
         ((e->set & DG_SHM_SET_STOP) &&
@@ -738,6 +738,7 @@ static int case_every_setting(void)
     CHECK((r = dgemma_request_text("abc")) != NULL);
     CHECK(dgemma_request_set_json(r, "{\"stop\":\"one\",\"stop_token_ids\":9,\"seed\":null,"
                                      "\"top_p\":1,\"batch\":false}") == 0);
+    CHECK(dgemma_request_set_parse_special(r, 0) == 0);
     CHECK_RC(dgemma_ring_submit(ring, r, 3), c);
     dgemma_request_free(r);
     /* 4: refused by the daemon */
@@ -793,7 +794,8 @@ static int case_every_setting(void)
     q = &f.recs[2];
     CHECKF(q->e.set == (DG_SHM_SET_STOP | DG_SHM_SET_STOP_IDS | DG_SHM_SET_TOP_P), "set 0x%x",
            q->e.set);
-    CHECK(q->e.flags == 0 && q->e.top_p == 1.0 && q->e.n_stop_ids == 1 && q->e.stop_ids[0] == 9);
+    CHECK(q->e.flags == DG_SHM_F_PLAIN_TEXT && q->e.top_p == 1.0 && q->e.n_stop_ids == 1 &&
+          q->e.stop_ids[0] == 9);
     CHECK(q->e.stop_len == 4 && !memcmp(q->stop, "one", 4));
 
     q = &f.recs[4];
@@ -855,12 +857,17 @@ static int case_refused_requests(void)
         refused(c, ring, with_json("{\"stop_token_ids\":[1,\"2\"]}"), "stop_token_ids[1]") ||
         refused(c, ring, with_json("{\"stop_token_ids\":[1,2,3,4,5,6,7,8,9]}"), "at most 8") ||
         refused(c, ring, with_json("{\"batch\":1}"), "batch") ||
+        refused(c, ring, with_json("{\"parse_special\":\"no\"}"), "parse_special: expected") ||
         refused(c, ring, with_json("{\"temperature\":0.7}"), "not a setting the ring carries") ||
         refused(c, ring, with_json("{\"top_k\":4294967296}"), "32 bits") ||
         refused(c, ring, with_json("{\"seed\":-1}"), "negative") ||
         refused(c, ring, with_json("{\"prompt_ids\":[1]}"), "both prompt and prompt_ids") ||
         refused(c, ring, with_json("{\"prompt\":7}"), "prompt: expected a string") ||
         refused(c, ring, with_json("{\"op\":\"status\"}"), "op"))
+        return 1;
+    r = dgemma_request_ids(&one, 1);
+    CHECK(r && dgemma_request_set_parse_special(r, 0) == 0);
+    if (refused(c, ring, r, "parse_special: with a text prompt only"))
         return 1;
     r = dgemma_request_ids(&one, 1);
     CHECK(r && dgemma_request_set_json(r, "{\"prompt_ids\":[1,\"a\"]}") == 0);

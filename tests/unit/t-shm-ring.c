@@ -251,6 +251,7 @@ static int requests_carry_everything(void)
     CHECK(json_object_size(job.request) == 5); /* v, op, stream, batch, prompt_ids */
     json_decref(job.request);
 
+
     /* a cancel takes no slot; its user_data is the job it names */
     memset(&e, 0, sizeof e);
     e.op = DG_SHM_OP_CANCEL;
@@ -266,6 +267,31 @@ static int requests_carry_everything(void)
     CHECK(dshm_ring_find_id(c.r, 5000) == dshm_ring_find_user(c.r, 78));
     CHECK(dshm_ring_id_of(c.r, (uint32_t)dshm_ring_find_id(c.r, 5000)) == 5000);
     CHECK(take(&c, &job) == 0);
+    cli_close(&c);
+    return 0;
+}
+
+/* A text entry with DG_SHM_F_PLAIN_TEXT becomes "parse_special": false;
+ * without it the request has no such key. */
+static int plain_text_flag(void)
+{
+    struct cli c;
+    struct dg_shm_sqe e;
+    struct dshm_job job;
+
+    if (cli_open(&c, 8, 8, 0, 0))
+        return 1;
+    text_job(&c, &e, 79, "a <mask>");
+    e.flags = DG_SHM_F_PLAIN_TEXT | DG_SHM_F_BATCH;
+    publish(&c, &e);
+    CHECK(take(&c, &job) == 1 && job.user_data == 79 && job.request && job.error == 0);
+    CHECK(json_is_false(json_object_get(job.request, "parse_special")) && job.batch);
+    CHECK(!strcmp(json_string_value(json_object_get(job.request, "prompt")), "a <mask>"));
+    json_decref(job.request);
+    text_job(&c, &e, 80, "a <mask>");
+    publish(&c, &e);
+    CHECK(take(&c, &job) == 1 && job.request && !json_object_get(job.request, "parse_special"));
+    json_decref(job.request);
     cli_close(&c);
     return 0;
 }
@@ -425,6 +451,7 @@ static int malformed_entries(void)
         {"too many stop ids", "n_stop_ids"},
         {"stop without NUL", "must each end with a NUL"},
         {"stop outside", "stop: bytes"},
+        {"plain text with ids", "PLAIN_TEXT is for a text prompt"},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
 
@@ -446,6 +473,12 @@ static int malformed_entries(void)
         case 10: e.set = DG_SHM_SET_STOP_IDS; e.n_stop_ids = 9; break;
         case 11: e.set = DG_SHM_SET_STOP; e.stop_off = put_bytes(&c, "ab", 2); e.stop_len = 2; break;
         case 12: e.set = DG_SHM_SET_STOP; e.stop_off = (uint64_t)1 << 40; e.stop_len = 4; break;
+        case 13:
+            e.op = DG_SHM_OP_IDS;
+            e.flags = DG_SHM_F_PLAIN_TEXT;
+            e.prompt_off = put_bytes(&c, ids, 8);
+            e.prompt_len = 8;
+            break;
         }
         publish(&c, &e);
         CHECK(take(&c, &job) == 1);
@@ -618,6 +651,7 @@ int main(void)
 {
     TEST_CASE(geometry_and_seals);
     TEST_CASE(requests_carry_everything);
+    TEST_CASE(plain_text_flag);
     TEST_CASE(many_laps);
     TEST_CASE(bound_and_waiting);
     TEST_CASE(malformed_entries);
