@@ -109,8 +109,11 @@ void ring_refuse(struct dserver *srv, struct conn *c, const struct dshm_job *job
 {
     record_refusal(srv, c, NULL, job->batch ? DG_SOURCE_BATCH : DG_SOURCE_SHM, prompt_tokens,
                    shm_code_name(status), msg);
-    dlog(DG_LOG_DEBUG, "conn %u: ring job %llu refused: %s: %s", slot_of(srv, c),
-         (unsigned long long)job->user_data, shm_code_name(status), msg);
+    {
+        char what[48];
+        snprintf(what, sizeof what, "ring job %llu ", (unsigned long long)job->user_data);
+        log_refusal(srv, c, what, shm_code_name(status), msg);
+    }
     ring_fail(srv, c, job->slot, status, msg);
 }
 

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 #include <sys/un.h>
 
+#include "daemon/log-limit.h"
 #include "daemon/prep.h"
 #include "daemon/server.h"
 #include "daemon/shm-ring.h"
@@ -126,6 +127,7 @@ struct dserver {
         double until;
     } linger[LINGER_MAX];
     int n_linger;
+    struct dlog_limit refusals; /* refusals logged at info: REFUSAL_LOG_BURST a window */
     uint64_t event_buf;
     struct signalfd_siginfo sig_buf;
     struct __kernel_timespec tick_ts;
@@ -169,7 +171,13 @@ void maybe_finish(struct dserver *srv, struct conn *c);
 void conn_write_fds(struct dserver *srv, struct conn *c, const char *p, size_t n,
                     const int *fds, int nfds);
 
-/* An error event line to the client (id 0: a request without one). */
+/* Log a request refused (code, msg) on c's behalf; what ("" or "ring job N ")
+ * names it.  At info level while srv->refusals allows, at debug beyond. */
+void log_refusal(struct dserver *srv, const struct conn *c, const char *what, const char *code,
+                 const char *msg);
+
+/* An error event line to the client (id 0: a request without one), logged
+ * as a refusal. */
 void send_error(struct dserver *srv, struct conn *c, uint64_t id, const char *tag,
                 const char *code, const char *msg);
 

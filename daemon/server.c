@@ -30,6 +30,8 @@
 #define OUT_MIN 4096            /* smallest: a block is sized to the backlog, not always OUT_BLOCK */
 #define OUT_TAKE 256            /* outbox lines moved per eventfd wake-up */
 #define PREP_TEXT_BYTES 4096    /* a prompt with this much text is tokenized off this thread */
+#define REFUSAL_LOG_BURST 10    /* refusals logged at info level in a window; the rest at debug */
+#define REFUSAL_LOG_WINDOW_S 10.0
 
 static double now_s(void)
 {
@@ -375,12 +377,24 @@ static void write_line(struct dserver *srv, struct conn *c, char *line, size_t l
     free(line);
 }
 
+void log_refusal(struct dserver *srv, const struct conn *c, const char *what, const char *code,
+                 const char *msg)
+{
+    unsigned long long held;
+    const int info = dlog_limit_take(&srv->refusals, now_s(), &held);
+    if (held)
+        dlog(DG_LOG_INFO, "%llu more refusals in the %.0f s before were logged at debug level "
+             "only", held, REFUSAL_LOG_WINDOW_S);
+    dlog(info ? DG_LOG_INFO : DG_LOG_DEBUG, "conn %u uid=%d: %srefused: %s: %s", slot_of(srv, c),
+         (int)c->uid, what, code, msg);
+}
+
 void send_error(struct dserver *srv, struct conn *c, uint64_t id, const char *tag,
                        const char *code, const char *msg)
 {
     size_t len = 0;
     char *line = dproto_error_line(id, tag, code, msg, &len);
-    dlog(DG_LOG_DEBUG, "conn %u: error %s: %s", slot_of(srv, c), code, msg);
+    log_refusal(srv, c, "", code, msg);
     if (!line) {
         oom_gone(srv, c, "out of memory for an error reply");
         return;
@@ -1295,6 +1309,8 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
     srv->event_fd = event_fd;
     srv->listen_fd = srv->signal_fd = -1;
     srv->started = now_s();
+    srv->refusals.burst = REFUSAL_LOG_BURST;
+    srv->refusals.window = REFUSAL_LOG_WINDOW_S;
     srv->tick_ts.tv_sec = (long long)o->tick;
     srv->tick_ts.tv_nsec = (long long)((o->tick - (double)(long long)o->tick) * 1e9);
     snprintf(srv->socket_path, sizeof srv->socket_path, "%s", o->socket_path);

@@ -370,6 +370,46 @@ static int expect_error(struct fixture_cl *c, const char *line, const char *code
     return 0;
 }
 
+/* Lines of the log at path from byte `from` on holding both needles. */
+static int log_count(const char *path, long from, const char *a, const char *b)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    int n = 0;
+    if (!f)
+        return -1;
+    if (fseek(f, from, SEEK_SET) == 0)
+        while (fgets(line, sizeof line, f))
+            n += strstr(line, a) && strstr(line, b);
+    fclose(f);
+    return n;
+}
+
+static long log_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : 0;
+}
+
+/* Refusals are logged at info level, 10 in 10 s at most: a client that
+ * sends 60 bad lines at once gets between 1 and 20 lines (two windows),
+ * the daemon having refused nothing before. */
+static int refusals_logged(void)
+{
+    struct fixture_cl *c = cl_open();
+    const long from = log_size(log_path);
+    int n;
+
+    CHECK(c);
+    for (int i = 0; i < 60; i++)
+        CHECK(expect_error(c, "{\"v\":1,\"op\":\"fly\"}\n", "unknown_op", "fly") == 0);
+    cl_close(c);
+    n = log_count(log_path, from, " I conn ", "refused: unknown_op: ");
+    CHECKF(n >= 1 && n <= 20, "%d refusals logged at info level", n);
+    CHECK(log_count(log_path, from, " I conn ", " uid=") >= 1);
+    return 0;
+}
+
 static int bad_input(void)
 {
     struct fixture_cl *c = cl_open();
@@ -811,6 +851,7 @@ int main(void)
 {
     TEST_CASE(start);
     if (daemon_pid > 0) {
+        TEST_CASE(refusals_logged); /* first: no refusal before it in its window */
         TEST_CASE(sighup_reopens_log);
         TEST_CASE(streamed_generate);
         TEST_CASE(concurrent_batching);

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "daemon/dlog.h"
+#include "daemon/log-limit.h"
 #include "tests/harness.h"
 
 static const char *const months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
@@ -98,10 +99,60 @@ static int case_signal_safe_line(void)
     return 0;
 }
 
+/* dlog_limit_take by its contract: burst 3 a window of 10 s, by hand; then
+ * random call times, where no window logs more than its burst and every
+ * line held back is handed over once, by the window after its own. */
+static int case_log_limit(void)
+{
+    static const struct {
+        double t;
+        int allowed;
+        unsigned long long held_before;
+    } steps[] = {
+        {0, 1, 0},    {1, 1, 0},  {2, 1, 0},   {3, 0, 0},  {9.99, 0, 0},
+        {10, 1, 2},   {10.5, 1, 0}, {19.9, 1, 0}, {19.95, 0, 0},
+        {45, 1, 1},   {46, 1, 0},  {56, 1, 0},
+    };
+    struct dlog_limit l = {.burst = 3, .window = 10};
+    unsigned long long held, total_held = 0, handed = 0;
+    double t = 0, start = 0;
+    unsigned in_window = 0;
+
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        int ok = dlog_limit_take(&l, steps[i].t, &held);
+        CHECKF(ok == steps[i].allowed && held == steps[i].held_before,
+               "at %.2f s: allowed %d, %llu held before (want %d, %llu)", steps[i].t, ok, held,
+               steps[i].allowed, steps[i].held_before);
+    }
+    memset(&l, 0, sizeof l);
+    l.burst = 1 + (unsigned)(next() % 20);
+    l.window = 0.5 + (double)(next() % 100) / 10;
+    for (int i = 0; i < 100000; i++) {
+        int ok;
+        t += (double)(next() % 1000) / 1000.0 * (next() % 4 ? 0.01 : 3.0);
+        ok = dlog_limit_take(&l, t, &held);
+        handed += held;
+        if (i == 0 || t - start >= l.window) {
+            start = t;
+            in_window = 0;
+        } else {
+            CHECKF(held == 0, "%llu handed over inside a window", held);
+        }
+        in_window += (unsigned)ok;
+        CHECKF(in_window <= l.burst, "%u lines in a window of burst %u", in_window, l.burst);
+        CHECKF(ok || in_window == l.burst, "refused with %u of %u used", in_window, l.burst);
+        total_held += (unsigned long long)!ok;
+    }
+    CHECKF(handed + l.held == total_held, "%llu handed over + %llu held != %llu", handed, l.held,
+           total_held);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(case_prefix_matches_libc);
     TEST_CASE(case_prefix_cut_to_fit);
     TEST_CASE(case_signal_safe_line);
+    TEST_CASE(case_log_limit);
     return test_finish();
 }
