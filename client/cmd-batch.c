@@ -6,7 +6,11 @@
  * where it stopped (a torn last line is cut off first).  Requests that did
  * not finish (cancelled or refused by a shutting-down daemon, lost with the
  * connection, refused as busy) get no result line, so the next run retries
- * them.  --json is refused (a usage error): the output is JSON lines always.
+ * them.  A request cancelled on purpose (dgemma-client cancel) is a result,
+ * an error "cancelled": a done event does not say why it was cancelled,
+ * so a status asked after it does (shutting_down false: a cancel; true,
+ * or no answer: the daemon stopping).  --json is refused (a usage error):
+ * the output is JSON lines always.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,9 +38,12 @@ static const char usage[] =
     "in flight at once.  On a terminal, progress goes to standard error.\n"
     "Exit status: 0 every line has a result and none failed, 1 some failed (or\n"
     "the input could not be read), 2 usage (or another batch writes the output),\n"
-    "3 the daemon is unreachable or went away (run it again to resume).\n";
+    "3 the daemon is unreachable, went away or stopped (run it again to resume).\n";
 
-enum item_state { IT_TODO = 0, IT_RUNNING, IT_DONE };
+/* IT_CANCELLED: its done said "cancelled"; whether by a cancel (a result)
+ * or by the daemon stopping (none: the next run retries it) is for the
+ * answer to the status asked after it (settle_cancelled). */
+enum item_state { IT_TODO = 0, IT_RUNNING, IT_CANCELLED, IT_DONE };
 
 struct item {
     int line;               /* 1-based input line */
@@ -46,6 +53,8 @@ struct item {
     uint64_t id;            /* the daemon's request id, once accepted */
     uint64_t seed;
     double retry_at;        /* busy: not before (monotonic seconds) */
+    char *done_json;        /* IT_CANCELLED: its done event's line */
+    unsigned long query;    /* IT_CANCELLED: the status query that settles it (its number) */
 };
 
 struct batch {
@@ -57,14 +66,21 @@ struct batch {
     size_t unfinished;      /* cancelled by the daemon: retried by the next run */
     int failed_before;      /* error results in the output for lines of this input */
     int stopping;           /* the daemon is shutting down: submit nothing more */
+    /* status queries asked after cancelled dones: sent and answered so far
+     * (one at a time), and whether a cancelled item waits for the next */
+    unsigned long queries_sent, queries_answered;
+    int want_query;
     int progress;           /* stderr is a terminal */
     /* submitted items not yet answered (accepted or refused), oldest first:
      * the daemon answers a connection's request lines in order, so an
      * error without a tag (a line it could not read, too long) is the
-     * oldest's.  A ring of `parallel` indexes. */
+     * oldest's.  A ring of `parallel` + 1 indexes: the items, and
+     * QUERY_MARK for the status query in flight. */
     size_t *unanswered;
     size_t ua_head, ua_n, ua_cap;
 };
+
+#define QUERY_MARK SIZE_MAX /* (in b->unanswered: the status query) */
 
 static double now_s(void)
 {
@@ -257,12 +273,14 @@ static struct item *item_of(struct batch *b, const char *tag)
     return *end || i >= b->n_items ? NULL : &b->items[i];
 }
 
-/* A finished item's result line, from the done event. */
-static int finish(struct batch *b, struct item *it, const dgemma_event_t *ev)
+/* A finished item's result line, from its done event's line done_json;
+ * with cancel_error, also an "error" of code "cancelled" (a request
+ * cancelled on purpose is a failed one: the next run skips it). */
+static int finish(struct batch *b, struct item *it, const char *done_json, int cancel_error)
 {
     json_error_t je;
     /* (the text can hold a NUL, sent as \u0000) */
-    json_t *done = json_loads(ev->json, JSON_ALLOW_NUL, &je), *res;
+    json_t *done = json_loads(done_json, JSON_ALLOW_NUL, &je), *res;
     static const char *const keep[] = {"finish_reason", "text", "ids", "usage", "canvases",
                                        "steps_per_canvas", "decoder_steps", "tokens_per_step",
                                        "tokens_per_s", "ms_total", "stop_id", "stop", "error"};
@@ -281,8 +299,13 @@ static int finish(struct batch *b, struct item *it, const dgemma_event_t *ev)
         if (k == 0 && v)
             json_object_set_new(res, "seed", json_integer((json_int_t)it->seed));
     }
+    if (cancel_error && !json_object_get(res, "error"))
+        json_object_set_new(res, "error",
+                            json_pack("{s:s,s:s}", "code", "cancelled", "message",
+                                      "cancelled by a cancel request (dgemma-client cancel), "
+                                      "not by the daemon stopping"));
     rc = write_result(b, res);
-    if (json_object_get(done, "error"))
+    if (json_object_get(res, "error"))
         b->failed++;
     json_decref(res);
     json_decref(done);
@@ -342,9 +365,60 @@ static struct item *item_of_event(struct batch *b, const dgemma_event_t *ev)
         return item_of(b, ev->tag);
     if (ev->kind == DGEMMA_EV_ERROR && ev->id == 0 && b->ua_n > 0 && ev->code &&
         strcmp(ev->code, "busy") && strcmp(ev->code, "forbidden") &&
-        strcmp(ev->code, "shutting_down"))
+        strcmp(ev->code, "shutting_down") && b->unanswered[b->ua_head] != QUERY_MARK)
         return &b->items[b->unanswered[b->ua_head]];
     return NULL;
+}
+
+/* The cancelled items the status query just answered covers (asked after
+ * their dones): by a cancel, with shutting_down false, each gets its
+ * result (an error "cancelled"); by the daemon stopping (shutting_down
+ * true, or an answer that does not say: an error), none, and the next
+ * run retries them.  Returns 0, or -1 when a result cannot be written. */
+static int settle_cancelled(struct batch *b, const dgemma_event_t *ev)
+{
+    json_t *st = ev->kind == DGEMMA_EV_STATUS ? json_loads(ev->json, 0, NULL) : NULL;
+    const int by_cancel = json_is_false(json_object_get(st, "shutting_down"));
+    int rc = 0;
+
+    json_decref(st);
+    b->queries_answered++;
+    unanswered_drop(b, QUERY_MARK);
+    if (!by_cancel)
+        b->stopping = 1; /* (it stops: what is not sent yet is the next run's) */
+    for (size_t i = 0; i < b->n_items; i++) {
+        struct item *it = &b->items[i];
+        if (it->state != IT_CANCELLED || it->query > b->queries_answered)
+            continue;
+        it->state = IT_DONE;
+        if (by_cancel) {
+            b->done++;
+            if (rc == 0)
+                rc = finish(b, it, it->done_json, 1);
+        } else {
+            b->unfinished++;
+        }
+        free(it->done_json);
+        it->done_json = NULL;
+    }
+    return rc;
+}
+
+/* Ask the daemon whether it is shutting down, once the cancelled items
+ * waiting for it have no query in flight (the status event answers: a
+ * query sent after an item's done settles it, as the daemon's
+ * shutting_down is set before it cancels anything).  Returns 0, or -1
+ * when the connection failed. */
+static int ask_status(struct batch *b, dgemma_t *c)
+{
+    if (!b->want_query || b->queries_sent != b->queries_answered)
+        return 0;
+    if (dgemma_status(c) < 0)
+        return -1;
+    b->queries_sent++;
+    b->want_query = 0;
+    unanswered_push(b, QUERY_MARK);
+    return 0;
 }
 
 static int run(struct batch *b, const struct client_opts *o, int parallel)
@@ -354,7 +428,7 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
 
     if (b->n_items == 0)
         return EXIT_DONE;
-    b->ua_cap = (size_t)parallel;
+    b->ua_cap = (size_t)parallel + 1;
     if (!(b->unanswered = malloc(b->ua_cap * sizeof *b->unanswered))) {
         client_errorf("out of memory");
         return EXIT_FAILED;
@@ -406,11 +480,17 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
         if (b->stopping && b->running == 0) {
             /* what was not sent is for the next run, as what was refused */
             for (size_t i = next; i < b->n_items; i++)
-                if (b->items[i].state == IT_TODO) {
+                if (b->items[i].state == IT_TODO || b->items[i].state == IT_CANCELLED) {
                     b->items[i].state = IT_DONE;
                     b->unfinished++;
                 }
             break;
+        }
+        if (ask_status(b, c) < 0) {
+            client_errorf("%s (%zu requests unfinished; run again to resume)", dgemma_errmsg(c),
+                          b->n_items - next);
+            dgemma_close(c);
+            return EXIT_UNREACHABLE;
         }
         show_progress(b, 0);
         e = dgemma_next_event(c, &ev, 500);
@@ -422,6 +502,17 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
                           b->n_items - next);
             dgemma_close(c);
             return EXIT_UNREACHABLE;
+        }
+        if (ev.kind == DGEMMA_EV_STATUS ||
+            (ev.kind == DGEMMA_EV_ERROR && !ev.tag && ev.id == 0 && b->ua_n > 0 &&
+             b->unanswered[b->ua_head] == QUERY_MARK)) {
+            /* the status query's answer (an error without a tag, in its
+             * turn, is its too) */
+            if (b->queries_sent > b->queries_answered && settle_cancelled(b, &ev) < 0) {
+                dgemma_close(c);
+                return EXIT_FAILED;
+            }
+            continue;
         }
         {
             struct item *it = item_of_event(b, &ev);
@@ -451,13 +542,21 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
                 b->running--;
                 if (ev.kind == DGEMMA_EV_DONE && ev.finish_reason &&
                     !strcmp(ev.finish_reason, "cancelled")) {
-                    /* not finished: no result, the next run retries it */
-                    it->state = IT_DONE;
-                    b->unfinished++;
+                    /* by a cancel (a result) or by the daemon stopping (none:
+                     * the next run retries it)?  The done does not say; a
+                     * status asked now does (settle_cancelled) */
+                    if (!(it->done_json = strdup(ev.json))) {
+                        client_errorf("out of memory");
+                        dgemma_close(c);
+                        return EXIT_FAILED;
+                    }
+                    it->state = IT_CANCELLED;
+                    it->query = b->queries_sent + 1;
+                    b->want_query = 1;
                     continue;
                 }
                 rc = ev.kind == DGEMMA_EV_ERROR ? error_result(b, it, ev.code, ev.message)
-                                                : finish(b, it, &ev);
+                                                : finish(b, it, ev.json, 0);
                 it->state = IT_DONE;
                 b->done++;
                 if (rc < 0) {
@@ -564,8 +663,8 @@ int cmd_batch(int argc, char **argv)
     } else {
         rc = run(&b, &o, parallel);
         if (rc == EXIT_DONE && b.unfinished) {
-            client_errorf("%zu requests were cancelled by the daemon; run again to finish them",
-                          b.unfinished);
+            client_errorf("%zu requests were cancelled or refused by the daemon shutting down; "
+                          "run again to finish them", b.unfinished);
             rc = EXIT_UNREACHABLE;
         }
         if (rc == EXIT_DONE && (b.failed || b.failed_before))
@@ -581,6 +680,7 @@ int cmd_batch(int argc, char **argv)
     for (size_t i = 0; i < b.n_items; i++) {
         json_decref(b.items[i].obj);
         free(b.items[i].key);
+        free(b.items[i].done_json);
     }
     free(b.items);
     free(b.unanswered);

@@ -3,7 +3,8 @@
  * (plain text, --json events, settings flags, Ctrl-C cancelling); batch
  * with 50 lines including bad ones (every line gets exactly one result;
  * blank lines, whitespace only too, get none; bad JSON is said in plain
- * words);
+ * words); a request of a batch cancelled by `dgemma-client cancel` (a
+ * result) and by the daemon stopping (none);
  * batch killed halfway and run again (no id twice, none missing); chat
  * driven through a pseudo-terminal (a reply holding control bytes reaches
  * the terminal without them; Ctrl-C at its prompt) and through a pipe;
@@ -886,6 +887,120 @@ static int batch_daemon_full(void)
     return 0;
 }
 
+/* Wait for needle in the log at path while pid runs; 0 when it came. */
+static int wait_log(const char *path, const char *needle, pid_t pid)
+{
+    const double t0 = fixture_now_ms();
+    int st;
+    while (!fixture_file_has(path, needle)) {
+        if (fixture_now_ms() - t0 > FIXTURE_WAIT_MS || waitpid(pid, &st, WNOHANG) != 0)
+            return -1;
+        usleep(5000);
+    }
+    return 0;
+}
+
+/* Start a batch of in on socket s into out (--parallel par), its output
+ * and errors to /dev/null; its pid. */
+static pid_t spawn_batch(const char *s, const char *in, const char *out, const char *par)
+{
+    const pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(fixture_bin("dgemma-client"), "dgemma-client", "-s", s, "batch", "--input", in,
+              "--output", out, "--parallel", par, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* An operator's `dgemma-client cancel ID` of a request a batch runs is
+ * that request's result (an error "cancelled"): the batch goes on with
+ * the others and exits 1, and the next run skips it (it used to end the
+ * batch with exit 3, no result, and every later run ran it again).  A
+ * daemon that cancels the running requests as it stops (shutdown_grace 0)
+ * still leaves them unfinished: no result, exit 3. */
+static pid_t cancel_daemon; /* batch_cancelled's, stopped whatever the checks say */
+
+static int batch_cancelled_checks(void)
+{
+    static const char *const opts[] = {"max_batch=2", "pin_workers=false", "tick=0.05",
+                                       "shutdown_grace=0", NULL};
+    static const char LONG[] = "\"prompt\":\"a long one\",\"max_tokens\":4000,"
+                               "\"max_denoising_steps\":30,\"seed\":1}\n";
+    char in[600], out[600], s4[600], l4[600];
+    int st, rc, n, errors, dups;
+    pid_t d, pid;
+    FILE *f;
+
+    snprintf(in, sizeof in, "%s", test_path("cancel-in.jsonl"));
+    snprintf(out, sizeof out, "%s", test_path("cancel-out.jsonl"));
+    snprintf(s4, sizeof s4, "%s", test_path("d4.sock"));
+    snprintf(l4, sizeof l4, "%s", test_path("d4.log"));
+    f = fopen(in, "w");
+    CHECK(f);
+    fprintf(f, "{\"id\":\"long\",%s", LONG);
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "{\"id\":\"s%d\",\"prompt\":\"x\",\"max_tokens\":4,"
+                   "\"max_denoising_steps\":2,\"seed\":%d}\n", i, i + 2);
+    CHECK(fclose(f) == 0);
+    d = cancel_daemon = fixture_spawn(s4, l4, opts);
+    CHECK(d > 0 && fixture_wait_ready(d, s4) == 0);
+    /* (one at a time: the long one is the daemon's first request, req=1) */
+    pid = spawn_batch(s4, in, out, "1");
+    CHECKF(wait_log(l4, "req=1 conn ", pid) == 0, "the batch's first request not seen");
+    {
+        const char *args[] = {"-s", s4, "cancel", "1", NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0, "cancel: exit %d: %s", rc, ERR);
+    }
+    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
+    CHECKF(WEXITSTATUS(st) == 1, "the batch exited %d", WEXITSTATUS(st));
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 3 && errors == 1 && dups == 0, "%d results, %d errors", n, errors);
+    CHECK(slurp(out, OUT, sizeof OUT) > 0);
+    CHECKF(strstr(OUT, "{\"id\":\"long\",\"finish_reason\":\"cancelled\"") &&
+               strstr(OUT, "\"error\":{\"code\":\"cancelled\""), "%s", OUT);
+    /* the next run has nothing to do: the cancelled one is not run again */
+    {
+        const char *args[] = {"-s", s4, "batch", "--input", in, "--output", out, NULL};
+        rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "3/3 done, 0 failed"), "exit %d: %s", rc, ERR);
+    }
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 3 && dups == 0, "%d results, %d duplicates", n, dups);
+
+    /* the daemon stopping cancels two running requests: unfinished */
+    snprintf(in, sizeof in, "%s", test_path("cancel2-in.jsonl"));
+    snprintf(out, sizeof out, "%s", test_path("cancel2-out.jsonl"));
+    f = fopen(in, "w");
+    CHECK(f && fprintf(f, "{\"id\":\"L1\",%s{\"id\":\"L2\",%s", LONG, LONG) > 0 &&
+          fclose(f) == 0);
+    pid = spawn_batch(s4, in, out, "2");
+    CHECKF(wait_log(l4, "req=5 conn ", pid) == 0, "the batch's requests not seen");
+    usleep(100000);
+    CHECK(kill(d, SIGTERM) == 0);
+    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
+    CHECK(fixture_wait_exit(d, NULL) == 0);
+    cancel_daemon = 0;
+    CHECKF(WEXITSTATUS(st) == 3, "the batch exited %d", WEXITSTATUS(st));
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 0, "%d results of requests the stopping daemon cancelled", n);
+    return 0;
+}
+
+static int batch_cancelled(void)
+{
+    const int rc = batch_cancelled_checks();
+    if (cancel_daemon > 0) {
+        kill(cancel_daemon, SIGKILL);
+        fixture_wait_exit(cancel_daemon, NULL);
+    }
+    return rc;
+}
+
 static int chat_pipe(void)
 {
     const char *args[] = {"chat", "--max-tokens", "16", "--max-denoising-steps", "2", "--seed",
@@ -991,6 +1106,7 @@ int main(void)
         TEST_CASE(batch_json_refused);
         TEST_CASE(batch_daemon_stops);
         TEST_CASE(batch_daemon_full);
+        TEST_CASE(batch_cancelled);
         TEST_CASE(chat_pipe);
         TEST_CASE(chat_terminal);
         kill(daemon_pid, SIGTERM);
