@@ -244,3 +244,49 @@ nomem:
     json_decref(x);
     return -1;
 }
+
+/* The settings dg_gen_settings_validate weighs together: its message about
+ * them starts "t_min X, t_max Y: ..." (the schedule's ends, and the
+ * temperature of the last of max_denoising_steps steps). */
+static const char *const SCHEDULE_KEYS[] = {"t_min", "t_max", "max_denoising_steps"};
+
+const char *batch_flag_refused(const json_t *obj, const json_t *settings, const char *code,
+                               const char *msg)
+{
+    char key[64];
+    size_t n = 0;
+    const char *k;
+    json_t *v;
+
+    if (!settings || !code || strcmp(code, "bad_request") || !msg)
+        return NULL;
+    while (n < sizeof key - 1 && ((msg[n] >= 'a' && msg[n] <= 'z') || msg[n] == '_')) {
+        key[n] = msg[n];
+        n++;
+    }
+    key[n] = '\0';
+    if (n == 0)
+        return NULL;
+    if (msg[n] == ':' || msg[n] == '[') {
+        /* one setting's own check ("top_p: ...", "stop[1]: ..."): the
+         * flag's when the line leaves that setting to the flags */
+        if (json_object_get(obj, key) || !json_object_get(settings, key))
+            return NULL;
+        json_object_foreach((json_t *)settings, k, v)
+            if (!strcmp(k, key))
+                return k;
+        return NULL;
+    }
+    if (strcmp(key, "t_min") || msg[n] != ' ')
+        return NULL;
+    /* the schedule's check: the flags' when the line sets none of what it
+     * weighs (a line's own t_max beside a flag's t_min is the line's) */
+    for (size_t i = 0; i < sizeof SCHEDULE_KEYS / sizeof SCHEDULE_KEYS[0]; i++)
+        if (json_object_get(obj, SCHEDULE_KEYS[i]))
+            return NULL;
+    json_object_foreach((json_t *)settings, k, v)
+        for (size_t i = 0; i < sizeof SCHEDULE_KEYS / sizeof SCHEDULE_KEYS[0]; i++)
+            if (!strcmp(k, SCHEDULE_KEYS[i]))
+                return k;
+    return NULL;
+}

@@ -88,4 +88,22 @@ int batch_request_parts(const json_t *obj, const json_t *settings, size_t index,
                         enum batch_prompt *kind, json_t **prompt, json_t **extra,
                         const char **why);
 
+/* Whether the daemon's refusal (error code and msg) of item obj's request
+ * is the fault of settings (the flags' settings object; may be NULL), not
+ * of the line: then the batch stops instead of spending every line on it.
+ * The daemon checks a request's settings as one object (the flags' with
+ * the line's own over them) and its message starts with the setting it
+ * refuses ("max_denoising_steps: 5000 is out of range ...", "stop[0]: ..."),
+ * or, for the temperature schedule, "t_min X, t_max Y: ..." (t_min, t_max
+ * and max_denoising_steps weighed together).  So a bad_request is the
+ * flags' when the setting it names comes from the flags alone (the line
+ * does not set it), and a schedule refusal when the line sets none of the
+ * three and the flags set one: the daemon's defaults and the flags then
+ * make that refusal whatever the line.  Any other refusal (a message that
+ * names no setting of the flags, a setting the line gives itself) is the
+ * line's.  Returns the setting's name (a key of settings, valid while
+ * settings lives), or NULL. */
+const char *batch_flag_refused(const json_t *obj, const json_t *settings, const char *code,
+                               const char *msg);
+
 #endif

@@ -9,8 +9,10 @@
  * them.  A request cancelled on purpose (dgemma-client cancel) is a result,
  * an error "cancelled": a done event does not say why it was cancelled,
  * so a status asked after it does (shutting_down false: a cancel; true,
- * or no answer: the daemon stopping).  --json is refused (a usage error):
- * the output is JSON lines always.
+ * or no answer: the daemon stopping).  A flag's setting the daemon refuses
+ * (batch_flag_refused) stops the batch with nothing written for it (exit
+ * 2), where it used to give every line a bad_request result.  --json is
+ * refused (a usage error): the output is JSON lines always.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,7 +39,8 @@ static const char usage[] =
     "(and bad lines) already in the output.  --parallel (default 4) requests are\n"
     "in flight at once.  On a terminal, progress goes to standard error.\n"
     "Exit status: 0 every line has a result and none failed, 1 some failed (or\n"
-    "the input could not be read), 2 usage (or another batch writes the output),\n"
+    "the input could not be read), 2 usage (or another batch writes the output,\n"
+    "or the daemon refuses a flag's setting: nothing is written for it),\n"
     "3 the daemon is unreachable, went away or stopped (run it again to resume).\n";
 
 /* IT_CANCELLED: its done said "cancelled"; whether by a cancel (a result)
@@ -421,6 +424,24 @@ static int ask_status(struct batch *b, dgemma_t *c)
     return 0;
 }
 
+/* The daemon refused a setting that came from the flags (setting, in its
+ * words msg): say so, naming the flag.  Nothing is written for it: every
+ * line that leaves the setting to the flags would get the same refusal,
+ * so the batch stops rather than spend the input on a typo. */
+static void flag_refused(const char *setting, const char *msg)
+{
+    /* (the flags are the settings' names with '-' for '_', but --stop-id) */
+    const char *name = strcmp(setting, "stop_token_ids") ? setting : "stop_id";
+    char flag[64];
+    size_t n = 0;
+    for (; name[n] && n < sizeof flag - 1; n++)
+        flag[n] = name[n] == '_' ? '-' : name[n];
+    flag[n] = '\0';
+    client_errorf("batch: the daemon refuses the setting %s given on the command line "
+                  "(--%s or --settings): %s; no result was written for it: correct it and run "
+                  "again", setting, flag, msg);
+}
+
 static int run(struct batch *b, const struct client_opts *o, int parallel)
 {
     dgemma_t *c;
@@ -516,6 +537,7 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
         }
         {
             struct item *it = item_of_event(b, &ev);
+            const char *flag;
             if (!it || it->state != IT_RUNNING)
                 continue;
             if (ev.kind == DGEMMA_EV_ACCEPTED || ev.kind == DGEMMA_EV_ERROR ||
@@ -537,6 +559,15 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
                 b->running--;
                 b->unfinished++;
                 b->stopping = 1;
+            } else if (ev.kind == DGEMMA_EV_ERROR &&
+                       (flag = batch_flag_refused(it->obj, o->settings, ev.code, ev.message))) {
+                /* a flag's setting, not the line's: stop, writing nothing
+                 * for it (the requests in flight are cancelled as the
+                 * connection closes, and retried by the next run) */
+                show_progress(b, 1);
+                flag_refused(flag, ev.message);
+                dgemma_close(c);
+                return EXIT_USAGE;
             } else if (ev.kind == DGEMMA_EV_ERROR || ev.kind == DGEMMA_EV_DONE) {
                 int rc;
                 b->running--;

@@ -4,7 +4,8 @@
  * with 50 lines including bad ones (every line gets exactly one result;
  * blank lines, whitespace only too, get none; bad JSON is said in plain
  * words); a request of a batch cancelled by `dgemma-client cancel` (a
- * result) and by the daemon stopping (none);
+ * result) and by the daemon stopping (none); a flag's setting the daemon
+ * refuses (the batch stops, nothing written);
  * batch killed halfway and run again (no id twice, none missing); chat
  * driven through a pseudo-terminal (a reply holding control bytes reaches
  * the terminal without them; Ctrl-C at its prompt) and through a pipe;
@@ -887,6 +888,59 @@ static int batch_daemon_full(void)
     return 0;
 }
 
+/* A setting given by a flag that the daemon refuses stops the batch at its
+ * first refusal: exit 2, the setting and its flag named, no result
+ * written (every line used to get a bad_request result, the whole input
+ * spent on a typo); the next run, the flag corrected, does every line.  A
+ * refusal of the line's own setting (its t_min beside the flag's t_max)
+ * is still that line's result. */
+static int batch_flag_refusal(void)
+{
+    char out[600];
+    const char *in = "{\"id\":\"a\",\"prompt\":\"x\",\"max_tokens\":4}\n"
+                     "{\"id\":\"b\",\"prompt\":\"y\",\"max_tokens\":4,\"max_denoising_steps\":2}\n"
+                     "{\"id\":\"c\",\"prompt\":\"z\",\"max_tokens\":4}\n";
+    const char *steps[] = {"batch", "--input", "-", "--output", out, "--parallel", "1",
+                           "--max-denoising-steps", "100000", NULL};
+    const char *t_max[] = {"batch", "--input", "-", "--output", out, "--t-max", "0.3", NULL};
+    const char *fixed[] = {"batch", "--input", "-", "--output", out, "--max-denoising-steps",
+                           "2", NULL};
+    int rc, n, errors, dups;
+
+    snprintf(out, sizeof out, "%s", test_path("flag-out.jsonl"));
+    rc = run_client(steps, in, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 2 && strstr(ERR, "refuses the setting max_denoising_steps given on the command "
+                                  "line (--max-denoising-steps or --settings): "
+                                  "max_denoising_steps: 100000 "),
+           "exit %d: %s", rc, ERR);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 0, "%d results written for a flag's refusal", n);
+    /* (the schedule's check: t_max below the model's t_min) */
+    rc = run_client(t_max, in, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 2 && strstr(ERR, "refuses the setting t_max given on the command line (--t-max"),
+           "exit %d: %s", rc, ERR);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 0, "%d results written for a flag's refusal", n);
+    rc = run_client(fixed, in, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 0 && strstr(ERR, "3/3 done, 0 failed"), "exit %d: %s", rc, ERR);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 3 && errors == 0 && dups == 0, "%d results, %d errors", n, errors);
+    /* the line's own t_min with the flag's t_max: that line's result */
+    {
+        const char *own = "{\"id\":\"o\",\"prompt\":\"x\",\"max_tokens\":4,\"t_min\":0.9}\n"
+                          "{\"id\":\"p\",\"prompt\":\"y\",\"max_tokens\":4,"
+                          "\"max_denoising_steps\":2}\n";
+        const char *args[] = {"batch", "--input", "-", "--output", out, "--t-max", "0.85", NULL};
+        snprintf(out, sizeof out, "%s", test_path("flag-own-out.jsonl"));
+        rc = run_client(args, own, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "2/2 done, 1 failed"), "exit %d: %s", rc, ERR);
+        CHECK(slurp(out, OUT, sizeof OUT) > 0);
+        CHECKF(strstr(OUT, "{\"id\":\"o\",\"error\":{\"code\":\"bad_request\",\"message\":"
+                           "\"t_min 0.9, t_max 0.85: "), "%s", OUT);
+    }
+    return 0;
+}
+
 /* Wait for needle in the log at path while pid runs; 0 when it came. */
 static int wait_log(const char *path, const char *needle, pid_t pid)
 {
@@ -1104,6 +1158,7 @@ int main(void)
         TEST_CASE(batch_blank_lines);
         TEST_CASE(batch_bad_json_words);
         TEST_CASE(batch_json_refused);
+        TEST_CASE(batch_flag_refusal);
         TEST_CASE(batch_daemon_stops);
         TEST_CASE(batch_daemon_full);
         TEST_CASE(batch_cancelled);
