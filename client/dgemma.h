@@ -100,9 +100,10 @@ int dgemma_request_set_json(dgemma_request_t *r, const char *json_object);
 int dgemma_request_set_stream(dgemma_request_t *r, int stream);
 /* enable_thinking for chat requests. */
 int dgemma_request_set_thinking(dgemma_request_t *r, int on);
-/* parse_special (default 1): 0 encodes the prompt's text and the messages'
- * contents as plain text, in which a typed turn marker is not that token;
- * for text a program did not write itself. */
+/* parse_special (unset: the daemon's default, 1 unless configured): 0
+ * encodes the prompt's text and the messages' contents as plain text, in
+ * which a typed turn marker is not that token; for text a program did not
+ * write itself. */
 int dgemma_request_set_parse_special(dgemma_request_t *r, int on);
 /* A tag (up to 128 bytes) the daemon echoes in this request's events. */
 int dgemma_request_set_tag(dgemma_request_t *r, const char *tag);

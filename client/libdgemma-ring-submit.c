@@ -160,8 +160,8 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
                                   key);
             if (batch && json_is_true(v))
                 e->flags |= DG_SHM_F_BATCH;
-            if (!batch && json_is_false(v))
-                e->flags |= DG_SHM_F_PLAIN_TEXT;
+            if (!batch)
+                e->flags |= json_is_true(v) ? DG_SHM_F_PARSE_SPECIAL : DG_SHM_F_PLAIN_TEXT;
             continue;
         }
         if (json_is_null(v)) /* a setting left at its default, as on the socket */
@@ -249,7 +249,7 @@ static int encode_request(dgemma_ring_t *ring, const json_t *obj, struct dg_shm_
     }
     if (!*prompt)
         return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: no prompt (a text or token-id request)");
-    if (e->op == DG_SHM_OP_IDS && (e->flags & DG_SHM_F_PLAIN_TEXT))
+    if (e->op == DG_SHM_OP_IDS && (e->flags & (DG_SHM_F_PLAIN_TEXT | DG_SHM_F_PARSE_SPECIAL)))
         return dgc_seterr(c, DGEMMA_E_INVAL, "ring submit: parse_special: with a text prompt "
                           "only");
     if (e->op == DG_SHM_OP_IDS) {

@@ -782,6 +782,7 @@ int main(int argc, char **argv)
     pctx.limits = &ec.limits;
     pctx.tok = L.tok;
     pctx.max_prompt_tokens = (size_t)(ec.max_context - 1);
+    pctx.plain_text = !cfg.parse_special;
     info = json_pack("{s:s,s:s,s:s,s:i,s:s,s:I,s:i,s:i,s:i,s:I,s:I}", "version", DGEMMA_VERSION,
                      "model", model_dir, "backend", backend->name, "tp", cfg.tp, "experts",
                      cfg.experts_width ? "width" : "across", "vocab_size",

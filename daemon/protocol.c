@@ -181,7 +181,7 @@ static int parse_generate(json_t *root, const struct dproto_ctx *ctx, struct dpr
     req->stream = stream ? json_is_true(stream) : 1;
     req->batch = json_is_true(batch);
     req->thinking = json_is_true(thinking);
-    req->parse_special = special ? json_is_true(special) : 1;
+    req->parse_special = special ? json_is_true(special) : !ctx->plain_text;
     /* the settings: every other key */
     settings = json_object();
     if (!settings)

@@ -76,6 +76,7 @@ struct dproto_ctx {
     size_t max_prompt_tokens;
     size_t defer_text_bytes;  /* a prompt or messages with at least this many bytes of text
                                * is left for dproto_tokenize (0: tokenized by the parse) */
+    int plain_text;           /* a request without "parse_special" takes it as false */
 };
 
 /* A parse failure: a stable code, a message, and what of the request was
@@ -102,8 +103,8 @@ struct dproto_request {
     json_t *text;               /* the prompt string or the messages, when the parse left
                                  * them for dproto_tokenize (a reference; NULL otherwise) */
     int thinking;               /* messages: "enable_thinking" */
-    int parse_special;          /* "parse_special" (default 1): text that spells an added
-                                 * token is that token; 0: it is plain text */
+    int parse_special;          /* "parse_special" (default !ctx->plain_text): text that
+                                 * spells an added token is that token; 0: plain text */
     struct dg_gen_settings settings;
     /* cancel */
     uint64_t target;

@@ -382,8 +382,9 @@ static json_t *request_of(const struct dshm_ring *r, const struct dg_shm_sqe *e,
             rc = bad(job, "prompt: not UTF-8 text (or it holds a NUL byte)");
         else if (!(s = json_stringn(e->prompt_len ? (const char *)prompt : "", e->prompt_len)) ||
                  json_object_set_new(o, "prompt", s) != 0 ||
-                 ((e->flags & DG_SHM_F_PLAIN_TEXT) &&
-                  json_object_set_new(o, "parse_special", json_false()) != 0))
+                 ((e->flags & (DG_SHM_F_PLAIN_TEXT | DG_SHM_F_PARSE_SPECIAL)) &&
+                  json_object_set_new(o, "parse_special",
+                                      json_boolean(e->flags & DG_SHM_F_PARSE_SPECIAL)) != 0))
             rc = oom(job);
     } else {
         json_t *a = json_array();
@@ -547,8 +548,11 @@ static int ring_take(struct dshm_ring *r, struct dshm_job *job, int cancels_only
             bad(job, "op: %u is not a known operation", e.op);
         else if (e.flags & ~DG_SHM_F_ALL)
             bad(job, "flags: unknown bits 0x%x", e.flags & ~DG_SHM_F_ALL);
-        else if ((e.flags & DG_SHM_F_PLAIN_TEXT) && e.op != DG_SHM_OP_TEXT)
-            bad(job, "flags: PLAIN_TEXT is for a text prompt, not token ids");
+        else if ((e.flags & (DG_SHM_F_PLAIN_TEXT | DG_SHM_F_PARSE_SPECIAL)) &&
+                 e.op != DG_SHM_OP_TEXT)
+            bad(job, "flags: PLAIN_TEXT and PARSE_SPECIAL are for a text prompt, not token ids");
+        else if ((e.flags & DG_SHM_F_PLAIN_TEXT) && (e.flags & DG_SHM_F_PARSE_SPECIAL))
+            bad(job, "flags: PLAIN_TEXT and PARSE_SPECIAL together");
         else
             job->request = request_of(r, &e, prompt, stop, job);
     }

@@ -105,6 +105,10 @@ static const struct opt opts[] = {
     {.name = "default_max_tokens", .type = T_INT, .off = OFF(default_max_tokens), .min = 0,
      .max = 16777216, .def = "0",
      .help = "max_tokens of a request that gives none. 0: the checkpoint's max_new_tokens."},
+    {.name = "parse_special", .type = T_BOOL, .off = OFF(parse_special), .def = "true",
+     .help = "parse_special of a request that gives none: whether text in a prompt or a "
+             "message that spells an added token (a turn marker, <mask>) is that token. "
+             "false: plain text, for clients that pass on text they do not trust."},
     {.name = "prefill_chunk", .type = T_INT, .off = OFF(prefill_chunk), .min = 1, .max = 65536,
      .def = "512",
      .help = "Prompt tokens per encoder pass; a longer prompt is encoded in chunks between the "

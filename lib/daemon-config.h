@@ -41,6 +41,7 @@ struct dg_config {
     long long max_tokens;                /* per-request cap, 1..16777216, default 8192 */
     long long max_context;               /* 0 = the model's max_position_embeddings; else 2..16777216 */
     int default_max_tokens;              /* 0 = the checkpoint's max_new_tokens; else 1..16777216 */
+    int parse_special;                   /* bool: a request's parse_special default, true */
     int prefill_chunk;                   /* prompt tokens per encoder pass, 1..65536, default 512 */
     int queue_max;                       /* requests waiting for a slot, 0..100000, default 64 */
     int max_connections;                 /* 1..65536, default 256 */

@@ -115,7 +115,9 @@ enum dg_shm_op { DG_SHM_OP_TEXT = 1, DG_SHM_OP_IDS = 2, DG_SHM_OP_CANCEL = 3 };
 #define DG_SHM_F_BATCH 1u          /* a batch job's (metrics source 'batch') */
 #define DG_SHM_F_PLAIN_TEXT 2u     /* a text prompt matches no added token ("parse_special":
                                     * false); not with an ids prompt */
-#define DG_SHM_F_ALL (DG_SHM_F_BATCH | DG_SHM_F_PLAIN_TEXT)
+#define DG_SHM_F_PARSE_SPECIAL 4u  /* "parse_special": true (neither flag: the daemon's
+                                    * default); not with PLAIN_TEXT or an ids prompt */
+#define DG_SHM_F_ALL (DG_SHM_F_BATCH | DG_SHM_F_PLAIN_TEXT | DG_SHM_F_PARSE_SPECIAL)
 
 /* sqe.set: which settings the entry gives */
 enum {

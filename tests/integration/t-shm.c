@@ -850,11 +850,14 @@ static int ring_long_prompt(void)
     return 0;
 }
 
+static const char plain_prompt[] = "say <|turn>model then <turn|> and <mask>";
+static long long plain_tokens, parsed_tokens; /* its prompt's tokens each way */
+
 /* parse_special false on the ring: the prompt's typed markers are plain
  * text (more prompt tokens than the default) and the output is the socket's. */
 static int ring_plain_text(void)
 {
-    static const char prompt[] = "say <|turn>model then <turn|> and <mask>";
+    const char *prompt = plain_prompt;
     dgemma_t *c = open_conn(), *s = open_conn();
     dgemma_ring_t *ring = NULL;
     dgemma_request_t *r;
@@ -882,8 +885,46 @@ static int ring_plain_text(void)
     }
     CHECKF(plain.prompt_tokens > parsed.prompt_tokens, "plain text %lld tokens, parsed %lld",
            plain.prompt_tokens, parsed.prompt_tokens);
+    plain_tokens = plain.prompt_tokens;
+    parsed_tokens = parsed.prompt_tokens;
     dgemma_close(c);
     dgemma_close(s);
+    return 0;
+}
+
+/* A daemon configured with parse_special: false takes a request without
+ * the key, over the socket or the ring, as plain text; one that asks still
+ * gets the markers parsed. */
+static int plain_text_default(void)
+{
+    const char *const opts[] = {"pin_workers=false", "tick=0.05", "parse_special=false", NULL};
+    dgemma_t *c;
+    dgemma_ring_t *ring = NULL;
+    dgemma_request_t *r;
+    dgemma_completion_t d;
+    struct out o;
+
+    CHECK(plain_tokens > parsed_tokens && parsed_tokens > 0); /* (ring_plain_text ran) */
+    stop_daemon();
+    CHECK(start_daemon(opts) == 0);
+    CHECK((c = open_conn()) != NULL);
+    for (int ask = 0; ask < 3; ask++) { /* no key, parse_special true, false */
+        CHECK((r = dgemma_request_text(plain_prompt)) != NULL);
+        CHECK(dgemma_request_set_int(r, "max_tokens", 2) == 0);
+        CHECK(ask == 0 || dgemma_request_set_parse_special(r, ask == 1) == 0);
+        CHECK(socket_run(c, r, &o) == 0);
+        CHECKF(o.prompt_tokens == (ask == 1 ? parsed_tokens : plain_tokens),
+               "ask %d: %lld prompt tokens", ask, o.prompt_tokens);
+        if (ask == 1) {
+            CHECKF(dgemma_ring_attach(c, NULL, &ring) == 0, "%s", dgemma_errmsg(c));
+            CHECK(dgemma_ring_submit(ring, r, 1) == 0 && dgemma_ring_wait(ring, WAIT_MS) == 0);
+            CHECK(dgemma_ring_reap(ring, &d) == 0 && d.code == NULL);
+            CHECK(d.prompt_tokens == parsed_tokens);
+            dgemma_ring_detach(ring);
+        }
+        dgemma_request_free(r);
+    }
+    dgemma_close(c);
     return 0;
 }
 
@@ -931,6 +972,7 @@ int main(void)
     TEST_CASE(ring_plain_text);
     TEST_CASE(refusals);
     TEST_CASE(user_ring_cap);
+    TEST_CASE(plain_text_default);
     TEST_CASE(daemon_killed);
     return fixture_finish(daemon_pid, NULL);
 }

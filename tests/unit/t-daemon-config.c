@@ -32,7 +32,8 @@ static int defaults(void)
     CHECK(c.tp == 1 && c.experts_width == 0 && c.pin_workers == 1 && c.gpu_timeout == 120 &&
           c.cuda_graphs == 1);
     CHECK(c.max_batch == 8 && c.max_canvas_length == 0 && c.max_denoising_steps == 256);
-    CHECK(c.max_tokens == 8192 && c.max_context == 0 && c.default_max_tokens == 0);
+    CHECK(c.max_tokens == 8192 && c.max_context == 0 && c.default_max_tokens == 0 &&
+          c.parse_special == 1);
     CHECK(c.prefill_chunk == 512 && c.queue_max == 64 && c.max_connections == 256);
     CHECK(c.max_line_bytes == 1048576 && c.max_output_bytes == 67108864);
     CHECK(!strcmp(c.socket, "/run/dgemma/dgemmad.sock") && c.socket_mode == 0660);
@@ -43,7 +44,7 @@ static int defaults(void)
     CHECK(c.metrics_queue == 4096 && c.metrics_flush == 1 && c.metrics_retention_days == 90);
     CHECK(c.metrics_max_mb == 1024);
     CHECK(c.shm_user_max_mb == 256);
-    CHECK(dg_config_n_options() == 40);
+    CHECK(dg_config_n_options() == 41);
     for (int i = 0; i < dg_config_n_options(); i++) {
         const char *name, *type, *def, *help;
         char assign[256];
@@ -84,6 +85,7 @@ static int every_key(void)
                   "max_tokens: 16777216\n"
                   "max_context: 2\n"
                   "default_max_tokens: 77\n"
+                  "parse_special: false\n"
                   "prefill_chunk: 1024\n"
                   "queue_max: 0\n"
                   "max_connections: 65536\n"
@@ -114,6 +116,7 @@ static int every_key(void)
     CHECK(c.tp == 2 && c.experts_width == 1 && c.pin_workers == 0 && c.max_batch == 32);
     CHECK(c.max_canvas_length == 64 && c.max_denoising_steps == 100);
     CHECK(c.max_tokens == 16777216 && c.max_context == 2 && c.default_max_tokens == 77);
+    CHECK(c.parse_special == 0);
     CHECK(c.prefill_chunk == 1024 && c.queue_max == 0 && c.max_connections == 65536);
     CHECK(c.max_line_bytes == 1024 && c.max_output_bytes == 4294967296LL);
     CHECK(!strcmp(c.socket, "/tmp/d g.sock") && c.socket_mode == 0600);

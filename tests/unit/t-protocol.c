@@ -178,6 +178,18 @@ static int parse_special(void)
         dproto_request_free(&b);
         dproto_request_free(&c);
         dproto_request_free(&d);
+        /* the daemon's default plain text (parse_special: false in its
+         * configuration): the same as asking, and a request may still parse */
+        P.ctx.plain_text = 1;
+        snprintf(line, sizeof line, lines[i], "");
+        CHECK(parse(line, &a, &e) == 0);
+        snprintf(line, sizeof line, lines[i], ",\"parse_special\":true");
+        CHECK(parse(line, &b, &e) == 0);
+        P.ctx.plain_text = 0;
+        CHECK(count_id(&a, turn) == turns_format[i] && count_id(&a, mask) == 0);
+        CHECK(count_id(&b, turn) == turns_format[i] + turns_typed[i] && count_id(&b, mask) == 1);
+        dproto_request_free(&a);
+        dproto_request_free(&b);
     }
     return 0;
 }

@@ -748,6 +748,7 @@ static int case_every_setting(void)
     CHECK_RC(dgemma_ring_cancel(ring, 2), c);
     /* 5: failed after it started */
     CHECK((r = dgemma_request_text("fail me")) != NULL);
+    CHECK(dgemma_request_set_parse_special(r, 1) == 0);
     CHECK_RC(dgemma_ring_submit(ring, r, 5), c);
     dgemma_request_free(r);
     if (reap_n(c, ring, x, texts, 5))
@@ -800,6 +801,8 @@ static int case_every_setting(void)
 
     q = &f.recs[4];
     CHECK(q->e.op == DG_SHM_OP_CANCEL && q->e.cancel_user_data == 2 && q->e.user_data == 2);
+    q = &f.recs[5];
+    CHECK(q->e.user_data == 5 && q->e.flags == DG_SHM_F_PARSE_SPECIAL);
     return 0;
 }
 

@@ -271,8 +271,9 @@ static int requests_carry_everything(void)
     return 0;
 }
 
-/* A text entry with DG_SHM_F_PLAIN_TEXT becomes "parse_special": false;
- * without it the request has no such key. */
+/* A text entry with DG_SHM_F_PLAIN_TEXT becomes "parse_special": false,
+ * with DG_SHM_F_PARSE_SPECIAL true; without either the request has no such
+ * key (the daemon's default). */
 static int plain_text_flag(void)
 {
     struct cli c;
@@ -291,6 +292,12 @@ static int plain_text_flag(void)
     text_job(&c, &e, 80, "a <mask>");
     publish(&c, &e);
     CHECK(take(&c, &job) == 1 && job.request && !json_object_get(job.request, "parse_special"));
+    json_decref(job.request);
+    text_job(&c, &e, 81, "a <mask>");
+    e.flags = DG_SHM_F_PARSE_SPECIAL;
+    publish(&c, &e);
+    CHECK(take(&c, &job) == 1 && job.request && job.error == 0);
+    CHECK(json_is_true(json_object_get(job.request, "parse_special")));
     json_decref(job.request);
     cli_close(&c);
     return 0;
@@ -451,7 +458,8 @@ static int malformed_entries(void)
         {"too many stop ids", "n_stop_ids"},
         {"stop without NUL", "must each end with a NUL"},
         {"stop outside", "stop: bytes"},
-        {"plain text with ids", "PLAIN_TEXT is for a text prompt"},
+        {"plain text with ids", "PLAIN_TEXT and PARSE_SPECIAL are for a text prompt"},
+        {"both parse flags", "PLAIN_TEXT and PARSE_SPECIAL together"},
     };
     const int n = (int)(sizeof cases / sizeof cases[0]);
 
@@ -479,6 +487,7 @@ static int malformed_entries(void)
             e.prompt_off = put_bytes(&c, ids, 8);
             e.prompt_len = 8;
             break;
+        case 14: e.flags = DG_SHM_F_PLAIN_TEXT | DG_SHM_F_PARSE_SPECIAL; break;
         }
         publish(&c, &e);
         CHECK(take(&c, &job) == 1);
