@@ -1,18 +1,22 @@
 /*
  * cmd-batch.c - `dgemma-client batch`: JSON lines in, JSON lines out, for
- * cron.  Every input line is a request with an "id"; every result line
- * carries that id.  Results are appended as requests finish, one write(2)
- * per line; ids already in the output are skipped, so a killed job resumes
- * where it stopped (a torn last line is cut off first).  Requests that did
- * not finish (cancelled or refused by a shutting-down daemon, lost with the
- * connection, refused as busy) get no result line, so the next run retries
- * them.  A request cancelled on purpose (dgemma-client cancel) is a result,
- * an error "cancelled": a done event does not say why it was cancelled,
- * so a status asked after it does (shutting_down false: a cancel; true,
- * or no answer: the daemon stopping).  A flag's setting the daemon refuses
- * (batch_flag_refused) stops the batch with nothing written for it (exit
- * 2), where it used to give every line a bad_request result.  --json is
- * refused (a usage error): the output is JSON lines always.
+ * cron.  Every input line but blank ones (only spaces, tabs and CRs) is a
+ * request with an "id"; every result line carries that id.  Results are
+ * appended as requests finish, one write(2) per line; ids already in the
+ * output are skipped, so a killed job resumes where it stopped (a torn
+ * last line is cut off first); SIGINT and SIGTERM are not caught, so they
+ * end it as SIGKILL does.  Requests that did not finish (cancelled or
+ * refused by a shutting-down daemon, lost with the connection) get no
+ * result line, so the next run retries them; a request refused as busy is
+ * sent again a second later, but a connection refused at accept (busy at
+ * max_connections) ends the batch with exit 3 at once (--wait is for
+ * connecting only).  A request cancelled on purpose (dgemma-client cancel)
+ * is a result, an error "cancelled": a done event does not say why it was
+ * cancelled, so a status asked after it does (shutting_down false: a
+ * cancel; true, or no answer: the daemon stopping).  A flag's setting the
+ * daemon refuses (batch_flag_refused) stops the batch with nothing written
+ * for it (exit 2) rather than give every line a bad_request result.
+ * --json is refused (a usage error): the output is JSON lines always.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -6,7 +6,8 @@
  * words); a request of a batch cancelled by `dgemma-client cancel` (a
  * result) and by the daemon stopping (none); a flag's setting the daemon
  * refuses (the batch stops, nothing written);
- * batch killed halfway and run again (no id twice, none missing); chat
+ * batch killed halfway (SIGKILL, SIGINT, SIGTERM) and run again (no id
+ * twice, none missing); chat
  * driven through a pseudo-terminal (a reply holding control bytes reaches
  * the terminal without them; Ctrl-C at its prompt) and through a pipe;
  * Ctrl-C while canvases stream fast, and a second one while the daemon
@@ -559,20 +560,26 @@ static int batch_text_with_nul(void)
     return 0;
 }
 
-static int batch_resume_after_kill(void)
+/* A batch ended by sig halfway (SIGKILL; SIGINT and SIGTERM, which it
+ * does not catch, as dgemma-client(1) says) keeps the results written so
+ * far, whole, and the next run finishes: no id twice, none missing. */
+static int batch_resume_after(int sig)
 {
-    char in[600], out[600];
+    char in[600], out[600], name[64];
     int st, n, errors, dups;
     pid_t pid;
     double t0;
     snprintf(in, sizeof in, "%s", test_path("batch-in.jsonl"));
-    snprintf(out, sizeof out, "%s", test_path("resume-out.jsonl"));
+    snprintf(name, sizeof name, "resume-out-%d.jsonl", sig);
+    snprintf(out, sizeof out, "%s", test_path(name));
     batch_input(in);
     pid = fork();
     if (pid == 0) {
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 1);
         dup2(null, 2);
+        signal(SIGINT, SIG_DFL); /* (as at a terminal or under cron) */
+        signal(SIGTERM, SIG_DFL);
         setenv("DGEMMA_SOCKET", sock, 1);
         execl(fixture_bin("dgemma-client"), "dgemma-client", "batch", "--input", in, "--output",
               out, "--parallel", "2", "--max-denoising-steps", "6", (char *)NULL);
@@ -586,10 +593,11 @@ static int batch_resume_after_kill(void)
         CHECK(fixture_now_ms() - t0 < FIXTURE_WAIT_MS && waitpid(pid, &st, WNOHANG) == 0);
         usleep(2000);
     }
-    CHECK(kill(pid, SIGKILL) == 0);
+    CHECK(kill(pid, sig) == 0);
     waitpid(pid, &st, 0);
+    CHECKF(WIFSIGNALED(st) && WTERMSIG(st) == sig, "signal %d: status 0x%x", sig, st);
     CHECK(check_results(out, &n, &errors, &dups) == 0);
-    printf("# killed the batch at %d of 50 results\n", n);
+    printf("# signal %d ended the batch at %d of 50 results\n", sig, n);
     CHECK(n < 50 && dups == 0);
     {
         const char *args[] = {"batch", "--input", in, "--output", out, "--parallel", "2",
@@ -601,6 +609,16 @@ static int batch_resume_after_kill(void)
     CHECKF(n == 50 && errors == 5 && dups == 0, "%d results, %d errors, %d duplicates", n, errors,
            dups);
     return 0;
+}
+
+static int batch_resume_after_kill(void)
+{
+    return batch_resume_after(SIGKILL);
+}
+
+static int batch_resume_after_sigint_sigterm(void)
+{
+    return batch_resume_after(SIGINT) || batch_resume_after(SIGTERM);
 }
 
 /* The whole of a file (up to cap - 1 bytes, NUL-terminated); its length,
@@ -1154,6 +1172,7 @@ int main(void)
         TEST_CASE(batch_with_bad_lines);
         TEST_CASE(batch_text_with_nul);
         TEST_CASE(batch_resume_after_kill);
+        TEST_CASE(batch_resume_after_sigint_sigterm);
         TEST_CASE(batch_refusals);
         TEST_CASE(batch_blank_lines);
         TEST_CASE(batch_bad_json_words);
