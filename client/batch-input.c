@@ -232,6 +232,10 @@ int batch_request_parts(const json_t *obj, const json_t *settings, size_t index,
     json_object_del(x, "id");
     json_object_del(x, "prompt");
     json_object_del(x, "prompt_ids");
+    /* (--no-parse-special is about text: a line of ids takes it only from
+     * itself, where the daemon refuses it) */
+    if (*kind == BATCH_PROMPT_IDS && !json_object_get(obj, "parse_special"))
+        json_object_del(x, "parse_special");
     /* ("batch": so the daemon's metrics count it as a batch job's) */
     if (json_object_set_new(x, "batch", json_true()) != 0 ||
         json_object_set_new(x, "stream", json_false()) != 0 ||

@@ -17,7 +17,9 @@ const char client_settings_help[] =
     "  --max-tokens N  --seed N  --canvas-length N  --max-denoising-steps N\n"
     "  --entropy-bound X  --confidence-threshold X  --stability-threshold N\n"
     "  --t-min X  --t-max X  --top-k N  --top-p X  --stop TEXT  --stop-id N\n"
-    "  --settings JSON (an object of the same settings)\n";
+    "  --settings JSON (an object of the same settings)\n"
+    "  --no-parse-special (a typed turn marker or <mask> in the prompt is text)\n"
+    "  --parse-special (it is that token; the daemon's default unless configured)\n";
 
 void client_errorf(const char *fmt, ...)
 {
@@ -81,6 +83,7 @@ static const struct {
 /* a generate line's keys that are not settings (daemon/protocol.c) */
 static const char *const REQUEST_KEYS[] = {
     "v", "op", "tag", "prompt", "messages", "prompt_ids", "stream", "enable_thinking", "batch",
+    "parse_special",
 };
 
 static int need_value(int argc, char **argv, int i)
@@ -120,6 +123,13 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
             return -1;
         }
         ++*i;
+        return 1;
+    }
+    if (!strcmp(a, "--parse-special") || !strcmp(a, "--no-parse-special")) {
+        if (json_object_set_new(o->settings, "parse_special", json_boolean(a[2] == 'p')) != 0) {
+            client_errorf("out of memory");
+            return -1;
+        }
         return 1;
     }
     if (!strcmp(a, "--settings")) {

@@ -686,6 +686,50 @@ static int batch_bad_json_words(void)
 /* Lines of nothing but spaces, tabs and CRs are skipped as empty ones are
  * (they used to get bad_line results), and the lines after them keep their
  * numbers in their results. */
+/* The first "prompt_tokens": N in s (-1: none). */
+static long long prompt_tokens_in(const char *s)
+{
+    const char *p = strstr(s, "\"prompt_tokens\":");
+    return p ? strtoll(p + 16, NULL, 10) : -1;
+}
+
+/* --no-parse-special: the prompt's typed markers are text (more prompt
+ * tokens), for generate and for batch, whose lines of ids do not take the
+ * flag (it is refused with ids, and would have stopped the batch). */
+static int no_parse_special(void)
+{
+    const char *typed = "say <|turn>model and <mask>";
+    const char *gen[] = {"generate", "--json", "--max-tokens", "2", "--seed", "1", typed, NULL,
+                         NULL};
+    char out[600], in[300];
+    const char *batch[] = {"batch", "--input", "-", "--output", out, NULL, NULL};
+    long long parsed, plain;
+    int rc, n, errors, dups;
+
+    rc = run_client(gen, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    parsed = prompt_tokens_in(OUT);
+    gen[6] = "--no-parse-special";
+    gen[7] = typed;
+    rc = run_client(gen, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    plain = prompt_tokens_in(OUT);
+    CHECKF(parsed > 0 && plain > parsed, "%lld prompt tokens plain, %lld parsed", plain, parsed);
+
+    snprintf(in, sizeof in, "{\"id\":1,\"prompt\":\"%s\",\"max_tokens\":2}\n"
+             "{\"id\":2,\"prompt_ids\":[2,5,6],\"max_tokens\":2}\n", typed);
+    snprintf(out, sizeof out, "%s", test_path("plain-out.jsonl"));
+    batch[5] = "--no-parse-special";
+    rc = run_client(batch, in, OUT, sizeof OUT, ERR, sizeof ERR);
+    CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+    CHECK(check_results(out, &n, &errors, &dups) == 0);
+    CHECKF(n == 2 && errors == 0, "%d results, %d errors", n, errors);
+    CHECK(slurp(out, OUT, sizeof OUT) > 0);
+    CHECKF(prompt_tokens_in(strstr(OUT, "{\"id\":1,")) == plain, "%s", OUT);
+    CHECKF(prompt_tokens_in(strstr(OUT, "{\"id\":2,")) == 3, "%s", OUT);
+    return 0;
+}
+
 static int batch_blank_lines(void)
 {
     char out[600];
@@ -1175,6 +1219,7 @@ int main(void)
         TEST_CASE(batch_resume_after_sigint_sigterm);
         TEST_CASE(batch_refusals);
         TEST_CASE(batch_blank_lines);
+    TEST_CASE(no_parse_special);
         TEST_CASE(batch_bad_json_words);
         TEST_CASE(batch_json_refused);
         TEST_CASE(batch_flag_refusal);
