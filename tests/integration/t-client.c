@@ -849,7 +849,25 @@ static int batch_refusals(void)
 /* A daemon shutting down during a batch: the requests it refuses then
  * (shutting_down) get no result, the batch stops sending, exits 3, and
  * the next run (on a daemon again) finishes them, each id once. */
-static int batch_daemon_stops(void)
+/* A case's own daemon and batch process, stopped by side_stopped whatever
+ * its checks say (a failed check returns early and would leave them). */
+static pid_t side_daemon, side_batch;
+
+static int side_stopped(int rc)
+{
+    if (side_batch > 0) {
+        kill(side_batch, SIGKILL);
+        waitpid(side_batch, NULL, 0);
+    }
+    if (side_daemon > 0) {
+        kill(side_daemon, SIGKILL);
+        fixture_wait_exit(side_daemon, NULL);
+    }
+    side_batch = side_daemon = 0;
+    return rc;
+}
+
+static int batch_daemon_stops_checks(void)
 {
     static const char *const opts[] = {"max_batch=2", "pin_workers=false", "tick=0.05",
                                        "shutdown_grace=5", NULL};
@@ -868,9 +886,9 @@ static int batch_daemon_stops(void)
     for (int i = 0; i < 40; i++)
         fprintf(f, "{\"id\":%d,\"prompt\":\"item %d\",\"max_tokens\":24,\"seed\":%d}\n", i, i, i);
     CHECK(fclose(f) == 0);
-    d = fixture_spawn(s2, l2, opts);
+    d = side_daemon = fixture_spawn(s2, l2, opts);
     CHECK(d > 0 && fixture_wait_ready(d, s2) == 0);
-    pid = fork();
+    pid = side_batch = fork();
     if (pid == 0) {
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 1);
@@ -887,13 +905,15 @@ static int batch_daemon_stops(void)
     }
     CHECK(kill(d, SIGTERM) == 0);
     CHECK(waitpid(pid, &st, 0) == pid);
+    side_batch = 0;
     fixture_wait_exit(d, NULL);
+    side_daemon = 0;
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 3, "status %d", st);
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     printf("# %d of 40 results before the daemon stopped\n", n);
     CHECKF(n < 40 && errors == 0 && dups == 0, "%d results, %d errors, %d duplicates", n, errors,
            dups);
-    d = fixture_spawn(s2, l2, opts);
+    d = side_daemon = fixture_spawn(s2, l2, opts);
     CHECK(d > 0 && fixture_wait_ready(d, s2) == 0);
     {
         const char *args[] = {"-s", s2, "batch", "--input", in, "--output", out, NULL};
@@ -902,6 +922,7 @@ static int batch_daemon_stops(void)
     }
     kill(d, SIGTERM);
     fixture_wait_exit(d, NULL);
+    side_daemon = 0;
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     CHECKF(n == 40 && errors == 0 && dups == 0, "%d results, %d errors, %d duplicates", n,
            errors, dups);
@@ -911,7 +932,12 @@ static int batch_daemon_stops(void)
 /* A daemon that refuses the batch's connection (busy: max_connections
  * reached) takes none of its requests: exit 3, no result written (none
  * taken for a request's), and the next run, with room, does them all. */
-static int batch_daemon_full(void)
+static int batch_daemon_stops(void)
+{
+    return side_stopped(batch_daemon_stops_checks());
+}
+
+static int batch_daemon_full_checks(void)
 {
     static const char *const opts[] = {"max_connections=1", "pin_workers=false", "tick=0.05",
                                        NULL};
@@ -924,7 +950,7 @@ static int batch_daemon_full(void)
     snprintf(out, sizeof out, "%s", test_path("full-out.jsonl"));
     snprintf(s3, sizeof s3, "%s", test_path("d3.sock"));
     snprintf(l3, sizeof l3, "%s", test_path("d3.log"));
-    d = fixture_spawn(s3, l3, opts);
+    d = side_daemon = fixture_spawn(s3, l3, opts);
     CHECK(d > 0 && fixture_wait_ready(d, s3) == 0);
     held = fixture_connect(s3); /* (the one connection it takes) */
     CHECK(held >= 0);
@@ -945,9 +971,15 @@ static int batch_daemon_full(void)
     }
     kill(d, SIGTERM);
     fixture_wait_exit(d, NULL);
+    side_daemon = 0;
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     CHECKF(n == 2 && errors == 0 && dups == 0, "%d results, %d errors", n, errors);
     return 0;
+}
+
+static int batch_daemon_full(void)
+{
+    return side_stopped(batch_daemon_full_checks());
 }
 
 /* A setting given by a flag that the daemon refuses stops the batch at its
@@ -1038,7 +1070,6 @@ static pid_t spawn_batch(const char *s, const char *in, const char *out, const c
  * batch with exit 3, no result, and every later run ran it again).  A
  * daemon that cancels the running requests as it stops (shutdown_grace 0)
  * still leaves them unfinished: no result, exit 3. */
-static pid_t cancel_daemon; /* batch_cancelled's, stopped whatever the checks say */
 
 static int batch_cancelled_checks(void)
 {
@@ -1062,17 +1093,19 @@ static int batch_cancelled_checks(void)
         fprintf(f, "{\"id\":\"s%d\",\"prompt\":\"x\",\"max_tokens\":4,"
                    "\"max_denoising_steps\":2,\"seed\":%d}\n", i, i + 2);
     CHECK(fclose(f) == 0);
-    d = cancel_daemon = fixture_spawn(s4, l4, opts);
+    d = side_daemon = fixture_spawn(s4, l4, opts);
     CHECK(d > 0 && fixture_wait_ready(d, s4) == 0);
     /* (one at a time: the long one is the daemon's first request, req=1) */
-    pid = spawn_batch(s4, in, out, "1");
+    pid = side_batch = spawn_batch(s4, in, out, "1");
     CHECKF(wait_log(l4, "req=1 conn ", pid) == 0, "the batch's first request not seen");
     {
         const char *args[] = {"-s", s4, "cancel", "1", NULL};
         rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
         CHECKF(rc == 0, "cancel: exit %d: %s", rc, ERR);
     }
-    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
+    CHECK(fixture_wait_exit(pid, &st) == 0);
+    side_batch = 0;
+    CHECK(WIFEXITED(st));
     CHECKF(WEXITSTATUS(st) == 1, "the batch exited %d", WEXITSTATUS(st));
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     CHECKF(n == 3 && errors == 1 && dups == 0, "%d results, %d errors", n, errors);
@@ -1094,13 +1127,15 @@ static int batch_cancelled_checks(void)
     f = fopen(in, "w");
     CHECK(f && fprintf(f, "{\"id\":\"L1\",%s{\"id\":\"L2\",%s", LONG, LONG) > 0 &&
           fclose(f) == 0);
-    pid = spawn_batch(s4, in, out, "2");
+    pid = side_batch = spawn_batch(s4, in, out, "2");
     CHECKF(wait_log(l4, "req=5 conn ", pid) == 0, "the batch's requests not seen");
     usleep(100000);
     CHECK(kill(d, SIGTERM) == 0);
-    CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
+    CHECK(fixture_wait_exit(pid, &st) == 0);
+    side_batch = 0;
+    CHECK(WIFEXITED(st));
     CHECK(fixture_wait_exit(d, NULL) == 0);
-    cancel_daemon = 0;
+    side_daemon = 0;
     CHECKF(WEXITSTATUS(st) == 3, "the batch exited %d", WEXITSTATUS(st));
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     CHECKF(n == 0, "%d results of requests the stopping daemon cancelled", n);
@@ -1109,12 +1144,7 @@ static int batch_cancelled_checks(void)
 
 static int batch_cancelled(void)
 {
-    const int rc = batch_cancelled_checks();
-    if (cancel_daemon > 0) {
-        kill(cancel_daemon, SIGKILL);
-        fixture_wait_exit(cancel_daemon, NULL);
-    }
-    return rc;
+    return side_stopped(batch_cancelled_checks());
 }
 
 static int chat_pipe(void)
