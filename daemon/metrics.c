@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +199,23 @@ void dmetrics_counters(struct dmetrics *m, struct dmetrics_counters *c)
 
 /* ---- the writer --------------------------------------------------------------- */
 
+/* Record a write failure (m->mu held): last_error (printf format) and its
+ * time; with failing, the file cannot be written until a transaction
+ * commits (records dropped one by one while the rest is written: not). */
+static void note_failure(struct dmetrics *m, int failing, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void note_failure(struct dmetrics *m, int failing, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->c.last_error, sizeof m->c.last_error, fmt, ap);
+    va_end(ap);
+    m->c.last_error_at = dmetrics_now();
+    if (failing)
+        m->c.failing = 1;
+}
+
 /* Write batch (and the loss and retention events) in one transaction.
  * Returns 0, or a negative dg_status: DG_E_BUSY / DG_E_IO are worth a
  * retry, anything else is not. */
@@ -325,6 +343,7 @@ static int salvage(struct dmetrics *m, struct mrec **batch, struct mrec **tail,
             m->c.requests += n_req;
             m->c.events += n_ev;
             m->c.run = m->run_id;
+            m->c.failing = 0;
         }
         m->held--;
         mrec_free(r);
@@ -333,8 +352,7 @@ static int salvage(struct dmetrics *m, struct mrec **batch, struct mrec **tail,
     if (!*batch)
         *tail = NULL;
     if (dropped)
-        snprintf(m->c.last_error, sizeof m->c.last_error, "%zu records dropped: %s", dropped,
-                 err->msg);
+        note_failure(m, 0, "%zu records dropped: %s", dropped, err->msg);
     return rc;
 }
 
@@ -470,12 +488,13 @@ static void *writer_thread(void *arg)
             m->c.requests += n_req;
             m->c.events += n_ev;
             m->c.run = m->run_id;
+            m->c.failing = 0;
             if (pause > 0)
                 dlog(DG_LOG_INFO, "metrics: writing again");
             pause = 0;
             continue;
         }
-        snprintf(m->c.last_error, sizeof m->c.last_error, "%s", err.msg);
+        note_failure(m, 1, "%s", err.msg);
         if (retryable(rc)) {
             /* keep the batch; try again after a pause */
             m->c.retries++;
@@ -494,7 +513,7 @@ static void *writer_thread(void *arg)
         /* a failure a retry will not fix: find the records that cause it */
         rc = salvage(m, &batch, &batch_tail, &retention_due, &err);
         if (rc < 0) {
-            snprintf(m->c.last_error, sizeof m->c.last_error, "%s", err.msg);
+            note_failure(m, 1, "%s", err.msg);
             m->c.retries++;
             pause = 0.1;
             if (past_stop(m, &stop_deadline))

@@ -59,7 +59,9 @@ struct dmetrics_counters {
     uint64_t lost;           /* records dropped: queue full, or a batch that failed for good */
     uint64_t retries;        /* transactions that failed and were tried again */
     int64_t run;             /* this run's row id (0 until the first write) */
-    char last_error[256];    /* the last write failure, "" if none */
+    char last_error[256];    /* the last write failure, "" if none; kept after recovery */
+    double last_error_at;    /* when (Unix seconds), 0 if none */
+    int failing;             /* the last transaction tried failed: records wait (or are lost) */
 };
 
 /* Open the database (checked here: a bad path, a file that is not SQLite

@@ -458,10 +458,11 @@ static void send_status(struct dserver *srv, struct conn *c, const char *tag)
         struct dmetrics_counters mc;
         json_t *m;
         dmetrics_counters(srv->o.metrics, &mc);
-        m = json_pack("{s:I,s:I,s:I,s:I,s:I,s:s}", "queued", (json_int_t)mc.held,
+        m = json_pack("{s:I,s:I,s:I,s:I,s:I,s:s,s:f,s:b}", "queued", (json_int_t)mc.held,
                       "requests_written", (json_int_t)mc.requests, "events_written",
                       (json_int_t)mc.events, "lost", (json_int_t)mc.lost, "retries",
-                      (json_int_t)mc.retries, "last_error", mc.last_error);
+                      (json_int_t)mc.retries, "last_error", mc.last_error, "last_error_at",
+                      mc.last_error_at, "failing", mc.failing);
         if (!m || json_object_set_new(o, "metrics", m)) {
             json_decref(o);
             send_error(srv, c, 0, tag, "internal", "out of memory");

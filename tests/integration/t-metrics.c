@@ -87,6 +87,8 @@ static dgemma_t *open_conn(void)
 /* The status op's "metrics" object, as integers. */
 struct mstat {
     long long queued, requests_written, events_written, lost, retries;
+    int failing;          /* (-1: not a boolean) */
+    double last_error_at; /* (-1: not a number) */
 };
 
 static int metrics_status(struct mstat *m)
@@ -105,6 +107,12 @@ static int metrics_status(struct mstat *m)
             m->events_written = json_integer_value(json_object_get(o, "events_written"));
             m->lost = json_integer_value(json_object_get(o, "lost"));
             m->retries = json_integer_value(json_object_get(o, "retries"));
+            m->failing = json_is_boolean(json_object_get(o, "failing"))
+                             ? json_is_true(json_object_get(o, "failing"))
+                             : -1;
+            m->last_error_at = json_is_number(json_object_get(o, "last_error_at"))
+                                   ? json_number_value(json_object_get(o, "last_error_at"))
+                                   : -1;
             rc = 0;
         }
         json_decref(s);
@@ -437,11 +445,14 @@ static int locked_below_bound(void)
     CHECKF(ms.queued == M && ms.lost == 0 && ms.retries > 0 && ms.requests_written == 0,
            "queued %lld lost %lld retries %lld written %lld", ms.queued, ms.lost, ms.retries,
            ms.requests_written);
+    CHECKF(ms.failing == 1 && ms.last_error_at > 1e9, "failing %d, last error at %.0f",
+           ms.failing, ms.last_error_at);
     CHECK(q_int(db, "SELECT count(*) FROM requests") == 0);
     CHECK(release_holder(holder, go) == 0);
     CHECK(wait_count(db, M, 15, "SELECT count(*) FROM requests") == 0);
     CHECK(metrics_status(&ms) == 0);
     CHECK(ms.queued == 0 && ms.lost == 0 && ms.requests_written == M);
+    CHECK(ms.failing == 0 && ms.last_error_at > 1e9);
     CHECK(q_int(db, "SELECT count(*) FROM events WHERE kind = 'metrics_lost'") == 0);
     CHECK(stop_daemon() == 0);
     CHECK(q_int(db, "SELECT count(*) FROM requests") == M);

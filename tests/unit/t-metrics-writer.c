@@ -237,6 +237,7 @@ static int bound_while_locked(void)
     CHECKF(c.held == Q && c.lost == (uint64_t)(N - (int)Q),
            "held %llu lost %llu", (unsigned long long)c.held, (unsigned long long)c.lost);
     CHECK(c.requests == 0 && c.retries > 0 && c.last_error[0]);
+    CHECK(c.failing && c.last_error_at > 1e9);
     /* (a producer that waited on the database would wait busy_ms = 50 ms at least) */
     CHECKF(worst < 0.04, "a producer waited %.1f ms", worst * 1e3);
     CHECK(peek(path, "SELECT count(*) FROM requests") == 0);
@@ -246,6 +247,8 @@ static int bound_while_locked(void)
     CHECK(wait_requests(m, Q, 15) == 0);
     dmetrics_counters(m, &c);
     CHECK(c.held == 0 && c.lost == (uint64_t)(N - (int)Q));
+    /* written again: not failing, the last failure still told */
+    CHECK(!c.failing && c.last_error[0] && c.last_error_at > 1e9);
     CHECK(peek(path, "SELECT count(*) FROM requests") == (int64_t)Q);
     CHECK(peek(path, "SELECT min(request_id) FROM requests") == 1);
     CHECK(peek(path, "SELECT max(request_id) FROM requests") == (int64_t)Q);
@@ -281,6 +284,7 @@ static int poison_record(void)
     CHECKF(c.lost == 1 && c.held == 0, "lost %llu held %llu", (unsigned long long)c.lost,
            (unsigned long long)c.held);
     CHECK(strstr(c.last_error, "1 records dropped") != NULL);
+    CHECK(!c.failing && c.last_error_at > 1e9); /* (the rest was written) */
     CHECK(peek(path, "SELECT count(*) FROM requests") == 3);
     CHECK(peek(path, "SELECT canvases FROM requests WHERE request_id = 7") == 1);
     CHECK(peek(path, "SELECT count(*) FROM canvases") == 1 + 2 + 3);
