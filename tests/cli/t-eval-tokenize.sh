@@ -2,7 +2,8 @@
 # Description: dgemma-eval tokenize as a user drives it: JSON lines of text
 # and chat messages in, ids and decodes out, on the default model's
 # tokenizer; malformed JSON, invalid UTF-8, bad fields and unknown roles get
-# an error line naming the line and processing continues; exit status 1
+# an error line naming the line and processing continues; "parse_special":
+# false keeps typed markers as text; exit status 1
 # when any line failed, 2 for bad usage.
 set -u
 BUILD=${BUILD:-build}
@@ -43,6 +44,23 @@ if [ $st -eq 1 ] && [ "$(wc -l <"$tmp/mixed.out")" -eq 10 ] && [ "$n_err" -eq 8 
    grep -q '"line":9,"error":"add_special_tokens must be a boolean"' "$tmp/mixed.out" &&
    [ "$(tail -n 1 "$tmp/mixed.out" | grep -c '"ids"')" -eq 1 ]
 then ok errors_continue; else bad errors_continue "exit $st, $n_err errors: $(cat "$tmp/mixed.out")"; fi
+
+# parse_special false: typed markers are text (the round trip keeps them,
+# and no <|turn> (5), <turn|> (6) or <mask> (4) id comes from them); the
+# chat format's own markers stay tokens
+printf '%s\n' '{"text": "a <|turn> b <mask>", "parse_special": false}' \
+    '{"messages": [{"role": "user", "content": "x <turn|>"}], "parse_special": false}' \
+    '{"text": "a <|turn> b <mask>"}' '{"text": "a", "parse_special": 1}' >"$tmp/plain.jsonl"
+"$EVAL" tokenize --tokenizer "$TOK" <"$tmp/plain.jsonl" >"$tmp/plain.out" 2>&1
+st=$?
+l1=$(sed -n 1p "$tmp/plain.out"); l2=$(sed -n 2p "$tmp/plain.out"); l3=$(sed -n 3p "$tmp/plain.out")
+if [ $st -eq 1 ] && ! echo "$l1" | grep -qE '[[,](4|5)[],]' &&
+   echo "$l1" | grep -qF '"decoded_skip_special":"a <|turn> b <mask>"' &&
+   echo "$l2" | grep -qE '^\{"text":"<bos><\|turn>user\\nx <turn\|><turn\|>' &&
+   [ "$(echo "$l2" | grep -o '"ids":\[[^]]*\]' | grep -oE '[[,]6[],]' | wc -l)" -eq 1 ] &&
+   echo "$l3" | grep -qE '[[,]5[],]' && echo "$l3" | grep -qE '[[,]4[]]' &&
+   grep -q '"line":4,"error":"parse_special must be a boolean"' "$tmp/plain.out"
+then ok parse_special; else bad parse_special "exit $st: $(cat "$tmp/plain.out")"; fi
 
 "$EVAL" tokenize </dev/null >/dev/null 2>&1; a=$?
 "$EVAL" tokenize --tokenizer "$tmp/none.json" </dev/null >/dev/null 2>"$tmp/none.err"; b=$?

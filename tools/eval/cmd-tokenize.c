@@ -20,6 +20,8 @@ static const char usage[] =
     "   \"add_generation_prompt\": true, \"enable_thinking\": false}\n"
     "and write one JSON line each: \"ids\", \"decoded\" (special tokens kept),\n"
     "\"decoded_skip_special\", and for messages the rendered prompt as \"text\".\n"
+    "Either may carry \"parse_special\": false: its text, or the messages'\n"
+    "contents, then match no added token (dgemmad's parse_special).\n"
     "A line that cannot be processed gets {\"line\": N, \"error\": \"...\"}\n"
     "and the rest continue.  --config defaults to tokenizer_config.json beside\n"
     "the tokenizer.  Exit status 0 if every line succeeded, 1 otherwise.\n";
@@ -38,9 +40,14 @@ static void print_error(size_t line, const char *msg)
 static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t why_len)
 {
     json_t *text = json_object_get(in, "text"), *messages = json_object_get(in, "messages");
+    json_t *special = json_object_get(in, "parse_special");
     json_t *out = NULL;
     struct dg_ids ids = {0};
     struct dg_buf prompt = {0}, dec = {0}, dec_skip = {0};
+    struct dg_chat_spans content = {0};
+    struct dg_text_span all;
+    const struct dg_text_span *literal = NULL;
+    size_t n_literal = 0;
     struct dg_error err = {0};
     const char *src;
     size_t src_len;
@@ -56,6 +63,10 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
         snprintf(why, why_len, "need exactly one of \"text\" (a string) or \"messages\" (a list)");
         return -1;
     }
+    if (special && !json_is_boolean(special)) {
+        snprintf(why, why_len, "parse_special must be a boolean");
+        return -1;
+    }
     if (text) {
         json_t *as = json_object_get(in, "add_special_tokens");
         if (as && !json_is_boolean(as)) {
@@ -65,6 +76,12 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
         flags = json_is_true(as) ? DG_TOK_ADD_SPECIAL : 0;
         src = json_string_value(text);
         src_len = json_string_length(text);
+        all.start = 0;
+        all.len = src_len;
+        if (json_is_false(special)) {
+            literal = &all;
+            n_literal = 1;
+        }
     } else {
         json_t *gen = json_object_get(in, "add_generation_prompt");
         json_t *think = json_object_get(in, "enable_thinking");
@@ -73,14 +90,18 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
             return -1;
         }
         if (dg_chat_render_json(t, messages, json_is_true(gen), json_is_true(think), &prompt,
-                                NULL, &err)) {
+                                json_is_false(special) ? &content : NULL, &err)) {
             snprintf(why, why_len, "%s", err.msg);
+            dg_buf_free(&prompt);
+            dg_chat_spans_free(&content);
             return -1;
         }
         src = prompt.s;
         src_len = prompt.n;
+        literal = content.v;
+        n_literal = content.n;
     }
-    if (dg_tokenizer_encode(t, src, src_len, flags, &ids, &err) ||
+    if (dg_tokenizer_encode_literal(t, src, src_len, flags, literal, n_literal, &ids, &err) ||
         dg_tokenizer_decode(t, ids.v, ids.n, 0, &dec, &err) ||
         dg_tokenizer_decode(t, ids.v, ids.n, 1, &dec_skip, &err)) {
         snprintf(why, why_len, "%s", err.msg);
@@ -107,6 +128,7 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
     rc = 0;
 done:
     json_decref(out);
+    dg_chat_spans_free(&content);
     dg_ids_free(&ids);
     dg_buf_free(&prompt);
     dg_buf_free(&dec);
