@@ -18,3 +18,13 @@ int dlog_limit_take(struct dlog_limit *l, double now, unsigned long long *held_b
     l->held++;
     return 0;
 }
+
+unsigned long long dlog_limit_due(struct dlog_limit *l, double now)
+{
+    unsigned long long held = l->held;
+    if (!l->open || !held || now - l->start < l->window)
+        return 0;
+    l->open = 0;
+    l->held = 0;
+    return held;
+}

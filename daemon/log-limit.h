@@ -1,9 +1,10 @@
 /*
  * log-limit.h - a bound on how many lines of one kind the log takes: at
  * most `burst` in a window of `window` seconds; the rest are held back and
- * counted, and the count is handed over when the next window opens, so
- * that a client sending bad lines in a loop cannot fill the disk while an
- * operator still sees that it happens and how often.
+ * counted, and the count is handed over when the next window opens (or a
+ * timer finds the window over), so that a client sending bad lines in a
+ * loop cannot fill the disk while an operator still sees that it happens
+ * and how often.
  */
 #ifndef DG_DAEMON_LOG_LIMIT_H
 #define DG_DAEMON_LOG_LIMIT_H
@@ -23,5 +24,10 @@ struct dlog_limit {
  * lines the closed window held back (0 if none or no window closed), for
  * the caller to log before its own line. */
 int dlog_limit_take(struct dlog_limit *l, double now, unsigned long long *held_before);
+
+/* For a timer, so that a count held back is told even when no line
+ * follows: when the window is over and held lines back, their count (the
+ * window closes: the next take opens one); 0 otherwise. */
+unsigned long long dlog_limit_due(struct dlog_limit *l, double now);
 
 #endif

@@ -377,14 +377,20 @@ static void write_line(struct dserver *srv, struct conn *c, char *line, size_t l
     free(line);
 }
 
+/* The count of refusals the last window held back, once (0: none). */
+static void log_refusals_held(unsigned long long held)
+{
+    if (held)
+        dlog(DG_LOG_INFO, "%llu more refusals in the %.0f s before were logged at debug level "
+             "only", held, REFUSAL_LOG_WINDOW_S);
+}
+
 void log_refusal(struct dserver *srv, const struct conn *c, const char *what, const char *code,
                  const char *msg)
 {
     unsigned long long held;
     const int info = dlog_limit_take(&srv->refusals, now_s(), &held);
-    if (held)
-        dlog(DG_LOG_INFO, "%llu more refusals in the %.0f s before were logged at debug level "
-             "only", held, REFUSAL_LOG_WINDOW_S);
+    log_refusals_held(held);
     dlog(info ? DG_LOG_INFO : DG_LOG_DEBUG, "conn %u uid=%d: %srefused: %s: %s", slot_of(srv, c),
          (int)c->uid, what, code, msg);
 }
@@ -1070,6 +1076,7 @@ static void on_tick(struct dserver *srv)
         arm_accept(srv);
     linger_sweep(srv, t);
     grace_check(srv, t);
+    log_refusals_held(dlog_limit_due(&srv->refusals, t));
     arm_tick(srv);
 }
 

@@ -99,9 +99,10 @@ static int case_signal_safe_line(void)
     return 0;
 }
 
-/* dlog_limit_take by its contract: burst 3 a window of 10 s, by hand; then
- * random call times, where no window logs more than its burst and every
- * line held back is handed over once, by the window after its own. */
+/* dlog_limit_take by its contract: burst 3 a window of 10 s, by hand, and
+ * dlog_limit_due; then random call times, where no window logs more than
+ * its burst and every line held back is handed over once, by the window
+ * after its own or by the timer. */
 static int case_log_limit(void)
 {
     static const struct {
@@ -117,6 +118,7 @@ static int case_log_limit(void)
     unsigned long long held, total_held = 0, handed = 0;
     double t = 0, start = 0;
     unsigned in_window = 0;
+    int opened = 0;
 
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         int ok = dlog_limit_take(&l, steps[i].t, &held);
@@ -124,15 +126,33 @@ static int case_log_limit(void)
                "at %.2f s: allowed %d, %llu held before (want %d, %llu)", steps[i].t, ok, held,
                steps[i].allowed, steps[i].held_before);
     }
+    /* a timer: the count once the window is over, once; the window closed */
+    memset(&l, 0, sizeof l);
+    l.burst = 2;
+    l.window = 10;
+    CHECK(dlog_limit_due(&l, 0) == 0);
+    CHECK(dlog_limit_take(&l, 0, &held) == 1 && dlog_limit_take(&l, 1, &held) == 1);
+    CHECK(dlog_limit_take(&l, 2, &held) == 0 && dlog_limit_take(&l, 3, &held) == 0);
+    CHECK(dlog_limit_due(&l, 9.9) == 0 && dlog_limit_due(&l, 10) == 2 &&
+          dlog_limit_due(&l, 11) == 0);
+    CHECK(dlog_limit_take(&l, 12, &held) == 1 && held == 0);
+    CHECK(dlog_limit_due(&l, 30) == 0); /* (nothing held: the window stays) */
+    CHECK(dlog_limit_take(&l, 31, &held) == 1 && held == 0 && l.start == 31);
+
     memset(&l, 0, sizeof l);
     l.burst = 1 + (unsigned)(next() % 20);
     l.window = 0.5 + (double)(next() % 100) / 10;
     for (int i = 0; i < 100000; i++) {
         int ok;
         t += (double)(next() % 1000) / 1000.0 * (next() % 4 ? 0.01 : 3.0);
+        if (next() % 8 == 0) {
+            handed += dlog_limit_due(&l, t);
+            continue;
+        }
         ok = dlog_limit_take(&l, t, &held);
         handed += held;
-        if (i == 0 || t - start >= l.window) {
+        if (!opened || t - start >= l.window) {
+            opened = 1;
             start = t;
             in_window = 0;
         } else {
