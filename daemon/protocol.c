@@ -93,24 +93,20 @@ static int tokenize(const json_t *prompt, const json_t *messages, const struct d
 {
     struct dg_ids ids = {0};
     struct dg_buf text = {0};
-    struct dg_chat_spans content = {0};
     struct dg_error err = {0};
     int rc;
 
     if (!ctx->tok)
         return fail(perr, "bad_request", "this model has no tokenizer: send prompt_ids");
     if (prompt) {
-        struct dg_text_span all = {0, json_string_length(prompt)};
-        rc = dg_tokenizer_encode_literal(ctx->tok, json_string_value(prompt), all.len,
-                                         DG_TOK_ADD_SPECIAL, &all, !req->parse_special, &ids,
-                                         &err);
-    } else if ((rc = dg_chat_render_json(ctx->tok, messages, 1, req->thinking, &text,
-                                         req->parse_special ? NULL : &content, &err)) == 0) {
-        rc = dg_tokenizer_encode_literal(ctx->tok, text.s, text.n, 0, content.v, content.n,
-                                         &ids, &err);
+        const int plain = req->parse_special ? 0 : DG_TOK_ADDED_AS_TEXT;
+        rc = dg_tokenizer_encode(ctx->tok, json_string_value(prompt), json_string_length(prompt),
+                                 DG_TOK_ADD_SPECIAL | plain, &ids, &err);
+    } else {
+        rc = dg_chat_encode_json(ctx->tok, messages, 1, req->thinking, req->parse_special, &text,
+                                 &ids, &err);
     }
     dg_buf_free(&text);
-    dg_chat_spans_free(&content);
     if (rc < 0) {
         dg_ids_free(&ids);
         return fail(perr, rc == -DG_E_NOMEM ? "internal" : "bad_request", "%s", err.msg);

@@ -89,3 +89,16 @@ int dg_chat_render_json(const struct dg_tokenizer *t, const json_t *messages,
     free(parts);
     return rc;
 }
+
+int dg_chat_encode_json(const struct dg_tokenizer *t, const json_t *messages,
+                        int add_generation_prompt, int enable_thinking, int parse_special,
+                        struct dg_buf *text, struct dg_ids *ids, struct dg_error *err)
+{
+    struct dg_chat_spans content = {0};
+    int rc = dg_chat_render_json(t, messages, add_generation_prompt, enable_thinking, text,
+                                 parse_special ? NULL : &content, err);
+    if (rc == 0)
+        rc = dg_tokenizer_encode_literal(t, text->s, text->n, 0, content.v, content.n, ids, err);
+    dg_chat_spans_free(&content);
+    return rc;
+}

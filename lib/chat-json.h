@@ -26,4 +26,13 @@ int dg_chat_render_json(const struct dg_tokenizer *t, const json_t *messages,
                         int add_generation_prompt, int enable_thinking, struct dg_buf *out,
                         struct dg_chat_spans *content, struct dg_error *err);
 
+/* Render messages as dg_chat_render_json does into text, which starts
+ * empty, and encode it, appending to ids; unless parse_special, the
+ * messages' text matches no added token (dg_tokenizer_encode_literal over
+ * its spans), the format's own markers still do.  Errors: those of
+ * dg_chat_render_json and dg_tokenizer_encode_literal. */
+int dg_chat_encode_json(const struct dg_tokenizer *t, const json_t *messages,
+                        int add_generation_prompt, int enable_thinking, int parse_special,
+                        struct dg_buf *text, struct dg_ids *ids, struct dg_error *err);
+
 #endif

@@ -467,8 +467,13 @@ int dg_tokenizer_encode_literal(const struct dg_tokenizer *t, const char *text, 
     const int sat = !!(flags & DG_TOK_SPECIAL_AS_TEXT);
     size_t bad = dg_utf8_valid_prefix((const unsigned char *)text, len), start = 0, i = 0;
     size_t n0 = out->n, next = 0;
+    const struct dg_text_span all = {0, len};
     int rc = 0;
 
+    if (flags & DG_TOK_ADDED_AS_TEXT) {
+        literal = &all;
+        n_literal = 1;
+    }
     if (bad != len)
         return dg_error_set(err, DG_E_INVAL, "tokenizer: invalid UTF-8 at byte %zu of the text", bad);
     for (size_t j = 0; j < n_literal; j++)

@@ -71,6 +71,8 @@ void dg_tokenizer_free(struct dg_tokenizer *t);
 enum dg_tok_encode_flags {
     DG_TOK_ADD_SPECIAL = 1,     /* run the post-processor (e.g. prepend <bos>) */
     DG_TOK_SPECIAL_AS_TEXT = 2, /* do not match `special` added tokens in the text */
+    DG_TOK_ADDED_AS_TEXT = 4,   /* match no added token at all: the whole text literal
+                                 * (dg_tokenizer_encode_literal's spans give parts) */
 };
 
 /* Encode len bytes of UTF-8 text, appending ids to out.  Errors:
@@ -90,7 +92,8 @@ struct dg_text_span {
  * that fits).  Otherwise the text is split and merged as dg_tokenizer_encode
  * does it, so spans that hold no added token's spelling, with none crossing
  * their edges, give the same ids.  The spans are sorted and disjoint (empty
- * ones allowed).  Errors: those of dg_tokenizer_encode; DG_E_INVAL for spans
+ * ones allowed); with DG_TOK_ADDED_AS_TEXT the whole text is one (literal
+ * is not read).  Errors: those of dg_tokenizer_encode; DG_E_INVAL for spans
  * out of order or past len. */
 int dg_tokenizer_encode_literal(const struct dg_tokenizer *t, const char *text, size_t len,
                                 int flags, const struct dg_text_span *literal, size_t n_literal,

@@ -712,6 +712,19 @@ static int case_literal_spans(void)
     CHECK_OK(dg_tokenizer_encode_literal(synth, s, strlen(s), DG_TOK_ADD_SPECIAL, none, 3, &b,
                                          &err), &err);
     CHECK(a.n == b.n && !memcmp(a.v, b.v, a.n * sizeof *a.v));
+    /* DG_TOK_ADDED_AS_TEXT: the whole text one span */
+    {
+        struct dg_text_span whole = {0, strlen(s)};
+        a.n = b.n = 0;
+        CHECK_OK(dg_tokenizer_encode(synth, s, strlen(s), DG_TOK_ADD_SPECIAL |
+                                     DG_TOK_ADDED_AS_TEXT, &a, &err), &err);
+        CHECK_OK(dg_tokenizer_encode_literal(synth, s, strlen(s), DG_TOK_ADD_SPECIAL, &whole, 1,
+                                             &b, &err), &err);
+        CHECK(a.n == b.n && !memcmp(a.v, b.v, a.n * sizeof *a.v));
+        for (size_t i = 1; i < a.n; i++)
+            CHECK(a.v[i] != dg_tokenizer_token_id(synth, "<|turn>", 7) &&
+                  a.v[i] != dg_tokenizer_token_id(synth, "<mask>", 6));
+    }
     b.n = 0;
     CHECK_FAILS(dg_tokenizer_encode_literal(synth, s, strlen(s), 0, bad, 2, &b, &err), &err,
                 DG_E_INVAL, "out of order");

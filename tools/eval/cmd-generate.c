@@ -152,9 +152,7 @@ static int make_prompt(const char *text, const char *messages, const char *ids_p
             eval_errorf("%s", err.msg);
             return 1;
         }
-        rc = dg_chat_render_json(tok, doc, 1, thinking, &rendered, NULL, &err);
-        if (rc == 0)
-            rc = dg_tokenizer_encode(tok, rendered.s, rendered.n, 0, &out, &err);
+        rc = dg_chat_encode_json(tok, doc, 1, thinking, 1, &rendered, &out, &err);
         json_decref(doc);
         dg_buf_free(&rendered);
     } else {

@@ -44,14 +44,8 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
     json_t *out = NULL;
     struct dg_ids ids = {0};
     struct dg_buf prompt = {0}, dec = {0}, dec_skip = {0};
-    struct dg_chat_spans content = {0};
-    struct dg_text_span all;
-    const struct dg_text_span *literal = NULL;
-    size_t n_literal = 0;
     struct dg_error err = {0};
-    const char *src;
-    size_t src_len;
-    int flags = 0, rc = -1;
+    int rc = -1;
     char *line;
 
     if (!json_is_object(in)) {
@@ -73,14 +67,12 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
             snprintf(why, why_len, "add_special_tokens must be a boolean");
             return -1;
         }
-        flags = json_is_true(as) ? DG_TOK_ADD_SPECIAL : 0;
-        src = json_string_value(text);
-        src_len = json_string_length(text);
-        all.start = 0;
-        all.len = src_len;
-        if (json_is_false(special)) {
-            literal = &all;
-            n_literal = 1;
+        if (dg_tokenizer_encode(t, json_string_value(text), json_string_length(text),
+                                (json_is_true(as) ? DG_TOK_ADD_SPECIAL : 0) |
+                                    (json_is_false(special) ? DG_TOK_ADDED_AS_TEXT : 0),
+                                &ids, &err)) {
+            snprintf(why, why_len, "%s", err.msg);
+            goto done;
         }
     } else {
         json_t *gen = json_object_get(in, "add_generation_prompt");
@@ -89,20 +81,13 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
             snprintf(why, why_len, "add_generation_prompt and enable_thinking must be booleans");
             return -1;
         }
-        if (dg_chat_render_json(t, messages, json_is_true(gen), json_is_true(think), &prompt,
-                                json_is_false(special) ? &content : NULL, &err)) {
+        if (dg_chat_encode_json(t, messages, json_is_true(gen), json_is_true(think),
+                                !json_is_false(special), &prompt, &ids, &err)) {
             snprintf(why, why_len, "%s", err.msg);
-            dg_buf_free(&prompt);
-            dg_chat_spans_free(&content);
-            return -1;
+            goto done;
         }
-        src = prompt.s;
-        src_len = prompt.n;
-        literal = content.v;
-        n_literal = content.n;
     }
-    if (dg_tokenizer_encode_literal(t, src, src_len, flags, literal, n_literal, &ids, &err) ||
-        dg_tokenizer_decode(t, ids.v, ids.n, 0, &dec, &err) ||
+    if (dg_tokenizer_decode(t, ids.v, ids.n, 0, &dec, &err) ||
         dg_tokenizer_decode(t, ids.v, ids.n, 1, &dec_skip, &err)) {
         snprintf(why, why_len, "%s", err.msg);
         goto done;
@@ -128,7 +113,6 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
     rc = 0;
 done:
     json_decref(out);
-    dg_chat_spans_free(&content);
     dg_ids_free(&ids);
     dg_buf_free(&prompt);
     dg_buf_free(&dec);
