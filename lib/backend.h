@@ -9,12 +9,20 @@
  *             per-position arithmetic (sampler.h): temperature, filter,
  *             argmax, Gumbel-max sample, entropy.  Logits stay inside the
  *             backend; only CL ids / ids / floats per item come back.
+ *             An item may first append tokens to its slot's cache (the
+ *             commit of its finished canvas): the result is exactly that
+ *             of an encode of those tokens followed by the step, whether
+ *             the backend runs them as two passes or as one (a pass whose
+ *             rows are the appended tokens in encoder mode and the canvas
+ *             in decoder mode: per layer the appended tokens' keys and
+ *             values are written before the canvas attends to them).
  *   condition for items of the last denoise batch that will take another
  *             step: keep softmax(processed logits) E c as the slot's
  *             self-conditioning input for its next denoise.
  *
  * Errors: a batch is checked before anything runs (open slots, ids inside
- * the vocabulary, room in the caches, canvas sizes): DG_E_INVAL or
+ * the vocabulary, room in the caches for the appended tokens and the
+ * canvas, canvas sizes): DG_E_INVAL or
  * DG_E_RANGE, and nothing has changed; the engine then runs the batch's
  * items one at a time, so that a refusal ends only the request it is about
  * (a call that fails so after all may repeat: caches grow and the
@@ -38,6 +46,10 @@ struct dg_encode_item {
 
 struct dg_denoise_item {
     int slot;
+    /* appended to the slot's cache before the step, as encode would
+     * (NULL, 0: nothing); the canvas then sits after them */
+    const int32_t *append;
+    int64_t n_append;
     const int32_t *canvas;   /* [cl] */
     int cl;
     int self_cond;           /* 1: add the slot's kept soft embedding */

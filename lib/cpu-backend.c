@@ -59,6 +59,8 @@ struct cpu_backend {
     int *slot_open, *slot_max_cl;
     struct last_item *last;
     int n_last, last_cap;
+    struct dg_encode_item *appends;   /* a denoise batch's appends, as encode items */
+    int appends_cap;
     /* the job every rank runs */
     pthread_mutex_t mu;
     pthread_cond_t go, done;
@@ -407,30 +409,81 @@ static int cpu_encode(struct dg_backend *b, const struct dg_encode_item *items, 
     return run_job(cb, JOB_ENCODE, err);
 }
 
+/* Check denoise item i of items[0..n) before anything runs: its slot, its
+ * append (ids inside the vocabulary, alone on its slot in the batch), room
+ * for the appended tokens and the canvas after them, its settings and
+ * canvas ids.  0, or DG_E_INVAL / DG_E_RANGE with the item named. */
+static int check_denoise_item(const struct cpu_backend *cb, const struct dg_denoise_item *items,
+                              int i, struct dg_error *err)
+{
+    const struct dg_model_config *c = cb->base.cfg;
+    const struct dg_denoise_item *it = &items[i];
+    const struct dg_kv_cache *kv;
+    int rc;
+
+    if ((rc = slot_ok(cb, it->slot, "denoise", err)) < 0)
+        return rc;
+    kv = &cb->ranks[0].slots[it->slot].kv;
+    if (it->n_append < 0 || (it->n_append > 0 && !it->append))
+        return dg_error_set(err, DG_E_INVAL, "cpu backend: denoise (slot %d): an append of "
+                            "%lld tokens%s", it->slot, (long long)it->n_append,
+                            it->n_append > 0 ? " without ids" : "");
+    if (it->cl < 1 || it->cl > cb->slot_max_cl[it->slot] ||
+        it->n_append > kv->max_length - kv->length - it->cl)
+        return dg_error_set(err, DG_E_RANGE, "cpu backend: denoise (slot %d): %lld appended "
+                            "tokens and a canvas of %d after %lld tokens do not fit (canvas up "
+                            "to %d, %lld positions)", it->slot, (long long)it->n_append, it->cl,
+                            (long long)kv->length, cb->slot_max_cl[it->slot],
+                            (long long)kv->max_length);
+    if (!(it->temperature > 0) || !isfinite(it->temperature) || !(it->top_p > 0))
+        return dg_error_set(err, DG_E_INVAL, "cpu backend: denoise (slot %d): temperature "
+                            "%g, top_p %g", it->slot, (double)it->temperature,
+                            (double)it->top_p);
+    if ((rc = check_ids(c, it->append, it->n_append, "denoise append", it->slot, err)) < 0)
+        return rc;
+    if ((rc = check_ids(c, it->canvas, it->cl, "denoise", it->slot, err)) < 0)
+        return rc;
+    /* an append changes the slot that another item of the batch reads */
+    for (int j = 0; j < i; j++)
+        if (items[j].slot == it->slot && (it->n_append > 0 || items[j].n_append > 0))
+            return dg_error_set(err, DG_E_INVAL, "cpu backend: denoise: slot %d twice in one "
+                                "batch with an append", it->slot);
+    return 0;
+}
+
+/* The items' appends as encode items in cb->appends (grown as needed);
+ * *n_out of them.  Errors: DG_E_NOMEM. */
+static int gather_appends(struct cpu_backend *cb, const struct dg_denoise_item *items, int n,
+                          int *n_out, struct dg_error *err)
+{
+    int k = 0;
+    if (n > cb->appends_cap) {
+        struct dg_encode_item *a = realloc(cb->appends, sizeof *a * (size_t)n);
+        if (!a)
+            return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
+        cb->appends = a;
+        cb->appends_cap = n;
+    }
+    for (int i = 0; i < n; i++)
+        if (items[i].n_append > 0)
+            cb->appends[k++] = (struct dg_encode_item){items[i].slot, items[i].append,
+                                                       items[i].n_append};
+    *n_out = k;
+    return 0;
+}
+
+/* Every item checked first (nothing runs on a refusal); then the appends
+ * as one encode job, then the denoising steps: exactly what an encode of
+ * the appended tokens followed by the step gives. */
 static int cpu_denoise(struct dg_backend *b, struct dg_denoise_item *items, int n,
                        struct dg_error *err)
 {
     struct cpu_backend *cb = impl(b);
-    int rc;
+    int rc, n_app = 0;
 
-    for (int i = 0; i < n; i++) {
-        const struct dg_denoise_item *it = &items[i];
-        const struct dg_kv_cache *kv;
-        if ((rc = slot_ok(cb, it->slot, "denoise", err)) < 0)
+    for (int i = 0; i < n; i++)
+        if ((rc = check_denoise_item(cb, items, i, err)) < 0)
             return rc;
-        kv = &cb->ranks[0].slots[it->slot].kv;
-        if (it->cl < 1 || it->cl > cb->slot_max_cl[it->slot] || kv->length + it->cl > kv->max_length)
-            return dg_error_set(err, DG_E_RANGE, "cpu backend: denoise (slot %d): canvas of %d "
-                                "after %lld tokens does not fit (canvas up to %d, %lld positions)",
-                                it->slot, it->cl, (long long)kv->length, cb->slot_max_cl[it->slot],
-                                (long long)kv->max_length);
-        if (!(it->temperature > 0) || !isfinite(it->temperature) || !(it->top_p > 0))
-            return dg_error_set(err, DG_E_INVAL, "cpu backend: denoise (slot %d): temperature "
-                                "%g, top_p %g", it->slot, (double)it->temperature,
-                                (double)it->top_p);
-        if ((rc = check_ids(b->cfg, it->canvas, it->cl, "denoise", it->slot, err)) < 0)
-            return rc;
-    }
     cb->n_last = 0;
     if (n > cb->last_cap) {
         struct last_item *li = realloc(cb->last, sizeof *li * (size_t)n);
@@ -438,6 +491,14 @@ static int cpu_denoise(struct dg_backend *b, struct dg_denoise_item *items, int 
             return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory");
         cb->last = li;
         cb->last_cap = n;
+    }
+    if ((rc = gather_appends(cb, items, n, &n_app, err)) < 0)
+        return rc;
+    if (n_app > 0) {
+        cb->enc = cb->appends;
+        cb->n = n_app;
+        if ((rc = run_job(cb, JOB_ENCODE, err)) < 0)
+            return rc;
     }
     cb->den = items;
     cb->n = n;
@@ -501,6 +562,7 @@ static void cpu_destroy(struct dg_backend *b)
     free(cb->slot_open);
     free(cb->slot_max_cl);
     free(cb->last);
+    free(cb->appends);
     free(cb);
 }
 

@@ -8,9 +8,16 @@
  * sharded soft embedding equals the dense P E product; generation with a
  * fixed seed gives the same tokens at every T and expert split, top-k /
  * top-p included; no rank of T >= 2 holds a [tokens x V] buffer or the
- * whole embedding (memory ledger; T = 1 shows the check bites); and the
+ * whole embedding (memory ledger; T = 1 shows the check bites); the
  * collectives the backend issues per pass are the ones dg_tp_comm_*
- * predicts.
+ * predicts (a denoise item that appends: an encode's and a step's); and a
+ * denoise item that appends tokens (backend.h) gives, at T = 1 and T >= 2,
+ * bit for bit the samples, argmax, entropies and cache length of an encode
+ * of them followed by the step, in a batch with items that do not append,
+ * and also for the step after; a refused append (an id outside the
+ * vocabulary, no room, a bad count, a batch with one bad item) changes
+ * nothing: lengths stay, and the next good call gives what a slot that was
+ * never refused gives.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -580,10 +587,162 @@ static int comm_counted(void)
             memset(&want, 0, sizeof want);
             CHECK(delta_matches(b, T, before, &want, "condition") == 0);
         }
+        {
+            /* a step that first appends a commit: an encode's collectives, then a step's */
+            struct dg_tp_comm step;
+            it.append = G.commit;
+            it.n_append = CL;
+            it.step = 4;
+            SNAP();
+            CHECK_OK(b->ops->denoise(b, &it, 1, &err), &err);
+            dg_tp_comm_encode(c, dg_cpu_backend_plan(b), CL, 8, &want);
+            dg_tp_comm_denoise(c, dg_cpu_backend_plan(b), CL, it.self_cond, 3, 8, &step);
+            want.all_reduces += step.all_reduces;
+            want.all_reduce_bytes += step.all_reduce_bytes;
+            want.all_gathers += step.all_gathers;
+            want.all_gather_bytes += step.all_gather_bytes;
+            CHECK(delta_matches(b, T, before, &want, "denoise with an append") == 0);
+            CHECK(b->ops->slot_length(b, 0) == (int64_t)G.P + CL);
+        }
 #undef SNAP
         b->ops->destroy(b);
     }
     close_golden(&G);
+    return 0;
+}
+
+/* ---- a denoise item that appends ------------------------------------------ */
+
+struct step_out {
+    int32_t sample[64], argmax[64];
+    float entropy[64];
+};
+
+static void den_item(struct dg_denoise_item *it, int slot, const int32_t *canvas, int cl,
+                     int self_cond, uint32_t step, struct step_out *o)
+{
+    memset(it, 0, sizeof *it);
+    it->slot = slot;
+    it->canvas = canvas;
+    it->cl = cl;
+    it->self_cond = self_cond;
+    it->temperature = 0.8f;
+    it->top_k = 10;
+    it->top_p = 0.95f;
+    it->seed = 77;
+    it->canvas_index = 1;
+    it->step = step;
+    it->sample = o->sample;
+    it->argmax = o->argmax;
+    it->entropy = o->entropy;
+}
+
+static int same_step(const struct step_out *a, const struct step_out *b, int cl)
+{
+    return !memcmp(a->sample, b->sample, sizeof(int32_t) * (size_t)cl) &&
+           !memcmp(a->argmax, b->argmax, sizeof(int32_t) * (size_t)cl) &&
+           !memcmp(a->entropy, b->entropy, sizeof(float) * (size_t)cl);
+}
+
+/* Slots 0, 1, 2 alike (prompt, a first step, conditioned), each able to
+ * hold the prompt and two canvases exactly.  Slot 0 then encodes the
+ * commit; slots 1 and 2 are refused appends; then one batch steps slot 0
+ * plainly and slots 1 and 2 with the commit appended, and one more step
+ * after that: the three agree bit for bit at each. */
+static int append_at(struct golden *G, int T)
+{
+    struct dg_cpu_backend_options bo = {T, DG_EXPERTS_ACROSS, 3, NULL, 0, 0};
+    const int CL = (int)G->CL;
+    const int64_t P = (int64_t)G->P, V = G->m.cfg.vocab_size;
+    const int all[3] = {0, 1, 2};
+    struct dg_backend *b;
+    struct dg_error err = {0};
+    struct dg_encode_item enc[3];
+    struct dg_denoise_item it[3];
+    static struct step_out out[3];
+    int32_t bad_id[64], longer[65];
+
+    CHECK(CL <= 64);
+    CHECK_OK(dg_cpu_backend_create(&G->m, &bo, &b, &err), &err);
+    for (int s = 0; s < 3; s++) {
+        CHECK_OK(b->ops->slot_open(b, s, P + 2 * CL, CL, &err), &err);
+        enc[s] = (struct dg_encode_item){s, G->prompt, P};
+        den_item(&it[s], s, G->c1, CL, 0, 0, &out[s]);
+    }
+    CHECK_OK(b->ops->encode(b, enc, 3, &err), &err);
+    CHECK_OK(b->ops->denoise(b, it, 3, &err), &err);
+    CHECK_OK(b->ops->condition(b, all, 3, &err), &err);
+    enc[0] = (struct dg_encode_item){0, G->commit, CL};
+    CHECK_OK(b->ops->encode(b, enc, 1, &err), &err);
+    CHECK(b->ops->slot_length(b, 0) == P + CL);
+
+    /* refusals: nothing runs, nothing changes */
+    memcpy(bad_id, G->commit, sizeof(int32_t) * (size_t)CL);
+    bad_id[CL / 2] = (int32_t)V;
+    memcpy(longer, G->commit, sizeof(int32_t) * (size_t)CL);
+    longer[CL] = G->commit[0];
+    den_item(&it[0], 2, G->c3, CL, 1, 1, &out[2]);
+    it[0].append = bad_id;
+    it[0].n_append = CL;
+    CHECK_FAILS(b->ops->denoise(b, it, 1, &err), &err, DG_E_INVAL, "denoise append (slot 2)");
+    it[0].append = longer;
+    it[0].n_append = CL + 1;  /* one past the slot's positions */
+    CHECK_FAILS(b->ops->denoise(b, it, 1, &err), &err, DG_E_RANGE, "do not fit");
+    it[0].n_append = -1;
+    CHECK_FAILS(b->ops->denoise(b, it, 1, &err), &err, DG_E_INVAL, "append of -1");
+    it[0].append = NULL;
+    it[0].n_append = CL;
+    CHECK_FAILS(b->ops->denoise(b, it, 1, &err), &err, DG_E_INVAL, "without ids");
+    /* a good item batched with a bad one: the whole batch refused */
+    den_item(&it[0], 1, G->c3, CL, 1, 1, &out[1]);
+    it[0].append = G->commit;
+    it[0].n_append = CL;
+    den_item(&it[1], 2, G->c3, CL, 1, 1, &out[2]);
+    it[1].append = bad_id;
+    it[1].n_append = CL;
+    CHECK_FAILS(b->ops->denoise(b, it, 2, &err), &err, DG_E_INVAL, "outside");
+    /* an append on a slot another item of the batch steps */
+    it[1] = it[0];
+    it[1].append = NULL;
+    it[1].n_append = 0;
+    CHECK_FAILS(b->ops->denoise(b, it, 2, &err), &err, DG_E_INVAL, "twice");
+    CHECK(b->ops->slot_length(b, 1) == P && b->ops->slot_length(b, 2) == P);
+
+    /* the step: slot 0 plain (commit encoded), slots 1 and 2 appending */
+    for (int s = 0; s < 3; s++) {
+        den_item(&it[s], s, G->c3, CL, 1, 1, &out[s]);
+        if (s > 0) {
+            it[s].append = G->commit;
+            it[s].n_append = CL;
+        }
+    }
+    CHECK_OK(b->ops->denoise(b, it, 3, &err), &err);
+    for (int s = 0; s < 3; s++)
+        CHECKF(b->ops->slot_length(b, s) == P + CL, "T %d slot %d: %lld tokens", T, s,
+               (long long)b->ops->slot_length(b, s));
+    CHECKF(same_step(&out[1], &out[0], CL) && same_step(&out[2], &out[0], CL),
+           "T %d: a step with the commit appended differs from encode then step", T);
+    /* and the step after it, from the caches and conditioning so made */
+    CHECK_OK(b->ops->condition(b, all, 3, &err), &err);
+    for (int s = 0; s < 3; s++)
+        den_item(&it[s], s, G->c2, CL, 1, 2, &out[s]);
+    CHECK_OK(b->ops->denoise(b, it, 3, &err), &err);
+    CHECKF(same_step(&out[1], &out[0], CL) && same_step(&out[2], &out[0], CL),
+           "T %d: the step after an append differs", T);
+    CHECK(b->ops->slot_length(b, 0) == P + CL);
+    b->ops->destroy(b);
+    return 0;
+}
+
+static int denoise_append(void)
+{
+    for (size_t g = 0; g < (quick() ? 1u : 2u); g++) {
+        struct golden G;
+        CHECK(open_golden(GOLDENS[g], &G) == 0);
+        for (int T = 1; T <= (quick() ? 2 : 3); T++)
+            CHECKF(append_at(&G, T) == 0, "%s T %d", GOLDENS[g], T);
+        close_golden(&G);
+    }
     return 0;
 }
 
@@ -595,5 +754,6 @@ int main(void)
     TEST_CASE(same_tokens);
     TEST_CASE(memory_per_rank);
     TEST_CASE(comm_counted);
+    TEST_CASE(denoise_append);
     return test_finish();
 }
