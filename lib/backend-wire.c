@@ -5,7 +5,7 @@
 #include <string.h>
 
 #define MAGIC 0x4a574744u /* "DGWJ" read as a little-endian u32 */
-#define VERSION 1u
+#define VERSION 2u /* 2: denoise items carry their appended ids */
 
 static size_t pad8(size_t n)
 {
@@ -95,10 +95,19 @@ int dg_wire_encode(const struct dg_wire_job *j, unsigned char **buf, size_t *len
             if (it->cl < 0 || it->cl > DG_WIRE_MAX_IDS)
                 return dg_error_set(err, DG_E_INVAL, "backend wire: item %d: canvas of %d", i,
                                     it->cl);
+            if (it->n_append < 0 || it->n_append > DG_WIRE_MAX_IDS ||
+                (it->n_append > 0 && !it->append))
+                return dg_error_set(err, DG_E_INVAL, "backend wire: item %d: %lld appended ids%s",
+                                    i, (long long)it->n_append,
+                                    it->n_append > 0 && !it->append ? " without an array"
+                                                                    : ", outside 0 .. 2^24");
             PUT(head, sizeof head);
             PUT(f, sizeof f);
             PUT(&it->seed, sizeof it->seed);
             PUT(site, sizeof site);
+            PUT(&it->n_append, sizeof it->n_append);
+            if (it->n_append > 0) /* (no memcpy from a NULL append) */
+                PUT(it->append, sizeof(int32_t) * (size_t)it->n_append);
             PUT(it->canvas, sizeof(int32_t) * (size_t)it->cl);
         }
     }
@@ -232,16 +241,29 @@ int dg_wire_decode(const unsigned char *buf, size_t len, struct dg_wire_job *j,
             int32_t head[4];
             float f[2];
             uint32_t site[2];
-            const unsigned char *canvas;
+            const unsigned char *canvas, *append;
             TAKE(head, sizeof head, "its slot");
             TAKE(f, sizeof f, "its temperature");
             TAKE(&it[i].seed, sizeof it[i].seed, "its seed");
             TAKE(site, sizeof site, "its draw site");
+            TAKE(&it[i].n_append, sizeof it[i].n_append, "its append count");
             if (head[1] < 0 || head[1] > DG_WIRE_MAX_IDS) {
                 rc = dg_error_set(err, DG_E_FORMAT, "backend wire: item %d: canvas of %d", i,
                                   head[1]);
                 goto fail;
             }
+            if (it[i].n_append < 0 || it[i].n_append > DG_WIRE_MAX_IDS) {
+                rc = dg_error_set(err, DG_E_FORMAT, "backend wire: item %d: %lld appended ids, "
+                                  "outside 0 .. 2^24", i, (long long)it[i].n_append);
+                goto fail;
+            }
+            if (!(append = take(&in, sizeof(int32_t) * (size_t)it[i].n_append))) {
+                rc = dg_error_set(err, DG_E_FORMAT, "backend wire: item %d: %lld appended ids "
+                                  "run past the message's %zu bytes", i,
+                                  (long long)it[i].n_append, len);
+                goto fail;
+            }
+            it[i].append = it[i].n_append > 0 ? (const int32_t *)(const void *)append : NULL;
             it[i].slot = head[0];
             it[i].cl = head[1];
             it[i].self_cond = head[2];

@@ -7,12 +7,13 @@
  * Layout (native byte order: the group's processes run the same build on
  * the same architecture), every field 8-byte aligned:
  *
- *   header   u32 magic "DGWJ", u32 version 1, u32 kind, u32 n_items,
+ *   header   u32 magic "DGWJ", u32 version 2, u32 kind, u32 n_items,
  *            u64 body bytes, i64 slot, i64 max_positions, i64 max_cl
  *   ENCODE   per item: i32 slot, i32 0, i64 n, then n i32 ids (padded to 8)
  *   DENOISE  per item: i32 slot, i32 cl, i32 self_cond, i32 top_k,
  *            f32 temperature, f32 top_p, u64 seed, u32 canvas_index,
- *            u32 step, then cl i32 canvas ids (padded to 8)
+ *            u32 step, i64 n_append, then n_append i32 appended ids
+ *            (padded to 8), then cl i32 canvas ids (padded to 8)
  *   CONDITION n_items i32 indexes (padded to 8)
  *   OPEN, CLOSE, QUIT: the header alone (slot, max_positions, max_cl)
  *
@@ -54,8 +55,8 @@ struct dg_wire_job {
 };
 
 /* The job's bytes into *buf (grown as needed: *cap its size, *len the
- * message's).  Errors: DG_E_INVAL (a kind or count outside the limits),
- * DG_E_NOMEM. */
+ * message's).  Errors: DG_E_INVAL (a kind or count outside the limits,
+ * appended ids counted but not given), DG_E_NOMEM. */
 int dg_wire_encode(const struct dg_wire_job *j, unsigned char **buf, size_t *len, size_t *cap,
                    struct dg_error *err);
 
@@ -66,8 +67,9 @@ int dg_wire_length(const unsigned char *header, size_t max_bytes, size_t *len,
                    struct dg_error *err);
 
 /* The job in buf[0..len): item arrays allocated (free with
- * dg_wire_job_free), ids and canvases pointing into buf (which must
- * outlive the job); denoise outputs NULL.  Errors: DG_E_FORMAT, DG_E_NOMEM. */
+ * dg_wire_job_free), ids, appended ids and canvases pointing into buf
+ * (which must outlive the job; append NULL where n_append is 0); denoise
+ * outputs NULL.  Errors: DG_E_FORMAT, DG_E_NOMEM. */
 int dg_wire_decode(const unsigned char *buf, size_t len, struct dg_wire_job *j,
                    struct dg_error *err);
 
