@@ -9,7 +9,7 @@
 #include "lib/sampler.h"
 #include "lib/text-out.h"
 
-enum phase { PH_FREE = 0, PH_PREFILL, PH_DENOISE, PH_COMMIT };
+enum phase { PH_FREE = 0, PH_PREFILL, PH_DENOISE };
 
 struct request {
     enum phase phase;
@@ -22,6 +22,8 @@ struct request {
     struct dg_canvas_run run;
     int32_t *sample, *argmax;   /* [CL] the current step's outputs */
     float *entropy;             /* [CL] */
+    int32_t *commit;            /* [CL] the finished canvas the next denoise item appends */
+    int commit_pending;         /* 1: commit is not in the slot's cache yet */
     struct dg_canvas_stats *cstats;
     int max_canvases, canvases;
     int64_t emitted, steps;
@@ -126,6 +128,7 @@ static void release(struct dg_engine *e, int slot)
     free(r->sample);
     free(r->argmax);
     free(r->entropy);
+    free(r->commit);
     free(r->cstats);
     if (r->has_text)
         dg_text_out_free(&r->text);
@@ -234,8 +237,9 @@ int dg_engine_submit(struct dg_engine *e, const int32_t *prompt, int64_t n_promp
     r->sample = malloc(sizeof(int32_t) * (size_t)s->canvas_length);
     r->argmax = malloc(sizeof(int32_t) * (size_t)s->canvas_length);
     r->entropy = malloc(sizeof(float) * (size_t)s->canvas_length);
+    r->commit = malloc(sizeof(int32_t) * (size_t)s->canvas_length);
     r->cstats = calloc((size_t)canvases, sizeof *r->cstats);
-    if (!r->prompt || !r->sample || !r->argmax || !r->entropy || !r->cstats) {
+    if (!r->prompt || !r->sample || !r->argmax || !r->entropy || !r->commit || !r->cstats) {
         release(e, slot);
         return dg_error_set(err, DG_E_NOMEM, "engine: out of memory for a request");
     }
@@ -319,8 +323,9 @@ static void start_canvas(struct request *r)
     r->t_canvas = 0;
 }
 
-/* The canvas is done: emit its tokens; end the request or go on to the
- * commit. */
+/* The canvas is done: emit its tokens; end the request, or keep its
+ * argmax canvas as the commit that the next canvas's first denoising step
+ * appends (backend.h) and start that canvas. */
 static void finish_canvas(struct dg_engine *e, int slot)
 {
     struct request *r = &e->req[slot];
@@ -390,7 +395,10 @@ static void finish_canvas(struct dg_engine *e, int slot)
         finish(e, slot, why, stop_id, stop_string, 0, NULL);
         return;
     }
-    r->phase = PH_COMMIT;
+    /* before start_canvas: the start resets run.argmax */
+    memcpy(r->commit, r->run.argmax, sizeof(int32_t) * (size_t)CL);
+    r->commit_pending = 1;
+    start_canvas(r);
 }
 
 /* Whether a batch call failed as backend.h says a refused batch does:
@@ -415,8 +423,9 @@ static void batch_failed(struct dg_engine *e, const struct dg_error *err, int fi
             fail(e, req[k], err);
 }
 
-/* Encode items first .. first + n - 1 of this step's list and move their
- * requests on (the prompt's next chunk, or the commit done: a new canvas). */
+/* Encode items first .. first + n - 1 of this step's list (prompt chunks)
+ * and move their requests on: the next chunk, or after the last the first
+ * canvas. */
 static void encode_items(struct dg_engine *e, int first, int n)
 {
     struct dg_error err = {0};
@@ -426,20 +435,21 @@ static void encode_items(struct dg_engine *e, int first, int n)
     }
     for (int k = first; k < first + n; k++) {
         struct request *r = &e->req[e->enc_req[k]];
-        if (r->phase == PH_PREFILL) {
-            r->prefilled += e->enc[k].n;
-            if (r->prefilled < r->n_prompt)
-                continue;
-            r->t_prefill = now_ms();
-        }
+        r->prefilled += e->enc[k].n;
+        if (r->prefilled < r->n_prompt)
+            continue;
+        r->t_prefill = now_ms();
         r->phase = PH_DENOISE;
         start_canvas(r);
     }
 }
 
-/* One denoising step for items first .. first + n - 1 of this step's list,
+/* One denoising step for items first .. first + n - 1 of this step's list
+ * (each first appending its request's pending commit, if it carries one),
  * then the canvas loop's decision for each, and the self-conditioning of
- * those that go on (condition's indexes are into this call's items). */
+ * those that go on (condition's indexes are into this call's items).  A
+ * commit is done only when the call succeeds: a refused batch's items,
+ * run again one at a time, still carry theirs. */
 static void denoise_items(struct dg_engine *e, int first, int n)
 {
     struct dg_backend *b = e->b;
@@ -454,6 +464,7 @@ static void denoise_items(struct dg_engine *e, int first, int n)
         const int slot = e->den_req[k];
         struct request *r = &e->req[slot];
         enum dg_canvas_end end;
+        r->commit_pending = 0; /* (finish_canvas may set it again, for this canvas) */
         r->steps++;
         if (e->den[k].nonfinite) {
             struct dg_error bad;
@@ -493,13 +504,14 @@ int dg_engine_step(struct dg_engine *e)
                 n = e->ec.prefill_chunk;
             e->enc[n_enc] = (struct dg_encode_item){i, r->prompt + r->prefilled, n};
             e->enc_req[n_enc++] = i;
-        } else if (r->phase == PH_COMMIT) {
-            e->enc[n_enc] = (struct dg_encode_item){i, r->run.argmax, r->s.canvas_length};
-            e->enc_req[n_enc++] = i;
         } else if (r->phase == PH_DENOISE) {
             struct dg_denoise_item *it = &e->den[n_den];
             memset(it, 0, sizeof *it);
             it->slot = i;
+            if (r->commit_pending) {
+                it->append = r->commit;
+                it->n_append = r->s.canvas_length;
+            }
             it->canvas = r->run.canvas;
             it->cl = r->s.canvas_length;
             it->self_cond = !dg_canvas_run_first_step(&r->run);

@@ -10,21 +10,25 @@
  *   emit       its tokens up to the first stop id (the stop id excluded),
  *              the max_tokens budget, or a stop string in the text; a
  *              CANVAS event carries them
- *   commit     if generation continues: an encoder pass over the whole
- *              argmax canvas writes its KV, then canvas b + 1
+ *   commit     if generation continues: canvas b + 1 starts at once, and
+ *              its first denoising step appends the whole argmax canvas b
+ *              to the cache first (backend.h: a denoise item's append),
+ *              in the same backend call
  *   done       finish reason stop / length / cancelled / error, with the
  *              request's statistics, in a DONE event
  *
- * One dg_engine_step() advances every request in flight by one pass
- * (a prompt chunk, a commit or a denoising step), whatever phase each is
- * in, as one encode batch and one denoise batch.  Every random draw is
- * keyed by (seed, canvas, step, position, ...), so a request's output does
- * not depend on what else is in the batch or in which order requests came.
+ * One dg_engine_step() advances every request in flight by one pass (a
+ * prompt chunk, or a denoising step: the first of canvas b + 1 with the
+ * commit of canvas b), whatever phase each is in, as one encode batch and
+ * one denoise batch.  Every random draw is keyed by (seed, canvas, step,
+ * position, ...), so a request's output does not depend on what else is in
+ * the batch or in which order requests came.
  *
  * Events are delivered synchronously from dg_engine_step(); the pointers in
  * an event are valid only during the callback.  Memory per request is
  * bounded at submission: the backend slot (KV for prompt + canvases), O(CL)
- * canvas state, the prompt copy and per-canvas statistics.
+ * canvas state (the pending commit's CL ids included), the prompt copy and
+ * per-canvas statistics.
  */
 #ifndef DG_ENGINE_H
 #define DG_ENGINE_H
@@ -52,7 +56,10 @@ struct dg_canvas_stats {
     int steps;               /* decoder passes */
     int converged;           /* 1: stable and confident; 0: stopped by the step cap */
     int tokens;              /* tokens this canvas emitted */
-    double ms;               /* first denoising step to the canvas's result */
+    double ms;               /* first denoising step to the canvas's result; from
+                                canvas 1 on, that first step also commits the
+                                canvas before (backend.h: append), so its time
+                                is counted here */
     float mean_entropy;      /* mean entropy of the last step (nats) */
 };
 

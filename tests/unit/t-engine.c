@@ -8,6 +8,10 @@
  * a stop string cuts the text before it; statistics add up; cancellation,
  * full slots, bad requests, a failing backend and non-finite logits each
  * end in a clear error or finish reason without disturbing other requests.
+ * A finished canvas is committed by the next canvas's first denoising
+ * step (backend.h: append) and by nothing else: exactly its argmax canvas,
+ * never the last canvas, no encode of it; a batch refused for it is run
+ * one item at a time with the append still carried.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -480,6 +484,7 @@ struct faulty {
     int nonfinite_slot;       /* report non-finite logits for this slot; -1: none */
     int refuse_encode_slot;   /* refuse (DG_E_RANGE, before running) any batch */
     int refuse_denoise_slot;  /* that holds this slot; -1: none */
+    int refuse_batched_append; /* 1: refuse a denoise batch of 2+ items that appends */
     int calls, refusals;
 };
 
@@ -528,6 +533,11 @@ static int f_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, st
         slots[i] = it[i].slot;
     if (f_refuses(f, f->refuse_denoise_slot, slots, n < 8 ? n : 8, err) < 0)
         return -DG_E_RANGE;
+    for (int i = 0; f->refuse_batched_append && n > 1 && i < n; i++)
+        if (it[i].n_append > 0) {
+            f->refusals++;
+            return dg_error_set(err, DG_E_RANGE, "injected refusal of a batched append");
+        }
     if (++f->calls == f->fail_denoise_at)
         return dg_error_set(err, DG_E_CUDA, "injected device failure");
     rc = f->inner->ops->denoise(f->inner, it, n, err);
@@ -564,6 +574,7 @@ static int faulty_engine(struct faulty *f, struct dg_backend **inner, struct sin
     f->fail_denoise_at = 0;
     f->nonfinite_slot = -1;
     f->refuse_encode_slot = f->refuse_denoise_slot = -1;
+    f->refuse_batched_append = 0;
     dg_engine_config_default(&ec, &model.cfg);
     ec.max_batch = 2;
     CHECK_OK(dg_engine_create(&f->base, &ec, tok, on_event, sink, e, &err), &err);
@@ -654,10 +665,46 @@ static int backend_refuses_one(void)
     return 0;
 }
 
+/* Every batch of two that commits a canvas is refused: the engine runs its
+ * items one at a time, each still appending its commit, and both requests
+ * give exactly what they give alone (a commit dropped or appended twice
+ * would change the cache and the tokens after it). */
+static int refused_append_retried(void)
+{
+    static struct outcome ref_p, ref_q;
+    struct dg_gen_settings s;
+    struct sink sink;
+    struct dg_backend *inner;
+    struct dg_engine *e;
+    struct dg_error err = {0};
+    struct faulty f;
+    struct outcome *o1, *o2;
+    int32_t p[6], q[6];
+
+    prompt_of(p, 6, 10);
+    prompt_of(q, 6, 11);
+    settings(&s, 31, 70); /* three canvases of 32: two commits each */
+    s.n_stop_ids = 0;
+    CHECK(alone(p, 6, &s, 64, &ref_p) == 0 && ref_p.stats.canvases == 3);
+    CHECK(alone(q, 6, &s, 64, &ref_q) == 0 && ref_q.stats.canvases == 3);
+    CHECK(faulty_engine(&f, &inner, &sink, &e) == 0);
+    f.refuse_batched_append = 1;
+    CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
+    CHECK_OK(submit(e, &sink, q, 6, &s, &o2, &err), &err);
+    run_all(e);
+    CHECKF(f.refusals >= 1, "no batch of two appended (%d refusals)", f.refusals);
+    CHECK(o1->done && o1->finish == DG_FINISH_LENGTH && o2->done && o2->finish == DG_FINISH_LENGTH);
+    CHECK(same_output(o1, &ref_p) && same_output(o2, &ref_q));
+    dg_engine_destroy(e);
+    inner->ops->destroy(inner);
+    return 0;
+}
 
 /* ---- a scripted backend: hand-built argmax canvases, no model ------------- */
 
 #define SCRIPT_CL 8
+
+#define SCRIPT_PROMPT 3
 
 struct scripted {
     struct dg_backend base;
@@ -666,6 +713,15 @@ struct scripted {
     int open[4];
     int encodes, commits_of_full_canvas;
     int32_t stop_at_canvas, stop_at_pos, stop_id; /* where the script puts a stop id */
+    int refuse_batched_append;   /* 1: refuse a denoise batch of 2+ items that appends */
+    /* what the denoise items carried */
+    int canvas_starts;           /* items of step 0 of canvas 1, 2, ... */
+    int appends;                 /* items with an append */
+    int bad_appends;             /* ... not exactly the previous canvas at a canvas's start */
+    int bad_lengths;             /* items whose cache (after the append) is not the prompt
+                                    and every canvas before theirs */
+    int refusals, retried_appends; /* batches refused; appends in a batch of one after */
+    int engine_steps;
 };
 
 /* the argmax of position p of canvas c: 100 + 10 c + p, or the stop id */
@@ -708,11 +764,38 @@ static int s_encode(struct dg_backend *b, const struct dg_encode_item *it, int n
     }
     return 0;
 }
+/* An append is right when it is the whole argmax canvas of the canvas
+ * before, carried by the first step of the next one. */
+static int script_append_ok(const struct scripted *sb, const struct dg_denoise_item *it)
+{
+    if (it->step != 0 || it->canvas_index == 0 || it->n_append != SCRIPT_CL || !it->append)
+        return 0;
+    for (int p = 0; p < SCRIPT_CL; p++)
+        if (it->append[p] != script_token(sb, it->canvas_index - 1, p))
+            return 0;
+    return 1;
+}
+
 static int s_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, struct dg_error *err)
 {
     struct scripted *sb = (struct scripted *)b;
-    (void)err;
+    for (int i = 0; sb->refuse_batched_append && n > 1 && i < n; i++)
+        if (it[i].n_append > 0) {
+            sb->refusals++;
+            return dg_error_set(err, DG_E_RANGE, "injected refusal of a batched append");
+        }
     for (int i = 0; i < n; i++) {
+        const int64_t want = SCRIPT_PROMPT + (int64_t)it[i].canvas_index * SCRIPT_CL;
+        sb->canvas_starts += it[i].step == 0 && it[i].canvas_index > 0;
+        if (it[i].append || it[i].n_append) {
+            sb->appends++;
+            sb->retried_appends += n == 1 && sb->refusals > 0;
+            if (script_append_ok(sb, &it[i]))
+                sb->length[it[i].slot] += it[i].n_append;
+            else
+                sb->bad_appends++;
+        }
+        sb->bad_lengths += sb->length[it[i].slot] != want;
         for (int p = 0; p < it[i].cl; p++) {
             it[i].argmax[p] = it[i].sample[p] = script_token(sb, it[i].canvas_index, p);
             it[i].entropy[p] = 0.0f; /* certain */
@@ -736,22 +819,25 @@ static void s_destroy(struct dg_backend *b)
 static const struct dg_backend_ops scripted_ops = {s_slot_open, s_slot_close, s_slot_length,
                                                    s_encode, s_denoise, s_condition, s_destroy, NULL};
 
-/* Run one request on the scripted backend. */
-static int scripted_run(struct scripted *sb, int64_t max_tokens, int stability,
-                        struct outcome *out)
+/* Run n_req (1 or 2) identical requests on the scripted backend, each
+ * outcome into out[]; sb's counters count this run. */
+static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability, int n_req,
+                          struct outcome *out)
 {
     struct sink sink;
     struct dg_engine *e;
     struct dg_engine_config ec;
     struct dg_error err = {0};
     struct dg_gen_settings s;
-    struct outcome *o;
-    const int32_t prompt[3] = {2, 3, 4};
+    struct outcome *o[2];
+    const int32_t prompt[SCRIPT_PROMPT] = {2, 3, 4};
 
     memset(&sink, 0, sizeof sink);
     sb->encodes = sb->commits_of_full_canvas = 0;
+    sb->canvas_starts = sb->appends = sb->bad_appends = sb->bad_lengths = 0;
+    sb->refusals = sb->retried_appends = sb->engine_steps = 0;
     dg_engine_config_default(&ec, &sb->cfg);
-    ec.max_batch = 1;
+    ec.max_batch = n_req;
     CHECK_OK(dg_engine_create(&sb->base, &ec, NULL, on_event, &sink, &e, &err), &err);
     dg_gen_settings_defaults(&s, &sb->cfg, &ck.generation);
     s.canvas_length = SCRIPT_CL;
@@ -761,12 +847,34 @@ static int scripted_run(struct scripted *sb, int64_t max_tokens, int stability,
     s.seed_set = 1;
     s.n_stop_ids = 1;
     s.stop_ids[0] = 1;
-    CHECK_OK(submit(e, &sink, prompt, 3, &s, &o, &err), &err);
-    run_all(e);
-    *out = *o;
-    CHECK(dg_engine_active(e) == 0 && !sb->open[0]);
+    for (int k = 0; k < n_req; k++)
+        CHECK_OK(submit(e, &sink, prompt, SCRIPT_PROMPT, &s, &o[k], &err), &err);
+    while (sb->engine_steps < 10000 && dg_engine_step(e) > 0)
+        sb->engine_steps++;
+    sb->engine_steps++;
+    CHECK(dg_engine_active(e) == 0 && !sb->open[0] && !sb->open[1]);
     dg_engine_destroy(e);
-    return consistent(out, &s);
+    for (int k = 0; k < n_req; k++) {
+        out[k] = *o[k];
+        CHECK(consistent(&out[k], &s) == 0);
+    }
+    /* the commits: carried by every canvas's first step but the first's,
+     * each exactly the canvas before, by nothing else; never encoded */
+    CHECKF(sb->bad_appends == 0 && sb->bad_lengths == 0,
+           "%d appends not the canvas before at a canvas's start, %d caches not the prompt "
+           "and the canvases before", sb->bad_appends, sb->bad_lengths);
+    CHECKF(sb->appends == sb->canvas_starts, "%d appends, %d canvases started after the first",
+           sb->appends, sb->canvas_starts);
+    CHECKF(sb->encodes == n_req && sb->commits_of_full_canvas == 0,
+           "%d encode items (want the prompts' %d), %d of them a canvas", sb->encodes, n_req,
+           sb->commits_of_full_canvas);
+    return 0;
+}
+
+static int scripted_run(struct scripted *sb, int64_t max_tokens, int stability,
+                        struct outcome *out)
+{
+    return scripted_run_n(sb, max_tokens, stability, 1, out);
 }
 
 static int scripted_canvases(void)
@@ -788,12 +896,17 @@ static int scripted_canvases(void)
     CHECK(o.stats.decoder_steps == 4);
     for (int i = 0; i < 13; i++)
         CHECK(o.ids[i] == script_token(&sb, (uint32_t)(i / SCRIPT_CL), i % SCRIPT_CL));
-    /* prefill, one commit of the whole first canvas, none after the last */
-    CHECK(sb.encodes == 2 && sb.commits_of_full_canvas == 1);
+    /* the first canvas appended by the second's first step, the last never;
+     * no pass of its own: prefill + 2 + 2 steps */
+    CHECK(sb.appends == 1 && sb.canvas_starts == 1);
+    CHECK(sb.engine_steps == 5);
     /* s = 0: one step per canvas */
     CHECK(scripted_run(&sb, 16, 0, &o) == 0);
     CHECK(o.n_ids == 16 && o.stats.decoder_steps == 2 && o.finish == DG_FINISH_LENGTH);
-    CHECK(sb.commits_of_full_canvas == 1);
+    CHECK(sb.appends == 1 && sb.engine_steps == 3);
+    /* five canvases: four commits */
+    CHECK(scripted_run(&sb, 40, 1, &o) == 0);
+    CHECK(o.n_ids == 40 && o.stats.canvases == 5 && sb.appends == 4);
 
     /* a stop id at position 5 of the second canvas: 8 + 5 tokens, stop */
     sb.stop_at_canvas = 1;
@@ -801,7 +914,7 @@ static int scripted_canvases(void)
     sb.stop_id = 1;
     CHECK(scripted_run(&sb, 100, 0, &o) == 0);
     CHECK(o.finish == DG_FINISH_STOP && o.stop_id == 1 && o.n_ids == 13);
-    CHECK(sb.commits_of_full_canvas == 1);
+    CHECK(sb.appends == 1);
     /* the same stop id beyond the budget: the budget ends it */
     CHECK(scripted_run(&sb, 11, 0, &o) == 0);
     CHECK(o.finish == DG_FINISH_LENGTH && o.n_ids == 11 && o.stop_id == -1);
@@ -816,7 +929,33 @@ static int scripted_canvases(void)
     CHECK(scripted_run(&sb, 100, 0, &o) == 0);
     CHECK(o.finish == DG_FINISH_STOP && o.n_ids == 0 && o.stats.canvases == 1 &&
           o.canvas_events == 1);
-    CHECK(sb.commits_of_full_canvas == 0 && sb.encodes == 1);
+    CHECK(sb.appends == 0 && sb.encodes == 1);
+    return 0;
+}
+
+/* Two requests in step; every denoise batch that appends is refused, so
+ * the engine runs its items one at a time: each retry still carries its
+ * commit (checked per item by the script), and both finish as one alone. */
+static int scripted_refused_append(void)
+{
+    static struct outcome one, two[2];
+    struct scripted sb;
+
+    memset(&sb, 0, sizeof sb);
+    dg_model_config_preset("small", &sb.cfg, NULL);
+    sb.base.ops = &scripted_ops;
+    sb.base.name = "scripted";
+    sb.base.cfg = &sb.cfg;
+    sb.base.max_slots = 4;
+    sb.stop_at_canvas = -1;
+    CHECK(scripted_run(&sb, 24, 1, &one) == 0);
+    CHECK(one.stats.canvases == 3 && sb.appends == 2);
+    sb.refuse_batched_append = 1;
+    CHECK(scripted_run_n(&sb, 24, 1, 2, two) == 0);
+    CHECKF(sb.refusals == 2 && sb.retried_appends == 4,
+           "%d refusals, %d appends retried alone (want 2, 4)", sb.refusals, sb.retried_appends);
+    for (int k = 0; k < 2; k++)
+        CHECK(same_output(&two[k], &one) && two[k].finish == DG_FINISH_LENGTH);
     return 0;
 }
 
@@ -831,7 +970,9 @@ int main(void)
     TEST_CASE(bad_requests);
     TEST_CASE(backend_failures);
     TEST_CASE(backend_refuses_one);
+    TEST_CASE(refused_append_retried);
     TEST_CASE(scripted_canvases);
+    TEST_CASE(scripted_refused_append);
     if (ready) {
         dg_tokenizer_free(tok);
         dg_model_free(&model);
