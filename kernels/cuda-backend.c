@@ -50,7 +50,7 @@ enum step_kind { STEP_ENCODE = 1, STEP_DENOISE = 2 };
 /* one captured step of a rank */
 struct step_graph {
     int kind;                       /* enum step_kind */
-    int64_t Tb;                     /* its bucket of tokens */
+    int64_t Te, Tb;                 /* its encoder rows and all its rows (buckets) */
     uint64_t gen;                   /* step_generation at capture */
     int seen;                       /* run once eagerly */
     dg_graph_t exec;                /* NULL until captured */
@@ -93,8 +93,9 @@ struct grank {
     int n_graphs;
     uint64_t rows_gen, nccl_gen;    /* bumped when the row buffers, the group change */
     uint64_t captures, replays;
-    /* option profile, rank 0: stage timings of the encoder passes [0] and
-     * of the denoising steps with their self-conditioning [1] */
+    /* option profile, rank 0: stage timings of the encoder passes and the
+     * steps that commit first [0], and of the other denoising steps with
+     * their self-conditioning [1] */
     struct dg_prof *prof[2];
     int64_t busy_since_ms;          /* serve: when the call in hand began (0: idle) */
     /* the job's outcome */
@@ -384,24 +385,27 @@ static int prof_collect(struct grank *R, struct dg_error *err)
 }
 
 /* The work a step queues after its stage, every pointer and size a
- * function of (kind, Tb) and of step_generation: an encoder pass, or a
- * decoder pass and the statistics of its logits. */
-static int step_work(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
+ * function of (kind, Te, Tb) and of step_generation: an encoder pass
+ * (Te = Tb), or a pass whose rows from Te on are decoder rows and the
+ * statistics of their logits. */
+static int step_work(struct grank *R, int kind, int64_t Te, int64_t Tb, struct dg_error *err)
 {
     int rc;
-    TRY(dg_cuda_pass_body(&R->cx, kind == STEP_DENOISE, Tb, R->logits, err));
+    TRY(dg_cuda_pass_body(&R->cx, Te, Tb, R->logits, err));
     if (kind == STEP_DENOISE) {
-        TRY(step_stats(R, Tb, (float)R->cb->base.cfg->final_logit_softcapping, R->sites_d, err));
+        TRY(step_stats(R, Tb - Te, (float)R->cb->base.cfg->final_logit_softcapping, R->sites_d,
+                       err));
         TRY(prof_mark(R, "sampler statistics"));
     }
     return 0;
 }
 
 /* Run a step's work: eagerly without graphs; with them, the first time a
- * (kind, Tb) comes eagerly too (kernels load, cuBLAS chooses), the second
- * time captured and replayed, later replayed.  A graph whose buffers
- * changed since its capture is dropped and made again, never replayed. */
-static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
+ * (kind, Te, Tb) comes eagerly too (kernels load, cuBLAS chooses), the
+ * second time captured and replayed, later replayed.  A graph whose
+ * buffers changed since its capture is dropped and made again, never
+ * replayed. */
+static int run_step(struct grank *R, int kind, int64_t Te, int64_t Tb, struct dg_error *err)
 {
     const uint64_t gen = step_generation(R);
     const dg_stream_t st = R->cx.stream;
@@ -409,9 +413,9 @@ static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
     int rc, rc2;
 
     if (!R->cb->opt.graphs || R->cx.prof)
-        return step_work(R, kind, Tb, err);
+        return step_work(R, kind, Te, Tb, err);
     for (int i = 0; i < R->n_graphs && !g; i++)
-        if (R->graphs[i].kind == kind && R->graphs[i].Tb == Tb)
+        if (R->graphs[i].kind == kind && R->graphs[i].Te == Te && R->graphs[i].Tb == Tb)
             g = &R->graphs[i];
     if (g && g->gen != gen) {
         dg_graph_destroy(g->exec);
@@ -429,6 +433,7 @@ static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
         g = &R->graphs[R->n_graphs++];
         memset(g, 0, sizeof *g);
         g->kind = kind;
+        g->Te = Te;
         g->Tb = Tb;
         g->gen = gen;
     }
@@ -446,13 +451,13 @@ static int run_step(struct grank *R, int kind, int64_t Tb, struct dg_error *err)
     }
     if (!g->seen) {
         g->seen = 1;
-        return step_work(R, kind, Tb, err);
+        return step_work(R, kind, Te, Tb, err);
     }
     TRY(dg_graph_begin(st, R->dev, err));
     {
         const struct dg_coll_stats before =
             R->nccl ? dg_nccl_coll(R->nccl)->stats : (struct dg_coll_stats){{0}, {0}};
-        rc = step_work(R, kind, Tb, err);
+        rc = step_work(R, kind, Te, Tb, err);
         if (R->nccl)
             for (int k = 0; k < DG_COLL_KINDS; k++) {
                 g->coll.calls[k] = dg_nccl_coll(R->nccl)->stats.calls[k] - before.calls[k];
@@ -487,12 +492,38 @@ static int rank_encode(struct grank *R, struct dg_error *err)
     TRY(prof_begin(R, 0, err));
     TRY(dg_cuda_pass_stage(&R->cx, R->seqs, n, 0, &Tb, err));
     TRY(prof_mark(R, "stage"));
-    TRY(run_step(R, STEP_ENCODE, Tb, err));
+    TRY(run_step(R, STEP_ENCODE, Tb, Tb, err));
     TRY(dg_cuda_stream_sync(R->cx.stream, R->dev, err));
     dg_cuda_pass_finish(R->seqs, n, 0);
     return prof_collect(R, err);
 }
 
+/* The tokens the denoise items append (dg_denoise_item.append), as
+ * encoder sequences at R->seqs[0 .. *n_app), then the canvases at
+ * R->seqs[*n_app ..]: *dec. */
+static int denoise_seqs(struct grank *R, const struct dg_denoise_item *items, int n, int *n_app,
+                        struct dg_cuda_seq **dec, struct dg_error *err)
+{
+    int k = 0, rc;
+    TRY(reserve_seqs(R, 2 * n, err));
+    for (int i = 0; i < n; i++)
+        if (items[i].n_append > 0)
+            R->seqs[k++] = (struct dg_cuda_seq){&R->slots[items[i].slot].kv, items[i].append,
+                                                items[i].n_append, NULL};
+    *n_app = k;
+    *dec = R->seqs + k;
+    for (int i = 0; i < n; i++) {
+        struct gslot *s = &R->slots[items[i].slot];
+        (*dec)[i] = (struct dg_cuda_seq){&s->kv, items[i].canvas, items[i].cl,
+                                         items[i].self_cond && s->has_soft ? s->soft : NULL};
+    }
+    return 0;
+}
+
+/* A denoising step of the items (and the tokens they append first): the
+ * appended tokens and the canvases as one pass (their encoder rows, then
+ * the decoder rows), or with option commit_apart an encoder pass first;
+ * either way everything is checked before anything runs. */
 static int rank_denoise(struct grank *R, struct dg_error *err)
 {
     struct cuda_backend *cb = R->cb;
@@ -500,23 +531,30 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
     const int n = cb->n_items;
     const int64_t V = cb->base.cfg->vocab_size;
     const dg_stream_t st = R->cx.stream;
-    int64_t rows = 0, off = 0, Tb;
-    int any_filtered = 0, rc;
+    struct dg_cuda_seq *dec;
+    int64_t rows = 0, off = 0, Td, Te, Tb;
+    int any_filtered = 0, n_app, rc;
 
     for (int i = 0; i < n; i++) {
         rows += items[i].cl;
         any_filtered |= filtered(&items[i], V);
     }
-    Tb = dg_cuda_bucket(rows);
-    TRY(prof_begin(R, 1, err));
-    TRY(reserve_seqs(R, n, err));
-    TRY(reserve_rows(R, Tb, err));
-    for (int i = 0; i < n; i++) {
-        struct gslot *s = &R->slots[items[i].slot];
-        R->seqs[i] = (struct dg_cuda_seq){&s->kv, items[i].canvas, items[i].cl,
-                                          items[i].self_cond && s->has_soft ? s->soft : NULL};
+    Td = dg_cuda_bucket(rows);
+    TRY(denoise_seqs(R, items, n, &n_app, &dec, err));
+    /* (a step that commits first is timed with the encoder passes) */
+    TRY(prof_begin(R, n_app > 0 ? 0 : 1, err));
+    TRY(reserve_rows(R, Td, err));
+    if (n_app > 0 && cb->opt.commit_apart) {
+        int64_t ne, nd;
+        TRY(dg_cuda_pass_check(&R->cx, R->seqs, n_app, dec, n, &ne, &nd, err));
+        TRY(dg_cuda_pass_stage(&R->cx, R->seqs, n_app, 0, &Tb, err));
+        TRY(run_step(R, STEP_ENCODE, Tb, Tb, err));
+        TRY(dg_cuda_stream_sync(st, R->dev, err));
+        dg_cuda_pass_finish(R->seqs, n_app, 0);
+        TRY(prof_mark(R, "commit apart"));
+        n_app = 0;
     }
-    TRY(dg_cuda_pass_stage(&R->cx, R->seqs, n, 1, &Tb, err));
+    TRY(dg_cuda_pass_stage_mixed(&R->cx, R->seqs, n_app, dec, n, &Te, &Tb, err));
     /* per row: temperature, threshold (none yet), draw site; the pad rows
      * a harmless 1, none, site 0 */
     for (int i = 0; i < n; i++) {
@@ -529,34 +567,35 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
         }
         off += it->cl;
     }
-    for (int64_t r = rows; r < Tb; r++) {
+    for (int64_t r = rows; r < Td; r++) {
         R->T_h[r] = 1.0f;
         R->tau_h[r] = -INFINITY;
         R->sites_h[r] = (struct dg_rand_site){0, 0, 0, 0};
     }
-    TRY(dg_cuda_copy_async(R->T_d, R->T_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
-    TRY(dg_cuda_copy_async(R->sites_d, R->sites_h, sizeof *R->sites_h * (size_t)Tb, st, R->dev,
+    TRY(dg_cuda_copy_async(R->T_d, R->T_h, sizeof(float) * (size_t)Td, st, R->dev, err));
+    TRY(dg_cuda_copy_async(R->sites_d, R->sites_h, sizeof *R->sites_h * (size_t)Td, st, R->dev,
                            err));
-    TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
+    TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Td, st, R->dev, err));
     TRY(prof_mark(R, "stage"));
     if (!any_filtered) {
-        TRY(run_step(R, STEP_DENOISE, Tb, err));
+        TRY(run_step(R, STEP_DENOISE, Te, Tb, err));
     } else {
         /* (eager) a first pass only soft-caps the logits in place; the
          * filtered items' thresholds come from those values on the host;
          * the statistics pass then leaves them as they are */
-        TRY(dg_cuda_pass_body(&R->cx, 1, Tb, R->logits, err));
-        TRY(step_stats(R, Tb, (float)cb->base.cfg->final_logit_softcapping, NULL, err));
+        TRY(dg_cuda_pass_body(&R->cx, Te, Tb, R->logits, err));
+        TRY(step_stats(R, Td, (float)cb->base.cfg->final_logit_softcapping, NULL, err));
         for (int i = 0, o = 0; i < n; o += items[i].cl, i++)
             if (filtered(&items[i], V))
                 TRY(host_thresholds(R, &items[i], o, err));
-        TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Tb, st, R->dev, err));
-        TRY(step_stats(R, Tb, 0.0f, R->sites_d, err));
+        TRY(dg_cuda_copy_async(R->tau_d, R->tau_h, sizeof(float) * (size_t)Td, st, R->dev, err));
+        TRY(step_stats(R, Td, 0.0f, R->sites_d, err));
         TRY(prof_mark(R, "sampler statistics"));
     }
     TRY(dg_cuda_copy_async(R->stats_h, R->stats_d, sizeof *R->stats_h * (size_t)rows, st, R->dev,
                            err));
     TRY(dg_cuda_stream_sync(st, R->dev, err));
+    dg_cuda_pass_finish(R->seqs, n_app, 0);
     if (R->cx.prof) {
         /* (the wait for the results, as the host sees it) */
         TRY(prof_mark(R, "results to the host"));
@@ -1218,11 +1257,16 @@ static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int
         const struct gslot *s;
         TRY(slot_ok(cb, it->slot, "denoise", err));
         s = &cb->ranks[0].slots[it->slot];
-        if (it->cl < 1 || it->cl > s->max_cl || s->kv.length + it->cl > s->kv.max_length)
+        if (it->n_append < 0 || (it->n_append > 0 && !it->append))
+            return dg_error_set(err, DG_E_INVAL, "cuda backend: denoise (slot %d): %lld tokens "
+                                "to append%s", it->slot, (long long)it->n_append,
+                                it->n_append > 0 ? " and none given" : "");
+        if (it->cl < 1 || it->cl > s->max_cl ||
+            it->n_append > s->kv.max_length - s->kv.length - it->cl)
             return dg_error_set(err, DG_E_RANGE, "cuda backend: denoise (slot %d): canvas of %d "
-                                "after %lld tokens does not fit (canvas up to %d, %lld positions)",
-                                it->slot, it->cl, (long long)s->kv.length, s->max_cl,
-                                (long long)s->kv.max_length);
+                                "after %lld + %lld tokens does not fit (canvas up to %d, %lld "
+                                "positions)", it->slot, it->cl, (long long)s->kv.length,
+                                (long long)it->n_append, s->max_cl, (long long)s->kv.max_length);
         if (!(it->temperature > 0) || !isfinite(it->temperature) || !(it->top_p > 0))
             return dg_error_set(err, DG_E_INVAL, "cuda backend: denoise (slot %d): temperature "
                                 "%g, top_p %g", it->slot, (double)it->temperature,

@@ -98,6 +98,9 @@ struct dg_cuda_backend_options {
     int profile;                         /* time rank 0's stages on its GPU (no graphs) */
     int fp8_own_gemm;                    /* FP8: the projections on fp8-gemm.cu's kernel
                                             only, not cuBLASLt (fp8-lt.h): to compare */
+    int commit_apart;                    /* a denoising step's appended tokens (a commit)
+                                            in an encoder pass of their own before it,
+                                            not in the step's pass: to compare */
     /* multi-process mode (with nccl_id): this process holds rank
      * process_rank of n_ranks on GPU `device` (or devices[0]); the other
      * ranks run in other processes (dg_cuda_backend_serve) joined by the
@@ -141,8 +144,9 @@ int dg_cuda_backend_rank_usage(const struct dg_backend *b, int r, struct dg_cuda
 int dg_cuda_backend_serve(struct dg_backend *b, volatile const int *stop, struct dg_error *err);
 
 /* With option profile, in the process of rank 0: rank 0's device time
- * per stage (kernels/prof.h), summed over its encoder passes (which 0) or
- * its denoising steps and their self-conditioning (which 1) since the
+ * per stage (kernels/prof.h), summed over its encoder passes and the
+ * denoising steps that append tokens (commit) first (which 0), or its
+ * other denoising steps and the self-conditioning (which 1) since the
  * last reset; copies at most max totals to out and returns how many there
  * are (-1: no profile).  Stage names are the forward pass's ("experts",
  * "attention (full)", ...) and the sampler's.  Call between calls. */

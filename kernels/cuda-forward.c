@@ -286,24 +286,38 @@ static int reserve_seqs(struct dg_cuda_ctx *cx, int n, struct dg_error *err)
 
 /* ---- checks and staging ------------------------------------------------------ */
 
-static int check_batch(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
-                       int decoder, int64_t *T_out, struct dg_error *err)
+/* Tokens the encoder sequences of the same pass put in kv's cache before
+ * a decoder sequence's canvas (0: kv is not among them). */
+static int64_t ahead_of(const struct dg_cuda_kv *kv, const struct dg_cuda_seq *enc, int n_enc)
+{
+    for (int j = 0; j < n_enc; j++)
+        if (enc[j].kv == kv)
+            return enc[j].n;
+    return 0;
+}
+
+/* Checks one part of a pass (the encoder sequences, enc NULL; or the
+ * decoder ones, each after what enc appends to its cache) and sums its
+ * tokens.  Errors: DG_E_INVAL (sizes, ids, a cache twice in the part),
+ * DG_E_RANGE (past a cache). */
+static int check_part(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                      int decoder, const struct dg_cuda_seq *enc, int n_enc, int64_t *T_out,
+                      struct dg_error *err)
 {
     const struct dg_model_config *c = &cx->cm->cfg;
     const char *what = decoder ? "decoder" : "encoder";
     int64_t T = 0;
-    if (n_seqs < 1)
-        return dg_error_set(err, DG_E_INVAL, "cuda %s: an empty batch", what);
     for (int i = 0; i < n_seqs; i++) {
         const struct dg_cuda_seq *s = &seqs[i];
+        int64_t len;
         if (!s->kv || !s->kv->block || s->n < 1 || (decoder && s->n > s->kv->max_cl))
             return dg_error_set(err, DG_E_INVAL, "cuda %s: sequence %d: %lld tokens%s", what, i,
                                 (long long)s->n, s->kv && s->kv->block ? "" : ", no cache");
-        if (s->kv->length + s->n > s->kv->max_length)
+        len = s->kv->length + (decoder ? ahead_of(s->kv, enc, n_enc) : 0);
+        if (len + s->n > s->kv->max_length)
             return dg_error_set(err, DG_E_RANGE, "cuda %s: sequence %d: positions %lld..%lld run "
-                                "past the cache's %lld positions", what, i,
-                                (long long)s->kv->length, (long long)(s->kv->length + s->n - 1),
-                                (long long)s->kv->max_length);
+                                "past the cache's %lld positions", what, i, (long long)len,
+                                (long long)(len + s->n - 1), (long long)s->kv->max_length);
         for (int64_t t = 0; t < s->n; t++)
             if (s->ids[t] < 0 || s->ids[t] >= c->vocab_size)
                 return dg_error_set(err, DG_E_INVAL, "cuda %s: sequence %d: token %lld is id %d, "
@@ -318,27 +332,34 @@ static int check_batch(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *s
     return 0;
 }
 
-/* Scratch for Tb tokens, and the batch's ids, positions, token
- * sequences, self-conditioning sources and per-layer sequence tables on
- * the device.  Tokens T .. Tb-1 pad the batch to its bucket: id 0,
- * position 0, the dummy sequence (entry seq_cap of every table: a
- * one-row cache per layer, no keys read), no soft input. */
-static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
-                       int64_t T, int64_t Tb, struct dg_error *err)
+int dg_cuda_pass_check(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *enc, int n_enc,
+                       const struct dg_cuda_seq *dec, int n_dec, int64_t *enc_tokens,
+                       int64_t *dec_tokens, struct dg_error *err)
+{
+    int rc;
+    if (n_enc < 0 || n_dec < 0 || n_enc + n_dec < 1)
+        return dg_error_set(err, DG_E_INVAL, "cuda %s: an empty batch",
+                            n_dec > 0 ? "decoder" : "encoder");
+    TRY(check_part(cx, enc, n_enc, 0, NULL, 0, enc_tokens, err));
+    return check_part(cx, dec, n_dec, 1, enc, n_enc, dec_tokens, err);
+}
+
+/* Rows t0 .. of the staging arrays for one part of a pass: its sequences'
+ * tokens one after another, each sequence i at table entry tab0 + i,
+ * positions from its cache's length plus `ahead` (decoder rows after the
+ * same pass's encoder rows).  Returns the next row. */
+static int64_t stage_part(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
+                          int tab0, int64_t t, const struct dg_cuda_seq *enc, int n_enc)
 {
     const struct dg_model_config *c = &cx->cm->cfg;
     const int L = c->num_layers, W = c->sliding_window, H = c->hidden_size;
     const size_t es = (size_t)dg_elt_size(cx->cm->elt);
-    int64_t t = 0;
-    int rc;
-    TRY(reserve_tokens(cx, Tb, err));
-    TRY(reserve_seqs(cx, n_seqs, err));
     for (int i = 0; i < n_seqs; i++) {
-        const int64_t len = seqs[i].kv->length;
+        const int64_t len = seqs[i].kv->length + ahead_of(seqs[i].kv, enc, n_enc);
         for (int64_t j = 0; j < seqs[i].n; j++, t++) {
             cx->h_ids[t] = seqs[i].ids[j];
             cx->h_pos[t] = len + j;
-            cx->h_q_seq[t] = i;
+            cx->h_q_seq[t] = tab0 + i;
             cx->h_soft_src[t] = seqs[i].soft ? (const unsigned char *)seqs[i].soft +
                                                    (size_t)(j * H) * es
                                              : NULL;
@@ -348,17 +369,44 @@ static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, i
         for (int l = 0; l < L; l++) {
             const int64_t start =
                 cx->cm->layers[l].sliding && len > W - 1 ? len - (W - 1) : 0;
-            cx->h_seq_tab[(size_t)l * (size_t)(cx->seq_cap + 1) + (size_t)i] =
+            cx->h_seq_tab[(size_t)l * (size_t)(cx->seq_cap + 1) + (size_t)(tab0 + i)] =
                 (struct dg_attn_seq){seqs[i].kv->k[l], seqs[i].kv->v[l], start,
                                      len + seqs[i].n - start};
         }
     }
-    for (; t < Tb; t++) {
+    return t;
+}
+
+/* Pad rows t .. end-1: id 0, position 0, the dummy sequence (entry
+ * seq_cap of every table: a one-row cache per layer, no keys read), no
+ * soft input. */
+static void stage_pads(struct dg_cuda_ctx *cx, int64_t t, int64_t end)
+{
+    for (; t < end; t++) {
         cx->h_ids[t] = 0;
         cx->h_pos[t] = 0;
         cx->h_q_seq[t] = cx->seq_cap;
         cx->h_soft_src[t] = NULL;
     }
+}
+
+/* Scratch for Tb tokens, and the batch's ids, positions, token
+ * sequences, self-conditioning sources and per-layer sequence tables on
+ * the device: the encoder rows, padded to Te, then the decoder rows,
+ * padded to Tb. */
+static int stage_batch(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *enc, int n_enc,
+                       int64_t Te, const struct dg_cuda_seq *dec, int n_dec, int64_t Tb,
+                       struct dg_error *err)
+{
+    const int L = cx->cm->cfg.num_layers;
+    int64_t t;
+    int rc;
+    TRY(reserve_tokens(cx, Tb, err));
+    TRY(reserve_seqs(cx, n_enc + n_dec, err));
+    t = stage_part(cx, enc, n_enc, 0, 0, NULL, 0);
+    stage_pads(cx, t, Te);
+    t = stage_part(cx, dec, n_dec, n_enc, Te, enc, n_enc);
+    stage_pads(cx, t, Tb);
     /* (pageable host memory: the copies complete before these return) */
     TRY(dg_cuda_copy_async(cx->ids, cx->h_ids, sizeof *cx->h_ids * (size_t)Tb, cx->stream,
                            cx->dev, err));
@@ -488,13 +536,42 @@ static int qkv_adjacent(const struct dg_cuda_model *cm, const struct dg_cuda_lay
  * q, k, v projections). */
 enum norm_in { NORM_NONE, NORM_DONE, NORM_QUANTIZED };
 
-/* Layer l's forward; *in says what of its input norm is done (above), and
+/* The feed-forward block's last pass over rows r0 .. r0+n-1 of the
+ * pass's T: x' = (x + rms(rms(dense) + rms(moe))) * scalar, and where
+ * next_w is set that pass also writes rms(x') * next_w into a (and its
+ * rows quantized into qa / sa when `quantized`). */
+static int combine_rows(struct dg_cuda_ctx *cx, const struct dg_cuda_layer *L, int64_t r0,
+                        int64_t n, const float *moe, float scalar, const void *next_w,
+                        int quantized, struct dg_error *err)
+{
+    const enum dg_elt e = cx->cm->elt;
+    const int64_t H = cx->cm->cfg.hidden_size;
+    const float eps = (float)cx->cm->cfg.rms_norm_eps;
+    void *x = at(cx->x, r0 * H, e);
+    const float *dense = cx->dense + r0 * H;
+    moe += r0 * H;
+    if (!next_w)
+        return dg_cuda_ffn_combine_e(e, x, dense, moe, L->post_ffn_norm_1, L->post_ffn_norm_2,
+                                     L->post_ffn_norm, n, H, eps, scalar, cx->stream, cx->dev,
+                                     err);
+    return dg_cuda_ffn_combine_norm_e(e, x, dense, moe, L->post_ffn_norm_1, L->post_ffn_norm_2,
+                                      L->post_ffn_norm, n, H, eps, scalar, at(cx->a, r0 * H, e),
+                                      next_w, quantized ? cx->qa + r0 * H : NULL,
+                                      quantized ? cx->sa + r0 : NULL, cx->stream, cx->dev, err);
+}
+
+/* Layer l's forward over T rows: rows 0 .. Te-1 in encoder mode, Te ..
+ * T-1 in decoder mode (the attention's mask and the layer scalar's copy
+ * follow the row; both modes' keys and values are in the caches before
+ * any row attends).  *in says what of its input norm is done (above), and
  * on return what of the next one's this layer did: the next layer's input
  * norm (quantized where its q, k, v projections are FP8), or after the
- * last layer of a decoder pass the final norm, in the feed-forward
- * combine's pass.  The last layer of an encoder pass stops once its keys
- * and values are in the caches (x is then left as it was). */
-static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
+ * last layer the final norm of the decoder rows, in the feed-forward
+ * combine's pass.  The last layer of an encoder pass (Te = T) stops once
+ * its keys and values are in the caches (x is then left as it was); in a
+ * pass of both modes the encoder rows' last combine is skipped (nothing
+ * reads them). */
+static int layer_forward(struct dg_cuda_ctx *cx, int l, int64_t Te, int64_t T,
                          enum norm_in *in, struct dg_error *err)
 {
     const struct dg_cuda_model *cm = cx->cm;
@@ -535,7 +612,6 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     {
         /* the layer's table of sequences (its K/V caches) */
         const struct dg_attn_seq *tab = cx->seq_tab + (size_t)l * (size_t)(cx->seq_cap + 1);
-        const int mask = decoder ? 0 : L->sliding ? 2 : 1;
         const void *qsrc, *ksrc, *vsrc;
         const float *S = NULL; /* FP8 through cuBLASLt: the product's unscaled sums */
         int64_t ld_q, ld_kv;
@@ -580,18 +656,25 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
                                          cx->pos, T, nh, nkv, hd, L->q_norm, L->k_norm,
                                          L->inv_freq, eps, tab, cx->q_seq, st, dev, err));
         MARK("qk norm, rope, kv append");
-        if (!decoder && l + 1 == c->num_layers) {
+        if (Te == T && l + 1 == c->num_layers) {
             /* an encoder pass leaves only its keys and values: nothing
              * reads its last layer's output (dg_cuda_encode returns no
              * hidden states), so that layer ends here, every rank alike */
             *in = NORM_NONE;
             return 0;
         }
-        /* attention over the rows the layer's table names (encoder:
-         * causal, decoder: all) */
-        TRY(dg_cuda_attention_batch_ws_e(e, cx->o, cx->q, cx->pos, cx->q_seq, T, tab, nh, nkv,
-                                         hd, mask, W, cx->attn_ws, cx->attn_ws_bytes, st, dev,
-                                         err));
+        /* attention over the rows the layer's table names (encoder
+         * rows: causal, within the window on sliding layers; decoder
+         * rows: all) */
+        if (Te > 0)
+            TRY(dg_cuda_attention_batch_ws_e(e, cx->o, cx->q, cx->pos, cx->q_seq, Te, tab, nh,
+                                             nkv, hd, L->sliding ? 2 : 1, W, cx->attn_ws,
+                                             cx->attn_ws_bytes, st, dev, err));
+        if (Te < T)
+            TRY(dg_cuda_attention_batch_ws_e(e, at(cx->o, Te * qdim, e), at(cx->q, Te * qdim, e),
+                                             cx->pos + Te, cx->q_seq + Te, T - Te, tab, nh, nkv,
+                                             hd, 0, W, cx->attn_ws, cx->attn_ws_bytes, st, dev,
+                                             err));
         MARK(L->sliding ? "attention (sliding)" : "attention (full)");
     }
     /* h = x + rms(o_proj(o)) (x becomes h); o_proj over this rank's heads
@@ -658,21 +741,16 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int decoder, int64_t T,
     if (l + 1 < c->num_layers) {
         next_w = cm->layers[l + 1].input_norm;
         next = cm->layers[l + 1].q_proj_s ? NORM_QUANTIZED : NORM_DONE;
-    } else if (decoder) {
+    } else if (Te < T) {
         next_w = cm->final_norm;
         next = NORM_DONE;
     }
-    if (next == NORM_NONE)
-        TRY(dg_cuda_ffn_combine_e(e, cx->x, cx->dense, moe, L->post_ffn_norm_1,
-                                  L->post_ffn_norm_2, L->post_ffn_norm, T, H, eps,
-                                  decoder ? L->scalar_decoder : L->scalar_encoder, st, dev,
-                                  err));
-    else
-        TRY(dg_cuda_ffn_combine_norm_e(
-            e, cx->x, cx->dense, moe, L->post_ffn_norm_1, L->post_ffn_norm_2, L->post_ffn_norm, T,
-            H, eps, decoder ? L->scalar_decoder : L->scalar_encoder, cx->a, next_w,
-            next == NORM_QUANTIZED ? cx->qa : NULL, next == NORM_QUANTIZED ? cx->sa : NULL, st,
-            dev, err));
+    if (Te > 0 && l + 1 < c->num_layers)
+        TRY(combine_rows(cx, L, 0, Te, moe, L->scalar_encoder, next_w, next == NORM_QUANTIZED,
+                         err));
+    if (Te < T)
+        TRY(combine_rows(cx, L, Te, T - Te, moe, L->scalar_decoder, next_w,
+                         next == NORM_QUANTIZED, err));
     *in = next;
     MARK("norms");
     return 0;
@@ -697,14 +775,24 @@ int64_t dg_cuda_bucket(int64_t T)
 int dg_cuda_pass_stage(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
                        int decoder, int64_t *Tb, struct dg_error *err)
 {
-    int64_t T = 0;
-    int rc;
-    TRY(check_batch(cx, seqs, n_seqs, decoder, &T, err));
-    *Tb = dg_cuda_bucket(T);
-    return stage_batch(cx, seqs, n_seqs, T, *Tb, err);
+    int64_t Te;
+    return decoder ? dg_cuda_pass_stage_mixed(cx, NULL, 0, seqs, n_seqs, &Te, Tb, err)
+                   : dg_cuda_pass_stage_mixed(cx, seqs, n_seqs, NULL, 0, &Te, Tb, err);
 }
 
-int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *logits,
+int dg_cuda_pass_stage_mixed(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *enc, int n_enc,
+                             const struct dg_cuda_seq *dec, int n_dec, int64_t *Te, int64_t *Tb,
+                             struct dg_error *err)
+{
+    int64_t ne = 0, nd = 0;
+    int rc;
+    TRY(dg_cuda_pass_check(cx, enc, n_enc, dec, n_dec, &ne, &nd, err));
+    *Te = ne > 0 ? dg_cuda_bucket(ne) : 0;
+    *Tb = *Te + (nd > 0 ? dg_cuda_bucket(nd) : 0);
+    return stage_batch(cx, enc, n_enc, *Te, dec, n_dec, *Tb, err);
+}
+
+int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int64_t Te, int64_t T, float *logits,
                       struct dg_error *err)
 {
     const struct dg_cuda_model *cm = cx->cm;
@@ -718,40 +806,44 @@ int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t T, float *log
     enum norm_in in = NORM_NONE;
     int rc;
 
-    if (T > cx->tokens_cap || (decoder && !logits))
-        return dg_error_set(err, DG_E_INVAL, "cuda forward: a body of %lld tokens after a stage "
-                            "of %lld%s", (long long)T, (long long)cx->tokens_cap,
-                            decoder && !logits ? ", no logits" : "");
+    if (T > cx->tokens_cap || Te < 0 || Te > T || (Te < T && !logits))
+        return dg_error_set(err, DG_E_INVAL, "cuda forward: a body of %lld tokens (%lld encoder) "
+                            "after a stage of %lld%s", (long long)T, (long long)Te,
+                            (long long)cx->tokens_cap, Te < T && !logits ? ", no logits" : "");
     TRY(dg_cuda_embed_e(e, cx->x, cx->ids, T, cm->embed, cm->v0, cm->nv, H, cm->embed_scale, st,
                         dev, err));
     /* each token's row is on one rank, zeros elsewhere: the sum is exact */
     TRY(reduce(cx, cx->x, T * H, elt_type(e), err));
     MARK("embedding");
-    if (decoder) {
-        /* self-conditioning: x += SC(soft) on every step; a canvas without
-         * a soft input gets zero rows, whose SC output is exactly zero
-         * (rms(0) = 0, gelu(0) = 0), so x is unchanged bit for bit */
-        TRY(dg_cuda_rows_gather_e(e, cx->soft, (const void *const *)cx->soft_src, T, H, st, dev,
-                                  err));
-        TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->soft, cm->sc_pre_norm, T, H, eps, st, dev, err));
-        TRY(proj(cx, &on, cx->gu, 0, 0, cx->a, T, cm->sc_gu, cm->sc_gu_s, 2 * (int64_t)S, H, NULL,
-                 err));
+    if (Te < T) {
+        /* the decoder rows' self-conditioning: x += SC(soft) on every
+         * step; a canvas without a soft input gets zero rows, whose SC
+         * output is exactly zero (rms(0) = 0, gelu(0) = 0), so x is
+         * unchanged bit for bit */
+        const int64_t Td = T - Te;
+        void *xd = at(cx->x, Te * H, e);
+        TRY(dg_cuda_rows_gather_e(e, cx->soft, (const void *const *)cx->soft_src + Te, Td, H, st,
+                                  dev, err));
+        TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->soft, cm->sc_pre_norm, Td, H, eps, st, dev, err));
+        TRY(proj(cx, &on, cx->gu, 0, 0, cx->a, Td, cm->sc_gu, cm->sc_gu_s, 2 * (int64_t)S, H,
+                 NULL, err));
         TRY(dg_cuda_gelu_mul_e(e, cx->act, S, cx->gu, 2 * (int64_t)S, at(cx->gu, S, e),
-                               2 * (int64_t)S, T, S, st, dev, err));
-        TRY(proj(cx, &on, cx->x, 0, 1, cx->act, T, cm->sc_down, cm->sc_down_s, H, S, NULL, err));
+                               2 * (int64_t)S, Td, S, st, dev, err));
+        TRY(proj(cx, &on, xd, 0, 1, cx->act, Td, cm->sc_down, cm->sc_down_s, H, S, NULL, err));
         /* the weight-free post-norm applies on every step */
-        TRY(dg_cuda_rmsnorm_e(e, cx->x, cx->x, NULL, T, H, eps, st, dev, err));
+        TRY(dg_cuda_rmsnorm_e(e, xd, xd, NULL, Td, H, eps, st, dev, err));
         MARK("self-conditioning mlp");
     }
     for (int l = 0; l < c->num_layers; l++)
-        TRY(layer_forward(cx, l, decoder, T, &in, err));
-    if (decoder) {
+        TRY(layer_forward(cx, l, Te, T, &in, err));
+    if (Te < T) {
         /* (the last layer's pass wrote the final norm into a) */
         if (in == NORM_NONE)
-            TRY(dg_cuda_rmsnorm_e(e, cx->a, cx->x, cm->final_norm, T, H, eps, st, dev, err));
-        /* this rank's vocabulary columns */
-        TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, cx->a, T, cm->embed, 0, cm->nv, H, H, 1, 0,
-                           err));
+            TRY(dg_cuda_rmsnorm_e(e, at(cx->a, Te * H, e), at(cx->x, Te * H, e),
+                                  cm->final_norm, T - Te, H, eps, st, dev, err));
+        /* this rank's vocabulary columns, of the decoder rows */
+        TRY(dg_blas_gemm_e(cx->blas, e, logits, 1, at(cx->a, Te * H, e), T - Te, cm->embed, 0,
+                           cm->nv, H, H, 1, 0, err));
         MARK("lm head");
     }
     return 0;
@@ -770,7 +862,7 @@ int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
     int64_t Tb;
     int rc;
     TRY(dg_cuda_pass_stage(cx, seqs, n_seqs, 0, &Tb, err));
-    TRY(dg_cuda_pass_body(cx, 0, Tb, NULL, err));
+    TRY(dg_cuda_pass_body(cx, Tb, Tb, NULL, err));
     TRY(dg_cuda_stream_sync(cx->stream, cx->dev, err));
     dg_cuda_pass_finish(seqs, n_seqs, 0);
     return 0;
@@ -782,5 +874,18 @@ int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
     int64_t Tb;
     int rc;
     TRY(dg_cuda_pass_stage(cx, seqs, n_seqs, 1, &Tb, err));
-    return dg_cuda_pass_body(cx, 1, Tb, logits, err);
+    return dg_cuda_pass_body(cx, 0, Tb, logits, err);
+}
+
+int dg_cuda_encode_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *enc, int n_enc,
+                          const struct dg_cuda_seq *dec, int n_dec, float *logits,
+                          struct dg_error *err)
+{
+    int64_t Te, Tb;
+    int rc;
+    TRY(dg_cuda_pass_stage_mixed(cx, enc, n_enc, dec, n_dec, &Te, &Tb, err));
+    TRY(dg_cuda_pass_body(cx, Te, Tb, logits, err));
+    TRY(dg_cuda_stream_sync(cx->stream, cx->dev, err));
+    dg_cuda_pass_finish(enc, n_enc, 0);
+    return 0;
 }

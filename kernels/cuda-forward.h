@@ -150,24 +150,50 @@ int dg_cuda_encode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n
 int dg_cuda_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
                    float *logits, struct dg_error *err);
 
+/* An encoder pass and a decoder pass as one (the commit of a finished
+ * canvas and the next canvas's first step): rows for the encoder
+ * sequences' tokens, then for the decoder sequences' canvases, where a
+ * canvas whose cache is among the encoder sequences sits after their
+ * tokens (positions, window, keys).  Per layer every row's keys and values
+ * are appended before any row attends, each row with its own mode's mask
+ * and layer scalar, so the result is that of dg_cuda_encode(enc) then
+ * dg_cuda_decode(dec) up to the products' rounding over more rows.
+ * Logits as dg_cuda_decode's, of the decoder rows alone; the encoder
+ * sequences' lengths advance.  n_enc or n_dec may be 0.  Errors as
+ * dg_cuda_encode, checked before anything runs. */
+int dg_cuda_encode_decode(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *enc, int n_enc,
+                          const struct dg_cuda_seq *dec, int n_dec, float *logits,
+                          struct dg_error *err);
+
 /* The passes in three parts, so that the middle one can be captured in a
- * CUDA graph and replayed for any batch of the same bucket:
+ * CUDA graph and replayed for any batch of the same buckets:
  *
  *   stage   checks the batch, reserves scratch, uploads what the batch is
  *           made of (ids, positions, each token's sequence and soft
- *           input, the per-layer sequence tables) padded to *Tb tokens;
+ *           input, the per-layer sequence tables): the encoder rows
+ *           padded to *Te, then the decoder rows, all padded to *Tb;
  *   body    the kernels alone, reading only device buffers: a function of
- *           (decoder, Tb, logits) and of the buffers behind
- *           cx->generation, which changes when any is reallocated;
+ *           (Te, Tb, logits) and of the buffers behind cx->generation,
+ *           which changes when any is reallocated; logits get Tb - Te rows;
  *   finish  (encoder) the caches' lengths advance: after the body's work
  *           has completed.
  *
- * Every pass pads its tokens to a bucket (64, 96, 128, 192, 256, 384, ...),
- * eager or replayed, so both compute the same shapes. */
+ * dg_cuda_pass_stage stages one kind (Te = Tb for an encoder pass, 0 for a
+ * decoder one); dg_cuda_pass_check is the stage's checks alone, with each
+ * part's tokens (a caller that runs the parts as two passes checks both
+ * before it runs the first).  Every part pads its tokens to a bucket (64,
+ * 96, 128, 192, 256, 384, ...), eager or replayed, so both compute the same
+ * shapes. */
 int64_t dg_cuda_bucket(int64_t T);
+int dg_cuda_pass_check(const struct dg_cuda_ctx *cx, const struct dg_cuda_seq *enc, int n_enc,
+                       const struct dg_cuda_seq *dec, int n_dec, int64_t *enc_tokens,
+                       int64_t *dec_tokens, struct dg_error *err);
 int dg_cuda_pass_stage(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *seqs, int n_seqs,
                        int decoder, int64_t *Tb, struct dg_error *err);
-int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int decoder, int64_t Tb, float *logits,
+int dg_cuda_pass_stage_mixed(struct dg_cuda_ctx *cx, const struct dg_cuda_seq *enc, int n_enc,
+                             const struct dg_cuda_seq *dec, int n_dec, int64_t *Te, int64_t *Tb,
+                             struct dg_error *err);
+int dg_cuda_pass_body(struct dg_cuda_ctx *cx, int64_t Te, int64_t Tb, float *logits,
                       struct dg_error *err);
 void dg_cuda_pass_finish(const struct dg_cuda_seq *seqs, int n_seqs, int decoder);
 

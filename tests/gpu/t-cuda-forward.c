@@ -499,6 +499,183 @@ static int case_batch(void)
     return batch_run(DG_ELT_BF16) || batch_run(DG_ELT_F32);
 }
 
+/* ---- a commit and the next canvas's step in one pass ----------------------------- */
+
+/* Sequences 0 and 2 commit a canvas and take the next one's step in one
+ * pass (dg_cuda_encode_decode), sequence 1 only takes its step: against
+ * the CPU's encode then decode (within cpu_bound), against the GPU's two
+ * passes and the caches both leave (a later step over each; within
+ * two_bound), and the refusals.  bf16 elements: the first layer, every
+ * expert; fp32: the whole model as it routes.  lt: FP8 projections through
+ * cuBLASLt. */
+static int commit_run(const char *dir, enum dg_elt elt, int lt, double cpu_bound,
+                      double two_bound)
+{
+    static const int64_t plen[NSEQ] = {5, 150, 70};
+    static const int commits[] = {0, 2};
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_cpu_model cpu;
+    struct dg_kv_cache ckv[NSEQ];
+    struct dg_cuda_model gm;
+    struct dg_cuda_ctx cx;
+    struct dg_cuda_kv one[NSEQ], two[NSEQ], tight;
+    struct dg_cuda_seq enc[2], dec[NSEQ];
+    struct dg_error err = {0};
+    int32_t *prompt[NSEQ], commit[NSEQ][64], next[NSEQ][64], later[NSEQ][64];
+    float *ref, *got, *got2, *dlogits;
+    char en[32];
+    int layers;
+    int64_t V, CL, rows;
+    float cap;
+    char what[160];
+
+    CHECK_OK(dir ? 0 : -1, &err);
+    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
+    layers = m.cfg.num_layers;
+    if (elt == DG_ELT_BF16) {
+        m.cfg.num_layers = 1;
+        m.cfg.top_k_experts = m.cfg.num_experts;
+    }
+    V = m.cfg.vocab_size;
+    CL = m.cfg.canvas_length;
+    cap = (float)m.cfg.final_logit_softcapping;
+    rows = NSEQ * CL;
+    CHECK(CL <= 64 && plen[1] > m.cfg.sliding_window);
+    CHECK_OK(dg_cpu_model_init(&cpu, &m, &err), &err);
+    CHECK_OK(dg_cuda_model_upload(&gm, &m, elt, 0, &err), &err);
+    CHECK_OK(dg_cuda_ctx_init(&cx, &gm, &err), &err);
+    if (lt && gm.fp8) { /* one a stream, as the backend makes them */
+        CHECK_OK(dg_fp8_lt_create(0, cx.stream, 0, &cx.lt, &err), &err);
+        CHECK_OK(dg_fp8_lt_create(0, cx.side, 0, &cx.side_lt, &err), &err);
+    }
+    snprintf(en, sizeof en, "%s%s", gm.fp8 ? "fp8" : elt == DG_ELT_F32 ? "f32" : "bf16",
+             gm.fp8 && lt ? " (cuBLASLt)" : "");
+    gt_seed(78);
+    for (int i = 0; i < NSEQ; i++) {
+        struct dg_cuda_seq p;
+        prompt[i] = malloc(sizeof(int32_t) * (size_t)plen[i]);
+        CHECK(prompt[i]);
+        for (int64_t t = 0; t < plen[i]; t++)
+            prompt[i][t] = (int32_t)(gt_next() % (uint64_t)V);
+        for (int64_t t = 0; t < CL; t++) {
+            commit[i][t] = (int32_t)(gt_next() % (uint64_t)V);
+            next[i][t] = (int32_t)(gt_next() % (uint64_t)V);
+            later[i][t] = (int32_t)(gt_next() % (uint64_t)V);
+        }
+        CHECK_OK(dg_kv_cache_init(&ckv[i], &m.cfg, plen[i] + 2 * CL, &err), &err);
+        CHECK_OK(dg_cuda_kv_init(&one[i], &gm, plen[i] + 2 * CL, (int)CL, &err), &err);
+        CHECK_OK(dg_cuda_kv_init(&two[i], &gm, plen[i] + 2 * CL, (int)CL, &err), &err);
+        CHECK_OK(dg_cpu_encode(&cpu, &ckv[i], prompt[i], plen[i], NULL, &err), &err);
+        p = (struct dg_cuda_seq){&one[i], prompt[i], plen[i], NULL};
+        CHECK_OK(dg_cuda_encode(&cx, &p, 1, &err), &err);
+        p.kv = &two[i];
+        CHECK_OK(dg_cuda_encode(&cx, &p, 1, &err), &err);
+    }
+    ref = malloc(sizeof(float) * (size_t)(CL * V));
+    got = malloc(sizeof(float) * (size_t)(rows * V));
+    got2 = malloc(sizeof(float) * (size_t)(rows * V));
+    CHECK(ref && got && got2);
+    CHECK_OK(dg_cuda_alloc((void **)&dlogits, sizeof(float) * (size_t)(dg_cuda_bucket(rows) * V),
+                           0, &err),
+             &err);
+
+    /* refusals first: nothing runs, nothing changes */
+    {
+        int32_t bad[64];
+        memcpy(bad, commit[0], sizeof bad);
+        bad[CL - 1] = (int32_t)V;
+        enc[0] = (struct dg_cuda_seq){&one[0], bad, CL, NULL};
+        dec[0] = (struct dg_cuda_seq){&one[0], next[0], CL, NULL};
+        CHECK_FAILS(dg_cuda_encode_decode(&cx, enc, 1, dec, 1, dlogits, &err), &err, DG_E_INVAL,
+                    "outside");
+        enc[0].ids = commit[0];
+        enc[1] = enc[0];
+        CHECK_FAILS(dg_cuda_encode_decode(&cx, enc, 2, dec, 1, dlogits, &err), &err, DG_E_INVAL,
+                    "twice");
+        /* room for the canvas after the prompt, not after a commit too */
+        CHECK_OK(dg_cuda_kv_init(&tight, &gm, plen[0] + CL, (int)CL, &err), &err);
+        enc[0] = (struct dg_cuda_seq){&tight, prompt[0], plen[0], NULL};
+        CHECK_OK(dg_cuda_encode(&cx, enc, 1, &err), &err);
+        enc[0] = (struct dg_cuda_seq){&tight, commit[0], CL, NULL};
+        dec[0] = (struct dg_cuda_seq){&tight, next[0], CL, NULL};
+        CHECK_FAILS(dg_cuda_encode_decode(&cx, enc, 1, dec, 1, dlogits, &err), &err, DG_E_RANGE,
+                    "past the cache");
+        CHECK(tight.length == plen[0] && one[0].length == plen[0]);
+        CHECK_OK(dg_cuda_encode_decode(&cx, NULL, 0, dec, 1, dlogits, &err), &err);
+        CHECK(tight.length == plen[0]);
+        dg_cuda_kv_free(&tight);
+    }
+
+    /* one pass */
+    for (int k = 0; k < 2; k++)
+        enc[k] = (struct dg_cuda_seq){&one[commits[k]], commit[commits[k]], CL, NULL};
+    for (int i = 0; i < NSEQ; i++)
+        dec[i] = (struct dg_cuda_seq){&one[i], next[i], CL, NULL};
+    CHECK_OK(dg_cuda_encode_decode(&cx, enc, 2, dec, NSEQ, dlogits, &err), &err);
+    CHECK_OK(download_logits(got, dlogits, rows * V, cap, &err), &err);
+    for (int i = 0; i < NSEQ; i++)
+        CHECKF(one[i].length == plen[i] + (i != 1 ? CL : 0), "%s: sequence %d: length %lld", en,
+               i, (long long)one[i].length);
+    /* the CPU: encode, then decode */
+    for (int i = 0; i < NSEQ; i++) {
+        if (i != 1)
+            CHECK_OK(dg_cpu_encode(&cpu, &ckv[i], commit[i], CL, NULL, &err), &err);
+        CHECK_OK(dg_cpu_decode(&cpu, &ckv[i], next[i], CL, NULL, V, ref, &err), &err);
+        snprintf(what, sizeof what, "%s commit + step in one pass, sequence %d%s, gpu vs cpu",
+                 en, i, i != 1 ? " (commits)" : "");
+        CHECK(check_close(what, got + i * CL * V, ref, CL, V, cpu_bound) == 0);
+    }
+    /* the GPU in two passes */
+    for (int k = 0; k < 2; k++)
+        enc[k].kv = &two[commits[k]];
+    for (int i = 0; i < NSEQ; i++)
+        dec[i].kv = &two[i];
+    CHECK_OK(dg_cuda_encode(&cx, enc, 2, &err), &err);
+    CHECK_OK(dg_cuda_decode(&cx, dec, NSEQ, dlogits, &err), &err);
+    CHECK_OK(download_logits(got2, dlogits, rows * V, cap, &err), &err);
+    snprintf(what, sizeof what, "%s commit + step: one pass vs two", en);
+    CHECK(check_close(what, got, got2, rows, V, two_bound) == 0);
+    /* what each left in the caches: a later step over both */
+    for (int i = 0; i < NSEQ; i++)
+        dec[i] = (struct dg_cuda_seq){&one[i], later[i], CL, NULL};
+    CHECK_OK(dg_cuda_decode(&cx, dec, NSEQ, dlogits, &err), &err);
+    CHECK_OK(download_logits(got, dlogits, rows * V, cap, &err), &err);
+    for (int i = 0; i < NSEQ; i++)
+        dec[i].kv = &two[i];
+    CHECK_OK(dg_cuda_decode(&cx, dec, NSEQ, dlogits, &err), &err);
+    CHECK_OK(download_logits(got2, dlogits, rows * V, cap, &err), &err);
+    snprintf(what, sizeof what, "%s the step after: caches of one pass vs two", en);
+    CHECK(check_close(what, got, got2, rows, V, two_bound) == 0);
+
+    for (int i = 0; i < NSEQ; i++) {
+        dg_cuda_kv_free(&one[i]);
+        dg_cuda_kv_free(&two[i]);
+        dg_kv_cache_free(&ckv[i]);
+        free(prompt[i]);
+    }
+    dg_cuda_free(dlogits);
+    dg_cuda_ctx_free(&cx);
+    dg_cuda_model_free(&gm);
+    dg_cpu_model_free(&cpu);
+    free(ref);
+    free(got);
+    free(got2);
+    m.cfg.num_layers = layers;
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    return 0;
+}
+
+static int case_commit(void)
+{
+    struct dg_error err = {0};
+    const char *dir = small_bf16(&err, 0);
+    CHECK_OK(dir ? 0 : -1, &err);
+    return commit_run(dir, DG_ELT_BF16, 0, REL_BOUND, 1e-3) ||
+           commit_run(dir, DG_ELT_F32, 0, REL_BOUND, 1e-3);
+}
+
 /* The pass cut after d layers (d = 0 .. all) on the CPU and the GPU, for a
  * model directory, prompt P encoded in chunks: every depth printed, depths
  * up to check_upto checked against REL_BOUND.  (Deeper, these random
@@ -767,6 +944,10 @@ static int case_fp8(void)
     fp8_lt = 0;
     rel_bound = REL_BOUND;
     argmax_bound = ARGMAX_BOUND;
+    /* a commit and the next step in one pass (the quantized rows split at
+     * the modes' boundary) */
+    for (int lt = 0; lt < 2; lt++)
+        bad += commit_run(w8a8, DG_ELT_BF16, lt, FP8_REL_BOUND, 1e-2) != 0;
     CHECK(bad == 0);
 
     /* refusals: weights only; fp32 elements; matrices the GEMM does not fit */
@@ -874,6 +1055,7 @@ int main(void)
         test_run(cur, case_golden);
     }
     TEST_CASE(case_batch);
+    TEST_CASE(case_commit);
     TEST_CASE(case_fp8);
     TEST_CASE(case_out_of_memory);
     return test_finish();
