@@ -4,8 +4,8 @@
  * on the GPU: the workload of the performance harness (bench/perf/).
  *
  * usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] [--no-ceilings]
- *                       [--json FILE] [--prompt P] [--canvases C] [--steps S]
- *                       [--reps R] [--preset NAME] BATCH...
+ *                       [--commit-apart] [--json FILE] [--prompt P] [--canvases C]
+ *                       [--steps S] [--reps R] [--preset NAME] BATCH...
  *   (defaults: tp 1, CUDA graphs on, prompt 512, 4 canvases, 16 steps, 1
  *   rep, preset 26b, batches 1 4 16 32)
  *
@@ -16,10 +16,14 @@
  * threshold 1e-30; no stop ids, so every canvas is emitted whole).  The
  * backend's calls are timed on the host (each ends with its stream
  * synchronised): per-forward medians of the denoising steps (decoder pass
- * + sampler statistics), the self-conditioning calls and the commits
- * (encoder pass over a canvas); the prefill is the encoder calls before
- * the first denoising step.  Tokens/s count committed (emitted) tokens
- * over the generation's wall time without and with the prefill.
+ * + sampler statistics), the self-conditioning calls and the steps that
+ * commit the canvas before theirs first (one pass of the commit's encoder
+ * rows and the canvas's decoder rows; with --commit-apart an encoder pass
+ * and then the step's, to compare); a commit's own cost ("commit ms") is
+ * the median of those steps less the median of the others.  The prefill
+ * is the encoder calls before the first denoising step.  Tokens/s count
+ * committed (emitted) tokens over the generation's wall time without and
+ * with the prefill.
  *
  * Roofline of one forward (the METHOD's two numbers, measured first in
  * the same run unless --no-ceilings): the fewest bytes the pass must move
@@ -75,9 +79,9 @@ struct call_times {
 
 static struct {
     const struct dg_backend_ops *orig;
-    int denoised;                 /* a denoising step came: later encodes are commits */
+    int denoised;                 /* a denoising step came */
     double first_denoise_ms;      /* when it came */
-    struct call_times prefill, denoise, condition, commit;
+    struct call_times prefill, denoise, condition, commit; /* commit: steps that commit */
 } tm;
 
 static void add_time(struct call_times *c, double ms)
@@ -91,7 +95,7 @@ static int timed_encode(struct dg_backend *b, const struct dg_encode_item *items
 {
     const double t0 = bench_now_ms();
     const int rc = tm.orig->encode(b, items, n, err);
-    add_time(tm.denoised ? &tm.commit : &tm.prefill, bench_now_ms() - t0);
+    add_time(&tm.prefill, bench_now_ms() - t0);
     return rc;
 }
 
@@ -99,13 +103,15 @@ static int timed_denoise(struct dg_backend *b, struct dg_denoise_item *items, in
                          struct dg_error *err)
 {
     const double t0 = bench_now_ms();
-    int rc;
+    int rc, commits = 0;
     if (!tm.denoised) {
         tm.denoised = 1;
         tm.first_denoise_ms = t0;
     }
+    for (int i = 0; i < n; i++)
+        commits |= items[i].n_append > 0;
     rc = tm.orig->denoise(b, items, n, err);
-    add_time(&tm.denoise, bench_now_ms() - t0);
+    add_time(commits ? &tm.commit : &tm.denoise, bench_now_ms() - t0);
     return rc;
 }
 
@@ -198,16 +204,19 @@ struct run_cfg {
     int64_t prompt;
     int fp8;
     int fp8_own;      /* FP8 projections on the own GEMM, not cuBLASLt */
+    int commit_apart; /* commits in encoder passes of their own (backend option) */
 };
 
 struct batch_result {
     int B;
     int64_t tokens;
     double wall_ms, prefill_ms, den_ms, cond_ms, commit_ms, prefill_call_ms;
+    double den_commit_ms;         /* a step that commits first, whole */
     double tps_excl, tps_incl;
     double roof_den_ms, roof_commit_ms;
     double gib_rank[8];
     int n_steps;
+    int n_plain;                  /* of them, steps that commit nothing (the profile's) */
     struct dg_prof_total prof[DG_PROF_MAX_LABELS];
     int n_prof;
 };
@@ -314,10 +323,12 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     }
     r->wall_ms = bench_median(walls, rc->reps);
     r->prefill_ms = bench_median(prefills, rc->reps);
-    r->n_steps = tm.denoise.n / rc->reps;
+    r->n_steps = (tm.denoise.n + tm.commit.n) / rc->reps;
+    r->n_plain = tm.denoise.n / rc->reps;
     r->den_ms = bench_median(tm.denoise.v, tm.denoise.n);
     r->cond_ms = bench_median(tm.condition.v, tm.condition.n);
-    r->commit_ms = bench_median(tm.commit.v, tm.commit.n);
+    r->den_commit_ms = bench_median(tm.commit.v, tm.commit.n);
+    r->commit_ms = tm.commit.n ? r->den_commit_ms - r->den_ms : 0;
     r->prefill_call_ms = bench_median(tm.prefill.v, tm.prefill.n);
     r->tps_excl = (double)r->tokens / ((r->wall_ms - r->prefill_ms) * 1e-3);
     r->tps_incl = (double)r->tokens / (r->wall_ms * 1e-3);
@@ -357,10 +368,10 @@ static void print_profile(const struct dg_model_config *c, const struct run_cfg 
     const struct pass_floor f = pass_floor(c, r->B, rc->prompt + (int64_t)(rc->canvases - 1) *
                                                                   c->canvas_length / 2,
                                            1, rc->tp, rc->fp8);
-    const double steps = (double)r->n_steps * rc->reps;
+    const double steps = (double)r->n_plain * rc->reps;
     double total = 0;
-    printf("\nprofile, batch %d: device ms per denoising step (eager, rank 0), mean over %d "
-           "steps; floor at the mean committed length\n\n",
+    printf("\nprofile, batch %d: device ms per denoising step (eager, rank 0), mean over the %d "
+           "steps that commit nothing; floor at the mean committed length\n\n",
            r->B, (int)steps);
     printf("| stage | ms / step | share | floor ms | x floor |\n|---|---:|---:|---:|---:|\n");
     for (int i = 0; i < r->n_prof; i++)
@@ -413,6 +424,8 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
                           r->n_steps / (rc->canvases ? rc->canvases : 1));
     json_t *mem = json_array(), *prof = json_object();
     json_object_set_new(o, "weights", json_string(rc->fp8 ? "fp8" : "bf16"));
+    json_object_set_new(o, "denoise_commit_ms", json_real(r->den_commit_ms));
+    json_object_set_new(o, "commit_apart", json_boolean(rc->commit_apart));
     if (rc->fp8)
         json_object_set_new(o, "fp8_projections",
                             json_string(rc->fp8_own ? "own GEMM" : "cuBLASLt"));
@@ -421,7 +434,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
     json_object_set_new(o, "gpu_gib_per_rank", mem);
     for (int i = 0; i < r->n_prof; i++)
         json_object_set_new(prof, r->prof[i].label,
-                            json_real(r->prof[i].ms / ((double)r->n_steps * rc->reps)));
+                            json_real(r->prof[i].ms / ((double)r->n_plain * rc->reps)));
     if (r->n_prof)
         json_object_set_new(o, "profile_ms_per_step", prof);
     else
@@ -432,7 +445,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
 static int usage(void)
 {
     fprintf(stderr, "usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] "
-                    "[--no-ceilings] "
+                    "[--no-ceilings] [--commit-apart] "
                     "[--json FILE] [--prompt P] [--canvases C] [--steps S] [--reps R] "
                     "[--preset NAME] BATCH...\n");
     return 2;
@@ -440,7 +453,7 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0, 0};
+    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0, 0, 0};
     const char *json_path = NULL, *preset = "26b";
     int ceilings = 1, batches[16], nb = 0, maxb = 1, status = 0;
     struct dg_model_config cfg;
@@ -467,6 +480,8 @@ int main(int argc, char **argv)
             rc.fp8_own = 1;
         } else if (!strcmp(a, "--no-ceilings")) {
             ceilings = 0;
+        } else if (!strcmp(a, "--commit-apart")) {
+            rc.commit_apart = 1;
         } else if (v && !strcmp(a, "--tp")) {
             rc.tp = atoi(v), i++;
         } else if (v && !strcmp(a, "--json")) {
@@ -528,6 +543,7 @@ int main(int argc, char **argv)
     o.profile = rc.profile;
     o.fp8 = rc.fp8;
     o.fp8_own_gemm = rc.fp8_own;
+    o.commit_apart = rc.commit_apart;
     o.max_slots = maxb;
     o.cfg = &cfg;
     o.seed = 1;
@@ -536,9 +552,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-generate: %s\n", err.msg);
         return 1;
     }
-    printf("tp %d, CUDA graphs %s%s; preset %s, random %s weights made in %.0f ms; prompt "
-           "%lld, %d canvases of %d, %d steps each; %d rep(s) after one unrecorded\n\n",
+    printf("tp %d, CUDA graphs %s%s, commits %s; preset %s, random %s weights made in %.0f "
+           "ms; prompt %lld, %d canvases of %d, %d steps each; %d rep(s) after one "
+           "unrecorded\n\n",
            rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
+           rc.commit_apart ? "apart" : "in the next step's pass",
            preset, !rc.fp8 ? "bf16" : rc.fp8_own ? "FP8 (W8A8, own GEMM)" : "FP8 (W8A8)",
            bench_now_ms() - t0, (long long)rc.prompt,
            rc.canvases, cfg.canvas_length,
@@ -565,15 +583,16 @@ int main(int argc, char **argv)
                                : rc.fp8_own ? "FP8 (W8A8), projections on the own GEMM"
                                             : "FP8 (W8A8), projections through cuBLASLt");
         printf("| TP | B | tokens | denoise ms | roofline ms | x roofline | condition ms | "
-               "commit ms | roofline ms | prefill ms | tok/s | tok/s with prefill | GiB/rank |\n");
-        printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+               "step with commit ms | commit ms | roofline ms | prefill ms | tok/s | tok/s with "
+               "prefill | GiB/rank |\n");
+        printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++) {
             const struct batch_result *r = &res[i];
-            printf("| %d | %d | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.0f | "
-                   "%.0f | %.2f |\n",
+            printf("| %d | %d | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | "
+                   "%.0f | %.0f | %.2f |\n",
                    rc.tp, r->B, (long long)r->tokens, r->den_ms, r->roof_den_ms,
                    r->roof_den_ms > 0 ? r->den_ms / r->roof_den_ms : NAN, r->cond_ms,
-                   r->commit_ms, r->roof_commit_ms, r->prefill_ms, r->tps_excl, r->tps_incl,
+                   r->den_commit_ms, r->commit_ms, r->roof_commit_ms, r->prefill_ms, r->tps_excl, r->tps_incl,
                    r->gib_rank[0]);
         }
         if (rc.profile)

@@ -5,8 +5,10 @@ usage: report.py OUTDIR
 
 Reads OUTDIR/tp1.json (and tp1-fp8.json, tp2.json if there), profile.json
 and hf.json;
-prints one table (per engine, TP and batch: the denoising and commit
-forwards, the roofline of the denoising forward measured in the same run,
+prints one table (per engine, TP and batch: the denoising forward and
+the commit -- for dgemma what a step that commits the canvas before it
+takes beyond one that does not, the two being one pass; for transformers
+its encoder pass --, the roofline of the denoising forward measured in the same run,
 committed tokens/s without and with the prefill, GPU memory per rank, the
 ratio to Hugging Face at the same batch) and the sampler +
 self-conditioning share of a batch-1 denoising step; writes
