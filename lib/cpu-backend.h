@@ -14,7 +14,9 @@
  * (with T >= 2).  With T = 1 no thread is started and no collective runs.
  *
  * Items of a batch run one after another, each exactly as it would alone,
- * so a request's result never depends on its batch.
+ * so a request's result never depends on its batch.  A denoise batch's
+ * appended tokens (backend.h) run first, as one encode job, then its
+ * steps.
  *
  * Threads: rank r > 0 always has its own worker thread; with `workers`
  * rank 0 has one too and the calling thread only hands each batch to the

@@ -119,7 +119,7 @@ enum {
 #define RSS_BOUND_KIB (8 * 1024)
 
 /* Daemon settings: tiny requests (two tokens, a canvas of two, one
- * denoising step: a prefill, a denoising step and a commit each). */
+ * denoising step: a prefill and a denoising step each). */
 #define TINY "\"max_tokens\":2,\"canvas_length\":2,\"max_denoising_steps\":1"
 
 static char sock_path[512], log_path[512], db_path[512];
