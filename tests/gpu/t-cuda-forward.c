@@ -361,6 +361,45 @@ static int case_golden(void)
 
 #define NSEQ 3
 
+/* The model in dir on both sides for the batch cases: bf16 elements take
+ * the first layer with every expert, fp32 the whole model as it routes
+ * (*layers keeps its depth for small_close); the CPU model, the GPU's
+ * (elt) and a context, with cuBLASLt handles for FP8 projections when
+ * lt. */
+static int small_open(const char *dir, enum dg_elt elt, int lt, struct dg_checkpoint *ck,
+                      struct dg_model *m, struct dg_cpu_model *cpu, struct dg_cuda_model *gm,
+                      struct dg_cuda_ctx *cx, int *layers)
+{
+    struct dg_error err = {0};
+    CHECK_OK(dir ? 0 : -1, &err);
+    CHECK_OK(dg_model_load(dir, ck, m, &err), &err);
+    *layers = m->cfg.num_layers;
+    if (elt == DG_ELT_BF16) {
+        m->cfg.num_layers = 1;
+        m->cfg.top_k_experts = m->cfg.num_experts;
+    }
+    CHECK(m->cfg.canvas_length <= 64);
+    CHECK_OK(dg_cpu_model_init(cpu, m, &err), &err);
+    CHECK_OK(dg_cuda_model_upload(gm, m, elt, 0, &err), &err);
+    CHECK_OK(dg_cuda_ctx_init(cx, gm, &err), &err);
+    if (lt && gm->fp8) { /* one a stream, as the backend makes them */
+        CHECK_OK(dg_fp8_lt_create(0, cx->stream, 0, &cx->lt, &err), &err);
+        CHECK_OK(dg_fp8_lt_create(0, cx->side, 0, &cx->side_lt, &err), &err);
+    }
+    return 0;
+}
+
+static void small_close(struct dg_checkpoint *ck, struct dg_model *m, struct dg_cpu_model *cpu,
+                        struct dg_cuda_model *gm, struct dg_cuda_ctx *cx, int layers)
+{
+    dg_cuda_ctx_free(cx);
+    dg_cuda_model_free(gm);
+    dg_cpu_model_free(cpu);
+    m->cfg.num_layers = layers;
+    dg_model_free(m);
+    dg_checkpoint_close(ck);
+}
+
 /* bf16: the first layer, every expert; fp32: the whole model as it routes */
 static int batch_run(enum dg_elt elt)
 {
@@ -382,20 +421,11 @@ static int batch_run(enum dg_elt elt)
     float cap;
     char what[128];
 
-    CHECK_OK(dir ? 0 : -1, &err);
-    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
-    layers = m.cfg.num_layers;
-    if (elt == DG_ELT_BF16) {
-        m.cfg.num_layers = 1;
-        m.cfg.top_k_experts = m.cfg.num_experts;
-    }
+    CHECK(small_open(dir, elt, 0, &ck, &m, &cpu, &gm, &cx, &layers) == 0);
     V = m.cfg.vocab_size;
     CL = m.cfg.canvas_length;
     cap = (float)m.cfg.final_logit_softcapping;
-    CHECK(CL <= 64 && plen[1] > m.cfg.sliding_window);
-    CHECK_OK(dg_cpu_model_init(&cpu, &m, &err), &err);
-    CHECK_OK(dg_cuda_model_upload(&gm, &m, elt, 0, &err), &err);
-    CHECK_OK(dg_cuda_ctx_init(&cx, &gm, &err), &err);
+    CHECK(plen[1] > m.cfg.sliding_window);
     gt_seed(77);
     for (int i = 0; i < NSEQ; i++) {
         prompt[i] = malloc(sizeof(int32_t) * (size_t)plen[i]);
@@ -482,15 +512,10 @@ static int batch_run(enum dg_elt elt)
         free(prompt[i]);
     }
     dg_cuda_free(dlogits);
-    dg_cuda_ctx_free(&cx);
-    dg_cuda_model_free(&gm);
-    dg_cpu_model_free(&cpu);
     free(ref);
     free(got);
     free(got1);
-    m.cfg.num_layers = layers;
-    dg_model_free(&m);
-    dg_checkpoint_close(&ck);
+    small_close(&ck, &m, &cpu, &gm, &cx, layers);
     return 0;
 }
 
@@ -530,25 +555,12 @@ static int commit_run(const char *dir, enum dg_elt elt, int lt, double cpu_bound
     float cap;
     char what[160];
 
-    CHECK_OK(dir ? 0 : -1, &err);
-    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
-    layers = m.cfg.num_layers;
-    if (elt == DG_ELT_BF16) {
-        m.cfg.num_layers = 1;
-        m.cfg.top_k_experts = m.cfg.num_experts;
-    }
+    CHECK(small_open(dir, elt, lt, &ck, &m, &cpu, &gm, &cx, &layers) == 0);
     V = m.cfg.vocab_size;
     CL = m.cfg.canvas_length;
     cap = (float)m.cfg.final_logit_softcapping;
     rows = NSEQ * CL;
-    CHECK(CL <= 64 && plen[1] > m.cfg.sliding_window);
-    CHECK_OK(dg_cpu_model_init(&cpu, &m, &err), &err);
-    CHECK_OK(dg_cuda_model_upload(&gm, &m, elt, 0, &err), &err);
-    CHECK_OK(dg_cuda_ctx_init(&cx, &gm, &err), &err);
-    if (lt && gm.fp8) { /* one a stream, as the backend makes them */
-        CHECK_OK(dg_fp8_lt_create(0, cx.stream, 0, &cx.lt, &err), &err);
-        CHECK_OK(dg_fp8_lt_create(0, cx.side, 0, &cx.side_lt, &err), &err);
-    }
+    CHECK(plen[1] > m.cfg.sliding_window);
     snprintf(en, sizeof en, "%s%s", gm.fp8 ? "fp8" : elt == DG_ELT_F32 ? "f32" : "bf16",
              gm.fp8 && lt ? " (cuBLASLt)" : "");
     gt_seed(78);
@@ -655,15 +667,10 @@ static int commit_run(const char *dir, enum dg_elt elt, int lt, double cpu_bound
         free(prompt[i]);
     }
     dg_cuda_free(dlogits);
-    dg_cuda_ctx_free(&cx);
-    dg_cuda_model_free(&gm);
-    dg_cpu_model_free(&cpu);
     free(ref);
     free(got);
     free(got2);
-    m.cfg.num_layers = layers;
-    dg_model_free(&m);
-    dg_checkpoint_close(&ck);
+    small_close(&ck, &m, &cpu, &gm, &cx, layers);
     return 0;
 }
 

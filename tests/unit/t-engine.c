@@ -877,18 +877,24 @@ static int scripted_run(struct scripted *sb, int64_t max_tokens, int stability,
     return scripted_run_n(sb, max_tokens, stability, 1, out);
 }
 
+/* A scripted backend of the small shapes, 4 slots, no stop id. */
+static void scripted_init(struct scripted *sb)
+{
+    memset(sb, 0, sizeof *sb);
+    dg_model_config_preset("small", &sb->cfg, NULL);
+    sb->base.ops = &scripted_ops;
+    sb->base.name = "scripted";
+    sb->base.cfg = &sb->cfg;
+    sb->base.max_slots = 4;
+    sb->stop_at_canvas = -1;
+}
+
 static int scripted_canvases(void)
 {
     static struct outcome o;
     struct scripted sb;
 
-    memset(&sb, 0, sizeof sb);
-    dg_model_config_preset("small", &sb.cfg, NULL);
-    sb.base.ops = &scripted_ops;
-    sb.base.name = "scripted";
-    sb.base.cfg = &sb.cfg;
-    sb.base.max_slots = 4;
-    sb.stop_at_canvas = -1;
+    scripted_init(&sb);
 
     /* zero entropy: confident; s = 1 needs the second identical step */
     CHECK(scripted_run(&sb, 13, 1, &o) == 0);
@@ -941,13 +947,7 @@ static int scripted_refused_append(void)
     static struct outcome one, two[2];
     struct scripted sb;
 
-    memset(&sb, 0, sizeof sb);
-    dg_model_config_preset("small", &sb.cfg, NULL);
-    sb.base.ops = &scripted_ops;
-    sb.base.name = "scripted";
-    sb.base.cfg = &sb.cfg;
-    sb.base.max_slots = 4;
-    sb.stop_at_canvas = -1;
+    scripted_init(&sb);
     CHECK(scripted_run(&sb, 24, 1, &one) == 0);
     CHECK(one.stats.canvases == 3 && sb.appends == 2);
     sb.refuse_batched_append = 1;
