@@ -23,7 +23,9 @@
  * the median of those steps less the median of the others.  The prefill
  * is the encoder calls before the first denoising step.  Tokens/s count
  * committed (emitted) tokens over the generation's wall time without and
- * with the prefill.
+ * with the prefill.  A second table gives the medians of the slots'
+ * openings and closings and the wall time past the prefill that no call
+ * took (the engine's own work between calls), per step.
  *
  * Roofline of one forward (the METHOD's two numbers, measured first in
  * the same run unless --no-ceilings): the fewest bytes the pass must move
@@ -82,6 +84,7 @@ static struct {
     int denoised;                 /* a denoising step came */
     double first_denoise_ms;      /* when it came */
     struct call_times prefill, denoise, condition, commit; /* commit: steps that commit */
+    struct call_times open, close; /* slots opened and closed */
 } tm;
 
 static void add_time(struct call_times *c, double ms)
@@ -113,6 +116,22 @@ static int timed_denoise(struct dg_backend *b, struct dg_denoise_item *items, in
     rc = tm.orig->denoise(b, items, n, err);
     add_time(commits ? &tm.commit : &tm.denoise, bench_now_ms() - t0);
     return rc;
+}
+
+static int timed_slot_open(struct dg_backend *b, int slot, int64_t max_positions, int max_cl,
+                           struct dg_error *err)
+{
+    const double t0 = bench_now_ms();
+    const int rc = tm.orig->slot_open(b, slot, max_positions, max_cl, err);
+    add_time(&tm.open, bench_now_ms() - t0);
+    return rc;
+}
+
+static void timed_slot_close(struct dg_backend *b, int slot)
+{
+    const double t0 = bench_now_ms();
+    tm.orig->slot_close(b, slot);
+    add_time(&tm.close, bench_now_ms() - t0);
 }
 
 static int timed_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
@@ -212,6 +231,8 @@ struct batch_result {
     int64_t tokens;
     double wall_ms, prefill_ms, den_ms, cond_ms, commit_ms, prefill_call_ms;
     double den_commit_ms;         /* a step that commits first, whole */
+    double open_ms, close_ms;     /* a slot's opening and closing */
+    double between_ms;            /* host time outside the calls after the prefill, a step */
     double tps_excl, tps_incl;
     double roof_den_ms, roof_commit_ms;
     double gib_rank[8];
@@ -287,6 +308,7 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
         if (rep == 0) {
             /* the timings and profiles of the recorded rounds only */
             tm.prefill.n = tm.denoise.n = tm.condition.n = tm.commit.n = 0;
+            tm.open.n = tm.close.n = 0;
             if (rc->profile)
                 for (int w = 0; w < 2; w++)
                     dg_cuda_backend_profile(b, w, NULL, 0, 1);
@@ -329,6 +351,19 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     r->cond_ms = bench_median(tm.condition.v, tm.condition.n);
     r->den_commit_ms = bench_median(tm.commit.v, tm.commit.n);
     r->commit_ms = tm.commit.n ? r->den_commit_ms - r->den_ms : 0;
+    r->open_ms = bench_median(tm.open.v, tm.open.n);
+    r->close_ms = bench_median(tm.close.v, tm.close.n);
+    {
+        /* the generation's wall time past the prefill less every call in it */
+        double calls = 0;
+        const struct call_times *in[] = {&tm.denoise, &tm.commit, &tm.condition, &tm.close};
+        for (size_t k = 0; k < sizeof in / sizeof in[0]; k++)
+            for (int i = 0; i < in[k]->n; i++)
+                calls += in[k]->v[i];
+        r->between_ms = r->n_steps ? ((r->wall_ms - r->prefill_ms) * rc->reps - calls) /
+                                         ((double)r->n_steps * rc->reps)
+                                   : 0;
+    }
     r->prefill_call_ms = bench_median(tm.prefill.v, tm.prefill.n);
     r->tps_excl = (double)r->tokens / ((r->wall_ms - r->prefill_ms) * 1e-3);
     r->tps_incl = (double)r->tokens / (r->wall_ms * 1e-3);
@@ -425,6 +460,9 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
     json_t *mem = json_array(), *prof = json_object();
     json_object_set_new(o, "weights", json_string(rc->fp8 ? "fp8" : "bf16"));
     json_object_set_new(o, "denoise_commit_ms", json_real(r->den_commit_ms));
+    json_object_set_new(o, "slot_open_ms", json_real(r->open_ms));
+    json_object_set_new(o, "slot_close_ms", json_real(r->close_ms));
+    json_object_set_new(o, "host_between_calls_ms_per_step", json_real(r->between_ms));
     json_object_set_new(o, "commit_apart", json_boolean(rc->commit_apart));
     if (rc->fp8)
         json_object_set_new(o, "fp8_projections",
@@ -566,6 +604,8 @@ int main(int argc, char **argv)
     ops.encode = timed_encode;
     ops.denoise = timed_denoise;
     ops.condition = timed_condition;
+    ops.slot_open = timed_slot_open;
+    ops.slot_close = timed_slot_close;
     b->ops = &ops;
 
     {
@@ -592,9 +632,14 @@ int main(int argc, char **argv)
                    "%.0f | %.0f | %.2f |\n",
                    rc.tp, r->B, (long long)r->tokens, r->den_ms, r->roof_den_ms,
                    r->roof_den_ms > 0 ? r->den_ms / r->roof_den_ms : NAN, r->cond_ms,
-                   r->den_commit_ms, r->commit_ms, r->roof_commit_ms, r->prefill_ms, r->tps_excl, r->tps_incl,
-                   r->gib_rank[0]);
+                   r->den_commit_ms, r->commit_ms, r->roof_commit_ms, r->prefill_ms,
+                   r->tps_excl, r->tps_incl, r->gib_rank[0]);
         }
+        printf("\n| B | slot open ms | slot close ms | host ms between calls, a step |\n"
+               "|---|---:|---:|---:|\n");
+        for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
+            printf("| %d | %.2f | %.2f | %.3f |\n", res[i].B, res[i].open_ms, res[i].close_ms,
+                   res[i].between_ms);
         if (rc.profile)
             for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
                 print_profile(&cfg, &rc, &res[i], ceilings ? &ce : NULL);
