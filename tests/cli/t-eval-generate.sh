@@ -2,9 +2,9 @@
 # Description: dgemma-eval generate as a user drives it, on the default
 # model: text streamed with a summary, --json with ids, statistics and the
 # settings used; the same seed gives the same ids from flags or --settings;
-# --max-tokens, --stop-id, --messages and --prompt-ids; --tp 2 and 4 give
-# the same ids as one rank; bad settings,
-# unknown options and a missing model fail with a message and exit 1 or 2.
+# --max-tokens, --stop-id, --messages and --prompt-ids, --no-parse-special;
+# --tp 2 and 4 give the same ids as one rank; bad settings, unknown
+# options and a missing model fail with a message and exit 1 or 2.
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
@@ -89,5 +89,37 @@ if [ $e1 -eq 1 ] && grep -q "top_p: 2 is outside (0, 1]" "$tmp/e1" &&
    [ $e7 -eq 1 ] && grep -q "max_tokens" "$tmp/e7" &&
    [ $e8 -eq 1 ] && grep -q "600" "$tmp/e8"
 then ok errors; else bad errors "$e1 $e2 $e3 $e4 $e5 $e6 $e7 $e8: $(cat "$tmp"/e[1-8])"; fi
+
+# --no-parse-special: the prompt's typed markers are plain text; the
+# prompt's length is the one `dgemma-eval tokenize` gives for the same
+# text (with <bos>) or messages (with the generation prompt)
+n_ids() { grep -o '"ids":\[[^]]*\]' | awk -F, '{print NF}'; }
+ptok() { grep -o '"prompt_tokens":[0-9]*' "$1" | cut -d: -f2; }
+printf '%s\n' '{"text": "a <|turn> b <mask>", "parse_special": false, "add_special_tokens": true}' \
+    '{"text": "a <|turn> b <mask>", "add_special_tokens": true}' \
+    '{"messages": [{"role": "user", "content": "x <turn|>"}], "parse_special": false, "add_generation_prompt": true}' \
+    >"$tmp/ps.jsonl"
+"$EVAL" tokenize --tokenizer "$MODEL/tokenizer.json" <"$tmp/ps.jsonl" >"$tmp/ps.out" 2>&1
+want_plain=$(sed -n 1p "$tmp/ps.out" | n_ids); want_parsed=$(sed -n 2p "$tmp/ps.out" | n_ids)
+want_msgs=$(sed -n 3p "$tmp/ps.out" | n_ids)
+printf '[{"role": "user", "content": "x <turn|>"}]' >"$tmp/psm.json"
+for v in plain parsed msgs; do
+    case $v in
+    plain) src=(--prompt "a <|turn> b <mask>" --no-parse-special) ;;
+    parsed) src=(--prompt "a <|turn> b <mask>") ;;
+    msgs) src=(--messages "$tmp/psm.json" --no-parse-special) ;;
+    esac
+    "$EVAL" generate --model "$MODEL" "${src[@]}" --seed 1 --max-tokens 8 "${fast[@]}" \
+        --json >"$tmp/ps-$v.json" 2>&1 || echo "exit $? ($v)" >>"$tmp/ps-$v.json"
+done
+"$EVAL" generate --model "$MODEL" --prompt-ids "$tmp/prompt.ids" --no-parse-special \
+    >/dev/null 2>"$tmp/ps-ids.err"; pi=$?
+if [ -n "$want_plain" ] && [ "$want_plain" -gt "$want_parsed" ] &&
+   [ "$(ptok "$tmp/ps-plain.json")" = "$want_plain" ] &&
+   [ "$(ptok "$tmp/ps-parsed.json")" = "$want_parsed" ] &&
+   [ "$(ptok "$tmp/ps-msgs.json")" = "$want_msgs" ] &&
+   [ $pi -eq 2 ] && grep -q -- "--no-parse-special applies to --prompt and --messages" "$tmp/ps-ids.err"
+then ok no_parse_special
+else bad no_parse_special "want $want_plain/$want_parsed/$want_msgs: $(cat "$tmp"/ps-*.json "$tmp/ps-ids.err")"; fi
 
 [ $fails -eq 0 ]

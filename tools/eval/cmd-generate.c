@@ -27,12 +27,14 @@ static const char usage[] =
     "                            [--confidence-threshold X] [--stability-threshold N]\n"
     "                            [--t-min X] [--t-max X] [--top-k N] [--top-p X]\n"
     "                            [--seed N] [--max-tokens N] [--stop-id N]...\n"
-    "                            [--stop TEXT]... [--thinking] [--tp T]\n"
-    "                            [--experts across|width] [--json]\n"
+    "                            [--stop TEXT]... [--thinking] [--no-parse-special]\n"
+    "                            [--tp T] [--experts across|width] [--json]\n"
     "Generate on the CPU backend with the serving engine.  --prompt is raw text\n"
     "(a <bos> is prepended); --messages is a JSON list of {\"role\", \"content\"}\n"
     "rendered with the model's chat format and a generation prompt (--thinking\n"
     "turns the thought channel on); --prompt-ids holds whitespace-separated ids.\n"
+    "--no-parse-special encodes the prompt's text, or the messages' contents, as\n"
+    "plain text: a typed control token's spelling is not that token.\n"
     "Settings default to the checkpoint's generation_config.json; --settings\n"
     "takes a JSON object of them (the daemon's names), and the flags override it.\n"
     "Without --seed a random seed is used and reported.  Text is written to\n"
@@ -123,9 +125,13 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
     res->stats.canvas = NULL;
 }
 
-/* Build the prompt ids from one of the three sources. */
+/* Build the prompt ids from one of the three sources; unless
+ * parse_special, the text's (or the messages' contents') spellings of
+ * control tokens are plain text (the chat format's own markers stay
+ * tokens). */
 static int make_prompt(const char *text, const char *messages, const char *ids_path, int thinking,
-                       const struct dg_tokenizer *tok, int64_t vocab, int32_t **ids, size_t *n)
+                       int parse_special, const struct dg_tokenizer *tok, int64_t vocab,
+                       int32_t **ids, size_t *n)
 {
     struct dg_error err = {0};
     struct dg_ids out = {0};
@@ -152,11 +158,13 @@ static int make_prompt(const char *text, const char *messages, const char *ids_p
             eval_errorf("%s", err.msg);
             return 1;
         }
-        rc = dg_chat_encode_json(tok, doc, 1, thinking, 1, &rendered, &out, &err);
+        rc = dg_chat_encode_json(tok, doc, 1, thinking, parse_special, &rendered, &out, &err);
         json_decref(doc);
         dg_buf_free(&rendered);
     } else {
-        rc = dg_tokenizer_encode(tok, text, strlen(text), DG_TOK_ADD_SPECIAL, &out, &err);
+        rc = dg_tokenizer_encode(tok, text, strlen(text),
+                                 DG_TOK_ADD_SPECIAL | (parse_special ? 0 : DG_TOK_ADDED_AS_TEXT),
+                                 &out, &err);
     }
     if (rc != 0) {
         eval_errorf("generate: prompt: %s", err.msg);
@@ -282,7 +290,7 @@ int cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *messages = NULL, *ids_path = NULL;
     const char *settings_json = NULL;
-    int json_out = 0, thinking = 0, sources, status = 1, tp = 1;
+    int json_out = 0, thinking = 0, parse_special = 1, sources, status = 1, tp = 1;
     enum dg_expert_split experts = DG_EXPERTS_ACROSS;
     struct dg_cpu_backend_options bo;
     json_t *flags = json_object();
@@ -317,6 +325,10 @@ int cmd_generate(int argc, char **argv)
         }
         if (!strcmp(a, "--thinking")) {
             thinking = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-parse-special")) {
+            parse_special = 0;
             continue;
         }
         if (!val) {
@@ -375,6 +387,12 @@ int cmd_generate(int argc, char **argv)
         json_decref(flags);
         return 2;
     }
+    if (!parse_special && ids_path) {
+        eval_errorf("generate: --no-parse-special applies to --prompt and --messages, not "
+                    "--prompt-ids");
+        json_decref(flags);
+        return 2;
+    }
     res.json = json_out;
     res.canvases = json_array();
 
@@ -422,8 +440,8 @@ int cmd_generate(int argc, char **argv)
         s.seed = r & (uint64_t)INT64_MAX;
         s.seed_set = 1;
     }
-    if (make_prompt(text, messages, ids_path, thinking, tok, m.cfg.vocab_size, &prompt,
-                    &n_prompt))
+    if (make_prompt(text, messages, ids_path, thinking, parse_special, tok, m.cfg.vocab_size,
+                    &prompt, &n_prompt))
         goto out_model;
 
     memset(&bo, 0, sizeof bo);
