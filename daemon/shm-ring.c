@@ -33,13 +33,19 @@ struct rjob {
     uint64_t user_data, id, seed;
 };
 
+/* A ring's geometry: its entries, its arenas' sizes and every part's
+ * offset in the mapping, and the mapping's size (geometry_of). */
+struct geometry {
+    uint32_t sq_n, cq_n;
+    uint64_t in_size, out_size;
+    uint64_t sq_off, cq_off, in_off, out_off, total;
+};
+
 struct dshm_ring {
     unsigned char *map;
-    uint64_t total;
     struct dg_shm_header *hdr;
     /* the geometry: the daemon's copy, never read back from the client */
-    uint32_t sq_n, cq_n;
-    uint64_t sq_off, cq_off, in_off, in_size, out_off, out_size;
+    struct geometry g;
     uint64_t max_prompt_ids;       /* dshm_limits' (0: none) */
     uint32_t max_stop_strings;
     int sq_efd, cq_efd;
@@ -87,12 +93,6 @@ static uint64_t round_up(uint64_t x, uint64_t to)
 /* A ring's geometry for ask under lim: each size rounded up (entries to
  * a power of two, arenas to a page; 0 takes the default), then capped;
  * the parts laid out one after another. */
-struct geometry {
-    uint32_t sq_n, cq_n;
-    uint64_t in_size, out_size;
-    uint64_t sq_off, cq_off, in_off, out_off, total;
-};
-
 static struct geometry geometry_of(const struct dshm_sizes *ask, const struct dshm_limits *lim)
 {
     const uint32_t max_e = pow2_at_most(lim->max_entries ? lim->max_entries : 1);
@@ -138,38 +138,30 @@ int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim
     r->sq_efd = r->cq_efd = -1;
     r->max_prompt_ids = lim->max_prompt_ids;
     r->max_stop_strings = lim->max_stop_strings;
-    r->sq_n = g.sq_n;
-    r->cq_n = g.cq_n;
-    r->in_size = g.in_size;
-    r->out_size = g.out_size;
-    r->sq_off = g.sq_off;
-    r->cq_off = g.cq_off;
-    r->in_off = g.in_off;
-    r->out_off = g.out_off;
-    r->total = g.total;
+    r->g = g;
 
-    r->jobs = calloc(r->cq_n, sizeof *r->jobs);
-    r->free_slots = malloc(r->cq_n * sizeof *r->free_slots);
-    r->cq_end = calloc(r->cq_n, sizeof *r->cq_end);
-    r->spares = calloc(r->cq_n, sizeof(struct waiting));
+    r->jobs = calloc(r->g.cq_n, sizeof *r->jobs);
+    r->free_slots = malloc(r->g.cq_n * sizeof *r->free_slots);
+    r->cq_end = calloc(r->g.cq_n, sizeof *r->cq_end);
+    r->spares = calloc(r->g.cq_n, sizeof(struct waiting));
     if (!r->jobs || !r->free_slots || !r->cq_end || !r->spares) {
         dshm_ring_destroy(r);
         return dg_error_set(err, DG_E_NOMEM, "shm ring: out of memory");
     }
-    for (uint32_t i = 0; i < r->cq_n; i++)
-        r->free_slots[i] = r->cq_n - 1 - i;
-    r->n_free = r->cq_n;
+    for (uint32_t i = 0; i < r->g.cq_n; i++)
+        r->free_slots[i] = r->g.cq_n - 1 - i;
+    r->n_free = r->g.cq_n;
 
     fd = memfd_create("dgemma-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0 || ftruncate(fd, (off_t)r->total) != 0) {
+    if (fd < 0 || ftruncate(fd, (off_t)r->g.total) != 0) {
         int e = errno;
         if (fd >= 0)
             close(fd);
         dshm_ring_destroy(r);
         return dg_error_set(err, DG_E_IO, "shm ring: memfd of %llu bytes: %s",
-                            (unsigned long long)r->total, strerror(e));
+                            (unsigned long long)r->g.total, strerror(e));
     }
-    r->map = mmap(NULL, r->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    r->map = mmap(NULL, r->g.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (r->map == MAP_FAILED) {
         int e = errno;
         r->map = NULL;
@@ -197,15 +189,15 @@ int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim
     r->hdr = (struct dg_shm_header *)r->map;
     r->hdr->magic = DG_SHM_MAGIC;
     r->hdr->version = DG_SHM_VERSION;
-    r->hdr->sq_entries = r->sq_n;
-    r->hdr->cq_entries = r->cq_n;
-    r->hdr->sq_off = r->sq_off;
-    r->hdr->cq_off = r->cq_off;
-    r->hdr->in_off = r->in_off;
-    r->hdr->in_size = r->in_size;
-    r->hdr->out_off = r->out_off;
-    r->hdr->out_size = r->out_size;
-    r->hdr->total_size = r->total;
+    r->hdr->sq_entries = r->g.sq_n;
+    r->hdr->cq_entries = r->g.cq_n;
+    r->hdr->sq_off = r->g.sq_off;
+    r->hdr->cq_off = r->g.cq_off;
+    r->hdr->in_off = r->g.in_off;
+    r->hdr->in_size = r->g.in_size;
+    r->hdr->out_off = r->g.out_off;
+    r->hdr->out_size = r->g.out_size;
+    r->hdr->total_size = r->g.total;
     *memfd = fd;
     *out = r;
     return 0;
@@ -216,7 +208,7 @@ void dshm_ring_destroy(struct dshm_ring *r)
     if (!r)
         return;
     if (r->map)
-        munmap(r->map, r->total);
+        munmap(r->map, r->g.total);
     if (r->sq_efd >= 0)
         close(r->sq_efd);
     if (r->cq_efd >= 0)
@@ -236,11 +228,11 @@ void dshm_ring_destroy(struct dshm_ring *r)
 
 void dshm_ring_sizes(const struct dshm_ring *r, struct dshm_sizes *s, uint64_t *total)
 {
-    s->sq_entries = r->sq_n;
-    s->cq_entries = r->cq_n;
-    s->in_bytes = r->in_size;
-    s->out_bytes = r->out_size;
-    *total = r->total;
+    s->sq_entries = r->g.sq_n;
+    s->cq_entries = r->g.cq_n;
+    s->in_bytes = r->g.in_size;
+    s->out_bytes = r->g.out_size;
+    *total = r->g.total;
 }
 
 int dshm_ring_sq_fd(const struct dshm_ring *r)
@@ -255,7 +247,7 @@ int dshm_ring_cq_fd(const struct dshm_ring *r)
 
 uint32_t dshm_ring_in_flight(const struct dshm_ring *r)
 {
-    return r->cq_n - r->n_free;
+    return r->g.cq_n - r->n_free;
 }
 
 int dshm_ring_broken(const struct dshm_ring *r)
@@ -285,7 +277,7 @@ static int load_cq_head(struct dshm_ring *r, int order, struct dg_error *err)
     if ((uint32_t)(h - r->cq_head) > (uint32_t)(r->cq_tail - r->cq_head))
         return fault(r, err, "cq_head", h);
     if (h != r->cq_head) {
-        r->a_head = r->cq_end[(h - 1) & (r->cq_n - 1)];
+        r->a_head = r->cq_end[(h - 1) & (r->g.cq_n - 1)];
         r->cq_head = h;
     }
     return 0;
@@ -299,11 +291,11 @@ static int copy_in(const struct dshm_ring *r, uint64_t off, uint64_t len, unsign
                    const char *what, struct dshm_job *job)
 {
     *p = NULL;
-    if (off > r->in_size || len > r->in_size - off) {
+    if (off > r->g.in_size || len > r->g.in_size - off) {
         job->error = DG_SHM_ERR_BAD_REQUEST;
         snprintf(job->message, sizeof job->message, "%s: bytes [%llu, +%llu) are outside the "
                  "submission arena of %llu bytes", what, (unsigned long long)off,
-                 (unsigned long long)len, (unsigned long long)r->in_size);
+                 (unsigned long long)len, (unsigned long long)r->g.in_size);
         return -1;
     }
     if (len == 0)
@@ -313,7 +305,7 @@ static int copy_in(const struct dshm_ring *r, uint64_t off, uint64_t len, unsign
         snprintf(job->message, sizeof job->message, "out of memory");
         return -1;
     }
-    memcpy(*p, r->map + r->in_off + off, len);
+    memcpy(*p, r->map + r->g.in_off + off, len);
     return 0;
 }
 
@@ -502,26 +494,26 @@ static int ring_take(struct dshm_ring *r, struct dshm_job *job, int cancels_only
     if (load_cq_head(r, __ATOMIC_ACQUIRE, err) < 0)
         return -1;
     tail = __atomic_load_n(&r->hdr->sq_tail, __ATOMIC_ACQUIRE);
-    if ((uint32_t)(tail - r->sq_head) > r->sq_n)
+    if ((uint32_t)(tail - r->sq_head) > r->g.sq_n)
         return fault(r, err, "sq_tail", tail), -1;
     if (tail == r->sq_head)
         return 0;
     /* copy the entry out (once: this copy is what counts), its bytes
      * below, then hand the entry back */
-    memcpy(&e, r->map + r->sq_off + (uint64_t)(r->sq_head & (r->sq_n - 1)) * DG_SHM_SQE_SIZE,
+    memcpy(&e, r->map + r->g.sq_off + (uint64_t)(r->sq_head & (r->g.sq_n - 1)) * DG_SHM_SQE_SIZE,
            sizeof e);
     if (e.op != DG_SHM_OP_CANCEL) {
         if (cancels_only)
             return 0;
         /* a completion slot for it: jobs held + completions unreaped < cq_n */
-        if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n) {
+        if (r->n_free == 0 || (r->g.cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->g.cq_n) {
             /* ask for a ring after the client reaps; then look again, in
              * case it reaped between the check and the flag (seq_cst on
              * both sides: the client stores cq_head, then loads flags) */
             __atomic_fetch_or(&r->hdr->flags, DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
             if (load_cq_head(r, __ATOMIC_SEQ_CST, err) < 0)
                 return -1;
-            if (r->n_free == 0 || (r->cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->cq_n)
+            if (r->n_free == 0 || (r->g.cq_n - r->n_free) + (r->cq_tail - r->cq_head) >= r->g.cq_n)
                 return 0;
         }
         __atomic_fetch_and(&r->hdr->flags, ~DG_SHM_NEED_WAKE, __ATOMIC_SEQ_CST);
@@ -575,7 +567,7 @@ int dshm_ring_next_cancel(struct dshm_ring *r, struct dshm_job *job, struct dg_e
 
 void dshm_ring_bind(struct dshm_ring *r, uint32_t slot, uint64_t id, uint64_t seed)
 {
-    if (slot < r->cq_n && r->jobs[slot].used) {
+    if (slot < r->g.cq_n && r->jobs[slot].used) {
         r->jobs[slot].id = id;
         r->jobs[slot].seed = seed;
     }
@@ -583,12 +575,12 @@ void dshm_ring_bind(struct dshm_ring *r, uint32_t slot, uint64_t id, uint64_t se
 
 uint64_t dshm_ring_id_of(const struct dshm_ring *r, uint32_t slot)
 {
-    return slot < r->cq_n && r->jobs[slot].used ? r->jobs[slot].id : 0;
+    return slot < r->g.cq_n && r->jobs[slot].used ? r->jobs[slot].id : 0;
 }
 
 int dshm_ring_find_id(const struct dshm_ring *r, uint64_t id)
 {
-    for (uint32_t i = 0; id && i < r->cq_n; i++)
+    for (uint32_t i = 0; id && i < r->g.cq_n; i++)
         if (r->jobs[i].used && r->jobs[i].id == id)
             return (int)i;
     return -1;
@@ -596,7 +588,7 @@ int dshm_ring_find_id(const struct dshm_ring *r, uint64_t id)
 
 int dshm_ring_find_user(const struct dshm_ring *r, uint64_t user_data)
 {
-    for (uint32_t i = 0; i < r->cq_n; i++)
+    for (uint32_t i = 0; i < r->g.cq_n; i++)
         if (r->jobs[i].used && r->jobs[i].user_data == user_data)
             return (int)i;
     return -1;
@@ -609,17 +601,17 @@ static int64_t arena_alloc(struct dshm_ring *r, uint64_t n)
 {
     uint64_t pos, off;
     n = round_up(n, 8);
-    if (n > r->out_size)
+    if (n > r->g.out_size)
         return -1;
     if (r->a_head == r->a_tail) /* empty: start a fresh lap, so any n fits */
-        r->a_head = r->a_tail = round_up(r->a_tail, r->out_size);
+        r->a_head = r->a_tail = round_up(r->a_tail, r->g.out_size);
     pos = r->a_tail;
-    off = pos % r->out_size;
-    if (off + n > r->out_size) {
-        pos += r->out_size - off; /* skip the end: one piece each */
+    off = pos % r->g.out_size;
+    if (off + n > r->g.out_size) {
+        pos += r->g.out_size - off; /* skip the end: one piece each */
         off = 0;
     }
-    if (pos + n - r->a_head > r->out_size)
+    if (pos + n - r->a_head > r->g.out_size)
         return -1;
     r->a_tail = pos + n;
     return (int64_t)off;
@@ -629,23 +621,23 @@ static int64_t arena_alloc(struct dshm_ring *r, uint64_t n)
  * when posted, 0 when it must wait. */
 static int post(struct dshm_ring *r, struct waiting *w)
 {
-    const uint32_t i = r->cq_tail & (r->cq_n - 1);
+    const uint32_t i = r->cq_tail & (r->g.cq_n - 1);
     int64_t off;
 
-    if ((uint32_t)(r->cq_tail - r->cq_head) >= r->cq_n)
+    if ((uint32_t)(r->cq_tail - r->cq_head) >= r->g.cq_n)
         return 0;
     off = arena_alloc(r, w->len);
     if (off < 0)
         return 0;
     if (w->len)
-        memcpy(r->map + r->out_off + (uint64_t)off, w->bytes, w->len);
+        memcpy(r->map + r->g.out_off + (uint64_t)off, w->bytes, w->len);
     w->cqe.out_off = (uint64_t)off;
-    memcpy(r->map + r->cq_off + (uint64_t)i * DG_SHM_CQE_SIZE, &w->cqe, sizeof w->cqe);
+    memcpy(r->map + r->g.cq_off + (uint64_t)i * DG_SHM_CQE_SIZE, &w->cqe, sizeof w->cqe);
     r->cq_end[i] = r->a_tail;
     r->cq_tail++;
     __atomic_store_n(&r->hdr->cq_tail, r->cq_tail, __ATOMIC_RELEASE);
     /* the job's slot is free again */
-    if (w->slot < r->cq_n && r->jobs[w->slot].used) {
+    if (w->slot < r->g.cq_n && r->jobs[w->slot].used) {
         r->jobs[w->slot].used = 0;
         r->free_slots[r->n_free++] = w->slot;
     }
@@ -692,7 +684,7 @@ int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_res
     size_t text_len = res->text_len, n_ids = res->n_ids;
     int rc = 0;
 
-    if (slot >= r->cq_n || !r->jobs[slot].used)
+    if (slot >= r->g.cq_n || !r->jobs[slot].used)
         return 0;
     memset(&c, 0, sizeof c);
     c.user_data = r->jobs[slot].user_data;
@@ -708,9 +700,9 @@ int dshm_ring_complete(struct dshm_ring *r, uint32_t slot, const struct dshm_res
     c.tokens_per_s = res->tokens_per_s;
     c.ms_total = res->ms_total;
     c.ms_first_canvas = res->ms_first_canvas;
-    if (round_up(len, 8) > r->out_size || len > UINT32_MAX) {
+    if (round_up(len, 8) > r->g.out_size || len > UINT32_MAX) {
         snprintf(msg, sizeof msg, "the output (%zu bytes) is larger than the ring's result "
-                 "arena (%llu bytes)", len, (unsigned long long)r->out_size);
+                 "arena (%llu bytes)", len, (unsigned long long)r->g.out_size);
         c.status = DG_SHM_ERR_TOO_LARGE;
         ids = NULL;
         n_ids = ids_bytes = 0;
