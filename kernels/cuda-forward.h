@@ -13,6 +13,8 @@
  *            and the canvas; the cache's committed rows are read, never
  *            written; returns the logits [sum CL, V] fp32 before the
  *            soft-cap (dg_cuda_row_stats applies it in its one pass).
+ *   both     encoder rows and then decoder rows in one pass (a commit
+ *            and the next canvas's first step: dg_cuda_encode_decode).
  *
  * Token-wise work (norms, projections, MLPs, router, experts, LM head) runs
  * once over every token of the batch, and so do the KV append and the
