@@ -370,17 +370,27 @@ static int expect_error(struct fixture_cl *c, const char *line, const char *code
     return 0;
 }
 
+/* The log at path, read from byte `from` on (NULL: not there). */
+static FILE *log_from(const char *path, long from)
+{
+    FILE *f = fopen(path, "r");
+    if (f && fseek(f, from, SEEK_SET) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
 /* Lines of the log at path from byte `from` on holding both needles. */
 static int log_count(const char *path, long from, const char *a, const char *b)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = log_from(path, from);
     char line[4096];
     int n = 0;
     if (!f)
         return -1;
-    if (fseek(f, from, SEEK_SET) == 0)
-        while (fgets(line, sizeof line, f))
-            n += strstr(line, a) && strstr(line, b);
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, a) && strstr(line, b);
     fclose(f);
     return n;
 }
@@ -390,20 +400,19 @@ static int log_count(const char *path, long from, const char *a, const char *b)
 static long log_held(const char *path, long from)
 {
     static const char needle[] = " more refusals in the ";
-    FILE *f = fopen(path, "r");
+    FILE *f = log_from(path, from);
     char line[4096];
     long n = 0;
     if (!f)
         return -1;
-    if (fseek(f, from, SEEK_SET) == 0)
-        while (fgets(line, sizeof line, f)) {
-            char *at = strstr(line, needle), *p;
-            if (!at)
-                continue;
-            for (p = at; p > line && p[-1] >= '0' && p[-1] <= '9'; p--)
-                ;
-            n += strtol(p, NULL, 10);
-        }
+    while (fgets(line, sizeof line, f)) {
+        char *at = strstr(line, needle), *p;
+        if (!at)
+            continue;
+        for (p = at; p > line && p[-1] >= '0' && p[-1] <= '9'; p--)
+            ;
+        n += strtol(p, NULL, 10);
+    }
     fclose(f);
     return n;
 }

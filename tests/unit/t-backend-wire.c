@@ -33,6 +33,16 @@ static void den_items(struct dg_denoise_item *d)
                                     .canvas_index = 0, .step = 0};
 }
 
+/* j: a DENOISE job of den's two items (den_items). */
+static void den_job(struct dg_wire_job *j, struct dg_denoise_item *den)
+{
+    den_items(den);
+    memset(j, 0, sizeof *j);
+    j->kind = DG_WIRE_DENOISE;
+    j->n = 2;
+    j->den = den;
+}
+
 /* Encode j, decode it into *out; buf holds the bytes (free it). */
 static int round_trip(const struct dg_wire_job *j, struct dg_wire_job *out, unsigned char **buf,
                       size_t *len)
@@ -78,11 +88,7 @@ static int case_round_trips(void)
     dg_wire_job_free(&d);
     free(buf);
 
-    den_items(den);
-    memset(&j, 0, sizeof j);
-    j.kind = DG_WIRE_DENOISE;
-    j.n = 2;
-    j.den = den;
+    den_job(&j, den);
     CHECK(round_trip(&j, &d, &buf, &len) == 0);
     for (int i = 0; i < 2; i++) {
         const struct dg_denoise_item *a = &den[i], *b = &d.den[i];
@@ -125,11 +131,7 @@ static int case_truncated(void)
     struct dg_error err = {0};
     unsigned char *buf = NULL;
     size_t len, cap = 0;
-    den_items(den);
-    memset(&j, 0, sizeof j);
-    j.kind = DG_WIRE_DENOISE;
-    j.n = 2;
-    j.den = den;
+    den_job(&j, den);
     CHECK_OK(dg_wire_encode(&j, &buf, &len, &cap, &err), &err);
     for (size_t n = 0; n < len; n++) {
         unsigned char *cut = malloc(n ? n : 1);
@@ -227,11 +229,7 @@ static int case_damaged_append(void)
     const size_t at = DG_WIRE_HEADER_BYTES + 40; /* item 0's n_append */
     int64_t n;
 
-    den_items(den);
-    memset(&j, 0, sizeof j);
-    j.kind = DG_WIRE_DENOISE;
-    j.n = 2;
-    j.den = den;
+    den_job(&j, den);
     CHECK_OK(dg_wire_encode(&j, &buf, &len, &cap, &err), &err);
     memcpy(&n, buf + at, sizeof n);
     CHECK(n == 5);
@@ -271,10 +269,7 @@ static int case_encode_refusals(void)
         /* appends: a negative count, one past the limit, a count without ids */
         struct dg_denoise_item den[2];
         const int64_t counts[3] = {-1, (int64_t)DG_WIRE_MAX_IDS + 1, 2};
-        den_items(den);
-        j.kind = DG_WIRE_DENOISE;
-        j.n = 2;
-        j.den = den;
+        den_job(&j, den);
         for (int k = 0; k < 3; k++) {
             den[1].n_append = counts[k];
             den[1].append = k == 2 ? NULL : commit_a;
