@@ -453,6 +453,15 @@ int dg_cuda_moe_combine(float *out, const float *ys, const int32_t *slot_of, con
                         int64_t T, int K, int H, dg_stream_t stream, int dev,
                         struct dg_error *err);
 
+/* Bytes [p, p + bytes) of device memory fetched into the L2 for a kernel
+ * that reads them later (launched on another stream, so the fetch runs
+ * beside what the reader waits for): cp.async.bulk.prefetch on compute
+ * capability 9.0, the lines marked evict-last so that lines read
+ * normally meanwhile go first; below 9.0 a launch that does nothing.
+ * Nothing is written.  p and bytes multiples of 16 (bytes 0: no launch). */
+int dg_cuda_l2_prefetch(const void *p, int64_t bytes, dg_stream_t stream, int dev,
+                        struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif
