@@ -60,7 +60,8 @@ static const char *const CONFIGS[] = {"K step 64, 4 stages", "K step 128, 4 stag
                                       "K step 128, 3 stages", "K step 64, 6 stages",
                                       "K step 64, 4 stages, 2 x 2 warps",
                                       "K step 64, 4 stages, 128 columns",
-                                      "wgmma, 64 weight rows a block, 3 stages"};
+                                      "wgmma, 64 weight rows a warpgroup (two a block from 64 "
+                                      "rows a pass), 3 stages"};
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 #define WGMMA_CONFIG 6 /* moe-wgmma.cu's kernel */
 
