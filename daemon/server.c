@@ -121,11 +121,21 @@ static void arm_tick(struct dserver *srv)
     io_uring_sqe_set_data64(sqe, ud_make(OP_TICK, 0, 0));
 }
 
+/* Whether the client has let enough of its output pile up that the daemon
+ * stops taking its requests (it reads nothing more, and frames no more of
+ * what it holds, until the client has read some): a quarter of
+ * max_output_bytes.  Answers then stop short of the limit, and only what
+ * the client's running requests stream can take it past. */
+static int backed_up(const struct dserver *srv, const struct conn *c)
+{
+    return c->out_bytes > srv->o.max_output_bytes / 4;
+}
+
 static void arm_recv(struct dserver *srv, struct conn *c)
 {
     struct io_uring_sqe *sqe;
-    if (c->recv_armed || c->read_closed || c->gone || c->prepping ||
-        c->out_bytes > srv->o.max_output_bytes / 4 || !(sqe = get_sqe(srv)))
+    if (c->recv_armed || c->read_closed || c->gone || c->prepping || c->held ||
+        backed_up(srv, c) || !(sqe = get_sqe(srv)))
         return;
     io_uring_prep_recv(sqe, c->fd, c->chunk, sizeof c->chunk, 0);
     io_uring_sqe_set_data64(sqe, ud_make(OP_RECV, slot_of(srv, c), c->gen));
@@ -256,7 +266,7 @@ static void conn_gone(struct dserver *srv, struct conn *c, const char *why)
 /* Done with a client that closed its side and has nothing more coming. */
 void maybe_finish(struct dserver *srv, struct conn *c)
 {
-    if (!c->gone && c->read_closed && c->active == 0 && !c->prepping && !c->head)
+    if (!c->gone && c->read_closed && c->active == 0 && !c->prepping && !c->held && !c->head)
         conn_gone(srv, c, "closed");
 }
 
@@ -613,7 +623,8 @@ static void handle_line(struct dserver *srv, struct conn *c, const char *line, s
 }
 
 /* Keep input that arrives, or was left over, while the connection waits
- * for the tokenizing thread (after what is held already). */
+ * for the tokenizing thread or for the client to read (after what is held
+ * already: at most one read's worth, as no read is armed meanwhile). */
 static void hold(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
     char *b = realloc(c->held, c->held_len + n);
@@ -627,13 +638,16 @@ static void hold(struct dserver *srv, struct conn *c, const char *p, size_t n)
 }
 
 /* Frame the input into lines and handle each; once a line goes to the
- * tokenizing thread, the rest is held for prep_resume. */
+ * tokenizing thread, or the answers so far back the connection up
+ * (backed_up), the rest is held for input_resume.  One read can hold a
+ * thousand short requests: answered all before any is sent, they would
+ * take a client that reads at once past max_output_bytes. */
 static void consume(struct dserver *srv, struct conn *c, const char *p, size_t n)
 {
     while (n > 0 && !c->gone) {
         const char *nl = memchr(p, '\n', n);
         const size_t upto = nl ? (size_t)(nl - p) : n;
-        if (c->prepping) {
+        if (c->prepping || backed_up(srv, c)) {
             hold(srv, c, p, n);
             return;
         }
@@ -715,20 +729,29 @@ void prep_start(struct dserver *srv, struct conn *c, struct dproto_request *req,
     dprep_submit(srv->prep, j);
 }
 
-/* The connection's request is back: frame the input held meanwhile (which
- * may pause it again), then read on and look at its ring. */
-static void prep_resume(struct dserver *srv, struct conn *c)
+/* Frame the input held while the connection waited (which may hold it
+ * again), unless it still waits; then read on. */
+static void input_resume(struct dserver *srv, struct conn *c)
 {
     char *held = c->held;
     const size_t n = c->held_len;
+    if (c->gone || c->prepping || backed_up(srv, c))
+        return;
     c->held = NULL;
     c->held_len = 0;
     if (held)
         consume(srv, c, held, n);
     free(held);
+    arm_recv(srv, c);
+}
+
+/* The connection's request is back: frame the input held meanwhile, read
+ * on, and look at its ring. */
+static void prep_resume(struct dserver *srv, struct conn *c)
+{
+    input_resume(srv, c);
     if (c->gone || c->prepping)
         return;
-    arm_recv(srv, c);
     if (c->ring)
         c->ring_again = 1;
     maybe_finish(srv, c);
@@ -949,7 +972,7 @@ static void on_send(struct dserver *srv, struct conn *c, int res)
         block_free(b);
     }
     arm_send(srv, c);
-    arm_recv(srv, c); /* backpressure may have lifted */
+    input_resume(srv, c); /* backpressure may have lifted */
     maybe_finish(srv, c);
 }
 

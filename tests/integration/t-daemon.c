@@ -7,10 +7,13 @@
  * every kind of bad input (the connection stays usable), a full queue,
  * too many connections, a second daemon refused on a live socket, a stale
  * socket replaced, readiness sent to $NOTIFY_SOCKET, the log reopened on
- * SIGHUP, SIGTERM during generation ending cleanly, and a done line longer
- * than max_output_bytes reaching a client that keeps up.
+ * SIGHUP, SIGTERM during generation ending cleanly, a done line longer
+ * than max_output_bytes reaching a client that keeps up, and thousands of
+ * requests written at once answered, whether the client reads at once or
+ * later.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
@@ -723,6 +726,113 @@ static int long_done_line(void)
     return 0;
 }
 
+/* Write n status requests on a new connection to sock, reading nothing
+ * for quiet_ms (writing as much as the socket takes meanwhile), then
+ * reading as it writes the rest.  Returns how many status answers came
+ * (n when all did) before the daemon closed the connection or 10 s passed
+ * with nothing to read or write; -1 when a line is not a status answer. */
+static int status_flood(const char *sock, int n, int quiet_ms)
+{
+    static const char req[] = "{\"v\":1,\"op\":\"status\"}\n";
+    static const char answer[] = "{\"v\":1,\"event\":\"status\"";
+    const size_t rl = sizeof req - 1, total = (size_t)n * rl;
+    char *out = malloc(total), line[64];
+    size_t sent = 0, at = 0; /* (at: bytes of the line being read) */
+    const double quiet_end = now_ms() + quiet_ms;
+    int fd = try_connect(sock), seen = 0;
+
+    if (!out || fd < 0) {
+        free(out);
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * rl, req, rl);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    while (seen < n) {
+        const int quiet = now_ms() < quiet_end;
+        struct pollfd p = {fd, (short)((quiet ? 0 : POLLIN) | (sent < total ? POLLOUT : 0)), 0};
+        int r = poll(&p, 1, quiet ? 10 : 10000);
+        char buf[65536];
+        ssize_t k;
+        if (r == 0 && !quiet)
+            break; /* nothing for 10 s */
+        if (r < 0 && errno != EINTR)
+            break;
+        if (r <= 0)
+            continue;
+        if ((p.revents & POLLOUT) && (k = send(fd, out + sent, total - sent, MSG_NOSIGNAL)) > 0)
+            sent += (size_t)k;
+        if (quiet)
+            continue;
+        if ((p.revents & (POLLIN | POLLHUP | POLLERR)) == 0)
+            continue;
+        if ((k = recv(fd, buf, sizeof buf, 0)) <= 0) {
+            if (k < 0 && errno == EAGAIN)
+                continue;
+            break; /* the daemon closed it */
+        }
+        for (ssize_t j = 0; j < k; j++) {
+            if (at < sizeof answer - 1)
+                line[at] = buf[j];
+            if (buf[j] != '\n') {
+                at++;
+                continue;
+            }
+            if (at < sizeof answer - 1 || memcmp(line, answer, sizeof answer - 1)) {
+                printf("# status_flood: answer %d is not a status event\n", seen);
+                seen = -1;
+                break;
+            }
+            seen++;
+            at = 0;
+        }
+        if (seen < 0)
+            break;
+    }
+    close(fd);
+    free(out);
+    return seen;
+}
+
+/* Requests written at once, against the least max_output_bytes (64 KiB, a
+ * quarter of which is 16 KiB): 3,000 status requests in one write (their
+ * answers, 1.3 MB, come from one 64 KiB read), read at once, are all
+ * answered; so are 20,000 written while the client does not read for
+ * 0.5 s (the daemon stops taking them and goes on once the client reads).
+ * The daemon answered every line of a read before sending, and dropped
+ * both clients as too slow. */
+static int requests_at_once(void)
+{
+    const char *opts[] = {"max_output_bytes=65536", "pin_workers=false", NULL};
+    char sock2[600], log7[600];
+    int st = -1, at_once = -1, later = -1, up, slow;
+    pid_t p;
+
+    snprintf(sock2, sizeof sock2, "%s", test_path("once.sock"));
+    snprintf(log7, sizeof log7, "%s", test_path("once.log"));
+    p = spawn(sock2, log7, opts);
+    CHECK(p > 0);
+    if ((up = wait_ready(p, sock2) == 0)) {
+        at_once = status_flood(sock2, 3000, 0);
+        later = status_flood(sock2, 20000, 500);
+    }
+    slow = file_has(log7, "too slow");
+    /* (stopped before the checks: a daemon left running would hold the
+     * runner's output open) */
+    kill(p, SIGTERM);
+    if (wait_exit(p, &st) != 0) /* (killed there) */
+        st = -1;
+    CHECKF(up, "the daemon did not come up; log %s", log7);
+    CHECKF(at_once == 3000, "%d of 3000 status requests written at once answered (log %s)",
+           at_once, log7);
+    CHECKF(later == 20000, "%d of 20000 status requests answered (log %s)", later, log7);
+    CHECKF(!slow, "a client was dropped as too slow (log %s)", log7);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return 0;
+}
+
 /* shutdown_grace shorter than the tick (0.5 s against 5): a request still
  * running at SIGTERM is cancelled at the grace's end, not at the next tick
  * (which ended it 4.3 s after the signal), and the log says 0.5 s. */
@@ -907,6 +1017,7 @@ int main(void)
         TEST_CASE(hung_daemon_socket);
         TEST_CASE(sigterm_during_start);
         TEST_CASE(long_done_line);
+        TEST_CASE(requests_at_once);
         TEST_CASE(grace_shorter_than_tick);
     }
     for (int i = 0; i < 2; i++) {

@@ -12,11 +12,15 @@
  *   - slow readers that stop reading for 2 s while asking for about 530 KB
  *     of output (status events and streamed requests), more than the
  *     kernel's socket buffer and past the point where the daemon stops
- *     reading them (max_output_bytes / 4), then read: they get every event,
- *     in order, and the other clients' requests kept finishing meanwhile;
- *   - clients that let more than max_output_bytes pile up and then read:
- *     the daemon drops them ("the client is too slow" in its log), their
- *     requests are cancelled;
+ *     taking their requests (a quarter of max_output_bytes, which is
+ *     64 KiB here), then read: they get every event, in order, and the
+ *     other clients' requests kept finishing meanwhile;
+ *   - clients that write 60 streamed requests and 4,000 status requests at
+ *     once and read nothing: the daemon stops taking their requests, and
+ *     their requests' streamed events take them past max_output_bytes: it
+ *     drops them ("the client is too slow" in its log), their requests are
+ *     cancelled, and what was sent before the drop (the accepted events
+ *     first) is still there to read;
  *   - clients that vanish: after their requests were accepted (most still
  *     queued), after the first canvas of a streamed request, or right after
  *     sending without reading anything; and a ring client that closes with
@@ -96,14 +100,14 @@ enum {
 enum {
     NCONN = 1000,        /* socket connections held open all along */
     NRING = 2,           /* ring connections held open all along */
-    NDROP = 2,           /* clients dropped for not reading, per round */
+    NDROP = 1,           /* clients dropped for not reading, per round */
     PAUSE_MS = 2000,     /* how long the slow readers do not read */
     PAUSE_STATUS = 1200, /* status requests of a slow reader (about 530 KB of output) */
     STATUS_BATCH = 50,   /* sent at once, every BATCH_MS */
     BATCH_MS = 20,
-    DROP_FLOOD = 4000,   /* status requests a dropped client sends at once at the end */
+    DROP_FLOOD = 4000,   /* status requests a dropped client sends after its requests */
     PAUSE_GEN = 4,       /* streamed requests of a slow reader */
-    DROP_GEN = 2,        /* requests of a dropped client */
+    DROP_GEN = 60,       /* streamed requests of a dropped client (84 KB of events) */
     RING_VAN_JOBS = 32,  /* jobs of the ring client that vanishes, per round */
     ROUND_LIMIT_S = 150,
     MAX_CONNS = NCONN + ROUNDS * (NVAN + NDROP) + 4,
@@ -176,7 +180,6 @@ struct conn {
     size_t woff, wlen, wcap;
     int inflight, accepted, nsent;
     int status_sent, status_seen, status_target;
-    int flooded;
     double next_batch, resume_at;
 };
 
@@ -231,7 +234,7 @@ static int start_daemon(void)
     static char o_db[700];
     const char *opts[] = {
         "pin_workers=false", "tick=0.05", "max_batch=16", "queue_max=4000",
-        "max_connections=1200", "max_output_bytes=1048576", "shutdown_grace=5",
+        "max_connections=1200", "max_output_bytes=65536", "shutdown_grace=5",
         "metrics_flush=0.25", "metrics_queue=200000", o_db, NULL,
     };
     snprintf(o_db, sizeof o_db, "metrics=%s", db_path);
@@ -771,14 +774,20 @@ static void round_start(int r)
         c->resume_at = L.t0 + PAUSE_MS;
         conn_events(c);
     }
-    /* clients to be dropped: requests first (their ids are known) */
+    /* clients to be dropped: streamed requests, then status requests
+     * whose answers fill the socket and back the connection up before the
+     * requests stream, all in one go, and nothing read until the daemon
+     * hangs up (the accepted events are the first lines there) */
     for (int i = 0; i < NDROP; i++) {
         struct conn *c = conn_new(C_DROP);
         if (!c)
             return;
-        c->stage = S_WAIT_ACC;
+        c->stage = S_PAUSED;
+        c->reading = 0;
         for (int n = 0; n < DROP_GEN; n++)
-            submit(c, 'd', 1, "\"max_tokens\":64,\"canvas_length\":4,\"max_denoising_steps\":1");
+            submit(c, 'd', 1, "\"max_tokens\":12,\"canvas_length\":2,\"max_denoising_steps\":1");
+        send_status(c, DROP_FLOOD);
+        conn_events(c);
     }
     for (int i = NPAUSE; i < NCONN; i++)
         regular_next(&L.conns[i]);
@@ -792,19 +801,20 @@ static void round_timers(void)
     const double t = now_ms();
     for (int i = 0; i < L.nconns; i++) {
         struct conn *c = &L.conns[i];
-        if ((c->kind != C_PAUSE && c->kind != C_DROP) || c->stage != S_PAUSED)
+        if (c->kind == C_DROP && c->stage == S_PAUSED && c->hup) {
+            /* dropped: read what is there */
+            c->stage = S_READING;
+            c->reading = 1;
+            conn_read(c);
+            continue;
+        }
+        if (c->kind != C_PAUSE || c->stage != S_PAUSED)
             continue;
         if (c->status_sent < c->status_target && t >= c->next_batch) {
             send_status(c, STATUS_BATCH);
             c->next_batch = t + BATCH_MS;
         }
-        if (c->kind == C_DROP && c->status_sent >= c->status_target && !c->flooded) {
-            /* more than max_output_bytes of answers, asked at once */
-            send_status(c, DROP_FLOOD);
-            c->flooded = 1;
-        }
-        if (t >= c->resume_at && c->status_sent >= c->status_target &&
-            (c->kind != C_DROP || c->flooded)) {
+        if (t >= c->resume_at && c->status_sent >= c->status_target) {
             c->stage = S_READING;
             c->reading = 1;
             if (c->hup && !c->in_epoll)
@@ -824,14 +834,7 @@ static void round_timers(void)
 /* Per-connection progress after its events: stage changes. */
 static void conn_progress(struct conn *c)
 {
-    if (c->kind == C_DROP && c->stage == S_WAIT_ACC && c->accepted == DROP_GEN) {
-        c->stage = S_PAUSED;
-        c->reading = 0;
-        c->status_target = PAUSE_STATUS;
-        c->next_batch = now_ms();
-        c->resume_at = now_ms() + PAUSE_MS;
-        conn_events(c);
-    } else if (c->kind == C_VANQ && c->stage == S_WAIT_ACC && c->accepted == 3) {
+    if (c->kind == C_VANQ && c->stage == S_WAIT_ACC && c->accepted == 3) {
         conn_close(c); /* with its requests accepted, most of them still queued */
         c->stage = S_FINISHED;
     }
@@ -844,6 +847,8 @@ static void conn_progress(struct conn *c)
         c->stage = S_FINISHED;
         if (c->status_seen >= c->status_sent)
             bad("a client with %d status answers unread was not dropped", c->status_sent);
+        if (c->accepted != DROP_GEN)
+            bad("a dropped client read %d of its %d accepted events", c->accepted, DROP_GEN);
         L.dropped++;
     }
 }
