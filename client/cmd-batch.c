@@ -8,9 +8,10 @@
  * end it as SIGKILL does.  Requests that did not finish (cancelled or
  * refused by a shutting-down daemon, lost with the connection) get no
  * result line, so the next run retries them; a request refused as busy is
- * sent again a second later, but a connection refused at accept (busy at
- * max_connections) ends the batch with exit 3 at once (--wait is for
- * connecting only).  A request cancelled on purpose (dgemma-client cancel)
+ * sent again a second later, and so is the whole connection when the
+ * daemon refuses it at accept as busy (max_connections), while --wait
+ * lasts; past it, or refused as forbidden, the batch ends with exit 3 and
+ * says why.  A request cancelled on purpose (dgemma-client cancel)
  * is a result, an error "cancelled": a done event does not say why it was
  * cancelled, so a status asked after it does (shutting_down false: a
  * cancel; true, or no answer: the daemon stopping).  A flag's setting the
@@ -428,6 +429,30 @@ static int ask_status(struct batch *b, dgemma_t *c)
     return 0;
 }
 
+/* Whether ev, the first event of a connection, is the daemon refusing the
+ * connection itself at accept (busy, forbidden, shutting_down: a line
+ * without tag or request id, then the end): it read none of the requests. */
+static int refused_at_accept(const dgemma_event_t *ev)
+{
+    return ev->kind == DGEMMA_EV_ERROR && !ev->tag && ev->id == 0 && ev->code &&
+           (!strcmp(ev->code, "busy") || !strcmp(ev->code, "forbidden") ||
+            !strcmp(ev->code, "shutting_down"));
+}
+
+/* After a connection refused at accept: the requests sent on it go back to
+ * be sent again (nothing else can be under way: nothing was heard on it). */
+static void requeue_refused(struct batch *b)
+{
+    for (size_t i = 0; i < b->n_items; i++)
+        if (b->items[i].state == IT_RUNNING) {
+            b->items[i].state = IT_TODO;
+            b->items[i].retry_at = 0;
+        }
+    b->running = 0;
+    b->ua_head = b->ua_n = 0;
+    b->queries_sent = b->queries_answered;
+}
+
 /* The daemon refused a setting that came from the flags (setting, in its
  * words msg): say so, naming the flag.  Nothing is written for it: every
  * line that leaves the setting to the flags would get the same refusal,
@@ -450,6 +475,8 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
 {
     dgemma_t *c;
     size_t next = 0;
+    const double wait_end = now_s() + o->wait_s;
+    int heard = 0; /* an event came on this connection */
 
     if (b->n_items == 0)
         return EXIT_DONE;
@@ -528,6 +555,30 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
             dgemma_close(c);
             return EXIT_UNREACHABLE;
         }
+        if (!heard && refused_at_accept(&ev)) {
+            /* busy: connect again in a second while --wait lasts */
+            struct client_opts again = *o;
+            const int busy = !strcmp(ev.code, "busy");
+            if (!busy || now_s() + 1.0 > wait_end) {
+                show_progress(b, 1);
+                client_errorf("the daemon refused the connection (%s: %s) and took none of its "
+                              "requests; %zu requests unfinished: run again to resume%s",
+                              ev.code, ev.message ? ev.message : "", b->n_items - next,
+                              !busy           ? ""
+                              : o->wait_s > 0 ? " (refused until --wait ran out)"
+                                              : " (or give --wait SECONDS to retry meanwhile)");
+                dgemma_close(c);
+                return EXIT_UNREACHABLE;
+            }
+            dgemma_close(c);
+            requeue_refused(b);
+            usleep(1000000);
+            again.wait_s = wait_end > now_s() ? wait_end - now_s() : 0;
+            if (!(c = client_connect(&again)))
+                return EXIT_UNREACHABLE;
+            continue;
+        }
+        heard = 1;
         if (ev.kind == DGEMMA_EV_STATUS ||
             (ev.kind == DGEMMA_EV_ERROR && !ev.tag && ev.id == 0 && b->ua_n > 0 &&
              b->unanswered[b->ua_head] == QUERY_MARK)) {

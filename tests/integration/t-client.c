@@ -930,8 +930,10 @@ static int batch_daemon_stops_checks(void)
 }
 
 /* A daemon that refuses the batch's connection (busy: max_connections
- * reached) takes none of its requests: exit 3, no result written (none
- * taken for a request's), and the next run, with room, does them all. */
+ * reached) takes none of its requests: without --wait, or refused for
+ * longer than it, exit 3, saying so, no result written (none taken for a
+ * request's); with --wait, the batch connects again each second until
+ * there is room (here after 1.5 s), and does them all. */
 static int batch_daemon_stops(void)
 {
     return side_stopped(batch_daemon_stops_checks());
@@ -960,14 +962,34 @@ static int batch_daemon_full_checks(void)
         rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
         CHECKF(rc == 3, "exit %d: %s", rc, ERR);
     }
+    CHECKF(strstr(ERR, "busy") && strstr(ERR, "--wait"), "%s", ERR);
+    {
+        /* refused for longer than --wait: the same, once it runs out */
+        const char *args[] = {"-s", s3, "batch", "--input", "-", "--output", out, "--wait",
+                              "1.5", NULL};
+        rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 3 && strstr(ERR, "--wait ran out"), "exit %d: %s", rc, ERR);
+    }
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     CHECKF(n == 0, "%d results written by a refused batch", n);
-    close(held);
-    usleep(100000);
     {
-        const char *args[] = {"-s", s3, "batch", "--input", "-", "--output", out, NULL};
+        /* the connection freed 1.5 s from now: a child keeps it that long */
+        const pid_t h = fork();
+        const char *args[] = {"-s", s3, "batch", "--input", "-", "--output", out, "--wait",
+                              "20", NULL};
+        double t0;
+        CHECK(h >= 0);
+        if (h == 0) {
+            usleep(1500000);
+            _exit(0);
+        }
+        close(held);
+        t0 = fixture_now_ms();
         rc = run_client(args, in, OUT, sizeof OUT, ERR, sizeof ERR);
+        waitpid(h, NULL, 0);
         CHECKF(rc == 0, "exit %d: %s", rc, ERR);
+        CHECKF(fixture_now_ms() - t0 > 1000, "done in %.0f ms: never refused",
+               fixture_now_ms() - t0);
     }
     kill(d, SIGTERM);
     fixture_wait_exit(d, NULL);
