@@ -884,7 +884,8 @@ static int batch_daemon_stops_checks(void)
     f = fopen(in, "w");
     CHECK(f);
     for (int i = 0; i < 40; i++)
-        fprintf(f, "{\"id\":%d,\"prompt\":\"item %d\",\"max_tokens\":24,\"seed\":%d}\n", i, i, i);
+        fprintf(f, "{\"id\":%d,\"prompt\":\"item %d\",\"max_tokens\":24,"
+                   "\"max_denoising_steps\":4,\"seed\":%d}\n", i, i, i);
     CHECK(fclose(f) == 0);
     d = side_daemon = fixture_spawn(s2, l2, opts);
     CHECK(d > 0 && fixture_wait_ready(d, s2) == 0);
