@@ -70,11 +70,11 @@ ids() { sed 's/.*"ids":\(\[[^]]*\]\).*/\1/' "$tmp/$1.out"; }
 if [ -f "$M/config.json" ] &&
    run qdef 0 "$EVAL" quantize --model "$M" --out "$tmp/Q" &&
    run qdefw 0 "$EVAL" quantize --model "$M" --out "$tmp/W" --weights-only &&
-   run gen1 0 "$EVAL" generate --model "$tmp/Q" --prompt "hello" --seed 3 --max-tokens 64 --json &&
-   run gen2 0 "$EVAL" generate --model "$tmp/Q" --prompt "hello" --seed 3 --max-tokens 64 --json --tp 2 &&
+   run gen1 0 "$EVAL" generate --model "$tmp/Q" --prompt "hello" --seed 3 --max-tokens 64 --max-denoising-steps 8 --json &&
+   run gen2 0 "$EVAL" generate --model "$tmp/Q" --prompt "hello" --seed 3 --max-tokens 64 --max-denoising-steps 8 --json --tp 2 &&
    has gen1 out '"finish_reason":' && has gen2 out '"finish_reason":' &&
-   run genw1 0 "$EVAL" generate --model "$tmp/W" --prompt "hello" --seed 3 --max-tokens 64 --json &&
-   run genw2 0 "$EVAL" generate --model "$tmp/W" --prompt "hello" --seed 3 --max-tokens 64 --json --tp 2 &&
+   run genw1 0 "$EVAL" generate --model "$tmp/W" --prompt "hello" --seed 3 --max-tokens 64 --max-denoising-steps 8 --json &&
+   run genw2 0 "$EVAL" generate --model "$tmp/W" --prompt "hello" --seed 3 --max-tokens 64 --max-denoising-steps 8 --json --tp 2 &&
    [ "$(ids genw1)" = "$(ids genw2)" ]
 then ok default_model_generates; else bad default_model_generates "$(head -c 300 "$tmp/genw1.out" "$tmp/genw2.out" "$tmp/gen1.err" "$tmp/gen2.err")"; fi
 
