@@ -34,7 +34,7 @@ command -v python3 >/dev/null 2>&1 && have_python=1
 d=$!
 sent=0 gen_fail=""
 for p in "one" "two words" "three little words"; do
-    "$C" generate -s "$tmp/d.sock" --wait 15 --max-tokens 8 --seed 1 --quiet "$p" \
+    "$C" generate -s "$tmp/d.sock" --wait 15 --max-tokens 8 --max-denoising-steps 4 --seed 1 --quiet "$p" \
         >/dev/null 2>>"$tmp/gen.err" || gen_fail="$gen_fail [$p]"
     sent=$((sent + 1))
 done
