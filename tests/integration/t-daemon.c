@@ -797,12 +797,12 @@ static int status_flood(const char *sock, int n, int quiet_ms)
 }
 
 /* Requests written at once, against the least max_output_bytes (64 KiB, a
- * quarter of which is 16 KiB): 3,000 status requests in one write (their
- * answers, 1.3 MB, come from one 64 KiB read), read at once, are all
- * answered; so are 20,000 written while the client does not read for
- * 0.5 s (the daemon stops taking them and goes on once the client reads).
- * The daemon answered every line of a read before sending, and dropped
- * both clients as too slow. */
+ * quarter of which is 16 KiB): 3,000 status requests written at once (a
+ * 64 KiB read holds 2,978 of them, whose answers are 1.3 MB), read at
+ * once, are all answered; so are 20,000 written while the client does not
+ * read for 0.5 s (the daemon stops taking them and goes on once the client
+ * reads).  A daemon that answers every line of a read before it sends
+ * drops both clients as too slow. */
 static int requests_at_once(void)
 {
     const char *opts[] = {"max_output_bytes=65536", "pin_workers=false", NULL};
