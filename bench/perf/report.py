@@ -3,15 +3,16 @@
 
 usage: report.py OUTDIR
 
-Reads OUTDIR/tp1.json (and tp1-fp8.json, tp2.json if there), profile.json
-and hf.json;
+Reads OUTDIR/tp1.json (and tp1-fp8.json, tp2.json, tp4.json if there),
+profile.json (and profile-tp2.json, profile-tp4.json if there) and hf.json;
 prints one table (per engine, TP and batch: the denoising forward and
 the commit -- for dgemma what a step that commits the canvas before it
 takes beyond one that does not, the two being one pass; for transformers
 its encoder pass --, the roofline of the denoising forward measured in the same run,
 committed tokens/s without and with the prefill, GPU memory per rank, the
-ratio to Hugging Face at the same batch) and the sampler +
-self-conditioning share of a batch-1 denoising step; writes
+ratio to Hugging Face at the same batch, FP8's to bf16 and TP=N's to TP=1
+with the same weights) and the sampler + self-conditioning share of a
+batch-1 denoising step at each TP profiled; writes
 OUTDIR/perf.json (all of it) and OUTDIR/tokens_per_s.png (tokens/s against
 batch size, when matplotlib is there).
 """
@@ -37,24 +38,29 @@ def main():
             if d:
                 runs[(tp, w)] = d
     hf = load(os.path.join(out, "hf.json")) or {"runs": []}
-    prof = load(os.path.join(out, "profile.json"))
+    profs = {}  # tp -> bench-generate --profile's JSON
+    for tp in (1, 2, 4):
+        d = load(os.path.join(out, "profile.json" if tp == 1 else f"profile-tp{tp}.json"))
+        if d:
+            profs[tp] = d
     hf_by_b = {r["batch"]: r for r in hf["runs"]}
     ceil = next((d["ceilings"] for d in runs.values() if "ceilings" in d), {})
-    bf16_tps = {(tp, r["batch"]): r["tokens_per_s"]
-                for (tp, w), d in runs.items() if w == "bf16" for r in d["runs"]}
+    tps = {(tp, w, r["batch"]): r["tokens_per_s"] for (tp, w), d in runs.items()
+           for r in d["runs"]}
     print()
     print(f"ceilings: copy {ceil.get('copy_gbps', 0):.0f} GB/s, bf16 GEMM "
           f"{ceil.get('gemm_tflops', 0):.0f} TFLOP/s; prompt 512, 4 canvases of 256, 16 steps")
     print()
     print("| engine | weights | TP | B | denoise ms | roofline ms | % of roofline | commit ms | "
-          "tok/s | tok/s with prefill | GiB/rank | x HF tok/s | x bf16 tok/s |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "tok/s | tok/s with prefill | GiB/rank | x HF tok/s | x bf16 tok/s | x TP=1 tok/s |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     table = []
     for (tp, w), d in runs.items():
         for r in d["runs"]:
             h = hf_by_b.get(r["batch"])
             ratio = r["tokens_per_s"] / h["tokens_per_s"] if h else None
-            base = bf16_tps.get((tp, r["batch"])) if w == "fp8" else None
+            base = tps.get((tp, "bf16", r["batch"])) if w == "fp8" else None
+            one = tps.get((1, w, r["batch"])) if tp > 1 else None
             row = dict(engine="dgemma", weights=w, tp=tp, batch=r["batch"],
                        denoise_ms=r["denoise_ms"],
                        roofline_ms=r["roofline_denoise_ms"],
@@ -62,14 +68,16 @@ def main():
                        commit_ms=r["commit_ms"], tokens_per_s=r["tokens_per_s"],
                        tokens_per_s_with_prefill=r["tokens_per_s_with_prefill"],
                        gib_per_rank=max(r["gpu_gib_per_rank"]), ratio_hf=ratio,
-                       ratio_bf16=r["tokens_per_s"] / base if base else None)
+                       ratio_bf16=r["tokens_per_s"] / base if base else None,
+                       ratio_tp1=r["tokens_per_s"] / one if one else None)
             table.append(row)
             print(f"| dgemma | {w} | {tp} | {r['batch']} | {r['denoise_ms']:.2f} | "
                   f"{r['roofline_denoise_ms']:.2f} | {row['pct_roofline']:.0f}% | "
                   f"{r['commit_ms']:.2f} | {r['tokens_per_s']:.0f} | "
                   f"{r['tokens_per_s_with_prefill']:.0f} | {row['gib_per_rank']:.1f} | "
                   + (f"{ratio:.2f}" if ratio else "") + " | "
-                  + (f"{row['ratio_bf16']:.2f}" if row["ratio_bf16"] else "") + " |")
+                  + (f"{row['ratio_bf16']:.2f}" if row["ratio_bf16"] else "") + " | "
+                  + (f"{row['ratio_tp1']:.2f}" if row["ratio_tp1"] else "") + " |")
     for h in hf["runs"]:
         table.append(dict(engine="transformers", weights="bf16", tp=1, batch=h["batch"],
                           denoise_ms=h["denoise_ms"], commit_ms=h["commit_ms"],
@@ -78,20 +86,24 @@ def main():
                           gib_per_rank=h["gpu_gib"]))
         print(f"| transformers 5.17 | bf16 | 1 | {h['batch']} | {h['denoise_ms']:.2f} | | | "
               f"{h['commit_ms'] or 0:.2f} | {h['tokens_per_s']:.0f} | "
-              f"{h['tokens_per_s_with_prefill']:.0f} | {h['gpu_gib']:.1f} | 1.00 | |")
-    share = None
-    if prof and prof["runs"] and "profile_ms_per_step" in prof["runs"][0]:
+              f"{h['tokens_per_s_with_prefill']:.0f} | {h['gpu_gib']:.1f} | 1.00 | | |")
+    shares = {}  # tp -> sampler + self-conditioning % of a batch-1 step
+    for tp, prof in sorted(profs.items()):
+        if not prof["runs"] or "profile_ms_per_step" not in prof["runs"][0]:
+            continue
         p = prof["runs"][0]["profile_ms_per_step"]
         total = sum(p.values())
         part = sum(v for k, v in p.items()
                    if k.startswith("sampler") or k == "self-conditioning P.E")
-        share = 100 * part / total
+        shares[tp] = 100 * part / total
         print()
         print(f"sampler + self-conditioning reduce: {part:.3f} of {total:.3f} ms per batch-1 "
-              f"denoising step at TP=1 (profiled, eager): {share:.1f}%")
+              f"denoising step at TP={tp} (profiled, eager, rank 0): {shares[tp]:.1f}%")
     with open(os.path.join(out, "perf.json"), "w") as f:
-        json.dump(dict(ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=share,
-                       profile=prof), f, indent=1)
+        json.dump(dict(ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=shares.get(1),
+                       sampler_share_pct_b1={str(tp): v for tp, v in shares.items()},
+                       profile=profs.get(1),
+                       profiles={str(tp): d for tp, d in profs.items()}), f, indent=1)
     try:
         import matplotlib
         matplotlib.use("Agg")

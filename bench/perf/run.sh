@@ -9,8 +9,10 @@
 #     whole generations at TP=1 for every batch size (bench-generate:
 #     prompt 512, 4 canvases of 256, 16 denoising steps each, CUDA graphs);
 #   - the same with FP8 weights (W8A8: --fp8), TP=1;
-#   - the same at TP=2 where two GPUs are visible;
-#   - a profiled TP=1 run at batch 1 (each stage's time against its floor);
+#   - the same at TP=2 where two GPUs are visible, and at TP=4 where four are;
+#   - a profiled run at batch 1 (each stage's time against its floor) at
+#     TP=1, and at TP=2 and TP=4 where their GPUs are (rank 0's stages: the
+#     sampler + self-conditioning share of a step at that TP);
 #   - Hugging Face transformers on the same workload (bench/perf/hf_generate.py;
 #     the best of 3 generates at batch 1 and 4, where its pace varies most);
 # then bench/perf/report.py prints the table, with the ratios to Hugging
@@ -31,10 +33,16 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 "$bin" --json "$out/tp1.json" $batches 2>&1 | tee "$out/tp1.log" || exit 1
 "$bin" --fp8 --json "$out/tp1-fp8.json" $batches 2>&1 | tee "$out/tp1-fp8.log" ||
     exit 1
-if [ "$ngpu" -ge 2 ]; then
-    "$bin" --tp 2 --json "$out/tp2.json" $batches 2>&1 | tee "$out/tp2.log" || exit 1
-fi
+for tp in 2 4; do
+    [ "$ngpu" -ge $tp ] || continue
+    "$bin" --tp $tp --json "$out/tp$tp.json" $batches 2>&1 | tee "$out/tp$tp.log" || exit 1
+done
 "$bin" --profile --json "$out/profile.json" 1 2>&1 | tee "$out/profile.log" || exit 1
+for tp in 2 4; do
+    [ "$ngpu" -ge $tp ] || continue
+    "$bin" --tp $tp --profile --json "$out/profile-tp$tp.json" 1 2>&1 |
+        tee "$out/profile-tp$tp.log" || exit 1
+done
 python3 bench/perf/hf_generate.py tests/fixtures/released-26b-config.json "$out/hf.json" \
     --batches $batches --best-of 3 2>&1 | tee "$out/hf.log" || exit 1
 python3 bench/perf/report.py "$out"

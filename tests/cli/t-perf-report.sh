@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Description: bench/perf/report.py (the performance harness's table) on
+# inputs written here the way bench-generate and hf_generate.py write
+# them: bf16 at TP=1, 2 and 4, FP8 at TP=1, profiles at TP=1 and 2.  Each
+# dgemma row's % of roofline, ratio to transformers at its batch, FP8's
+# to bf16 and TP=N's to TP=1 (same weights, same batch) are what awk
+# computes from the same numbers; rows at TP=1 have no TP=1 ratio and bf16
+# rows no bf16 ratio; the sampler + self-conditioning share is printed
+# for each TP profiled and no other, and perf.json holds the same values.
+# Skips (77) without python3.
+set -u
+command -v python3 >/dev/null 2>&1 || { echo "skip t-perf-report: no python3"; exit 77; }
+. "${0%/*}/cli-lib.sh" t-perf-report
+S=${0%/*}/../../bench/perf/report.py
+
+# one dgemma run a line: tp weights batch denoise_ms roofline_ms commit_ms tok/s
+runs() {
+    cat <<'EOF'
+1 bf16 1 17.4 12.5 4.8 868
+1 bf16 16 95.2 51.9 59.0 2366
+2 bf16 1 10.1 6.4 3.1 1561
+2 bf16 16 52.3 26.0 33.3 4410
+4 bf16 1 7.3 3.4 2.5 2207
+1 fp8 1 11.7 6.8 3.3 1253
+1 fp8 16 93.5 52.1 71.6 2386
+EOF
+}
+# transformers: batch tok/s
+hf() { printf '1 176\n16 834\n'; }
+
+mk() { # tp weights: bench-generate's JSON
+    runs | awk -v tp="$1" -v w="$2" '
+        BEGIN { printf "{\"ceilings\": {\"copy_gbps\": 4228, \"gemm_tflops\": 772}, \"runs\": [" }
+        $1 == tp && $2 == w {
+            printf "%s{\"batch\": %d, \"denoise_ms\": %s, \"roofline_denoise_ms\": %s, " \
+                   "\"commit_ms\": %s, \"tokens_per_s\": %s, \"tokens_per_s_with_prefill\": %s, " \
+                   "\"gpu_gib_per_rank\": [%s, %s]}", sep, $3, $4, $5, $6, $7, $7 - 10, 20 + tp,
+                   19 + tp
+            sep = ", "
+        }
+        END { print "]}" }'
+}
+mk 1 bf16 > "$tmp/tp1.json"
+mk 2 bf16 > "$tmp/tp2.json"
+mk 4 bf16 > "$tmp/tp4.json"
+mk 1 fp8 > "$tmp/tp1-fp8.json"
+hf | awk 'BEGIN { printf "{\"runs\": [" }
+          { printf "%s{\"batch\": %d, \"denoise_ms\": 80, \"commit_ms\": 80, \"tokens_per_s\": %s, " \
+                   "\"tokens_per_s_with_prefill\": %s, \"gpu_gib\": 50}", sep, $1, $2, $2 - 2; sep = ", " }
+          END { print "]}" }' > "$tmp/hf.json"
+# profiles: stage ms; the sampler's and the self-conditioning product's
+# stages are the share
+prof() { # sampler_stats sampler_probs sc_pe experts attention
+    printf '{"runs": [{"batch": 1, "profile_ms_per_step": {"sampler statistics": %s, "sampler probabilities": %s, "self-conditioning P.E": %s, "experts": %s, "attention": %s}}]}\n' "$@"
+}
+prof 0.62 0.11 0.34 11.9 1.3 > "$tmp/profile.json"
+prof 0.40 0.07 0.21 6.1 0.8 > "$tmp/profile-tp2.json"
+
+run report 0 python3 "$S" "$tmp" || { [ $fails -eq 0 ]; exit; }
+o=$tmp/report.out
+
+# a dgemma row's cell (1-based after the leading "|"): tp weights batch col
+cell() {
+    awk -F'|' -v tp="$1" -v w="$2" -v b="$3" -v c="$4" '
+        $2 ~ /dgemma/ && $3 ~ w && $4 + 0 == tp && $5 + 0 == b {
+            gsub(/ /, "", $(c + 1)); print $(c + 1) }' "$o"
+}
+# columns: 1 engine 2 weights 3 TP 4 B 5 denoise 6 roofline 7 % 8 commit 9 tok/s
+# 10 with prefill 11 GiB 12 x HF 13 x bf16 14 x TP=1
+n=$(grep -c '^| dgemma |' "$o")
+[ "$n" = "$(runs | wc -l)" ] && ok rows || bad rows "$n dgemma rows"
+err=""
+while read -r tp w b dn rf cm tps; do
+    pct=$(awk -v a="$rf" -v b="$dn" 'BEGIN { printf "%.0f%%", 100 * a / b }')
+    xhf=$(hf | awk -v b="$b" -v t="$tps" '$1 == b { printf "%.2f", t / $2 }')
+    xbf=""
+    [ "$w" = fp8 ] && xbf=$(runs | awk -v tp="$tp" -v b="$b" -v t="$tps" \
+        '$1 == tp && $2 == "bf16" && $3 == b { printf "%.2f", t / $7 }')
+    xtp=""
+    [ "$tp" -gt 1 ] && xtp=$(runs | awk -v w="$w" -v b="$b" -v t="$tps" \
+        '$1 == 1 && $2 == w && $3 == b { printf "%.2f", t / $7 }')
+    got="$(cell "$tp" "$w" "$b" 7) $(cell "$tp" "$w" "$b" 12) [$(cell "$tp" "$w" "$b" 13)] [$(cell "$tp" "$w" "$b" 14)]"
+    want="$pct $xhf [$xbf] [$xtp]"
+    [ "$got" = "$want" ] || err="$err TP=$tp $w B=$b: '$got' want '$want';"
+done < <(runs)
+[ -z "$err" ] && ok ratios || bad ratios "$err"
+
+# the share at TP=1 and TP=2, none at TP=4 (not profiled)
+share() { # file: the share in percent, as report.py rounds it
+    python3 -c 'import json,sys
+p = json.load(open(sys.argv[1]))["runs"][0]["profile_ms_per_step"]
+part = p["sampler statistics"] + p["sampler probabilities"] + p["self-conditioning P.E"]
+print("%.1f%%" % (100 * part / sum(p.values())))' "$1"
+}
+s1=$(sed -n 's/.*denoising step at TP=1 (profiled.*: \([0-9.]*%\)$/\1/p' "$o")
+s2=$(sed -n 's/.*denoising step at TP=2 (profiled.*: \([0-9.]*%\)$/\1/p' "$o")
+if [ "$s1" = "$(share "$tmp/profile.json")" ] && [ "$s2" = "$(share "$tmp/profile-tp2.json")" ] &&
+   ! grep -q "at TP=4 (profiled" "$o"; then
+    ok shares
+else
+    bad shares "TP=1 '$s1', TP=2 '$s2'; $(grep -c 'profiled' "$o") share lines"
+fi
+
+# perf.json: the same ratios and shares
+if python3 - "$tmp" <<'PY'
+import json, os, sys
+d = json.load(open(os.path.join(sys.argv[1], "perf.json")))
+rows = {(r["tp"], r["weights"], r["batch"]): r for r in d["rows"] if r["engine"] == "dgemma"}
+r2, r1 = rows[(2, "bf16", 16)], rows[(1, "bf16", 16)]
+assert abs(r2["ratio_tp1"] - r2["tokens_per_s"] / r1["tokens_per_s"]) < 1e-9, r2
+assert r1["ratio_tp1"] is None and rows[(1, "fp8", 1)]["ratio_tp1"] is None
+assert set(d["sampler_share_pct_b1"]) == {"1", "2"}, d["sampler_share_pct_b1"]
+assert d["sampler_share_pct_tp1_b1"] == d["sampler_share_pct_b1"]["1"]
+assert set(d["profiles"]) == {"1", "2"}
+PY
+then ok perf_json; else bad perf_json "see above"; fi
+
+[ $fails -eq 0 ]
