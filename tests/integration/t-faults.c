@@ -1,7 +1,10 @@
 /*
  * Description: the real dgemmad (from $BUILD/bin) on the embedded default
  * model under faults.
- *   alloc_failures: with tests/fault/failmalloc.so preloaded and armed
+ *   alloc_failures (and alloc_failures_tp4, the same at tp 4: 4 rank
+ *     threads, where a rank that fails must not leave the others waiting
+ *     in a collective; the log must show some request failed by a rank
+ *     other than 0): with tests/fault/failmalloc.so preloaded and armed
  *     (one allocation in 40, then in 400, fails with ENOMEM), 360 requests
  *     from 6 connections each end with a done or an error event (an error
  *     must say "out of memory": the requests are valid, so any other
@@ -244,6 +247,19 @@ static int show_log(const char *needle)
     return n;
 }
 
+/* How many lines of the daemon's log contain needle. */
+static int log_lines(const char *needle)
+{
+    FILE *f = fopen(log_path, "r");
+    char line[1024];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        n += strstr(line, needle) != NULL;
+    if (f)
+        fclose(f);
+    return n;
+}
+
 /* ---- alloc_failures ------------------------------------------------------------------ */
 
 #define N_CONN 6
@@ -381,11 +397,12 @@ static int ring_round(int n, struct ring_tally *t)
     return 0;
 }
 
-static int alloc_failures(void)
+/* alloc_failures at tp ranks (the CPU backend's rank threads). */
+static int alloc_failures_at(int tp)
 {
-    const char *trig = test_path("malloc.trigger"), *stats = test_path("malloc.stats");
-    char e_pre[700], e_trig[700], e_stats[700], e_seed[64], o_db[700], buf[128] = "";
-    const char *env[5], *opts[12];
+    char trig[600], stats[600], db[600], name[64];
+    char e_pre[700], e_trig[700], e_stats[700], e_seed[64], o_db[700], o_tp[32], buf[128] = "";
+    const char *env[5], *opts[13];
     static const int rates[] = {40, 400};
     const int per_conn = 30;
     int n = 0, st;
@@ -398,16 +415,23 @@ static int alloc_failures(void)
     if (UNDER_ASAN)
         return test_skip("the malloc shim cannot run beside AddressSanitizer");
     CHECKF(access(shim_path, R_OK) == 0, "%s: not built", shim_path);
+    snprintf(name, sizeof name, "malloc-tp%d.trigger", tp);
+    snprintf(trig, sizeof trig, "%s", test_path(name));
+    snprintf(name, sizeof name, "malloc-tp%d.stats", tp);
+    snprintf(stats, sizeof stats, "%s", test_path(name));
+    snprintf(name, sizeof name, "alloc-tp%d.sqlite", tp);
+    snprintf(db, sizeof db, "%s", test_path(name));
+    snprintf(o_tp, sizeof o_tp, "tp=%d", tp);
     snprintf(e_pre, sizeof e_pre, "LD_PRELOAD=%s", shim_path);
     snprintf(e_trig, sizeof e_trig, "DG_FAULT_MALLOC_TRIGGER=%s", trig);
     snprintf(e_stats, sizeof e_stats, "DG_FAULT_STATS=%s", stats);
     snprintf(e_seed, sizeof e_seed, "DG_FAULT_SEED=%s",
              getenv("DG_FAULT_SEED") ? getenv("DG_FAULT_SEED") : "7");
     env[0] = e_pre, env[1] = e_trig, env[2] = e_stats, env[3] = e_seed, env[4] = NULL;
-    snprintf(o_db, sizeof o_db, "metrics=%s", test_path("alloc.sqlite"));
+    snprintf(o_db, sizeof o_db, "metrics=%s", db);
     opts[n++] = "pin_workers=false", opts[n++] = "tick=0.05", opts[n++] = "max_batch=4";
     opts[n++] = "queue_max=64", opts[n++] = "shutdown_grace=2", opts[n++] = "log_level=debug";
-    opts[n++] = "metrics_flush=0.02", opts[n++] = o_db, opts[n] = NULL;
+    opts[n++] = "metrics_flush=0.02", opts[n++] = o_db, opts[n++] = o_tp, opts[n] = NULL;
     unlink(trig);
     CHECKF(start_daemon(opts, env) == 0, "the daemon did not start; log %s", log_path);
 
@@ -433,7 +457,7 @@ static int alloc_failures(void)
     CHECKF(o.end == END_DONE && strcmp(o.finish, "error"), "after disarming: %d %s %s", o.end,
            o.code, o.message);
     /* the metrics writer came through too: the row of that request lands */
-    CHECKF(wait_count(test_path("alloc.sqlite"), 1, 15,
+    CHECKF(wait_count(db, 1, 15,
                       "SELECT count(*) FROM requests WHERE tag = 'after'") == 0,
            "no metrics row for the request after disarming");
     if ((f = fopen(stats, "r")) != NULL) {
@@ -444,18 +468,33 @@ static int alloc_failures(void)
     buf[strcspn(buf, "\n")] = '\0';
     CHECKF(strncmp(buf, "malloc_failed ", 14) == 0 && atoi(buf + 14) > 0,
            "the shim injected nothing (stats '%s')", buf);
-    printf("# alloc_failures: %d requests (1 allocation in %d, then in %d, fails): %d done, "
+    printf("# alloc_failures, tp %d: %d requests (1 allocation in %d, then in %d, fails): %d done, "
            "%d done with an out-of-memory error, %d error events (out of memory), "
            "%d connections closed by the daemon; shim: %s; %.1f s\n",
-           t.sent, rates[0], rates[1], t.ends[END_DONE] - t.done_oom, t.done_oom, t.err_oom,
+           tp, t.sent, rates[0], rates[1], t.ends[END_DONE] - t.done_oom, t.done_oom, t.err_oom,
            t.ends[END_EOF], buf, (fixture_now_ms() - t0) / 1e3);
     printf("# alloc_failures: ring: %d jobs: %d completed, %d completed with an error code, "
            "%d ended with their ring (connection dropped)\n", rt.sent, rt.ok, rt.failed,
            rt.closed);
+    if (tp > 1) { /* (the log holds the tp 1 daemon's lines too: no "rank" in them) */
+        int by[4] = {0};
+        for (int r = 0; r < 4 && r < tp; r++) {
+            char needle[32];
+            snprintf(needle, sizeof needle, "error: rank %d: ", r);
+            by[r] = log_lines(needle);
+        }
+        printf("# alloc_failures, tp %d: requests failed by rank 0, 1, 2, 3: %d, %d, %d, %d\n",
+               tp, by[0], by[1], by[2], by[3]);
+        CHECKF(by[1] + by[2] + by[3] > 0, "tp %d: no request failed by a rank past 0; log %s",
+               tp, log_path);
+    }
     st = stop_daemon(NULL);
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status %d; log %s", st, log_path);
     return 0;
 }
+
+static int alloc_failures(void) { return alloc_failures_at(1); }
+static int alloc_failures_tp4(void) { return alloc_failures_at(4); }
 
 /* ---- sigkill_restart ------------------------------------------------------------------- */
 
@@ -973,6 +1012,8 @@ int main(void)
     }
     signal(SIGPIPE, SIG_IGN);
     TEST_CASE(alloc_failures);
+    reap();
+    TEST_CASE(alloc_failures_tp4);
     reap();
     TEST_CASE(sigkill_restart);
     reap();
