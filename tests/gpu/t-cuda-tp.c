@@ -1,18 +1,19 @@
 /*
- * Description: tensor parallelism over GPUs (NCCL) against one GPU.
+ * Description: tensor parallelism over GPUs (NCCL) against one GPU, at
+ * TP=2, and at TP=4 too where four GPUs are (below, TP=N is each of them).
  *
- *   logits_golden: golden-a's decoder logits after a prompt, TP=2 against
+ *   logits_golden: golden-a's decoder logits after a prompt, TP=N against
  *     TP=1: fp32 elements within 1e-5 relative, bf16 within 1e-2 with the
  *     row argmax agreeing on >= 99% of rows; the "small" preset (bf16) the
  *     same.
  *   logits_full: the full-size 26B-A4B shapes with random bf16 weights
  *     made on the GPUs (each rank fills only its slice with the whole
- *     model's values), prompt 128, canvas 256: TP=2 against TP=1 within
+ *     model's values), prompt 128, canvas 256: TP=N against TP=1 within
  *     1e-2, argmax >= 99%; per rank, the weights, the vocabulary rows and
  *     logits columns held (each < V) and the collectives of one decoder
  *     pass against what gathering the logits would move (printed).
  *   generations: four requests through the engine (prefill chunks,
- *     self-conditioning, commits, two canvases) on the backend at TP=2 and
+ *     self-conditioning, commits, two canvases) on the backend at TP=N and
  *     TP=1, fp32 elements, two denoising steps a canvas: every id equal;
  *     six steps (chains) and bf16 shown.
  *   rank_usage: the backend at TP=2 reports per rank a vocabulary slice
@@ -21,7 +22,7 @@
  *     all-reduce: the call fails with a watchdog error within the timeout
  *     plus the abort's grace; the next call rebuilds the group and gives
  *     the same outputs as the step before the fault.
- *   graphs_equal_eager: at TP=1 and TP=2, golden-a (fp32) and the small
+ *   graphs_equal_eager: at TP=1 and TP=N, golden-a (fp32) and the small
  *     preset (bf16): a backend with CUDA graphs and one without, the same
  *     calls (prompt chunks, chains of self-conditioned steps, a commit, a
  *     slot closed and opened again): every sample, argmax and entropy
@@ -56,6 +57,9 @@
 
 #define MAXR 8
 #define ARGMAX_BOUND 0.99
+
+/* The TPs compared with TP=1: 2, and 4 where four GPUs are (main). */
+static int tp_list[2] = {2}, n_tp_list = 1;
 
 /* ---- one decoder pass at TP=n, rank threads of this process --------------------- */
 
@@ -196,8 +200,8 @@ static int tp_run(struct tp_pass *p)
     return 0;
 }
 
-/* The same pass at TP=1 and TP=2: logits within bound, argmax >= 99%. */
-static int compare_tp(const char *what, struct tp_pass *p, double bound, int show_memory)
+/* The same pass at TP=1 and TP=n: logits within bound, argmax >= 99%. */
+static int compare_tp(const char *what, struct tp_pass *p, int n, double bound, int show_memory)
 {
     const int64_t V = p->cfg->vocab_size;
     float *one = malloc(sizeof(float) * (size_t)(p->CL * V));
@@ -215,19 +219,19 @@ static int compare_tp(const char *what, struct tp_pass *p, double bound, int sho
         printf("# %s TP=1: weights %.2f GiB, KV %.1f MiB, scratch %.1f MiB, GPU used %.2f GiB\n",
                what, (double)p->weights[0] / (1 << 30), (double)p->kv[0] / (1 << 20),
                (double)p->scratch[0] / (1 << 20), (double)p->used[0] / (1 << 30));
-    p->n = 2;
+    p->n = n;
     p->logits = two;
     CHECK(tp_run(p) == 0);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < n; r++) {
         const struct dg_coll_stats *s = &p->decode_coll[r];
         if (show_memory)
-            printf("# %s TP=2 rank %d: weights %.2f GiB, KV %.1f MiB, scratch %.1f MiB, GPU used "
-                   "%.2f GiB; vocabulary rows and logits columns %lld of %lld\n", what, r,
+            printf("# %s TP=%d rank %d: weights %.2f GiB, KV %.1f MiB, scratch %.1f MiB, GPU used "
+                   "%.2f GiB; vocabulary rows and logits columns %lld of %lld\n", what, n, r,
                    (double)p->weights[r] / (1 << 30), (double)p->kv[r] / (1 << 20),
                    (double)p->scratch[r] / (1 << 20), (double)p->used[r] / (1 << 30),
                    (long long)p->nv[r], (long long)V);
-        printf("# %s TP=2 rank %d: one decoder pass over %lld positions: %llu all-reduces, "
-               "%.2f MiB; the logits all-gather it replaces would send %.2f MiB\n", what, r,
+        printf("# %s TP=%d rank %d: one decoder pass over %lld positions: %llu all-reduces, "
+               "%.2f MiB; the logits all-gather it replaces would send %.2f MiB\n", what, n, r,
                (long long)p->CL, (unsigned long long)s->calls[DG_COLL_ALL_REDUCE],
                (double)s->bytes[DG_COLL_ALL_REDUCE] / (1 << 20),
                (double)(p->CL * p->nv[r]) * 4 / (1 << 20));
@@ -236,11 +240,11 @@ static int compare_tp(const char *what, struct tp_pass *p, double bound, int sho
         CHECK(s->calls[DG_COLL_ALL_REDUCE] == 2 * (uint64_t)p->cfg->num_layers + 1);
     }
     e = gt_rel_err(two, one, p->CL, V, &agree);
-    printf("# %s: TP=2 vs TP=1 logits: relative error %.3g, row argmax agree %lld/%lld\n", what, e,
-           (long long)agree, (long long)p->CL);
-    CHECKF(e <= bound, "%s: relative error %.3g > %.3g", what, e, bound);
-    CHECKF((double)agree >= ARGMAX_BOUND * (double)p->CL, "%s: argmax agrees on %lld of %lld",
-           what, (long long)agree, (long long)p->CL);
+    printf("# %s: TP=%d vs TP=1 logits: relative error %.3g, row argmax agree %lld/%lld\n", what,
+           n, e, (long long)agree, (long long)p->CL);
+    CHECKF(e <= bound, "%s TP=%d: relative error %.3g > %.3g", what, n, e, bound);
+    CHECKF((double)agree >= ARGMAX_BOUND * (double)p->CL, "%s TP=%d: argmax agrees on %lld of %lld",
+           what, n, (long long)agree, (long long)p->CL);
     free(one);
     free(two);
     return 0;
@@ -266,7 +270,8 @@ static int golden_logits(const char *dir, const char *name, enum dg_elt elt, dou
     p.prompt = prompt;
     p.canvas = canvas;
     snprintf(what, sizeof what, "%s %s", name, elt == DG_ELT_F32 ? "fp32" : "bf16");
-    CHECK(compare_tp(what, &p, bound, 0) == 0);
+    for (int i = 0; i < n_tp_list; i++)
+        CHECK(compare_tp(what, &p, tp_list[i], bound, 0) == 0);
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     return 0;
@@ -336,7 +341,8 @@ static int case_logits_full(void)
     gt_rand_ids(canvas, p.CL, cfg.vocab_size, 8);
     p.prompt = prompt;
     p.canvas = canvas;
-    CHECK(compare_tp("26B-A4B random", &p, 1e-2, 1) == 0);
+    for (int i = 0; i < n_tp_list; i++)
+        CHECK(compare_tp("26B-A4B random", &p, tp_list[i], 1e-2, 1) == 0);
     free(prompt);
     free(canvas);
     return 0;
@@ -380,22 +386,33 @@ static int case_generations(void)
     struct gt_sink *one = calloc(1, sizeof *one), *two = calloc(1, sizeof *two);
     const char *small = small_bf16();
     CHECK(one && two && small);
+    char what[96];
     CHECK_OK(dg_model_load("tests/golden/golden-a/checkpoint", &ck, &m, &err), &err);
     CHECK(generate(&ck, &m, 1, 1, 2, one) == 0);
-    CHECK(generate(&ck, &m, 2, 1, 2, two) == 0);
-    CHECKF(gt_compare("golden-a fp32, 2 steps a canvas, TP=2 vs TP=1", two, one, NREQ) == 0,
-           "the generations differ");
+    for (int i = 0; i < n_tp_list; i++) {
+        snprintf(what, sizeof what, "golden-a fp32, 2 steps a canvas, TP=%d vs TP=1", tp_list[i]);
+        CHECK(generate(&ck, &m, tp_list[i], 1, 2, two) == 0);
+        CHECKF(gt_compare(what, two, one, NREQ) == 0, "%s: the generations differ", what);
+    }
     /* chains of self-conditioning amplify rounding (t-cuda-engine's
      * sc_chain): shown */
     CHECK(generate(&ck, &m, 1, 1, 6, one) == 0);
-    CHECK(generate(&ck, &m, 2, 1, 6, two) == 0);
-    gt_compare("golden-a fp32, 6 steps a canvas, TP=2 vs TP=1 (shown)", two, one, NREQ);
+    for (int i = 0; i < n_tp_list; i++) {
+        snprintf(what, sizeof what, "golden-a fp32, 6 steps a canvas, TP=%d vs TP=1 (shown)",
+                 tp_list[i]);
+        CHECK(generate(&ck, &m, tp_list[i], 1, 6, two) == 0);
+        gt_compare(what, two, one, NREQ);
+    }
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     CHECK_OK(dg_model_load(small, &ck, &m, &err), &err);
     CHECK(generate(&ck, &m, 1, 0, 2, one) == 0);
-    CHECK(generate(&ck, &m, 2, 0, 2, two) == 0);
-    gt_compare("small bf16, 2 steps a canvas, TP=2 vs TP=1 (shown)", two, one, NREQ);
+    for (int i = 0; i < n_tp_list; i++) {
+        snprintf(what, sizeof what, "small bf16, 2 steps a canvas, TP=%d vs TP=1 (shown)",
+                 tp_list[i]);
+        CHECK(generate(&ck, &m, tp_list[i], 0, 2, two) == 0);
+        gt_compare(what, two, one, NREQ);
+    }
     dg_model_free(&m);
     dg_checkpoint_close(&ck);
     free(one);
@@ -640,7 +657,8 @@ static int case_graphs_equal_eager(void)
 {
     const char *small = small_bf16();
     CHECK(small);
-    for (int tp = 1; tp <= 2; tp++) {
+    for (int i = -1; i < n_tp_list; i++) {
+        const int tp = i < 0 ? 1 : tp_list[i];
         CHECK(graphs_run("tests/golden/golden-a/checkpoint", "golden-a fp32", tp, 1) == 0);
         CHECK(graphs_run(small, "small bf16", tp, 0) == 0);
     }
@@ -684,6 +702,10 @@ int main(void)
         printf("skip t-cuda-tp: %d GPU(s); tensor parallelism needs 2\n", n);
         return 77;
     }
+    if (n >= 4)
+        tp_list[n_tp_list++] = 4;
+    else
+        printf("# %d GPUs: TP=2 only (TP=4 needs 4)\n", n);
     TEST_CASE(case_refusals);
     TEST_CASE(case_logits_golden);
     TEST_CASE(case_generations);

@@ -4,9 +4,10 @@
 # default model, logs "backend cuda", answers status with backend "cuda",
 # and serves generate requests (chat and plain, several at once) that end
 # with "done"; with backend cpu the same build still serves on the CPU.
-# Where two GPUs are present, the same at tp 2 (backend cuda): the log
-# names both ranks' GPUs and their vocabulary slices, and the metrics file
-# holds a row for every request (dgemma-client stats).
+# Where two GPUs are present, the same at tp 2 (backend cuda), and where
+# four are, at tp 4 too: the log names every rank's GPU and vocabulary
+# slice, and the metrics file holds a row for every request (dgemma-client
+# stats).
 # Exit 77 where there is no GPU or no daemon build.
 set -u
 # (CI runs as root; dgemmad refuses root unless told)
@@ -73,18 +74,24 @@ serve() {
 serve cuda cuda 1
 serve auto cuda 1
 serve cpu cpu 1
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-    serve cuda cuda 2
-    log=$tmp/cuda.2.log
-    if grep -q 'rank 0 of 2 on GPU 0' "$log" && grep -q 'rank 1 of 2 on GPU 1' "$log" &&
-       grep -q 'worker pinned' "$log"; then
-        ok "tp2/ranks"
-        grep 'rank [01] of 2\|pinned' "$log" | sed 's/^/# /'
-    else
-        bad "tp2/ranks" "the log does not name both ranks: $(grep -i rank "$log" | head -5)"
+ngpu=$(nvidia-smi -L | wc -l)
+for tp in 2 4; do
+    if [ "$ngpu" -lt $tp ]; then
+        echo "# $ngpu GPU(s): tp $tp not run"
+        continue
     fi
-else
-    echo "# one GPU: tp 2 not run"
-fi
+    serve cuda cuda $tp
+    log=$tmp/cuda.$tp.log
+    missing=""
+    for ((r = 0; r < tp; r++)); do
+        grep -q "rank $r of $tp on GPU $r" "$log" || missing="$missing $r"
+    done
+    if [ -z "$missing" ] && grep -q 'worker pinned' "$log"; then
+        ok "tp$tp/ranks"
+        grep "rank [0-9] of $tp\|pinned" "$log" | sed 's/^/# /'
+    else
+        bad "tp$tp/ranks" "the log does not name ranks$missing: $(grep -i rank "$log" | head -5)"
+    fi
+done
 echo "# t-daemon-cuda: $fails failed"
 [ $fails -eq 0 ]
