@@ -132,3 +132,13 @@ const char *test_path(const char *name)
     paths[n_paths++] = p;
     return p;
 }
+
+const char *test_pathf(const char *fmt, ...)
+{
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return test_path(name);
+}

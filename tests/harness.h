@@ -52,6 +52,8 @@ int test_finish(void);
  * test_finish()). */
 const char *test_tmpdir(void);
 const char *test_path(const char *name);
+/* test_path of the name fmt makes (printf-style). */
+const char *test_pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define TEST_CASE(fn) test_run(#fn, fn)
 

@@ -124,7 +124,8 @@ static json_t *status(const char *sock)
  * tp 1's (kept when r is tp 1), its status and metrics rows checked. */
 static int serve_at(struct tp_run r)
 {
-    char name[64], sock[600], log[600], db[600], o_db[700], o_tp[32], o_ex[32], where[64];
+    char name[64], o_db[700], o_tp[32], o_ex[32];
+    const char *sock, *log, *db;
     const char *opts[] = {"max_batch=4",      "tick=0.02",    "shutdown_grace=5",
                           "pin_workers=false", "backend=cpu", "metrics_flush=0.02",
                           o_db,                o_tp,          o_ex,
@@ -136,11 +137,9 @@ static int serve_at(struct tp_run r)
     pid_t pid;
 
     snprintf(name, sizeof name, "tp%d-%s", r.tp, r.width ? "width" : "across");
-    snprintf(sock, sizeof sock, "%s", test_path(name));
-    snprintf(where, sizeof where, "%s.log", name);
-    snprintf(log, sizeof log, "%s", test_path(where));
-    snprintf(where, sizeof where, "%s.db", name);
-    snprintf(db, sizeof db, "%s", test_path(where));
+    sock = test_path(name);
+    log = test_pathf("%s.log", name);
+    db = test_pathf("%s.db", name);
     snprintf(o_db, sizeof o_db, "metrics=%s", db);
     snprintf(o_tp, sizeof o_tp, "tp=%d", r.tp);
     snprintf(o_ex, sizeof o_ex, "experts=%s", r.width ? "width" : "across");

@@ -400,7 +400,9 @@ static int ring_round(int n, struct ring_tally *t)
 /* alloc_failures at tp ranks (the CPU backend's rank threads). */
 static int alloc_failures_at(int tp)
 {
-    char trig[600], stats[600], db[600], name[64];
+    const char *trig = test_pathf("malloc-tp%d.trigger", tp);
+    const char *stats = test_pathf("malloc-tp%d.stats", tp);
+    const char *db = test_pathf("alloc-tp%d.sqlite", tp);
     char e_pre[700], e_trig[700], e_stats[700], e_seed[64], o_db[700], o_tp[32], buf[128] = "";
     const char *env[5], *opts[13];
     static const int rates[] = {40, 400};
@@ -415,12 +417,6 @@ static int alloc_failures_at(int tp)
     if (UNDER_ASAN)
         return test_skip("the malloc shim cannot run beside AddressSanitizer");
     CHECKF(access(shim_path, R_OK) == 0, "%s: not built", shim_path);
-    snprintf(name, sizeof name, "malloc-tp%d.trigger", tp);
-    snprintf(trig, sizeof trig, "%s", test_path(name));
-    snprintf(name, sizeof name, "malloc-tp%d.stats", tp);
-    snprintf(stats, sizeof stats, "%s", test_path(name));
-    snprintf(name, sizeof name, "alloc-tp%d.sqlite", tp);
-    snprintf(db, sizeof db, "%s", test_path(name));
     snprintf(o_tp, sizeof o_tp, "tp=%d", tp);
     snprintf(e_pre, sizeof e_pre, "LD_PRELOAD=%s", shim_path);
     snprintf(e_trig, sizeof e_trig, "DG_FAULT_MALLOC_TRIGGER=%s", trig);
