@@ -208,9 +208,11 @@ static int exit_codes(void)
     /* the socket options may come before the command word */
     {
         const char *status_after[] = {"-s", sock, "--wait", "1", "status", NULL};
-        const char *gen_after[] = {"--socket", sock, "generate", "--max-tokens", "4", "x", NULL};
+        const char *gen_after[] = {"--socket", sock, "generate", "--max-tokens", "4",
+                                   "--max-denoising-steps", "2", "x", NULL};
         const char *cancel_after[] = {"-s", sock, "cancel", "987654", NULL};
-        const char *prompt_word[] = {"-s", sock, "--max-tokens", "4", "status", NULL};
+        const char *prompt_word[] = {"-s", sock, "--max-tokens", "4", "--max-denoising-steps", "2",
+                                     "status", NULL};
         rc = run_client(status_after, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
         CHECKF(rc == 0 && strstr(OUT, "model") && strstr(OUT, "running"), "%d: %s", rc, ERR);
         /* a generation summary is the proof; the random model may stop
@@ -387,10 +389,13 @@ static int refused_input(void)
 /* Output that cannot be written: exit 1 with the reason, never 0. */
 static int output_full(void)
 {
-    const char *gen[] = {"--max-tokens", "8", "--seed", "1", "hi", NULL};
-    const char *json[] = {"--json", "--max-tokens", "8", "--seed", "1", "hi", NULL};
+    const char *gen[] = {"--max-tokens", "8", "--max-denoising-steps", "2", "--seed", "1", "hi",
+                         NULL};
+    const char *json[] = {"--json", "--max-tokens", "8", "--max-denoising-steps", "2", "--seed",
+                          "1", "hi", NULL};
     const char *status[] = {"status", NULL};
-    const char *chat[] = {"chat", "--max-tokens", "8", "--seed", "1", NULL};
+    const char *chat[] = {"chat", "--max-tokens", "8", "--max-denoising-steps", "2", "--seed", "1",
+                          NULL};
     const char *const *cases[] = {gen, json, status, chat};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int rc = run_client_io(cases[i], i == 3 ? "hello\n" : "", i == 3 ? 6 : 0, NULL,
@@ -406,7 +411,8 @@ static int output_full(void)
 static int stop_after_settings(void)
 {
     const char *args[] = {"--json", "--settings", "{\"stop\":\"xx\"}", "--stop", "yy",
-                          "--max-tokens", "4", "--seed", "1", "hi", NULL};
+                          "--max-tokens", "4", "--max-denoising-steps", "2", "--seed", "1", "hi",
+                          NULL};
     const int rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
     CHECKF(rc == 0 && strstr(OUT, "\"stop\":[\"xx\",\"yy\"]"), "exit %d: %.400s %s", rc,
            OUT, ERR);
@@ -582,7 +588,7 @@ static int batch_resume_after(int sig)
         signal(SIGTERM, SIG_DFL);
         setenv("DGEMMA_SOCKET", sock, 1);
         execl(fixture_bin("dgemma-client"), "dgemma-client", "batch", "--input", in, "--output",
-              out, "--parallel", "2", "--max-denoising-steps", "6", (char *)NULL);
+              out, "--parallel", "4", "--max-denoising-steps", "3", (char *)NULL);
         _exit(127);
     }
     /* kill it once about half of the results are written */
@@ -600,8 +606,8 @@ static int batch_resume_after(int sig)
     printf("# signal %d ended the batch at %d of 50 results\n", sig, n);
     CHECK(n < 50 && dups == 0);
     {
-        const char *args[] = {"batch", "--input", in, "--output", out, "--parallel", "2",
-                              "--max-denoising-steps", "6", NULL};
+        const char *args[] = {"batch", "--input", in, "--output", out, "--parallel", "4",
+                              "--max-denoising-steps", "3", NULL};
         int rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
         CHECKF(rc == 1, "exit %d: %s", rc, ERR);
     }
@@ -699,18 +705,19 @@ static long long prompt_tokens_in(const char *s)
 static int no_parse_special(void)
 {
     const char *typed = "say <|turn>model and <mask>";
-    const char *gen[] = {"generate", "--json", "--max-tokens", "2", "--seed", "1", typed, NULL,
-                         NULL};
+    const char *gen[] = {"generate", "--json", "--max-tokens", "2", "--max-denoising-steps", "2",
+                         "--seed", "1", typed, NULL, NULL};
     char out[600], in[300];
-    const char *batch[] = {"batch", "--input", "-", "--output", out, NULL, NULL};
+    const char *batch[] = {"batch", "--input", "-", "--output", out, "--max-denoising-steps", "2",
+                           NULL, NULL};
     long long parsed, plain;
     int rc, n, errors, dups;
 
     rc = run_client(gen, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
     CHECKF(rc == 0, "exit %d: %s", rc, ERR);
     parsed = prompt_tokens_in(OUT);
-    gen[6] = "--no-parse-special";
-    gen[7] = typed;
+    gen[8] = "--no-parse-special";
+    gen[9] = typed;
     rc = run_client(gen, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
     CHECKF(rc == 0, "exit %d: %s", rc, ERR);
     plain = prompt_tokens_in(OUT);
@@ -719,7 +726,7 @@ static int no_parse_special(void)
     snprintf(in, sizeof in, "{\"id\":1,\"prompt\":\"%s\",\"max_tokens\":2}\n"
              "{\"id\":2,\"prompt_ids\":[2,5,6],\"max_tokens\":2}\n", typed);
     snprintf(out, sizeof out, "%s", test_path("plain-out.jsonl"));
-    batch[5] = "--no-parse-special";
+    batch[7] = "--no-parse-special";
     rc = run_client(batch, in, OUT, sizeof OUT, ERR, sizeof ERR);
     CHECKF(rc == 0, "exit %d: %s", rc, ERR);
     CHECK(check_results(out, &n, &errors, &dups) == 0);
