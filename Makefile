@@ -338,14 +338,19 @@ test-asan:
 
 # The threaded tests under ThreadSanitizer (the rank threads, the
 # collectives, the backend's job dispatch, the metrics writer, the tokenizing thread), in
-# their quick form.
+# their quick form; and the whole daemon with its rank threads (t-daemon-tp:
+# a race in the daemon ends it, so the test fails).
 TSAN_BUILD := build-tsan
 TSAN_TESTS := t-coll t-tp t-metrics-writer t-prep
+TSAN_INTEG := t-daemon-tp
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SANITIZE=thread CFLAGS="-O1 -g" \
-	    CUDA=0 $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%)
+	    CUDA=0 $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%) \
+	    $(TSAN_INTEG:%=$(TSAN_BUILD)/tests/integration/%) $(TSAN_BUILD)/bin/dgemmad \
+	    $(TSAN_BUILD)/model/random/config.json
 	$(Q)BUILD=$(TSAN_BUILD) DG_TEST_QUICK=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-	    tests/run.sh $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%)
+	    tests/run.sh $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%) \
+	    $(TSAN_INTEG:%=$(TSAN_BUILD)/tests/integration/%)
 
 # (internal) what test-asan builds, invoked with BUILD=$(ASAN_BUILD)
 .PHONY: asan-suite
