@@ -14,7 +14,10 @@
  * says why.  A request cancelled on purpose (dgemma-client cancel)
  * is a result, an error "cancelled": a done event does not say why it was
  * cancelled, so a status asked after it does (shutting_down false: a
- * cancel; true, or no answer: the daemon stopping).  A flag's setting the
+ * cancel; true, or no answer: the daemon stopping; an error answer, out
+ * of memory in the daemon, says neither: the status is asked again, up to
+ * QUERY_TRIES times, after which those requests are left to the next run
+ * as if the daemon were stopping).  A flag's setting the
  * daemon refuses (batch_flag_refused) stops the batch with nothing written
  * for it (exit 2) rather than give every line a bad_request result.
  * --json is refused (a usage error): the output is JSON lines always.
@@ -80,6 +83,9 @@ struct batch {
      * (one at a time), and whether a cancelled item waits for the next */
     unsigned long queries_sent, queries_answered;
     int want_query;
+    int query_errors;       /* error answers to the query in a row */
+    double query_at;        /* the next query not before (monotonic seconds) */
+    size_t unconfirmed;     /* of unfinished: cancels the daemon's status never settled */
     int progress;           /* stderr is a terminal */
     /* submitted items not yet answered (accepted or refused), oldest first:
      * the daemon answers a connection's request lines in order, so an
@@ -91,6 +97,8 @@ struct batch {
 };
 
 #define QUERY_MARK SIZE_MAX /* (in b->unanswered: the status query) */
+#define QUERY_TRIES 3       /* error answers to the status query before giving up */
+#define QUERY_PAUSE 0.25    /* seconds between them */
 
 static double now_s(void)
 {
@@ -383,17 +391,31 @@ static struct item *item_of_event(struct batch *b, const dgemma_event_t *ev)
 /* The cancelled items the status query just answered covers (asked after
  * their dones): by a cancel, with shutting_down false, each gets its
  * result (an error "cancelled"); by the daemon stopping (shutting_down
- * true, or an answer that does not say: an error), none, and the next
- * run retries them.  Returns 0, or -1 when a result cannot be written. */
+ * true), none, and the next run retries them.  An error answer (the
+ * daemon out of memory) says neither: the items wait for a query asked
+ * again QUERY_PAUSE later; after QUERY_TRIES such answers in a row they
+ * are left to the next run, said so, and nothing more is sent.  Returns
+ * 0, or -1 when a result cannot be written. */
 static int settle_cancelled(struct batch *b, const dgemma_event_t *ev)
 {
     json_t *st = ev->kind == DGEMMA_EV_STATUS ? json_loads(ev->json, 0, NULL) : NULL;
     const int by_cancel = json_is_false(json_object_get(st, "shutting_down"));
+    const int unsettled = ev->kind != DGEMMA_EV_STATUS;
+    size_t n_left = 0;
     int rc = 0;
 
     json_decref(st);
     b->queries_answered++;
     unanswered_drop(b, QUERY_MARK);
+    b->query_errors = unsettled ? b->query_errors + 1 : 0;
+    if (unsettled && b->query_errors < QUERY_TRIES) {
+        for (size_t i = 0; i < b->n_items; i++)
+            if (b->items[i].state == IT_CANCELLED && b->items[i].query <= b->queries_answered)
+                b->items[i].query = b->queries_sent + 1;
+        b->want_query = 1;
+        b->query_at = now_s() + QUERY_PAUSE;
+        return 0;
+    }
     if (!by_cancel)
         b->stopping = 1; /* (it stops: what is not sent yet is the next run's) */
     for (size_t i = 0; i < b->n_items; i++) {
@@ -407,9 +429,17 @@ static int settle_cancelled(struct batch *b, const dgemma_event_t *ev)
                 rc = finish(b, it, it->done_json, 1);
         } else {
             b->unfinished++;
+            n_left++;
         }
         free(it->done_json);
         it->done_json = NULL;
+    }
+    if (unsettled && n_left) {
+        b->unconfirmed += n_left;
+        client_errorf("%zu requests ended cancelled, and the daemon answered the status query "
+                      "that would say why with an error %d times (%s: %s): left to the next run",
+                      n_left, QUERY_TRIES, ev->code ? ev->code : "?",
+                      ev->message ? ev->message : "");
     }
     return rc;
 }
@@ -421,7 +451,7 @@ static int settle_cancelled(struct batch *b, const dgemma_event_t *ev)
  * when the connection failed. */
 static int ask_status(struct batch *b, dgemma_t *c)
 {
-    if (!b->want_query || b->queries_sent != b->queries_answered)
+    if (!b->want_query || b->queries_sent != b->queries_answered || now_s() < b->query_at)
         return 0;
     if (dgemma_status(c) < 0)
         return -1;
@@ -750,11 +780,11 @@ int cmd_batch(int argc, char **argv)
         rc = EXIT_FAILED;
     } else {
         rc = run(&b, &o, parallel);
-        if (rc == EXIT_DONE && b.unfinished) {
+        if (rc == EXIT_DONE && b.unfinished > b.unconfirmed)
             client_errorf("%zu requests were cancelled or refused by the daemon shutting down; "
-                          "run again to finish them", b.unfinished);
+                          "run again to finish them", b.unfinished - b.unconfirmed);
+        if (rc == EXIT_DONE && b.unfinished)
             rc = EXIT_UNREACHABLE;
-        }
         if (rc == EXIT_DONE && (b.failed || b.failed_before))
             rc = EXIT_FAILED;
         if (!b.progress)

@@ -26,7 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1177,6 +1179,106 @@ static int batch_cancelled(void)
     return side_stopped(batch_cancelled_checks());
 }
 
+/* ---- a scripted daemon: the status query answered with errors ------------------- */
+
+/* The scripted daemon's side of one connection on listener lf: every
+ * generate line is accepted and then done "cancelled" (as a cancel, or a
+ * daemon stopping, ends it), and the first status_errors status queries
+ * are answered with an error without tag or id (as the daemon's out of
+ * memory answers them); a later one with shutting_down false.  Exits with
+ * the number of status queries read (at most 100) at the client's EOF. */
+static void scripted_status_errors(int lf, int status_errors)
+{
+    FILE *in;
+    char line[8192];
+    int fd = accept(lf, NULL, NULL), queries = 0;
+    if (fd < 0 || !(in = fdopen(fd, "r+")))
+        _exit(101);
+    setvbuf(in, NULL, _IONBF, 0);
+    while (fgets(line, sizeof line, in)) {
+        json_t *r = json_loads(line, 0, NULL), *tag = json_object_get(r, "tag");
+        const char *op = json_string_value(json_object_get(r, "op"));
+        char *ans = NULL;
+        if (op && !strcmp(op, "generate")) {
+            char *t = json_dumps(tag ? tag : json_null(), JSON_ENCODE_ANY);
+            if (!t || asprintf(&ans,
+                               "{\"v\":1,\"event\":\"accepted\",\"id\":1,\"tag\":%s,"
+                               "\"prompt_tokens\":1,\"seed\":1,\"settings\":{}}\n"
+                               "{\"v\":1,\"event\":\"done\",\"id\":1,\"tag\":%s,"
+                               "\"finish_reason\":\"cancelled\",\"usage\":{\"prompt_tokens\":1,"
+                               "\"completion_tokens\":0},\"canvases\":0}\n",
+                               t, t) < 0)
+                _exit(102);
+            free(t);
+        } else if (op && !strcmp(op, "status")) {
+            if (asprintf(&ans, "%s\n",
+                         queries++ < status_errors
+                             ? "{\"v\":1,\"event\":\"error\",\"id\":null,\"code\":\"internal\","
+                               "\"message\":\"out of memory\"}"
+                             : "{\"v\":1,\"event\":\"status\",\"running\":0,"
+                               "\"shutting_down\":false}") < 0)
+                _exit(102);
+        }
+        json_decref(r);
+        if (ans && write(fd, ans, strlen(ans)) != (ssize_t)strlen(ans))
+            _exit(103);
+        free(ans);
+    }
+    _exit(queries > 100 ? 100 : queries);
+}
+
+/* A cancelled request's status query answered with an error (out of
+ * memory in the daemon) says neither a cancel nor the daemon stopping: the
+ * batch asks again.  One error, then an answer: the request gets its
+ * "cancelled" result (exit 1), after two queries.  Errors to every query:
+ * after 3 the request is left to the next run (no result, exit 3), and
+ * the batch says why; it used to take the first error for the daemon
+ * stopping. */
+static int batch_status_error(void)
+{
+    for (int errors = 1; errors <= 5; errors += 4) {
+        const char *path = test_pathf("scripted-%d.sock", errors);
+        const char *out = test_pathf("scripted-%d.jsonl", errors);
+        const char *args[] = {"-s", path, "batch", "--input", "-", "--output", out, NULL};
+        struct sockaddr_un a;
+        const int lf = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int rc, st, n, n_err, dups;
+        pid_t pid;
+
+        memset(&a, 0, sizeof a);
+        a.sun_family = AF_UNIX;
+        snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+        CHECK(lf >= 0 && bind(lf, (struct sockaddr *)&a, sizeof a) == 0 && listen(lf, 4) == 0);
+        fflush(stdout);
+        pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0)
+            scripted_status_errors(lf, errors);
+        close(lf);
+        rc = run_client(args, "{\"id\":\"c1\",\"prompt\":\"x\"}\n", OUT, sizeof OUT, ERR,
+                        sizeof ERR);
+        CHECK(fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st));
+        printf("# %d error answers scripted: the batch exited %d after %d status queries\n",
+               errors, rc, WEXITSTATUS(st));
+        CHECK(check_results(out, &n, &n_err, &dups) == 0);
+        if (errors == 1) {
+            CHECKF(rc == 1 && WEXITSTATUS(st) == 2, "exit %d after %d queries: %s", rc,
+                   WEXITSTATUS(st), ERR);
+            CHECK(n == 1 && n_err == 1 && slurp(out, OUT, sizeof OUT) > 0);
+            CHECKF(strstr(OUT, "{\"id\":\"c1\",") && strstr(OUT, "\"code\":\"cancelled\""),
+                   "%s", OUT);
+        } else {
+            CHECKF(rc == 3 && WEXITSTATUS(st) == 3, "exit %d after %d queries: %s", rc,
+                   WEXITSTATUS(st), ERR);
+            CHECKF(n == 0 && strstr(ERR, "with an error 3 times (internal: out of memory): "
+                                         "left to the next run") &&
+                       !strstr(ERR, "shutting down"),
+                   "%d results: %s", n, ERR);
+        }
+    }
+    return 0;
+}
+
 static int chat_pipe(void)
 {
     const char *args[] = {"chat", "--max-tokens", "16", "--max-denoising-steps", "2", "--seed",
@@ -1279,13 +1381,14 @@ int main(void)
         TEST_CASE(batch_resume_after_sigint_sigterm);
         TEST_CASE(batch_refusals);
         TEST_CASE(batch_blank_lines);
-    TEST_CASE(no_parse_special);
+        TEST_CASE(no_parse_special);
         TEST_CASE(batch_bad_json_words);
         TEST_CASE(batch_json_refused);
         TEST_CASE(batch_flag_refusal);
         TEST_CASE(batch_daemon_stops);
         TEST_CASE(batch_daemon_full);
         TEST_CASE(batch_cancelled);
+        TEST_CASE(batch_status_error);
         TEST_CASE(chat_pipe);
         TEST_CASE(chat_terminal);
         kill(daemon_pid, SIGTERM);
