@@ -220,6 +220,17 @@ json_t *fixture_cl_event(struct fixture_cl *c, int *eof)
     return e;
 }
 
+json_t *fixture_status(const char *sock)
+{
+    struct fixture_cl *c = fixture_cl_open(sock);
+    json_t *e = NULL;
+    int eof;
+    if (c && fixture_cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0)
+        e = fixture_cl_event(c, &eof);
+    fixture_cl_close(c);
+    return e;
+}
+
 const char *fixture_ev_kind(const json_t *e)
 {
     const char *k = json_string_value(json_object_get(e, "event"));

@@ -87,6 +87,10 @@ int fixture_cl_read(struct fixture_cl *c, json_t **out, int wait_ms);
  * that is not JSON, or at the end of the stream (*eof set). */
 json_t *fixture_cl_event(struct fixture_cl *c, int *eof);
 
+/* A status request on a fresh connection to sock: its answer (whatever
+ * event it is), or NULL when none came (no connection, EOF, timeout). */
+json_t *fixture_status(const char *sock);
+
 /* An event's "event" ("" when it has none), and an integer member (0 when
  * it is not there). */
 const char *fixture_ev_kind(const json_t *e);

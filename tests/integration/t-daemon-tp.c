@@ -110,18 +110,6 @@ static int collect(struct fixture_cl *c, json_t **out, long long *steps, long lo
     }
 }
 
-/* status on a fresh connection, or NULL */
-static json_t *status(const char *sock)
-{
-    struct fixture_cl *c = fixture_cl_open(sock);
-    json_t *e = NULL;
-    int eof;
-    if (c && fixture_cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0)
-        e = fixture_cl_event(c, &eof);
-    fixture_cl_close(c);
-    return e;
-}
-
 /* One daemon at r: the NB requests at once, their events compared with
  * tp 1's (kept when r is tp 1), its status and metrics rows checked. */
 static int serve_at(struct tp_run r)
@@ -152,7 +140,7 @@ static int serve_at(struct tp_run r)
     live = pid = fixture_spawn(sock, log, opts);
     CHECK(pid > 0);
     CHECKF(fixture_wait_ready(pid, sock) == 0, "%s: not started; its log: %s", name, log);
-    s = status(sock);
+    s = fixture_status(sock);
     e0 = s ? fixture_ev_int(s, "engine_steps") : -1;
     CHECKF(s && fixture_ev_int(s, "tp") == r.tp &&
                !strcmp(ev_str(s, "experts"), r.width ? "width" : "across") &&
@@ -170,7 +158,7 @@ static int serve_at(struct tp_run r)
             rc = test_fail(__FILE__, __LINE__, "%s: request %d: no done event", name, k);
     for (int k = 0; k < NB; k++)
         fixture_cl_close(c[k]);
-    s = status(sock);
+    s = fixture_status(sock);
     e1 = s ? fixture_ev_int(s, "engine_steps") : -1;
     json_decref(s);
     printf("# %s: %d requests, %lld decoder steps in %lld engine steps, %lld tokens, %lld "

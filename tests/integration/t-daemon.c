@@ -109,13 +109,7 @@ static int collect(struct fixture_cl *c, struct run *r)
 /* status, on a fresh connection */
 static json_t *status(void)
 {
-    struct fixture_cl *c = cl_open();
-    json_t *e = NULL;
-    int eof;
-    if (c && cl_send(c, "{\"v\":1,\"op\":\"status\"}\n") == 0)
-        e = cl_event(c, &eof);
-    cl_close(c);
-    return e;
+    return fixture_status(sock_path);
 }
 
 static long long status_int(const char *key)
