@@ -24,6 +24,8 @@ struct request {
     float *entropy;             /* [CL] */
     int32_t *commit;            /* [CL] the finished canvas the next denoise item appends */
     int commit_pending;         /* 1: commit is not in the slot's cache yet */
+    /* (in PH_DENOISE with prefilled < n_prompt, the prompt's last part is
+     * what the next denoise item appends: prompt_tail) */
     struct dg_canvas_stats *cstats;
     int max_canvases, canvases;
     int64_t emitted, steps;
@@ -423,6 +425,23 @@ static void batch_failed(struct dg_engine *e, const struct dg_error *err, int fi
             fail(e, req[k], err);
 }
 
+/* Whether the rest of r's prompt rides in its first denoising step (see
+ * engine.h): at most one canvas and one chunk long. */
+static int prompt_tail(const struct dg_engine *e, const struct request *r)
+{
+    const int64_t rest = r->n_prompt - r->prefilled;
+    return !e->ec.prompt_apart && rest <= r->s.canvas_length && rest <= e->ec.prefill_chunk;
+}
+
+/* r's prompt is encoded, or its rest goes with the first denoising step:
+ * canvas 0 starts. */
+static void prompt_done(struct request *r)
+{
+    r->t_prefill = now_ms();
+    r->phase = PH_DENOISE;
+    start_canvas(r);
+}
+
 /* Encode items first .. first + n - 1 of this step's list (prompt chunks)
  * and move their requests on: the next chunk, or after the last the first
  * canvas. */
@@ -436,20 +455,18 @@ static void encode_items(struct dg_engine *e, int first, int n)
     for (int k = first; k < first + n; k++) {
         struct request *r = &e->req[e->enc_req[k]];
         r->prefilled += e->enc[k].n;
-        if (r->prefilled < r->n_prompt)
-            continue;
-        r->t_prefill = now_ms();
-        r->phase = PH_DENOISE;
-        start_canvas(r);
+        if (r->prefilled == r->n_prompt)
+            prompt_done(r);
     }
 }
 
 /* One denoising step for items first .. first + n - 1 of this step's list
- * (each first appending its request's pending commit, if it carries one),
+ * (each first appending its request's pending commit or prompt tail, if it
+ * carries one),
  * then the canvas loop's decision for each, and the self-conditioning of
  * those that go on (condition's indexes are into this call's items).  A
- * commit is done only when the call succeeds: a refused batch's items,
- * run again one at a time, still carry theirs. */
+ * commit or a prompt tail is done only when the call succeeds: a refused
+ * batch's items, run again one at a time, still carry theirs. */
 static void denoise_items(struct dg_engine *e, int first, int n)
 {
     struct dg_backend *b = e->b;
@@ -465,6 +482,7 @@ static void denoise_items(struct dg_engine *e, int first, int n)
         struct request *r = &e->req[slot];
         enum dg_canvas_end end;
         r->commit_pending = 0; /* (finish_canvas may set it again, for this canvas) */
+        r->prefilled = r->n_prompt;
         r->steps++;
         if (e->den[k].nonfinite) {
             struct dg_error bad;
@@ -498,6 +516,8 @@ int dg_engine_step(struct dg_engine *e)
     /* gather this step's work */
     for (int i = 0; i < e->ec.max_batch; i++) {
         struct request *r = &e->req[i];
+        if (r->phase == PH_PREFILL && prompt_tail(e, r))
+            prompt_done(r); /* (and the rest is this step's append, below) */
         if (r->phase == PH_PREFILL) {
             int64_t n = r->n_prompt - r->prefilled;
             if (n > e->ec.prefill_chunk)
@@ -511,6 +531,9 @@ int dg_engine_step(struct dg_engine *e)
             if (r->commit_pending) {
                 it->append = r->commit;
                 it->n_append = r->s.canvas_length;
+            } else if (r->prefilled < r->n_prompt) {
+                it->append = r->prompt + r->prefilled;
+                it->n_append = r->n_prompt - r->prefilled;
             }
             it->canvas = r->run.canvas;
             it->cl = r->s.canvas_length;

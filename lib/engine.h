@@ -3,7 +3,11 @@
  * over any backend (backend.h).  Generation semantics are Hugging Face's
  * (model.md §6); serving behaviour is a server's (design.md §3.2):
  *
- *   prefill    the prompt, in chunks of prefill_chunk tokens (encoder)
+ *   prefill    the prompt, in chunks of prefill_chunk tokens (encoder);
+ *              its last part, when it is at most one canvas and one chunk
+ *              long (a whole prompt that short: all of it), is appended by
+ *              the first denoising step instead, in the same backend call
+ *              (backend.h: a denoise item's append), unless prompt_apart
  *   canvas b   a random canvas denoised step by step (canvas-run.h) until
  *              stable and confident or the step cap; the argmax canvas is
  *              the result
@@ -18,9 +22,10 @@
  *              request's statistics, in a DONE event
  *
  * One dg_engine_step() advances every request in flight by one pass (a
- * prompt chunk, or a denoising step: the first of canvas b + 1 with the
- * commit of canvas b), whatever phase each is in, as one encode batch and
- * one denoise batch.  Every random draw is keyed by (seed, canvas, step,
+ * prompt chunk, or a denoising step: the first of canvas 0 with the
+ * prompt's last part, the first of canvas b + 1 with the commit of canvas
+ * b), whatever phase each is in, as one encode batch and one denoise
+ * batch.  Every random draw is keyed by (seed, canvas, step,
  * position, ...), so a request's output does not depend on what else is in
  * the batch or in which order requests came.
  *
@@ -56,10 +61,11 @@ struct dg_canvas_stats {
     int steps;               /* decoder passes */
     int converged;           /* 1: stable and confident; 0: stopped by the step cap */
     int tokens;              /* tokens this canvas emitted */
-    double ms;               /* first denoising step to the canvas's result; from
-                                canvas 1 on, that first step also commits the
-                                canvas before (backend.h: append), so its time
-                                is counted here */
+    double ms;               /* first denoising step to the canvas's result; that
+                                first step also appends the prompt's last part
+                                (canvas 0, see the top) or commits the canvas
+                                before (canvas 1 on; backend.h: append), so
+                                its time is counted here */
     float mean_entropy;      /* mean entropy of the last step (nats) */
 };
 
@@ -68,7 +74,9 @@ struct dg_request_stats {
     int64_t completion_tokens;
     int canvases;
     int64_t decoder_steps;
-    double ms_prefill;       /* submission to the end of the prompt's encoder passes */
+    double ms_prefill;       /* submission to the end of the prompt's encoder passes
+                                (to the first denoising step, which appends the
+                                prompt's last part where it does) */
     double ms_first_canvas;  /* submission to the first CANVAS event (0: none yet) */
     double ms_total;         /* submission to DONE */
     double tokens_per_s;     /* completion tokens / seconds after prefill */
@@ -102,11 +110,15 @@ typedef void (*dg_event_fn)(void *ctx, const struct dg_gen_event *ev);
 struct dg_engine_config {
     int max_batch;           /* requests in flight (= backend slots used) */
     int prefill_chunk;       /* prompt tokens per encoder pass */
+    int prompt_apart;        /* 1: every prompt token in encoder passes; 0: the
+                                last part of at most min(canvas_length,
+                                prefill_chunk) tokens in the first denoising
+                                step's call (see the top) */
     int64_t max_context;     /* prompt + generated positions per request */
     struct dg_gen_limits limits;
 };
 
-/* max_batch 8, prefill_chunk 512, max_context = the model's
+/* max_batch 8, prefill_chunk 512, prompt_apart 0, max_context = the model's
  * max_position_embeddings, dg_gen_limits_default. */
 void dg_engine_config_default(struct dg_engine_config *ec, const struct dg_model_config *cfg);
 

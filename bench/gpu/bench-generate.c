@@ -4,7 +4,8 @@
  * on the GPU: the workload of the performance harness (bench/perf/).
  *
  * usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] [--no-ceilings]
- *                       [--commit-apart] [--json FILE] [--prompt P] [--canvases C]
+ *                       [--commit-apart] [--prompt-apart] [--json FILE] [--prompt P]
+ *                       [--canvases C]
  *                       [--steps S] [--reps R] [--preset NAME] BATCH...
  *   (defaults: tp 1, CUDA graphs on, prompt 512, 4 canvases, 16 steps, 1
  *   rep, preset 26b, batches 1 4 16 32)
@@ -21,7 +22,11 @@
  * rows and the canvas's decoder rows; with --commit-apart an encoder pass
  * and then the step's, to compare); a commit's own cost ("commit ms") is
  * the median of those steps less the median of the others.  The prefill
- * is the encoder calls before the first denoising step.  Tokens/s count
+ * is the encoder calls before the first denoising step; a prompt's last
+ * part of at most a canvas rides in that step (engine.h; with a prompt of
+ * at most a canvas, all of it: no prefill call), which is then timed
+ * apart ("first step with the prompt's rest ms"); --prompt-apart encodes
+ * every prompt token in the prefill's calls, to compare.  Tokens/s count
  * committed (emitted) tokens over the generation's wall time without and
  * with the prefill.  A second table gives the medians of the slots'
  * openings and closings and the wall time past the prefill that no call
@@ -84,6 +89,7 @@ static struct {
     int denoised;                 /* a denoising step came */
     double first_denoise_ms;      /* when it came */
     struct call_times prefill, denoise, condition, commit; /* commit: steps that commit */
+    struct call_times tail; /* first steps that append the prompt's rest */
     struct call_times open, close; /* slots opened and closed */
 } tm;
 
@@ -106,15 +112,17 @@ static int timed_denoise(struct dg_backend *b, struct dg_denoise_item *items, in
                          struct dg_error *err)
 {
     const double t0 = bench_now_ms();
-    int rc, commits = 0;
+    int rc, commits = 0, tails = 0;
     if (!tm.denoised) {
         tm.denoised = 1;
         tm.first_denoise_ms = t0;
     }
-    for (int i = 0; i < n; i++)
-        commits |= items[i].n_append > 0;
+    for (int i = 0; i < n; i++) {
+        commits |= items[i].n_append > 0 && items[i].canvas_index > 0;
+        tails |= items[i].n_append > 0 && items[i].canvas_index == 0;
+    }
     rc = tm.orig->denoise(b, items, n, err);
-    add_time(commits ? &tm.commit : &tm.denoise, bench_now_ms() - t0);
+    add_time(tails ? &tm.tail : commits ? &tm.commit : &tm.denoise, bench_now_ms() - t0);
     return rc;
 }
 
@@ -224,6 +232,7 @@ struct run_cfg {
     int fp8;
     int fp8_own;      /* FP8 projections on the own GEMM, not cuBLASLt */
     int commit_apart; /* commits in encoder passes of their own (backend option) */
+    int prompt_apart; /* every prompt token in encoder passes (engine option) */
 };
 
 struct batch_result {
@@ -232,6 +241,7 @@ struct batch_result {
     double wall_ms, prefill_ms, den_ms, cond_ms, commit_ms, prefill_call_ms;
     double den_commit_ms;         /* a step that commits first, whole */
     double open_ms, close_ms;     /* a slot's opening and closing */
+    double tail_ms;               /* a first step that appends the prompt's rest (0: none) */
     double between_ms;            /* host time outside the calls after the prefill, a step */
     double tps_excl, tps_incl;
     double roof_den_ms, roof_commit_ms;
@@ -284,6 +294,7 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     dg_engine_config_default(&ec, c);
     ec.max_batch = B;
     ec.prefill_chunk = (int)P;
+    ec.prompt_apart = rc->prompt_apart;
     ec.max_context = P + (int64_t)rc->canvases * CL;
     dg_generation_config_defaults(&gc);
     dg_gen_settings_defaults(&s, c, &gc);
@@ -307,7 +318,7 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
         tm.denoised = 0;
         if (rep == 0) {
             /* the timings and profiles of the recorded rounds only */
-            tm.prefill.n = tm.denoise.n = tm.condition.n = tm.commit.n = 0;
+            tm.prefill.n = tm.denoise.n = tm.condition.n = tm.commit.n = tm.tail.n = 0;
             tm.open.n = tm.close.n = 0;
             if (rc->profile)
                 for (int w = 0; w < 2; w++)
@@ -345,18 +356,20 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     }
     r->wall_ms = bench_median(walls, rc->reps);
     r->prefill_ms = bench_median(prefills, rc->reps);
-    r->n_steps = (tm.denoise.n + tm.commit.n) / rc->reps;
+    r->n_steps = (tm.denoise.n + tm.commit.n + tm.tail.n) / rc->reps;
     r->n_plain = tm.denoise.n / rc->reps;
     r->den_ms = bench_median(tm.denoise.v, tm.denoise.n);
     r->cond_ms = bench_median(tm.condition.v, tm.condition.n);
     r->den_commit_ms = bench_median(tm.commit.v, tm.commit.n);
     r->commit_ms = tm.commit.n ? r->den_commit_ms - r->den_ms : 0;
+    r->tail_ms = bench_median(tm.tail.v, tm.tail.n);
     r->open_ms = bench_median(tm.open.v, tm.open.n);
     r->close_ms = bench_median(tm.close.v, tm.close.n);
     {
         /* the generation's wall time past the prefill less every call in it */
         double calls = 0;
-        const struct call_times *in[] = {&tm.denoise, &tm.commit, &tm.condition, &tm.close};
+        const struct call_times *in[] = {&tm.denoise, &tm.commit, &tm.tail, &tm.condition,
+                                         &tm.close};
         for (size_t k = 0; k < sizeof in / sizeof in[0]; k++)
             for (int i = 0; i < in[k]->n; i++)
                 calls += in[k]->v[i];
@@ -464,6 +477,8 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
     json_object_set_new(o, "slot_close_ms", json_real(r->close_ms));
     json_object_set_new(o, "host_between_calls_ms_per_step", json_real(r->between_ms));
     json_object_set_new(o, "commit_apart", json_boolean(rc->commit_apart));
+    json_object_set_new(o, "prompt_apart", json_boolean(rc->prompt_apart));
+    json_object_set_new(o, "tail_step_ms", json_real(r->tail_ms));
     if (rc->fp8)
         json_object_set_new(o, "fp8_projections",
                             json_string(rc->fp8_own ? "own GEMM" : "cuBLASLt"));
@@ -483,7 +498,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
 static int usage(void)
 {
     fprintf(stderr, "usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] "
-                    "[--no-ceilings] [--commit-apart] "
+                    "[--no-ceilings] [--commit-apart] [--prompt-apart] "
                     "[--json FILE] [--prompt P] [--canvases C] [--steps S] [--reps R] "
                     "[--preset NAME] BATCH...\n");
     return 2;
@@ -491,7 +506,7 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0, 0, 0};
+    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0, 0, 0, 0};
     const char *json_path = NULL, *preset = "26b";
     int ceilings = 1, batches[16], nb = 0, maxb = 1, status = 0;
     struct dg_model_config cfg;
@@ -520,6 +535,8 @@ int main(int argc, char **argv)
             ceilings = 0;
         } else if (!strcmp(a, "--commit-apart")) {
             rc.commit_apart = 1;
+        } else if (!strcmp(a, "--prompt-apart")) {
+            rc.prompt_apart = 1;
         } else if (v && !strcmp(a, "--tp")) {
             rc.tp = atoi(v), i++;
         } else if (v && !strcmp(a, "--json")) {
@@ -590,11 +607,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-generate: %s\n", err.msg);
         return 1;
     }
-    printf("tp %d, CUDA graphs %s%s, commits %s; preset %s, random %s weights made in %.0f "
+    printf("tp %d, CUDA graphs %s%s, commits %s, the prompt's rest %s; preset %s, random %s "
+           "weights made in %.0f "
            "ms; prompt %lld, %d canvases of %d, %d steps each; %d rep(s) after one "
            "unrecorded\n\n",
            rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
            rc.commit_apart ? "apart" : "in the next step's pass",
+           rc.prompt_apart ? "apart" : "in the first step's pass",
            preset, !rc.fp8 ? "bf16" : rc.fp8_own ? "FP8 (W8A8, own GEMM)" : "FP8 (W8A8)",
            bench_now_ms() - t0, (long long)rc.prompt,
            rc.canvases, cfg.canvas_length,
@@ -635,11 +654,11 @@ int main(int argc, char **argv)
                    r->den_commit_ms, r->commit_ms, r->roof_commit_ms, r->prefill_ms,
                    r->tps_excl, r->tps_incl, r->gib_rank[0]);
         }
-        printf("\n| B | slot open ms | slot close ms | host ms between calls, a step |\n"
-               "|---|---:|---:|---:|\n");
+        printf("\n| B | slot open ms | slot close ms | host ms between calls, a step | first "
+               "step with the prompt's rest ms |\n|---|---:|---:|---:|---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
-            printf("| %d | %.2f | %.2f | %.3f |\n", res[i].B, res[i].open_ms, res[i].close_ms,
-                   res[i].between_ms);
+            printf("| %d | %.2f | %.2f | %.3f | %.2f |\n", res[i].B, res[i].open_ms,
+                   res[i].close_ms, res[i].between_ms, res[i].tail_ms);
         if (rc.profile)
             for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
                 print_profile(&cfg, &rc, &res[i], ceilings ? &ce : NULL);

@@ -152,9 +152,11 @@ static void prompt_of(int32_t *p, int n, int salt)
         p[i] = 10 + (int32_t)((i * 37 + salt * 101) % 400);
 }
 
-static int make_engine(int max_batch, int prefill_chunk, const struct dg_tokenizer *t,
-                       struct sink *sink, struct dg_backend **b, struct dg_engine **e,
-                       struct dg_error *err)
+/* An engine of max_batch requests on a fresh CPU backend, prompts in
+ * chunks of prefill_chunk (prompt_apart: the engine's). */
+static int make_engine_apart(int max_batch, int prefill_chunk, int prompt_apart,
+                             const struct dg_tokenizer *t, struct sink *sink,
+                             struct dg_backend **b, struct dg_engine **e, struct dg_error *err)
 {
     struct dg_engine_config ec;
     int rc;
@@ -162,11 +164,19 @@ static int make_engine(int max_batch, int prefill_chunk, const struct dg_tokeniz
     dg_engine_config_default(&ec, &model.cfg);
     ec.max_batch = max_batch;
     ec.prefill_chunk = prefill_chunk;
+    ec.prompt_apart = prompt_apart;
     if ((rc = cpu_backend(max_batch, b, err)) < 0)
         return rc;
     if ((rc = dg_engine_create(*b, &ec, t, on_event, sink, e, err)) < 0)
         (*b)->ops->destroy(*b);
     return rc;
+}
+
+static int make_engine(int max_batch, int prefill_chunk, const struct dg_tokenizer *t,
+                       struct sink *sink, struct dg_backend **b, struct dg_engine **e,
+                       struct dg_error *err)
+{
+    return make_engine_apart(max_batch, prefill_chunk, 0, t, sink, b, e, err);
 }
 
 static void drop_engine(struct dg_backend *b, struct dg_engine *e)
@@ -194,22 +204,29 @@ static void run_all(struct dg_engine *e)
         ;
 }
 
-/* Generate one request alone; its outcome copied to *out. */
-static int alone(const int32_t *prompt, int n, const struct dg_gen_settings *s, int chunk,
-                 struct outcome *out)
+/* Generate one request alone (prompt_apart: the engine's); its outcome
+ * copied to *out. */
+static int alone_apart(const int32_t *prompt, int n, const struct dg_gen_settings *s, int chunk,
+                       int prompt_apart, struct outcome *out)
 {
     struct sink sink;
     struct dg_backend *b;
     struct dg_engine *e;
     struct dg_error err = {0};
     struct outcome *o;
-    CHECK_OK(make_engine(1, chunk, tok, &sink, &b, &e, &err), &err);
+    CHECK_OK(make_engine_apart(1, chunk, prompt_apart, tok, &sink, &b, &e, &err), &err);
     CHECK_OK(submit(e, &sink, prompt, n, s, &o, &err), &err);
     run_all(e);
     CHECK(o->done && dg_engine_active(e) == 0);
     *out = *o;
     drop_engine(b, e);
     return 0;
+}
+
+static int alone(const int32_t *prompt, int n, const struct dg_gen_settings *s, int chunk,
+                 struct outcome *out)
+{
+    return alone_apart(prompt, n, s, chunk, 0, out);
 }
 
 static int same_output(const struct outcome *a, const struct outcome *b)
@@ -259,9 +276,29 @@ static int determinism_batched(void)
     CHECK(consistent(&ref, &sa) == 0);
     printf("# alone: %d tokens, %d canvases, %lld steps, finish %s\n", ref.n_ids,
            ref.stats.canvases, (long long)ref.stats.decoder_steps, dg_finish_name(ref.finish));
-    /* the prefill chunk does not change the result */
+    /* the prefill chunk does not change the result, nor the prompt's last
+     * part in the first step's pass (engine.h) rather than apart: prompts
+     * of 1 to 40 ids, chunks of 7 and 512, canvases of the model's length
+     * (sa) and of 16 */
     CHECK(alone(pa, 40, &sa, 7, &chunked) == 0);
     CHECK(same_output(&ref, &chunked));
+    CHECK(alone_apart(pa, 40, &sa, 512, 1, &chunked) == 0);
+    CHECK(same_output(&ref, &chunked));
+    {
+        static const int lengths[] = {1, 15, 16, 17, 33};
+        static struct outcome fused, apart;
+        struct dg_gen_settings s16 = sa;
+        s16.canvas_length = 16;
+        s16.max_tokens = 20;
+        for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++)
+            for (int chunk = 7; chunk <= 512; chunk += 505) {
+                CHECK(alone_apart(pa, lengths[l], &s16, chunk, 0, &fused) == 0);
+                CHECK(alone_apart(pa, lengths[l], &s16, chunk, 1, &apart) == 0);
+                CHECKF(same_output(&fused, &apart) && consistent(&fused, &s16) == 0,
+                       "prompt of %d in chunks of %d: its last part in the first step "
+                       "differs from apart", lengths[l], chunk);
+            }
+    }
     CHECK(alone(pb, 11, &sb, 512, &other) == 0);
 
     for (int order = 0; order < 3; order++) {
@@ -559,9 +596,10 @@ static const struct dg_backend_ops faulty_ops = {f_slot_open, f_slot_close, f_sl
                                                  f_encode, f_denoise, f_condition, f_destroy, NULL};
 
 /* f around a fresh CPU backend of 2 slots (*inner), failing nowhere yet,
- * and an engine of max_batch 2 on it writing to sink. */
+ * and an engine of max_batch 2 on it writing to sink (prompt_apart: the
+ * engine's). */
 static int faulty_engine(struct faulty *f, struct dg_backend **inner, struct sink *sink,
-                         struct dg_engine **e)
+                         struct dg_engine **e, int prompt_apart)
 {
     struct dg_engine_config ec;
     struct dg_error err = {0};
@@ -577,6 +615,7 @@ static int faulty_engine(struct faulty *f, struct dg_backend **inner, struct sin
     f->refuse_batched_append = 0;
     dg_engine_config_default(&ec, &model.cfg);
     ec.max_batch = 2;
+    ec.prompt_apart = prompt_apart;
     CHECK_OK(dg_engine_create(&f->base, &ec, tok, on_event, sink, e, &err), &err);
     return 0;
 }
@@ -594,7 +633,7 @@ static int backend_failures(void)
 
     prompt_of(p, 6, 8);
     settings(&s, 3, 40);
-    CHECK(faulty_engine(&f, &inner, &sink, &e) == 0);
+    CHECK(faulty_engine(&f, &inner, &sink, &e, 0) == 0);
     f.fail_denoise_at = 3;
     CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
     CHECK_OK(submit(e, &sink, p, 6, &s, &o2, &err), &err);
@@ -626,8 +665,9 @@ static int backend_failures(void)
 /* A backend that refuses a whole batch for one of its items (backend.h:
  * checked before anything ran) ends only that item's request: the other
  * request of the batch, run alone by the engine, gives what it gives on an
- * engine of its own.  Once for a refused denoise, once for a refused
- * encode (the prompt's prefill). */
+ * engine of its own.  Once for a refused denoise (whose first batch also
+ * appends both prompts), once for a refused encode (the prompt's
+ * prefill, in a pass of its own). */
 static int backend_refuses_one(void)
 {
     static struct outcome ref;
@@ -646,7 +686,9 @@ static int backend_refuses_one(void)
         struct faulty f;
         struct outcome *o1, *o2;
 
-        CHECK(faulty_engine(&f, &inner, &sink, &e) == 0);
+        /* (a refused encode needs an encoder pass: prompts apart there;
+         * the refused denoise batch carries both prompts' appends) */
+        CHECK(faulty_engine(&f, &inner, &sink, &e, which == 0) == 0);
         /* the first request takes slot 0, the second slot 1 */
         f.refuse_encode_slot = which == 0 ? 0 : -1;
         f.refuse_denoise_slot = which == 1 ? 0 : -1;
@@ -687,7 +729,7 @@ static int refused_append_retried(void)
     s.n_stop_ids = 0;
     CHECK(alone(p, 6, &s, 64, &ref_p) == 0 && ref_p.stats.canvases == 3);
     CHECK(alone(q, 6, &s, 64, &ref_q) == 0 && ref_q.stats.canvases == 3);
-    CHECK(faulty_engine(&f, &inner, &sink, &e) == 0);
+    CHECK(faulty_engine(&f, &inner, &sink, &e, 0) == 0);
     f.refuse_batched_append = 1;
     CHECK_OK(submit(e, &sink, p, 6, &s, &o1, &err), &err);
     CHECK_OK(submit(e, &sink, q, 6, &s, &o2, &err), &err);
@@ -704,20 +746,26 @@ static int refused_append_retried(void)
 
 #define SCRIPT_CL 8
 
-#define SCRIPT_PROMPT 3
+#define SCRIPT_MAX_PROMPT 32
 
 struct scripted {
     struct dg_backend base;
     struct dg_model_config cfg;
     int64_t length[4];
     int open[4];
+    /* the requests' prompt and the engine's settings for it */
+    int32_t prompt[SCRIPT_MAX_PROMPT];
+    int n_prompt, chunk, prompt_apart;
     int encodes, commits_of_full_canvas;
+    int bad_encodes;             /* encode items not the prompt's next ids */
     int32_t stop_at_canvas, stop_at_pos, stop_id; /* where the script puts a stop id */
     int refuse_batched_append;   /* 1: refuse a denoise batch of 2+ items that appends */
     /* what the denoise items carried */
     int canvas_starts;           /* items of step 0 of canvas 1, 2, ... */
     int appends;                 /* items with an append */
-    int bad_appends;             /* ... not exactly the previous canvas at a canvas's start */
+    int tails;                   /* ... of step 0 of canvas 0: the prompt's last part */
+    int bad_appends;             /* ... not exactly the previous canvas at a canvas's start,
+                                    nor the prompt's rest at the first canvas's */
     int bad_lengths;             /* items whose cache (after the append) is not the prompt
                                     and every canvas before theirs */
     int refusals, retried_appends; /* batches refused; appends in a batch of one after */
@@ -751,24 +799,46 @@ static int64_t s_slot_length(const struct dg_backend *b, int slot)
     const struct scripted *sb = (const struct scripted *)b;
     return sb->open[slot] ? sb->length[slot] : -1;
 }
+/* The next n ids of the prompt in a slot whose cache holds `from` of them. */
+static int script_prompt_next(const struct scripted *sb, int64_t from, const int32_t *ids,
+                              int64_t n)
+{
+    if (!ids || n < 1 || from + n > sb->n_prompt)
+        return 0;
+    for (int64_t j = 0; j < n; j++)
+        if (ids[j] != sb->prompt[from + j])
+            return 0;
+    return 1;
+}
+
 static int s_encode(struct dg_backend *b, const struct dg_encode_item *it, int n,
                     struct dg_error *err)
 {
     struct scripted *sb = (struct scripted *)b;
     (void)err;
     for (int i = 0; i < n; i++) {
-        sb->length[it[i].slot] += it[i].n;
-        sb->encodes++;
         if (it[i].n == SCRIPT_CL && it[i].ids[1] >= 100)
             sb->commits_of_full_canvas++;
+        if (it[i].n > sb->chunk || !script_prompt_next(sb, sb->length[it[i].slot], it[i].ids,
+                                                        it[i].n))
+            sb->bad_encodes++;
+        sb->length[it[i].slot] += it[i].n;
+        sb->encodes++;
     }
     return 0;
 }
 /* An append is right when it is the whole argmax canvas of the canvas
- * before, carried by the first step of the next one. */
-static int script_append_ok(const struct scripted *sb, const struct dg_denoise_item *it)
+ * before, carried by the first step of the next one; or, at the first
+ * step of the first canvas, the prompt's rest: at most a canvas and a
+ * chunk, and never where the prompt is to be encoded apart. */
+static int script_append_ok(const struct scripted *sb, const struct dg_denoise_item *it,
+                            int64_t length)
 {
-    if (it->step != 0 || it->canvas_index == 0 || it->n_append != SCRIPT_CL || !it->append)
+    if (it->step == 0 && it->canvas_index == 0)
+        return !sb->prompt_apart && it->n_append <= SCRIPT_CL && it->n_append <= sb->chunk &&
+               length + it->n_append == sb->n_prompt &&
+               script_prompt_next(sb, length, it->append, it->n_append);
+    if (it->step != 0 || it->n_append != SCRIPT_CL || !it->append)
         return 0;
     for (int p = 0; p < SCRIPT_CL; p++)
         if (it->append[p] != script_token(sb, it->canvas_index - 1, p))
@@ -785,12 +855,13 @@ static int s_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, st
             return dg_error_set(err, DG_E_RANGE, "injected refusal of a batched append");
         }
     for (int i = 0; i < n; i++) {
-        const int64_t want = SCRIPT_PROMPT + (int64_t)it[i].canvas_index * SCRIPT_CL;
+        const int64_t want = sb->n_prompt + (int64_t)it[i].canvas_index * SCRIPT_CL;
         sb->canvas_starts += it[i].step == 0 && it[i].canvas_index > 0;
         if (it[i].append || it[i].n_append) {
             sb->appends++;
+            sb->tails += it[i].step == 0 && it[i].canvas_index == 0;
             sb->retried_appends += n == 1 && sb->refusals > 0;
-            if (script_append_ok(sb, &it[i]))
+            if (script_append_ok(sb, &it[i], sb->length[it[i].slot]))
                 sb->length[it[i].slot] += it[i].n_append;
             else
                 sb->bad_appends++;
@@ -819,8 +890,23 @@ static void s_destroy(struct dg_backend *b)
 static const struct dg_backend_ops scripted_ops = {s_slot_open, s_slot_close, s_slot_length,
                                                    s_encode, s_denoise, s_condition, s_destroy, NULL};
 
-/* Run n_req (1 or 2) identical requests on the scripted backend, each
- * outcome into out[]; sb's counters count this run. */
+/* The encoder items a request of sb's prompt takes by engine.h's rule:
+ * chunks of sb->chunk while the rest is more than a canvas or a chunk
+ * (with prompt_apart, until none is left); *tail: what is left for the
+ * first denoising step. */
+static int script_prompt_chunks(const struct scripted *sb, int *tail)
+{
+    int rest = sb->n_prompt, items = 0;
+    while (rest > 0 && (sb->prompt_apart || rest > SCRIPT_CL || rest > sb->chunk)) {
+        rest -= rest < sb->chunk ? rest : sb->chunk;
+        items++;
+    }
+    *tail = rest;
+    return items;
+}
+
+/* Run n_req (1 or 2) identical requests of sb's prompt on the scripted
+ * backend, each outcome into out[]; sb's counters count this run. */
 static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability, int n_req,
                           struct outcome *out)
 {
@@ -830,14 +916,16 @@ static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability
     struct dg_error err = {0};
     struct dg_gen_settings s;
     struct outcome *o[2];
-    const int32_t prompt[SCRIPT_PROMPT] = {2, 3, 4};
+    int tail, chunks = script_prompt_chunks(sb, &tail);
 
     memset(&sink, 0, sizeof sink);
-    sb->encodes = sb->commits_of_full_canvas = 0;
-    sb->canvas_starts = sb->appends = sb->bad_appends = sb->bad_lengths = 0;
+    sb->encodes = sb->commits_of_full_canvas = sb->bad_encodes = 0;
+    sb->canvas_starts = sb->appends = sb->tails = sb->bad_appends = sb->bad_lengths = 0;
     sb->refusals = sb->retried_appends = sb->engine_steps = 0;
     dg_engine_config_default(&ec, &sb->cfg);
     ec.max_batch = n_req;
+    ec.prefill_chunk = sb->chunk;
+    ec.prompt_apart = sb->prompt_apart;
     CHECK_OK(dg_engine_create(&sb->base, &ec, NULL, on_event, &sink, &e, &err), &err);
     dg_gen_settings_defaults(&s, &sb->cfg, &ck.generation);
     s.canvas_length = SCRIPT_CL;
@@ -848,7 +936,7 @@ static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability
     s.n_stop_ids = 1;
     s.stop_ids[0] = 1;
     for (int k = 0; k < n_req; k++)
-        CHECK_OK(submit(e, &sink, prompt, SCRIPT_PROMPT, &s, &o[k], &err), &err);
+        CHECK_OK(submit(e, &sink, sb->prompt, sb->n_prompt, &s, &o[k], &err), &err);
     while (sb->engine_steps < 10000 && dg_engine_step(e) > 0)
         sb->engine_steps++;
     sb->engine_steps++;
@@ -857,16 +945,23 @@ static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability
     for (int k = 0; k < n_req; k++) {
         out[k] = *o[k];
         CHECK(consistent(&out[k], &s) == 0);
+        CHECK(out[k].stats.prompt_tokens == sb->n_prompt);
     }
     /* the commits: carried by every canvas's first step but the first's,
-     * each exactly the canvas before, by nothing else; never encoded */
-    CHECKF(sb->bad_appends == 0 && sb->bad_lengths == 0,
-           "%d appends not the canvas before at a canvas's start, %d caches not the prompt "
-           "and the canvases before", sb->bad_appends, sb->bad_lengths);
-    CHECKF(sb->appends == sb->canvas_starts, "%d appends, %d canvases started after the first",
-           sb->appends, sb->canvas_starts);
-    CHECKF(sb->encodes == n_req && sb->commits_of_full_canvas == 0,
-           "%d encode items (want the prompts' %d), %d of them a canvas", sb->encodes, n_req,
+     * each exactly the canvas before, by nothing else; never encoded; the
+     * prompt: encoded in order in chunks, its rest (if any) carried by the
+     * first canvas's first step */
+    CHECKF(sb->bad_appends == 0 && sb->bad_lengths == 0 && sb->bad_encodes == 0,
+           "%d appends neither the canvas before at a canvas's start nor the prompt's rest, "
+           "%d caches not the prompt and the canvases before, %d encode items not the "
+           "prompt's next chunk", sb->bad_appends, sb->bad_lengths, sb->bad_encodes);
+    CHECKF(sb->tails == (tail > 0 ? n_req : 0), "%d prompt tails appended, want %d", sb->tails,
+           tail > 0 ? n_req : 0);
+    CHECKF(sb->appends == sb->canvas_starts + sb->tails,
+           "%d appends, %d canvases started after the first, %d prompt tails", sb->appends,
+           sb->canvas_starts, sb->tails);
+    CHECKF(sb->encodes == n_req * chunks && sb->commits_of_full_canvas == 0,
+           "%d encode items (want %d chunks a prompt), %d of them a canvas", sb->encodes, chunks,
            sb->commits_of_full_canvas);
     return 0;
 }
@@ -875,6 +970,17 @@ static int scripted_run(struct scripted *sb, int64_t max_tokens, int stability,
                         struct outcome *out)
 {
     return scripted_run_n(sb, max_tokens, stability, 1, out);
+}
+
+/* sb's requests' prompt: n ids 2, 3, ...; chunk and prompt_apart the
+ * engine's */
+static void script_prompt(struct scripted *sb, int n, int chunk, int apart)
+{
+    for (int i = 0; i < n; i++)
+        sb->prompt[i] = 2 + i;
+    sb->n_prompt = n;
+    sb->chunk = chunk;
+    sb->prompt_apart = apart;
 }
 
 /* A scripted backend of the small shapes, 4 slots, no stop id. */
@@ -887,6 +993,7 @@ static void scripted_init(struct scripted *sb)
     sb->base.cfg = &sb->cfg;
     sb->base.max_slots = 4;
     sb->stop_at_canvas = -1;
+    script_prompt(sb, 3, 512, 0);
 }
 
 static int scripted_canvases(void)
@@ -896,23 +1003,29 @@ static int scripted_canvases(void)
 
     scripted_init(&sb);
 
-    /* zero entropy: confident; s = 1 needs the second identical step */
-    CHECK(scripted_run(&sb, 13, 1, &o) == 0);
-    CHECK(o.finish == DG_FINISH_LENGTH && o.n_ids == 13 && o.stats.canvases == 2);
-    CHECK(o.stats.decoder_steps == 4);
-    for (int i = 0; i < 13; i++)
-        CHECK(o.ids[i] == script_token(&sb, (uint32_t)(i / SCRIPT_CL), i % SCRIPT_CL));
-    /* the first canvas appended by the second's first step, the last never;
-     * no pass of its own: prefill + 2 + 2 steps */
-    CHECK(sb.appends == 1 && sb.canvas_starts == 1);
-    CHECK(sb.engine_steps == 5);
-    /* s = 0: one step per canvas */
-    CHECK(scripted_run(&sb, 16, 0, &o) == 0);
-    CHECK(o.n_ids == 16 && o.stats.decoder_steps == 2 && o.finish == DG_FINISH_LENGTH);
-    CHECK(sb.appends == 1 && sb.engine_steps == 3);
-    /* five canvases: four commits */
-    CHECK(scripted_run(&sb, 40, 1, &o) == 0);
-    CHECK(o.n_ids == 40 && o.stats.canvases == 5 && sb.appends == 4);
+    for (int apart = 0; apart < 2; apart++) {
+        /* the prompt of 3 in the first step's pass, or in a pass of its own */
+        script_prompt(&sb, 3, 512, apart);
+        /* zero entropy: confident; s = 1 needs the second identical step */
+        CHECK(scripted_run(&sb, 13, 1, &o) == 0);
+        CHECK(o.finish == DG_FINISH_LENGTH && o.n_ids == 13 && o.stats.canvases == 2);
+        CHECK(o.stats.decoder_steps == 4);
+        for (int i = 0; i < 13; i++)
+            CHECK(o.ids[i] == script_token(&sb, (uint32_t)(i / SCRIPT_CL), i % SCRIPT_CL));
+        /* the first canvas appended by the second's first step, the last
+         * never; no pass of its own: 2 + 2 steps, and the prefill's pass
+         * where the prompt is apart */
+        CHECK(sb.canvas_starts == 1 && sb.appends == 1 + !apart && sb.tails == !apart);
+        CHECK(sb.engine_steps == 4 + apart);
+        /* s = 0: one step per canvas */
+        CHECK(scripted_run(&sb, 16, 0, &o) == 0);
+        CHECK(o.n_ids == 16 && o.stats.decoder_steps == 2 && o.finish == DG_FINISH_LENGTH);
+        CHECK(sb.canvas_starts == 1 && sb.engine_steps == 2 + apart);
+        /* five canvases: four commits */
+        CHECK(scripted_run(&sb, 40, 1, &o) == 0);
+        CHECK(o.n_ids == 40 && o.stats.canvases == 5 && sb.canvas_starts == 4);
+    }
+    script_prompt(&sb, 3, 512, 0);
 
     /* a stop id at position 5 of the second canvas: 8 + 5 tokens, stop */
     sb.stop_at_canvas = 1;
@@ -920,7 +1033,7 @@ static int scripted_canvases(void)
     sb.stop_id = 1;
     CHECK(scripted_run(&sb, 100, 0, &o) == 0);
     CHECK(o.finish == DG_FINISH_STOP && o.stop_id == 1 && o.n_ids == 13);
-    CHECK(sb.appends == 1);
+    CHECK(sb.canvas_starts == 1);
     /* the same stop id beyond the budget: the budget ends it */
     CHECK(scripted_run(&sb, 11, 0, &o) == 0);
     CHECK(o.finish == DG_FINISH_LENGTH && o.n_ids == 11 && o.stop_id == -1);
@@ -935,13 +1048,56 @@ static int scripted_canvases(void)
     CHECK(scripted_run(&sb, 100, 0, &o) == 0);
     CHECK(o.finish == DG_FINISH_STOP && o.n_ids == 0 && o.stats.canvases == 1 &&
           o.canvas_events == 1);
-    CHECK(sb.appends == 0 && sb.encodes == 1);
+    CHECK(sb.canvas_starts == 0 && sb.appends == 1 && sb.encodes == 0);
+    return 0;
+}
+
+/* Prompts of 1 to 30 ids in chunks of 1, 3, 7 and 512, each with its last
+ * part in the first step's pass and apart: the script checks every encode
+ * item and append (scripted_run_n), here the passes they take; the
+ * outputs are the same either way. */
+static int scripted_prompt_parts(void)
+{
+    static struct outcome o, ref;
+    static const int lengths[] = {1, 2, 7, 8, 9, 15, 16, 17, 30};
+    static const int chunks[] = {1, 3, 7, 512};
+    struct scripted sb;
+    int tail, n_enc;
+
+    scripted_init(&sb);
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++)
+        for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+            script_prompt(&sb, lengths[l], chunks[c], 1);
+            CHECK(scripted_run(&sb, 12, 0, &ref) == 0);
+            n_enc = script_prompt_chunks(&sb, &tail);
+            CHECKF(tail == 0 && sb.engine_steps == n_enc + 2,
+                   "prompt %d apart in chunks of %d: %d engine steps, %d chunks", lengths[l],
+                   chunks[c], sb.engine_steps, n_enc);
+            script_prompt(&sb, lengths[l], chunks[c], 0);
+            CHECK(scripted_run(&sb, 12, 0, &o) == 0);
+            n_enc = script_prompt_chunks(&sb, &tail);
+            CHECKF(sb.engine_steps == n_enc + 2 && (tail > 0) == (sb.tails == 1),
+                   "prompt %d in chunks of %d: %d engine steps, %d chunks and a rest of %d",
+                   lengths[l], chunks[c], sb.engine_steps, n_enc, tail);
+            CHECK(same_output(&o, &ref));
+        }
+    /* a prompt of one canvas, within a chunk: no encoder pass; one id
+     * more: encoded whole */
+    script_prompt(&sb, SCRIPT_CL, 512, 0);
+    CHECK(scripted_run(&sb, 8, 0, &o) == 0 && sb.encodes == 0 && sb.tails == 1);
+    script_prompt(&sb, SCRIPT_CL + 1, 512, 0);
+    CHECK(scripted_run(&sb, 8, 0, &o) == 0 && sb.encodes == 1 && sb.tails == 0);
+    /* 17 in chunks of 3: five chunks (the rest stays above 3 until 2 are
+     * left), then those 2 in the first step */
+    script_prompt(&sb, 17, 3, 0);
+    CHECK(scripted_run(&sb, 8, 0, &o) == 0 && sb.encodes == 5 && sb.tails == 1);
     return 0;
 }
 
 /* Two requests in step; every denoise batch that appends is refused, so
  * the engine runs its items one at a time: each retry still carries its
- * commit (checked per item by the script), and both finish as one alone. */
+ * prompt tail (the first step) or commit (checked per item by the
+ * script), and both finish as one alone. */
 static int scripted_refused_append(void)
 {
     static struct outcome one, two[2];
@@ -949,11 +1105,11 @@ static int scripted_refused_append(void)
 
     scripted_init(&sb);
     CHECK(scripted_run(&sb, 24, 1, &one) == 0);
-    CHECK(one.stats.canvases == 3 && sb.appends == 2);
+    CHECK(one.stats.canvases == 3 && sb.canvas_starts == 2 && sb.appends == 3);
     sb.refuse_batched_append = 1;
     CHECK(scripted_run_n(&sb, 24, 1, 2, two) == 0);
-    CHECKF(sb.refusals == 2 && sb.retried_appends == 4,
-           "%d refusals, %d appends retried alone (want 2, 4)", sb.refusals, sb.retried_appends);
+    CHECKF(sb.refusals == 3 && sb.retried_appends == 6,
+           "%d refusals, %d appends retried alone (want 3, 6)", sb.refusals, sb.retried_appends);
     for (int k = 0; k < 2; k++)
         CHECK(same_output(&two[k], &one) && two[k].finish == DG_FINISH_LENGTH);
     return 0;
@@ -973,6 +1129,7 @@ int main(void)
     TEST_CASE(refused_append_retried);
     TEST_CASE(scripted_canvases);
     TEST_CASE(scripted_refused_append);
+    TEST_CASE(scripted_prompt_parts);
     if (ready) {
         dg_tokenizer_free(tok);
         dg_model_free(&model);
