@@ -29,8 +29,10 @@
  * every prompt token in the prefill's calls, to compare.  Tokens/s count
  * committed (emitted) tokens over the generation's wall time without and
  * with the prefill.  A second table gives the medians of the slots'
- * openings and closings and the wall time past the prefill that no call
- * took (the engine's own work between calls), per step.
+ * openings and closings, the wall time past the prefill that no call
+ * took (the engine's own work between calls), per step, and the CUDA
+ * graphs rank 0 made in the recorded rounds (a bucket that comes once a
+ * round is captured in the first of them).
  *
  * Roofline of one forward (the METHOD's two numbers, measured first in
  * the same run unless --no-ceilings): the fewest bytes the pass must move
@@ -246,6 +248,7 @@ struct batch_result {
     double tps_excl, tps_incl;
     double roof_den_ms, roof_commit_ms;
     double gib_rank[8];
+    long long captures;           /* rank 0's graphs made in all the recorded rounds */
     int n_steps;
     int n_plain;                  /* of them, steps that commit nothing (the profile's) */
     struct dg_prof_total prof[DG_PROF_MAX_LABELS];
@@ -285,6 +288,8 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     double *walls = calloc((size_t)rc->reps, sizeof(double));
     double *prefills = calloc((size_t)rc->reps, sizeof(double));
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
+    struct dg_cuda_rank_usage u0;
+    uint64_t captures0 = 0;
     int ok = -1;
 
     memset(r, 0, sizeof *r);
@@ -320,6 +325,8 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
             /* the timings and profiles of the recorded rounds only */
             tm.prefill.n = tm.denoise.n = tm.condition.n = tm.commit.n = tm.tail.n = 0;
             tm.open.n = tm.close.n = 0;
+            if (dg_cuda_backend_rank_usage(b, 0, &u0) == 0)
+                captures0 = u0.captures;
             if (rc->profile)
                 for (int w = 0; w < 2; w++)
                     dg_cuda_backend_profile(b, w, NULL, 0, 1);
@@ -378,6 +385,8 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
                                    : 0;
     }
     r->prefill_call_ms = bench_median(tm.prefill.v, tm.prefill.n);
+    if (dg_cuda_backend_rank_usage(b, 0, &u0) == 0)
+        r->captures = (long long)(u0.captures - captures0);
     r->tps_excl = (double)r->tokens / ((r->wall_ms - r->prefill_ms) * 1e-3);
     r->tps_incl = (double)r->tokens / (r->wall_ms * 1e-3);
     if (ce) {
@@ -479,6 +488,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
     json_object_set_new(o, "commit_apart", json_boolean(rc->commit_apart));
     json_object_set_new(o, "prompt_apart", json_boolean(rc->prompt_apart));
     json_object_set_new(o, "tail_step_ms", json_real(r->tail_ms));
+    json_object_set_new(o, "graphs_made_recorded", json_integer(r->captures));
     if (rc->fp8)
         json_object_set_new(o, "fp8_projections",
                             json_string(rc->fp8_own ? "own GEMM" : "cuBLASLt"));
@@ -655,10 +665,11 @@ int main(int argc, char **argv)
                    r->tps_excl, r->tps_incl, r->gib_rank[0]);
         }
         printf("\n| B | slot open ms | slot close ms | host ms between calls, a step | first "
-               "step with the prompt's rest ms |\n|---|---:|---:|---:|---:|\n");
+               "step with the prompt's rest ms | graphs made in the recorded rounds |\n"
+               "|---|---:|---:|---:|---:|---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
-            printf("| %d | %.2f | %.2f | %.3f | %.2f |\n", res[i].B, res[i].open_ms,
-                   res[i].close_ms, res[i].between_ms, res[i].tail_ms);
+            printf("| %d | %.2f | %.2f | %.3f | %.2f | %lld |\n", res[i].B, res[i].open_ms,
+                   res[i].close_ms, res[i].between_ms, res[i].tail_ms, res[i].captures);
         if (rc.profile)
             for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
                 print_profile(&cfg, &rc, &res[i], ceilings ? &ce : NULL);
