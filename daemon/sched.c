@@ -112,7 +112,7 @@ static void record(struct dsched *s, const struct sreq *r, const char *finish,
         row.completion_tokens = st->completion_tokens;
         row.canvases = st->canvases;
         row.steps = st->decoder_steps;
-        row.tokens_per_s = st->ms_prefill > 0 ? st->tokens_per_s : -1; /* (NULL: no prefill) */
+        row.tokens_per_s = st->prefilled ? st->tokens_per_s : -1; /* (NULL: no prefill) */
         if (st->canvases > (int)(sizeof canvas / sizeof canvas[0]) &&
             !(cv = malloc((size_t)st->canvases * sizeof *cv)))
             cv = NULL;

@@ -288,6 +288,7 @@ static void fill_stats(const struct request *r, struct dg_request_stats *st)
     st->ms_total = t - r->t_submit;
     st->tokens_per_s = gen_ms > 0 ? (double)r->emitted / (gen_ms / 1e3) : 0;
     st->tokens_per_step = r->steps > 0 ? (double)r->emitted / (double)r->steps : 0;
+    st->prefilled = r->t_prefill > 0;
     st->canvas = r->cstats;
 }
 

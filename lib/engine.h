@@ -79,8 +79,12 @@ struct dg_request_stats {
                                 prompt's last part where it does) */
     double ms_first_canvas;  /* submission to the first CANVAS event (0: none yet) */
     double ms_total;         /* submission to DONE */
-    double tokens_per_s;     /* completion tokens / seconds after prefill */
+    double tokens_per_s;     /* completion tokens / seconds after prefill (0
+                                without one) */
     double tokens_per_step;  /* completion tokens / decoder steps */
+    int prefilled;           /* 1: the prompt's encoder passes ended (ms_prefill and
+                                tokens_per_s are measured, even where the clock
+                                read them as 0); 0: it ended before them */
     const struct dg_canvas_stats *canvas; /* [canvases] */
 };
 

@@ -452,7 +452,7 @@ static int cancel_and_busy(void)
     struct dg_engine *e;
     struct dg_error err = {0};
     struct dg_gen_settings s;
-    struct outcome *o1, *o2, *o3;
+    struct outcome *o1, *o2, *o3, *o4;
     int32_t p[10];
     uint64_t id;
 
@@ -474,6 +474,18 @@ static int cancel_and_busy(void)
     CHECK(o2->done && o3->done && same_output(o2, o3));
     CHECK(o2->finish != DG_FINISH_CANCELLED && o2->finish != DG_FINISH_ERROR);
     CHECK(dg_engine_cancel(e, o2->id) == -DG_E_INVAL); /* finished: no longer in flight */
+    /* prefilled: set for those whose prompt was encoded (the metrics'
+     * tokens/s is NULL for the rest), not for one cancelled before its
+     * first step */
+    CHECK(o1->stats.prefilled == 1 && o2->stats.prefilled == 1 && o3->stats.prefilled == 1);
+    CHECK(o2->stats.tokens_per_s > 0);
+    CHECK_OK(submit(e, &sink, p, 10, &s, &o4, &err), &err);
+    CHECK(dg_engine_cancel(e, o4->id) == 0);
+    CHECK(dg_engine_step(e) == 0);
+    CHECKF(o4->done && o4->finish == DG_FINISH_CANCELLED && o4->stats.prefilled == 0 &&
+               o4->stats.tokens_per_s == 0 && o4->stats.ms_prefill == 0,
+           "done %d, finish %s, prefilled %d", o4->done, dg_finish_name(o4->finish),
+           o4->stats.prefilled);
     drop_engine(b, e);
     return 0;
 }
