@@ -17,11 +17,15 @@
  * threshold 1e-30; no stop ids, so every canvas is emitted whole).  The
  * backend's calls are timed on the host (each ends with its stream
  * synchronised): per-forward medians of the denoising steps (decoder pass
- * + sampler statistics), the self-conditioning calls and the steps that
- * commit the canvas before theirs first (one pass of the commit's encoder
- * rows and the canvas's decoder rows; with --commit-apart an encoder pass
- * and then the step's, to compare); a commit's own cost ("commit ms") is
- * the median of those steps less the median of the others.  The prefill
+ * + sampler statistics), the self-conditioning calls (the probabilities
+ * and their product with the embedding, for a step to come) and the steps
+ * that commit the canvas before theirs first (one pass of the commit's
+ * encoder rows and the canvas's decoder rows; with --commit-apart an
+ * encoder pass and then the step's, to compare); a commit's own cost
+ * ("commit ms") is the median of those steps less the median of the
+ * others.  "step ms" is a denoising step whole, the denoise call's median
+ * and the condition call's (what transformers' decoder forward does in
+ * one call), and is what the roofline is held against.  The prefill
  * is the encoder calls before the first denoising step; a prompt's last
  * part of at most a canvas rides in that step (engine.h; with a prompt of
  * at most a canvas, all of it: no prefill call), which is then timed
@@ -34,15 +38,19 @@
  * graphs rank 0 made in the recorded rounds (a bucket that comes once a
  * round is captured in the first of them).
  *
- * Roofline of one forward (the METHOD's two numbers, measured first in
- * the same run unless --no-ceilings): the fewest bytes the pass must move
+ * Roofline of one step (the METHOD's two numbers, measured first in
+ * the same run unless --no-ceilings): the fewest bytes the step must move
  * (every weight it uses read once: the experts the batch is expected to
  * touch under uniform routing, E (1 - (1 - K/E)^T) per layer; the cached
  * keys and values it attends to; the logits written and read once by the
- * sampler) over the measured copy bandwidth, against its operations
- * (2 x multiply-adds of the projections, experts, LM head and attention)
- * over the measured bf16 GEMM rate; the larger is the floor.  At batch 1
- * the denoising step is bandwidth-bound by a factor of about 5.
+ * sampler, and read again with the embedding by the self-conditioning
+ * product) over the measured copy bandwidth, against its operations
+ * (2 x multiply-adds of the projections, experts, LM head, attention and
+ * P E) over the measured bf16 GEMM rate; the larger is the floor.  The
+ * table also splits it between the two calls (the probabilities and P E
+ * the condition call's, the rest the denoise call's; JSON
+ * roofline_denoise_ms is the whole step's).  At batch 1 the denoising
+ * step is bandwidth-bound by a factor of about 5.
  *
  * --fp8: the projections and experts in E4M3 with per-row scales and
  * activations quantized per token (W8A8, kernels/cuda-model.h), made from
@@ -241,12 +249,14 @@ struct batch_result {
     int B;
     int64_t tokens;
     double wall_ms, prefill_ms, den_ms, cond_ms, commit_ms, prefill_call_ms;
+    double step_ms;               /* a denoising step whole: den_ms + cond_ms */
     double den_commit_ms;         /* a step that commits first, whole */
     double open_ms, close_ms;     /* a slot's opening and closing */
     double tail_ms;               /* a first step that appends the prompt's rest (0: none) */
     double between_ms;            /* host time outside the calls after the prefill, a step */
     double tps_excl, tps_incl;
-    double roof_den_ms, roof_commit_ms;
+    double roof_den_ms, roof_commit_ms; /* roof_den_ms: a step whole (both calls) */
+    double roof_den_call_ms, roof_cond_ms; /* the denoise call's part, the condition call's */
     double gib_rank[8];
     long long captures;           /* rank 0's graphs made in all the recorded rounds */
     int n_steps;
@@ -367,6 +377,7 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     r->n_plain = tm.denoise.n / rc->reps;
     r->den_ms = bench_median(tm.denoise.v, tm.denoise.n);
     r->cond_ms = bench_median(tm.condition.v, tm.condition.n);
+    r->step_ms = r->den_ms + r->cond_ms;
     r->den_commit_ms = bench_median(tm.commit.v, tm.commit.n);
     r->commit_ms = tm.commit.n ? r->den_commit_ms - r->den_ms : 0;
     r->tail_ms = bench_median(tm.tail.v, tm.tail.n);
@@ -390,17 +401,25 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     r->tps_excl = (double)r->tokens / ((r->wall_ms - r->prefill_ms) * 1e-3);
     r->tps_incl = (double)r->tokens / (r->wall_ms * 1e-3);
     if (ce) {
-        /* averaged over the canvases' committed lengths */
-        double den = 0, com = 0;
+        /* averaged over the canvases' committed lengths; the step's
+         * probabilities and P E are the condition call's, the rest the
+         * denoise call's */
+        double den = 0, com = 0, call = 0, cond = 0;
         for (int k = 0; k < rc->canvases; k++) {
             const int64_t ctx = P + (int64_t)k * CL;
             struct pass_floor fd = pass_floor(c, B, ctx, 1, rc->tp, rc->fp8);
             struct pass_floor fe = pass_floor(c, B, ctx, 0, rc->tp, rc->fp8);
+            struct floor_parts rest = {fd.total.bytes - fd.probs_pe.bytes,
+                                       fd.total.flops - fd.probs_pe.flops};
             den += floor_ms(fd.total, ce) / rc->canvases;
             com += floor_ms(fe.total, ce) / rc->canvases;
+            call += floor_ms(rest, ce) / rc->canvases;
+            cond += floor_ms(fd.probs_pe, ce) / rc->canvases;
         }
         r->roof_den_ms = den;
         r->roof_commit_ms = com;
+        r->roof_den_call_ms = call;
+        r->roof_cond_ms = cond;
     }
     for (int q = 0; q < dg_cuda_backend_ranks(b) && q < 8; q++) {
         struct dg_cuda_rank_usage u;
@@ -481,6 +500,9 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
                           r->n_steps / (rc->canvases ? rc->canvases : 1));
     json_t *mem = json_array(), *prof = json_object();
     json_object_set_new(o, "weights", json_string(rc->fp8 ? "fp8" : "bf16"));
+    json_object_set_new(o, "step_ms", json_real(r->step_ms));
+    json_object_set_new(o, "roofline_denoise_call_ms", json_real(r->roof_den_call_ms));
+    json_object_set_new(o, "roofline_condition_ms", json_real(r->roof_cond_ms));
     json_object_set_new(o, "denoise_commit_ms", json_real(r->den_commit_ms));
     json_object_set_new(o, "slot_open_ms", json_real(r->open_ms));
     json_object_set_new(o, "slot_close_ms", json_real(r->close_ms));
@@ -651,18 +673,20 @@ int main(int argc, char **argv)
         printf("%s weights\n", !rc.fp8      ? "bf16"
                                : rc.fp8_own ? "FP8 (W8A8), projections on the own GEMM"
                                             : "FP8 (W8A8), projections through cuBLASLt");
-        printf("| TP | B | tokens | denoise ms | roofline ms | x roofline | condition ms | "
-               "step with commit ms | commit ms | roofline ms | prefill ms | tok/s | tok/s with "
-               "prefill | GiB/rank |\n");
-        printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        printf("| TP | B | tokens | step ms | roofline ms | x roofline | denoise ms | "
+               "roofline ms | condition ms | roofline ms | step with commit ms | commit ms | "
+               "roofline ms | prefill ms | tok/s | tok/s with prefill | GiB/rank |\n");
+        printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+               "---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++) {
             const struct batch_result *r = &res[i];
-            printf("| %d | %d | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | "
-                   "%.0f | %.0f | %.2f |\n",
-                   rc.tp, r->B, (long long)r->tokens, r->den_ms, r->roof_den_ms,
-                   r->roof_den_ms > 0 ? r->den_ms / r->roof_den_ms : NAN, r->cond_ms,
-                   r->den_commit_ms, r->commit_ms, r->roof_commit_ms, r->prefill_ms,
-                   r->tps_excl, r->tps_incl, r->gib_rank[0]);
+            printf("| %d | %d | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | "
+                   "%.2f | %.2f | %.1f | %.0f | %.0f | %.2f |\n",
+                   rc.tp, r->B, (long long)r->tokens, r->step_ms, r->roof_den_ms,
+                   r->roof_den_ms > 0 ? r->step_ms / r->roof_den_ms : NAN, r->den_ms,
+                   r->roof_den_call_ms, r->cond_ms, r->roof_cond_ms, r->den_commit_ms,
+                   r->commit_ms, r->roof_commit_ms, r->prefill_ms, r->tps_excl, r->tps_incl,
+                   r->gib_rank[0]);
         }
         printf("\n| B | slot open ms | slot close ms | host ms between calls, a step | first "
                "step with the prompt's rest ms | graphs made in the recorded rounds |\n"

@@ -2,7 +2,8 @@
 # Description: bench/perf/report.py (the performance harness's table) on
 # inputs written here the way bench-generate and hf_generate.py write
 # them: bf16 at TP=1, 2 and 4, FP8 at TP=1, profiles at TP=1 and 2.  Each
-# dgemma row's % of roofline, ratio to transformers at its batch, FP8's
+# dgemma row's step (the denoise call and the condition call), % of
+# roofline (of that step), ratio to transformers at its batch, FP8's
 # to bf16 and TP=N's to TP=1 (same weights, same batch) are what awk
 # computes from the same numbers; rows at TP=1 have no TP=1 ratio and bf16
 # rows no bf16 ratio; the sampler + self-conditioning share is printed
@@ -14,15 +15,16 @@ command -v python3 >/dev/null 2>&1 || { echo "skip t-perf-report: no python3"; e
 S=${0%/*}/../../bench/perf/report.py
 
 # one dgemma run a line: tp weights batch denoise_ms roofline_ms commit_ms tok/s
+# condition_ms
 runs() {
     cat <<'EOF'
-1 bf16 1 17.4 12.5 4.8 868
-1 bf16 16 95.2 51.9 59.0 2366
-2 bf16 1 10.1 6.4 3.1 1561
-2 bf16 16 52.3 26.0 33.3 4410
-4 bf16 1 7.3 3.4 2.5 2207
-1 fp8 1 11.7 6.8 3.3 1253
-1 fp8 16 93.5 52.1 71.6 2386
+1 bf16 1 17.4 12.5 4.8 868 0.69
+1 bf16 16 95.2 51.9 59.0 2366 4.1
+2 bf16 1 10.1 6.4 3.1 1561 0.41
+2 bf16 16 52.3 26.0 33.3 4410 2.3
+4 bf16 1 7.3 3.4 2.5 2207 0.27
+1 fp8 1 11.7 6.8 3.3 1253 0.7
+1 fp8 16 93.5 52.1 71.6 2386 4.2
 EOF
 }
 # transformers: batch tok/s
@@ -34,8 +36,8 @@ mk() { # tp weights: bench-generate's JSON
         $1 == tp && $2 == w {
             printf "%s{\"batch\": %d, \"denoise_ms\": %s, \"roofline_denoise_ms\": %s, " \
                    "\"commit_ms\": %s, \"tokens_per_s\": %s, \"tokens_per_s_with_prefill\": %s, " \
-                   "\"gpu_gib_per_rank\": [%s, %s]}", sep, $3, $4, $5, $6, $7, $7 - 10, 20 + tp,
-                   19 + tp
+                   "\"gpu_gib_per_rank\": [%s, %s], \"condition_ms\": %s}", sep, $3, $4, $5, $6,
+                   $7, $7 - 10, 20 + tp, 19 + tp, $8
             sep = ", "
         }
         END { print "]}" }'
@@ -65,13 +67,14 @@ cell() {
         $2 ~ /dgemma/ && $3 ~ w && $4 + 0 == tp && $5 + 0 == b {
             gsub(/ /, "", $(c + 1)); print $(c + 1) }' "$o"
 }
-# columns: 1 engine 2 weights 3 TP 4 B 5 denoise 6 roofline 7 % 8 commit 9 tok/s
+# columns: 1 engine 2 weights 3 TP 4 B 5 step 6 roofline 7 % 8 commit 9 tok/s
 # 10 with prefill 11 GiB 12 x HF 13 x bf16 14 x TP=1
 n=$(grep -c '^| dgemma |' "$o")
 [ "$n" = "$(runs | wc -l)" ] && ok rows || bad rows "$n dgemma rows"
 err=""
-while read -r tp w b dn rf cm tps; do
-    pct=$(awk -v a="$rf" -v b="$dn" 'BEGIN { printf "%.0f%%", 100 * a / b }')
+while read -r tp w b dn rf cm tps cond; do
+    step=$(awk -v a="$dn" -v b="$cond" 'BEGIN { printf "%.2f", a + b }')
+    pct=$(awk -v a="$rf" -v b="$dn" -v c="$cond" 'BEGIN { printf "%.0f%%", 100 * a / (b + c) }')
     xhf=$(hf | awk -v b="$b" -v t="$tps" '$1 == b { printf "%.2f", t / $2 }')
     xbf=""
     [ "$w" = fp8 ] && xbf=$(runs | awk -v tp="$tp" -v b="$b" -v t="$tps" \
@@ -79,8 +82,8 @@ while read -r tp w b dn rf cm tps; do
     xtp=""
     [ "$tp" -gt 1 ] && xtp=$(runs | awk -v w="$w" -v b="$b" -v t="$tps" \
         '$1 == 1 && $2 == w && $3 == b { printf "%.2f", t / $7 }')
-    got="$(cell "$tp" "$w" "$b" 7) $(cell "$tp" "$w" "$b" 12) [$(cell "$tp" "$w" "$b" 13)] [$(cell "$tp" "$w" "$b" 14)]"
-    want="$pct $xhf [$xbf] [$xtp]"
+    got="$(cell "$tp" "$w" "$b" 5) $(cell "$tp" "$w" "$b" 7) $(cell "$tp" "$w" "$b" 12) [$(cell "$tp" "$w" "$b" 13)] [$(cell "$tp" "$w" "$b" 14)]"
+    want="$step $pct $xhf [$xbf] [$xtp]"
     [ "$got" = "$want" ] || err="$err TP=$tp $w B=$b: '$got' want '$want';"
 done < <(runs)
 [ -z "$err" ] && ok ratios || bad ratios "$err"
@@ -107,6 +110,8 @@ import json, os, sys
 d = json.load(open(os.path.join(sys.argv[1], "perf.json")))
 rows = {(r["tp"], r["weights"], r["batch"]): r for r in d["rows"] if r["engine"] == "dgemma"}
 r2, r1 = rows[(2, "bf16", 16)], rows[(1, "bf16", 16)]
+assert abs(r1["step_ms"] - (95.2 + 4.1)) < 1e-9 and r1["denoise_ms"] == 95.2, r1
+assert abs(r1["pct_roofline"] - 100 * 51.9 / (95.2 + 4.1)) < 1e-9, r1
 assert abs(r2["ratio_tp1"] - r2["tokens_per_s"] / r1["tokens_per_s"]) < 1e-9, r2
 assert r1["ratio_tp1"] is None and rows[(1, "fp8", 1)]["ratio_tp1"] is None
 assert set(d["sampler_share_pct_b1"]) == {"1", "2"}, d["sampler_share_pct_b1"]
