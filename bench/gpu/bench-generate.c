@@ -50,7 +50,10 @@
  * table also splits it between the two calls (the probabilities and P E
  * the condition call's, the rest the denoise call's; JSON
  * roofline_denoise_ms is the whole step's).  At batch 1 the denoising
- * step is bandwidth-bound by a factor of about 5.
+ * step is bandwidth-bound by a factor of about 5.  The encoder pass's
+ * roofline (roofline_commit_ms) is a commit's as a pass of its own
+ * (--commit-apart); a commit that rides in a step reads no weight the
+ * step does not, so its own floor is mostly its operations.
  *
  * --fp8: the projections and experts in E4M3 with per-row scales and
  * activations quantized per token (W8A8, kernels/cuda-model.h), made from
@@ -675,7 +678,8 @@ int main(int argc, char **argv)
                                             : "FP8 (W8A8), projections through cuBLASLt");
         printf("| TP | B | tokens | step ms | roofline ms | x roofline | denoise ms | "
                "roofline ms | condition ms | roofline ms | step with commit ms | commit ms | "
-               "roofline ms | prefill ms | tok/s | tok/s with prefill | GiB/rank |\n");
+               "encoder pass roofline ms | prefill ms | tok/s | tok/s with prefill | "
+               "GiB/rank |\n");
         printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
                "---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++) {
