@@ -19,7 +19,8 @@ size_t batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_
     for (size_t p = 0; p < keep;) {
         const char *nl = memchr(buf + p, '\n', keep - p);
         /* (a result's text can hold a NUL, written as \u0000) */
-        json_t *r = json_loadb(buf + p, (size_t)(nl - (buf + p)), JSON_ALLOW_NUL, NULL);
+        json_t *r = dg_json_loadb(buf + p, (size_t)(nl - (buf + p)), JSON_ALLOW_NUL, "output",
+                                  NULL);
         if (json_is_object(r)) {
             json_t *id = json_object_get(r, "id"), *ln = json_object_get(r, "line");
             char key[64], *k = NULL;

@@ -1,6 +1,7 @@
 /* client-common.c - options, settings flags and connection for every
  * dgemma-client command (see client.h). */
 #include "client/client.h"
+#include "lib/json-util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -133,13 +134,17 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
         return 1;
     }
     if (!strcmp(a, "--settings")) {
-        json_error_t je;
+        struct dg_error je = {0};
         json_t *s;
         if (need_value(argc, argv, *i) < 0)
             return -1;
-        s = json_loads(argv[*i + 1], JSON_REJECT_DUPLICATES, &je);
+        s = dg_json_loadb(argv[*i + 1], strlen(argv[*i + 1]),
+                          JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, "--settings", &je);
         if (!json_is_object(s)) {
-            client_errorf("--settings: %s", s ? "must be a JSON object" : je.text);
+            if (s)
+                client_errorf("--settings: must be a JSON object");
+            else
+                client_errorf("%s", je.msg);
             json_decref(s);
             return -1;
         }

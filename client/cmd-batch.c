@@ -35,6 +35,7 @@
 
 #include "client/batch-input.h"
 #include "client/client.h"
+#include "lib/json-util.h"
 
 static const char usage[] =
     "usage: dgemma-client batch --input FILE|- --output FILE [--parallel N]\n"
@@ -296,16 +297,16 @@ static struct item *item_of(struct batch *b, const char *tag)
  * cancelled on purpose is a failed one: the next run skips it). */
 static int finish(struct batch *b, struct item *it, const char *done_json, int cancel_error)
 {
-    json_error_t je;
+    struct dg_error je = {0};
     /* (the text can hold a NUL, sent as \u0000) */
-    json_t *done = json_loads(done_json, JSON_ALLOW_NUL, &je), *res;
+    json_t *done = dg_json_loadb(done_json, strlen(done_json), JSON_ALLOW_NUL, "done event", &je),
+           *res;
     static const char *const keep[] = {"finish_reason", "text", "ids", "usage", "canvases",
                                        "steps_per_canvas", "decoder_steps", "tokens_per_step",
                                        "tokens_per_s", "ms_total", "stop_id", "stop", "error"};
     int rc;
     if (!done) {
-        client_errorf("input line %d: the daemon's done event is not JSON: %s", it->line,
-                      je.text);
+        client_errorf("input line %d: the daemon's %s", it->line, je.msg);
         return -1;
     }
     res = json_object();
@@ -398,7 +399,9 @@ static struct item *item_of_event(struct batch *b, const dgemma_event_t *ev)
  * 0, or -1 when a result cannot be written. */
 static int settle_cancelled(struct batch *b, const dgemma_event_t *ev)
 {
-    json_t *st = ev->kind == DGEMMA_EV_STATUS ? json_loads(ev->json, 0, NULL) : NULL;
+    json_t *st = ev->kind == DGEMMA_EV_STATUS
+                     ? dg_json_loadb(ev->json, strlen(ev->json), 0, "status", NULL)
+                     : NULL;
     const int by_cancel = json_is_false(json_object_get(st, "shutting_down"));
     const int unsettled = ev->kind != DGEMMA_EV_STATUS;
     size_t n_left = 0;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "client/client.h"
+#include "lib/json-util.h"
 
 static const char status_usage[] =
     "usage: dgemma-client status [-s|--socket SOCKET] [--wait SECONDS] [--json]\n"
@@ -61,7 +62,7 @@ int cmd_status(int argc, char **argv)
             puts(ev.json);
             rc = EXIT_DONE;
         } else if (ev.kind == DGEMMA_EV_STATUS) {
-            json_t *s = json_loads(ev.json, 0, NULL);
+            json_t *s = dg_json_loadb(ev.json, strlen(ev.json), 0, "status", NULL);
             const char *key;
             json_t *v;
             json_object_foreach(s, key, v) {

@@ -25,23 +25,33 @@ void dg_jscan_free(struct dg_jscan *s)
     s->len = s->cap = 0;
 }
 
+void dg_jscan_where(const struct dg_jscan *s, const char *at, size_t *line, size_t *col)
+{
+    *line = 1;
+    *col = 1;
+    for (const char *q = s->base; q < at && q < s->end; q++) {
+        if (*q == '\n') {
+            ++*line;
+            *col = 1;
+        } else {
+            ++*col;
+        }
+    }
+}
+
 int dg_jscan_fail(struct dg_jscan *s, const char *fmt, ...)
 {
     char msg[512];
-    size_t line = 1, col = 1;
+    size_t line, col;
     va_list ap;
 
-    for (const char *q = s->base; q < s->p && q < s->end; q++) {
-        if (*q == '\n') {
-            line++;
-            col = 1;
-        } else {
-            col++;
-        }
-    }
+    dg_jscan_where(s, s->p, &line, &col);
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (s->prose)
+        return dg_error_set(s->err, DG_E_FORMAT, "%s: malformed JSON at line %zu column %zu: %s",
+                            s->what, line, col, msg);
     return dg_error_set(s->err, DG_E_FORMAT, "%s:%zu:%zu: %s", s->what, line, col, msg);
 }
 

@@ -26,6 +26,8 @@ struct dg_jscan {
     char *buf;                /* decoded string of the last dg_jscan_string() */
     size_t len, cap;
     int depth;                /* objects/arrays opened by *_begin and not yet closed */
+    int prose;                /* errors read "what: malformed JSON at line L column C:
+                               * msg" (set after dg_jscan_init), not "what:L:C: msg" */
     unsigned char first[DG_JSCAN_MAX_DEPTH + 1]; /* no element read yet at this depth */
 };
 
@@ -35,7 +37,11 @@ void dg_jscan_init(struct dg_jscan *s, const char *text, size_t n, const char *w
                    struct dg_error *err);
 void dg_jscan_free(struct dg_jscan *s);
 
-/* Record a DG_E_FORMAT error at the cursor: "what:line:col: msg". */
+/* The 1-based line and column of at (a point in the text). */
+void dg_jscan_where(const struct dg_jscan *s, const char *at, size_t *line, size_t *col);
+
+/* Record a DG_E_FORMAT error at the cursor: "what:line:col: msg" (or the
+ * prose form, see prose). */
 int dg_jscan_fail(struct dg_jscan *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The type of the next value: one of { [ " t f n or '0' for a number;

@@ -9,10 +9,9 @@
 #include "lib/utf8.h"
 
 /* Set when an allocation made by jansson fails on this thread.  jansson's
- * lexer ignores some of its failed allocations (a character of a string
- * or a number is silently dropped, or the parse fails as if the text were
- * malformed), and its dump ignores some too (an object key cut short),
- * so a parse or a dump during which one failed is not trusted. */
+ * dump ignores some of its failed allocations (an object key cut short),
+ * so a dump during which one failed is not trusted.  (Its parser is not
+ * used at all: json-load.c says why.) */
 static _Thread_local int alloc_failed;
 
 static void *json_alloc(size_t n)
@@ -28,40 +27,6 @@ static void *json_alloc(size_t n)
 __attribute__((constructor)) static void install_alloc(void)
 {
     json_set_alloc_funcs(json_alloc, free);
-}
-
-json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err)
-{
-    return dg_json_loadb(buf, len, JSON_REJECT_DUPLICATES, what, err);
-}
-
-json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *what,
-                      struct dg_error *err)
-{
-    json_error_t je;
-    json_t *v;
-
-    alloc_failed = 0;
-    v = json_loadb(buf, len, flags, &je);
-    if (alloc_failed || (!v && json_error_code(&je) == json_error_out_of_memory)) {
-        json_decref(v);
-        dg_error_set(err, DG_E_NOMEM, "%s: out of memory parsing JSON", what);
-        return NULL;
-    }
-    if (!v && json_error_code(&je) == json_error_numeric_overflow)
-        /* valid JSON, a number past what the parser holds (an int64, a
-         * double): a value out of range, not malformed text */
-        dg_error_set(err, DG_E_RANGE, "%s: a number out of range at line %d column %d: %s",
-                     what, je.line, je.column, je.text);
-    else if (!v && json_error_code(&je) == json_error_null_character)
-        /* (valid JSON, but no C string could hold it; jansson's own words
-         * name a flag of its API) */
-        dg_error_set(err, DG_E_FORMAT, "%s: a string holds \\u0000 (a NUL character), which "
-                     "is not taken, at line %d column %d", what, je.line, je.column);
-    else if (!v)
-        dg_error_set(err, DG_E_FORMAT, "%s: malformed JSON at line %d column %d: %s", what,
-                     je.line, je.column, je.text);
-    return v;
 }
 
 char *dg_json_dumps(const json_t *v, size_t flags)

@@ -20,15 +20,20 @@
 
 enum dg_json_need { DG_JSON_OPTIONAL = 0, DG_JSON_REQUIRED = 1 };
 
-/* Parse len bytes as one JSON value (duplicate keys rejected, NUL bytes
- * rejected, nothing but whitespace after it).  what names the source in
- * errors.  Returns NULL with DG_E_FORMAT set on malformed input,
- * DG_E_RANGE for a number too large for an int64 or a double, or
- * DG_E_NOMEM when an allocation failed while parsing (jansson may then
- * misread the text, so the result is not used). */
+/* Parse len bytes as one JSON object or array (duplicate keys rejected,
+ * NUL characters rejected, nothing but whitespace after it), with this
+ * project's reader (json-load.c), never jansson's, which can corrupt the
+ * heap when an allocation fails.  what names the source in errors.
+ * Returns a new reference, or NULL with DG_E_FORMAT set on malformed input
+ * ("what: malformed JSON at line L column C: why"), DG_E_RANGE for a number
+ * too large for an int64 or a double, DG_E_NOMEM when an allocation
+ * failed.  err may be NULL. */
 json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err);
 
-/* dg_json_parse with jansson's decoding flags given (JSON_ALLOW_NUL, ...). */
+/* dg_json_parse with flags given: any of JSON_REJECT_DUPLICATES,
+ * JSON_ALLOW_NUL (NUL characters taken in string values, never in keys)
+ * and JSON_DECODE_ANY (a scalar at the top level too); other flags are
+ * refused with DG_E_INVAL.  Nesting deeper than 64 is malformed. */
 json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *what,
                       struct dg_error *err);
 

@@ -1030,14 +1030,17 @@ static int read_config(struct dg_tokenizer *t, const char *path, struct dg_error
 
 /* ---- load ------------------------------------------------------------------ */
 
+/* One small part of tokenizer.json (span: its raw text) as a jansson value;
+ * errors name the file and the part ("tokenizer.json: normalizer: malformed
+ * JSON at line L column C: ...", the line counted within the part). */
 static int parse_small(const char *span, size_t len, const char *what, const char *key,
                        json_t **out, struct dg_error *err)
 {
-    json_error_t je;
-    *out = json_loadb(span, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-    if (!*out)
-        return dg_error_set(err, DG_E_FORMAT, "%s: %s: malformed JSON: %s", what, key, je.text);
-    return 0;
+    char where[512];
+    struct dg_error e = {0};
+    snprintf(where, sizeof where, "%s: %s", what, key);
+    *out = dg_json_loadb(span, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, where, &e);
+    return *out ? 0 : dg_error_set(err, e.code, "%s", e.msg);
 }
 
 static int load_text(const char *text, size_t len, const char *path, const char *config_path,

@@ -37,8 +37,8 @@ then ok text_and_chat; else bad text_and_chat "exit $st: $(cat "$tmp/good.out" "
 st=$?
 n_err=$(grep -c '"error"' "$tmp/mixed.out")
 if [ $st -eq 1 ] && [ "$(wc -l <"$tmp/mixed.out")" -eq 10 ] && [ "$n_err" -eq 8 ] &&
-   grep -q '"line":2,"error":"malformed JSON' "$tmp/mixed.out" &&
-   grep -q '"line":3,"error":"malformed JSON (or invalid UTF-8)' "$tmp/mixed.out" &&
+   grep -q '"line":2,"error":"malformed JSON at column 23: unterminated string"' "$tmp/mixed.out" &&
+   grep -q '"line":3,"error":"malformed JSON at column 15: invalid UTF-8' "$tmp/mixed.out" &&
    grep -q '"line":7,"error":"chat: message 0 has role' "$tmp/mixed.out" &&
    grep -q '"line":8,"error":"messages\[0\].content\[0\]: not' "$tmp/mixed.out" &&
    grep -q '"line":9,"error":"add_special_tokens must be a boolean"' "$tmp/mixed.out" &&

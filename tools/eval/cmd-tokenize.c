@@ -7,6 +7,7 @@
 
 #include "lib/chat-json.h"
 #include "lib/fileio.h"
+#include "lib/json-util.h"
 #include "lib/tokenizer.h"
 #include "tools/eval/eval.h"
 
@@ -164,7 +165,7 @@ int cmd_tokenize(int argc, char **argv)
         return 1;
     }
     while ((n = getline(&line, &cap, stdin)) >= 0) {
-        json_error_t je;
+        struct dg_error je = {0};
         json_t *in;
         char why[1200];
         lineno++;
@@ -177,10 +178,16 @@ int cmd_tokenize(int argc, char **argv)
             failures++;
             continue;
         }
-        in = json_loadb(line, (size_t)n, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+        in = dg_json_loadb(line, (size_t)n, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, "line", &je);
         if (!in) {
-            snprintf(why, sizeof why, "malformed JSON (or invalid UTF-8) at column %d: %s",
-                     je.column, je.text);
+            /* "line: malformed JSON at line 1 column C: why": the
+             * result names the line itself */
+            const char *m = strstr(je.msg, " at line 1 column ");
+            if (m && !strncmp(je.msg, "line: ", 6))
+                snprintf(why, sizeof why, "%.*s at column %s", (int)(m - je.msg - 6),
+                         je.msg + 6, m + strlen(" at line 1 column "));
+            else
+                snprintf(why, sizeof why, "%s", je.msg);
             print_error(lineno, why);
             failures++;
             continue;
