@@ -115,8 +115,11 @@ CLIENT_BIN  := $(BUILD)/bin/dgemma-client
 # (libdgemma's sources are client/libdgemma*.c; the CLI's, the other client/*.c)
 LIBDGEMMA_SRC := $(wildcard client/libdgemma*.c)
 CLIENT_SRC  := $(filter-out $(LIBDGEMMA_SRC),$(wildcard client/*.c))
-LIBDGEMMA_OBJ := $(LIBDGEMMA_SRC:%.c=$(BUILD)/%.o)
-LIBDGEMMA_PIC := $(LIBDGEMMA_SRC:client/%.c=$(BUILD)/client/pic/%.o)
+# (and the core's JSON reader, which it carries inside it: lib/json-load.c says why)
+LIBDGEMMA_CORE := lib/json-load.c lib/json-scan.c lib/utf8.c lib/error.c
+LIBDGEMMA_OBJ := $(LIBDGEMMA_SRC:%.c=$(BUILD)/%.o) $(LIBDGEMMA_CORE:%.c=$(BUILD)/%.o)
+LIBDGEMMA_PIC := $(LIBDGEMMA_SRC:client/%.c=$(BUILD)/client/pic/%.o) \
+                 $(LIBDGEMMA_CORE:lib/%.c=$(BUILD)/client/pic/lib/%.o)
 LIBDGEMMA_VERSION := 0.1.0
 LIBDGEMMA_A   := $(BUILD)/lib/libdgemma.a
 LIBDGEMMA_SO  := $(BUILD)/lib/libdgemma.so.$(LIBDGEMMA_VERSION)
@@ -207,7 +210,12 @@ $(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(GPU_ALL) $(LIBCORE)
 
 # libdgemma: a static archive (the CLI links it) and a shared library that
 # exports only dgemma_* (client/libdgemma.map), with its pkg-config file.
-$(LIBDGEMMA_PIC): $(BUILD)/client/pic/%.o: client/%.c
+$(filter-out $(BUILD)/client/pic/lib/%,$(LIBDGEMMA_PIC)): $(BUILD)/client/pic/%.o: client/%.c
+	$(call say,CC,$< [pic])
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(ALL_CFLAGS) -fPIC -c $< -o $@
+
+$(filter $(BUILD)/client/pic/lib/%,$(LIBDGEMMA_PIC)): $(BUILD)/client/pic/lib/%.o: lib/%.c
 	$(call say,CC,$< [pic])
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(ALL_CFLAGS) -fPIC -c $< -o $@

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "client/libdgemma-internal.h"
+#include "lib/json-util.h"
 
 #define READ_CHUNK ((size_t)64 << 10)      /* room made before each recv */
 #define SHOW_LINE 200                      /* bytes of a bad line in a message */
@@ -46,12 +47,14 @@ static int protocol_error(dgemma_t *c, const char *why, const char *line, size_t
 
 static int parse_event(dgemma_t *c, char *line, size_t n, dgemma_event_t *ev)
 {
-    json_error_t je;
-    json_t *o = json_loadb(line, n, JSON_ALLOW_NUL, &je), *v;
+    struct dg_error je = {0};
+    json_t *o = dg_json_loadb(line, n, JSON_ALLOW_NUL, "event", &je), *v;
     const char *kind;
 
+    if (!o && je.code == DG_E_NOMEM)
+        return dgc_seterr(c, DGEMMA_E_NOMEM, "%s", je.msg);
     if (!o)
-        return protocol_error(c, je.text, line, n);
+        return protocol_error(c, je.msg, line, n);
     v = json_object_get(o, "v");
     kind = dgc_str_of(o, "event");
     if (!json_is_object(o) || !json_is_integer(v) || json_integer_value(v) != 1 || !kind) {

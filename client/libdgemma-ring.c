@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "client/libdgemma-internal.h"
+#include "lib/json-util.h"
 
 static int is_pow2(uint64_t x)
 {
@@ -259,7 +260,7 @@ enum attach_kind { AK_OTHER, AK_ANSWER_OTHER, AK_ATTACHED, AK_ERROR_NO_ID };
 static enum attach_kind attach_classify(const char *line, size_t n, json_t **o,
                                         uint64_t *max_id)
 {
-    json_t *v = json_loadb(line, n, JSON_ALLOW_NUL, NULL), *ver;
+    json_t *v = dg_json_loadb(line, n, JSON_ALLOW_NUL, "event", NULL), *ver;
     const char *kind;
     *o = NULL;
     if (!v)

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "client/libdgemma-internal.h"
+#include "lib/json-util.h"
 
 #define RETRY_MS 50                        /* connect retry interval */
 #define TAG_MAX 128                        /* the daemon's DPROTO_TAG_MAX */
@@ -434,16 +435,16 @@ int dgemma_request_add_stop_id(dgemma_request_t *r, int32_t id)
 
 int dgemma_request_set_json(dgemma_request_t *r, const char *json_object)
 {
-    json_error_t je;
+    struct dg_error je = {0};
     json_t *o;
     if (!r)
         return DGEMMA_E_INVAL;
     if (!json_object)
         return rerr(r, DGEMMA_E_INVAL, "settings: NULL");
-    o = json_loads(json_object, JSON_REJECT_DUPLICATES, &je);
+    o = dg_json_loadb(json_object, strlen(json_object), JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
+                      "settings", &je);
     if (!o)
-        return rerr(r, DGEMMA_E_INVAL, "settings: %s (line %d, column %d)", je.text, je.line,
-                    je.column);
+        return rerr(r, je.code == DG_E_NOMEM ? DGEMMA_E_NOMEM : DGEMMA_E_INVAL, "%s", je.msg);
     if (!json_is_object(o)) {
         json_decref(o);
         return rerr(r, DGEMMA_E_INVAL, "settings: expected a JSON object");
