@@ -320,7 +320,8 @@ int dgemma_next_event(dgemma_t *c, dgemma_event_t *ev, int timeout_ms)
         int wait, rc;
 
         if (nl) {
-            char *line = c->buf + c->start;
+            const size_t at = c->start;
+            char *line = c->buf + c->start, end;
             size_t n = (size_t)(nl - line);
             c->start = c->scan = (size_t)(nl - c->buf) + 1;
             if (c->skipping) { /* the tail of an overlong line */
@@ -331,8 +332,13 @@ int dgemma_next_event(dgemma_t *c, dgemma_event_t *ev, int timeout_ms)
                 n--;
             if (n == 0) /* a blank line: nothing to report */
                 continue;
+            end = line[n];
             line[n] = '\0';
             rc = parse_event(c, line, n, ev);
+            if (rc == DGEMMA_E_NOMEM) { /* the event stays, read again by the next call */
+                line[n] = end;
+                c->start = c->scan = at;
+            }
             if (rc == DGEMMA_OK) {
                 c->ev_in_buf = 1;
                 if (dgc_is_answer(c->ev, &c->max_id) && c->unanswered > 0)

@@ -575,6 +575,49 @@ static int overlong_line(void)
     return 0;
 }
 
+/* A failing allocator for jansson: every allocation fails while armed. */
+static int alloc_armed;
+static void *refusing_malloc(size_t n)
+{
+    return alloc_armed ? NULL : malloc(n);
+}
+
+/* An event that cannot be read for lack of memory is DGEMMA_E_NOMEM, and it
+ * is kept: the next call, with memory again, returns it (then the next). */
+static int event_out_of_memory(void)
+{
+    static const char lines[] = "{\"v\":1,\"event\":\"status\",\"running\":7}\n"
+                                "{\"v\":1,\"event\":\"status\",\"running\":8}\n";
+    json_malloc_t old_m;
+    json_free_t old_f;
+    dgemma_t *c = dgemma_new();
+    dgemma_event_t ev;
+    int sfd, rc;
+    json_t *j;
+
+    CHECK(fake_accept("fake-nomem.sock", c, &sfd) == 0);
+    CHECK(write_all(sfd, lines, sizeof lines - 1) == 0);
+    json_get_alloc_funcs(&old_m, &old_f);
+    json_set_alloc_funcs(refusing_malloc, free);
+    alloc_armed = 1;
+    rc = dgemma_next_event(c, &ev, WAIT_MS);
+    alloc_armed = 0;
+    json_set_alloc_funcs(old_m, old_f);
+    CHECKF(rc == DGEMMA_E_NOMEM && strstr(dgemma_errmsg(c), "out of memory"), "%d: %s", rc,
+           dgemma_errmsg(c));
+    for (int want = 7; want <= 8; want++) {
+        NEXT(c, &ev);
+        CHECKF(ev.kind == DGEMMA_EV_STATUS, "%s", ev.json);
+        j = json_loads(ev.json, 0, NULL);
+        CHECKF(json_integer_value(json_object_get(j, "running")) == want, "%s", ev.json);
+        json_decref(j);
+    }
+    close(sfd);
+    CHECK(dgemma_next_event(c, &ev, WAIT_MS) == DGEMMA_E_CLOSED);
+    dgemma_close(c);
+    return 0;
+}
+
 /* ---- the daemon ----------------------------------------------------------------- */
 
 static int connect_waits_for_daemon(void)
@@ -1026,6 +1069,7 @@ int main(void)
     TEST_CASE(connect_full_queue);
     TEST_CASE(fake_daemon);
     TEST_CASE(overlong_line);
+    TEST_CASE(event_out_of_memory);
     TEST_CASE(attach_after_error_with_id);
     TEST_CASE(connect_waits_for_daemon);
     if (daemon_pid > 0) {
