@@ -88,7 +88,10 @@ static json_t *load_number(struct loader *L)
                 goto range;
             u = u * 10 + d;
         }
-        v = json_integer(neg ? (json_int_t)(0 - u) : (json_int_t)u);
+        /* (-2^63 has no positive counterpart: made from -(2^63 - 1) - 1) */
+        v = json_integer(!neg ? (json_int_t)u
+                         : u > (unsigned long long)INT64_MAX ? -(json_int_t)(u - 1) - 1
+                                                             : -(json_int_t)u);
     } else {
         char small[64], *copy = n < sizeof small ? small : malloc(n + 1), *end;
         locale_t loc = c_locale();
