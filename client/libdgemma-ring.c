@@ -253,18 +253,20 @@ fail:
 }
 
 /* What a line in the buffer is to a waiting dgemma_ring_attach. */
-enum attach_kind { AK_OTHER, AK_ANSWER_OTHER, AK_ATTACHED, AK_ERROR_NO_ID };
+enum attach_kind { AK_OTHER, AK_ANSWER_OTHER, AK_ATTACHED, AK_ERROR_NO_ID, AK_NOMEM };
 
 /* Parse line[0, n) (a '\r' already cut); *o: the parse when it is an
- * event (the caller's to free), else NULL. */
+ * event (the caller's to free), else NULL.  AK_NOMEM: it could not be read
+ * for lack of memory (it may be the answer). */
 static enum attach_kind attach_classify(const char *line, size_t n, json_t **o,
                                         uint64_t *max_id)
 {
-    json_t *v = dg_json_loadb(line, n, JSON_ALLOW_NUL, "event", NULL), *ver;
+    struct dg_error err = {0};
+    json_t *v = dg_json_loadb(line, n, JSON_ALLOW_NUL, "event", &err), *ver;
     const char *kind;
     *o = NULL;
     if (!v)
-        return AK_OTHER;
+        return err.code == DG_E_NOMEM ? AK_NOMEM : AK_OTHER;
     ver = json_object_get(v, "v");
     kind = dgc_str_of(v, "event");
     if (!json_is_object(v) || !json_is_integer(ver) || json_integer_value(ver) != 1 || !kind) {
@@ -334,6 +336,11 @@ int dgemma_ring_attach(dgemma_t *c, const dgemma_ring_opts_t *opts, dgemma_ring_
                 len--;
             seen = le - c->start;
             k = attach_classify(c->buf + ls, len, &o, &max_id);
+            if (k == AK_NOMEM) { /* (waiting on would wait for ever if it was ours) */
+                dgc_fds_drop(c);
+                return dgc_seterr(c, DGEMMA_E_NOMEM,
+                                  "shm_attach: out of memory reading the daemon's events");
+            }
             if (k == AK_ANSWER_OTHER || (k == AK_ERROR_NO_ID && before > 0)) {
                 if (before > 0)
                     before--;

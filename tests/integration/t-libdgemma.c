@@ -618,6 +618,34 @@ static int event_out_of_memory(void)
     return 0;
 }
 
+/* An event met while waiting for the ring that cannot be read for lack of
+ * memory may be the answer: the attach says so (waiting on could wait for
+ * ever) rather than leave it for dgemma_next_event. */
+static int attach_out_of_memory(void)
+{
+    static const char line[] = "{\"v\":1,\"event\":\"shm_attached\",\"version\":1}\n";
+    json_malloc_t old_m;
+    json_free_t old_f;
+    dgemma_t *c = dgemma_new();
+    dgemma_ring_t *ring = NULL;
+    int sfd, rc;
+
+    CHECK(fake_accept("fake-attach-nomem.sock", c, &sfd) == 0);
+    CHECK(write_all(sfd, line, sizeof line - 1) == 0);
+    shutdown(sfd, SHUT_WR);
+    json_get_alloc_funcs(&old_m, &old_f);
+    json_set_alloc_funcs(refusing_malloc, free);
+    alloc_armed = 1;
+    rc = dgemma_ring_attach(c, NULL, &ring);
+    alloc_armed = 0;
+    json_set_alloc_funcs(old_m, old_f);
+    CHECKF(rc == DGEMMA_E_NOMEM && !ring && strstr(dgemma_errmsg(c), "out of memory"), "%d: %s",
+           rc, dgemma_errmsg(c));
+    close(sfd);
+    dgemma_close(c);
+    return 0;
+}
+
 /* ---- the daemon ----------------------------------------------------------------- */
 
 static int connect_waits_for_daemon(void)
@@ -1070,6 +1098,7 @@ int main(void)
     TEST_CASE(fake_daemon);
     TEST_CASE(overlong_line);
     TEST_CASE(event_out_of_memory);
+    TEST_CASE(attach_out_of_memory);
     TEST_CASE(attach_after_error_with_id);
     TEST_CASE(connect_waits_for_daemon);
     if (daemon_pid > 0) {
