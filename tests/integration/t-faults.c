@@ -338,6 +338,7 @@ static int fault_round(int round, int per_conn, struct tally *t)
 /* Tallies of the ring jobs sent while a fault is armed. */
 struct ring_tally {
     int sent, ok, failed, closed;
+    int tries; /* connections and attaches tried before one took, over the rounds */
 };
 
 /* n jobs through a ring (attached here, on a connection of its own) while
@@ -353,8 +354,11 @@ static int ring_round(int n, struct ring_tally *t)
     int done = 0, rc = 0, attached = 0;
     CHECK(c && job && dgemma_request_set_int(job, "max_tokens", 8) == 0 &&
           dgemma_request_set_int(job, "max_denoising_steps", 3) == 0);
-    /* (under faults the attach itself may be refused: try a few times) */
-    for (int tries = 0; tries < 20 && !attached; tries++) {
+    /* (under faults the connection or the attach may be refused at any of
+     * the allocations they make: try until one takes; 20 tries were once
+     * all refused at 1 in 40, so the rounds print how many it took) */
+    for (int tries = 0; tries < 300 && !attached; tries++) {
+        t->tries++;
         if (dgemma_connect(c, sock_path, 5) == 0 && dgemma_ring_attach(c, NULL, &ring) == 0)
             attached = 1;
         else {
@@ -470,8 +474,8 @@ static int alloc_failures_at(int tp)
            tp, t.sent, rates[0], rates[1], t.ends[END_DONE] - t.done_oom, t.done_oom, t.err_oom,
            t.ends[END_EOF], buf, (fixture_now_ms() - t0) / 1e3);
     printf("# alloc_failures: ring: %d jobs: %d completed, %d completed with an error code, "
-           "%d ended with their ring (connection dropped)\n", rt.sent, rt.ok, rt.failed,
-           rt.closed);
+           "%d ended with their ring (connection dropped); %d tries to attach its rings\n",
+           rt.sent, rt.ok, rt.failed, rt.closed, rt.tries);
     if (tp > 1) { /* (the log holds the tp 1 daemon's lines too: no "rank" in them) */
         int by[4] = {0};
         for (int r = 0; r < 4 && r < tp; r++) {
