@@ -265,6 +265,11 @@ $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(DAEMON_LIB) $(LI
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
+# (t-alloc-failures brings its own allocator: every allocation of the
+# project's code and of the static libraries goes through it)
+$(BUILD)/tests/unit/t-alloc-failures: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc \
+    -Wl,--wrap=strdup,--wrap=strndup,--wrap=posix_memalign
+
 $(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(BUILD)/tests/integration/fixture.o \
                                $(HARNESS_OBJ) $(LIBDGEMMA_A) $(DAEMON_LIB) $(LIBCORE)
 	$(call say,LINK,$@)
