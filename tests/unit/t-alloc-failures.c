@@ -3,11 +3,12 @@
  * comes from outside: a full configuration file (libyaml and the loader),
  * request lines of every op and prompt form (the JSON reader, the settings,
  * the chat format and the tokenizer, tokenized in the parse and left for
- * dproto_tokenize), JSON texts, and event lines formatted.  Each failure
- * must end as documented (DG_E_NOMEM with the configuration unchanged;
- * an "internal" refusal naming memory; NULL, or an error line that is
- * still JSON), and with nothing left allocated: the ASan build's
- * LeakSanitizer checks that at exit, and sees any bad access on the way.
+ * dproto_tokenize), a tokenizer.json loaded, JSON texts, and event lines
+ * formatted.  Each failure must end as documented (DG_E_NOMEM with the
+ * configuration unchanged or no tokenizer; an "internal" refusal naming
+ * memory; NULL, or an error line that is still JSON), and with nothing left
+ * allocated: the ASan build's LeakSanitizer checks that at exit, and sees
+ * any bad access on the way.
  * The allocator is this file's: the link wraps malloc, calloc, realloc,
  * strdup, strndup and posix_memalign (Makefile), so jansson's, libyaml's
  * and the project's own allocations all count.
@@ -198,6 +199,32 @@ static int case_requests(void)
     return 0;
 }
 
+/* The tokenizer the request lines used (written by test_proto_setup), loaded
+ * as dgemmad loads one at start. */
+static int case_tokenizer(void)
+{
+    struct dg_tokenizer *t = NULL;
+    struct dg_error err = {0};
+    char path[600];
+    long total;
+
+    snprintf(path, sizeof path, "%s/tokenizer.json", test_tmpdir());
+    arm(-1);
+    CHECK_OK(dg_tokenizer_load(path, NULL, &t, &err), &err);
+    total = disarm();
+    dg_tokenizer_free(t);
+    for (long k = 0; k < total; k++) {
+        int rc;
+        t = NULL;
+        arm(k);
+        rc = dg_tokenizer_load(path, NULL, &t, &err);
+        disarm();
+        CHECKF(rc == -DG_E_NOMEM && err.code == DG_E_NOMEM && !t,
+               "allocation %ld of %ld: rc %d: %s", k, total, rc, err.msg);
+    }
+    return 0;
+}
+
 /* ---- JSON texts ---------------------------------------------------------------- */
 
 static int case_json(void)
@@ -315,6 +342,7 @@ int main(void)
 {
     TEST_CASE(case_config);
     TEST_CASE(case_requests);
+    TEST_CASE(case_tokenizer);
     TEST_CASE(case_json);
     TEST_CASE(case_events);
     return test_finish();
