@@ -9,6 +9,7 @@
 #define DG_TEST_PROTO_CTX_H
 
 #include <stdio.h>
+#include <string.h>
 
 #include "daemon/protocol.h"
 #include "lib/gen-settings.h"
@@ -45,6 +46,39 @@ static inline int test_proto_setup(struct test_proto *P, size_t max_prompt_token
     P->ctx.tok = P->tok;
     P->ctx.max_prompt_tokens = max_prompt_tokens;
     return 0;
+}
+
+/* A canvas event: canvas *cs, the three ids {40, 41, 42}, text (its
+ * length by strlen). */
+static inline void test_canvas_event(struct dg_gen_event *ev, const struct dg_canvas_stats *cs,
+                                     const char *text)
+{
+    static const int32_t ids[3] = {40, 41, 42};
+    memset(ev, 0, sizeof *ev);
+    ev->kind = DG_EVENT_CANVAS;
+    ev->canvas = cs;
+    ev->ids = ids;
+    ev->n_ids = 3;
+    ev->text = text;
+    ev->text_len = strlen(text);
+}
+
+/* A done event, finished by stop id 1, with *st filled: 12 prompt tokens,
+ * 3 completion tokens, one canvas (*cs) of 9 decoder steps. */
+static inline void test_done_event(struct dg_gen_event *ev, struct dg_request_stats *st,
+                                   const struct dg_canvas_stats *cs)
+{
+    memset(st, 0, sizeof *st);
+    st->prompt_tokens = 12;
+    st->completion_tokens = 3;
+    st->canvases = 1;
+    st->decoder_steps = 9;
+    st->canvas = cs;
+    memset(ev, 0, sizeof *ev);
+    ev->kind = DG_EVENT_DONE;
+    ev->finish = DG_FINISH_STOP;
+    ev->stop_id = 1;
+    ev->stats = st;
 }
 
 #endif

@@ -292,38 +292,21 @@ static int each_failure(const char *what, char *(*make)(size_t *len), const char
     return 0;
 }
 
+static const struct dg_canvas_stats CANVAS = {2, 9, 1, 3, 12.5, 0.25f};
+
 static char *make_canvas(size_t *len)
 {
-    static const struct dg_canvas_stats cs = {2, 9, 1, 3, 12.5, 0.25f};
-    static const int32_t ids[3] = {40, 41, 42};
     struct dg_gen_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = DG_EVENT_CANVAS;
-    ev.canvas = &cs;
-    ev.ids = ids;
-    ev.n_ids = 3;
-    ev.text = "ok \xff tail";
-    ev.text_len = strlen(ev.text);
+    test_canvas_event(&ev, &CANVAS, "ok \xff tail");
     return dproto_canvas(7, "tag", &ev, len);
 }
 
 static char *make_done(size_t *len)
 {
-    static const struct dg_canvas_stats cs = {2, 9, 1, 3, 12.5, 0.25f};
     static const int32_t ids[3] = {40, 41, 42};
     struct dg_request_stats st;
     struct dg_gen_event ev;
-    memset(&st, 0, sizeof st);
-    st.prompt_tokens = 12;
-    st.completion_tokens = 3;
-    st.canvases = 1;
-    st.decoder_steps = 9;
-    st.canvas = &cs;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = DG_EVENT_DONE;
-    ev.finish = DG_FINISH_STOP;
-    ev.stop_id = 1;
-    ev.stats = &st;
+    test_done_event(&ev, &st, &CANVAS);
     return dproto_done(7, "t", &ev, "abc", 3, 1, ids, 3, len);
 }
 

@@ -312,13 +312,7 @@ static int events(void)
           json_is_object(json_object_get(j, "settings")));
     json_decref(j);
 
-    memset(&ev, 0, sizeof ev);
-    ev.kind = DG_EVENT_CANVAS;
-    ev.canvas = &cs;
-    ev.ids = ids;
-    ev.n_ids = 3;
-    ev.text = "ok \xff\xfe tail";
-    ev.text_len = strlen(ev.text);
+    test_canvas_event(&ev, &cs, "ok \xff\xfe tail");
     j = back(dproto_canvas(7, NULL, &ev, &len), &len);
     CHECK(j && json_integer_value(json_object_get(j, "index")) == 2);
     CHECK(json_array_size(json_object_get(j, "ids")) == 3 && !json_object_get(j, "tag"));
@@ -326,17 +320,7 @@ static int events(void)
                   "ok \xEF\xBF\xBD\xEF\xBF\xBD tail"));
     json_decref(j);
 
-    memset(&st, 0, sizeof st);
-    st.prompt_tokens = 12;
-    st.completion_tokens = 3;
-    st.canvases = 1;
-    st.decoder_steps = 9;
-    st.canvas = &cs;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = DG_EVENT_DONE;
-    ev.finish = DG_FINISH_STOP;
-    ev.stop_id = 1;
-    ev.stats = &st;
+    test_done_event(&ev, &st, &cs);
     j = back(dproto_done(7, "t", &ev, "abc", 3, 1, ids, 3, &len), &len);
     CHECK(j && !strcmp(json_string_value(json_object_get(j, "finish_reason")), "stop"));
     CHECK(json_integer_value(json_object_get(j, "stop_id")) == 1);
