@@ -86,8 +86,9 @@ struct dg_generation_config {
 };
 
 /* Parse and validate config.json text.  what names the file in errors.
- * Errors: DG_E_FORMAT (not JSON), DG_E_CONFIG (missing/mistyped/out-of-range
- * values, inconsistent shapes), DG_E_UNSUPPORTED. */
+ * Errors: DG_E_FORMAT (not JSON), DG_E_RANGE (a number past an int64 or a
+ * double), DG_E_CONFIG (missing/mistyped/out-of-range values, inconsistent
+ * shapes), DG_E_UNSUPPORTED, DG_E_NOMEM. */
 int dg_model_config_parse(const char *buf, size_t len, const char *what,
                           struct dg_model_config *cfg, struct dg_error *err);
 
@@ -130,7 +131,7 @@ void dg_generation_config_defaults(struct dg_generation_config *g);
 /* Parse generation_config.json text over the defaults; null values keep
  * the default.  Validation follows transformers' rules (t_max > t_min >= 0,
  * entropy_bound > 0, confidence_threshold > 0, stability_threshold >= 0,
- * max_denoising_steps > 0). */
+ * max_denoising_steps > 0).  Errors as dg_model_config_parse's. */
 int dg_generation_config_parse(const char *buf, size_t len, const char *what,
                                struct dg_generation_config *g, struct dg_error *err);
 

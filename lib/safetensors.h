@@ -54,7 +54,8 @@ struct dg_st_file {
  * messages.  On success *out owns its allocations (dg_st_file_free) and
  * points into buf, which must outlive it.  On failure *out is left empty.
  * Errors: DG_E_FORMAT (malformed header or entry), DG_E_RANGE (lengths or
- * offsets outside the file, overlap, holes, misalignment), DG_E_NOMEM. */
+ * offsets outside the file, overlap, holes, misalignment, a number past an
+ * int64 or a double), DG_E_NOMEM. */
 int dg_st_parse(const void *buf, size_t size, const char *what, struct dg_st_file *out,
                 struct dg_error *err);
 

@@ -33,8 +33,8 @@ struct dg_index {
 
 /* Parse len bytes; what names the file in errors.  Errors: DG_E_FORMAT
  * (malformed JSON, wrong types, bad shard names, empty map), DG_E_CONFIG
- * (missing weight_map, bad total_size), DG_E_RANGE (too many shards),
- * DG_E_NOMEM.  On failure *idx is left empty. */
+ * (missing weight_map, bad total_size), DG_E_RANGE (too many shards, or a
+ * number past an int64 or a double), DG_E_NOMEM.  On failure *idx is left empty. */
 int dg_index_parse(const char *buf, size_t len, const char *what, struct dg_index *idx,
                    struct dg_error *err);
 

@@ -55,7 +55,8 @@ int dg_buf_append(struct dg_buf *b, const char *s, size_t n);
 /* Load tokenizer.json at path, and tokenizer_config.json (config_path; may
  * be NULL, or name a missing file) for bos/eos names and add_bos_token.
  * Errors: DG_E_IO, DG_E_MISSING, DG_E_FORMAT (malformed JSON, duplicate
- * or inconsistent tokens, merges that produce unknown tokens),
+ * or inconsistent tokens, merges that produce unknown tokens), DG_E_RANGE
+ * (a number in tokenizer_config.json past an int64 or a double),
  * DG_E_UNSUPPORTED (a component type dgemma does not implement),
  * DG_E_NOMEM. */
 int dg_tokenizer_load(const char *path, const char *config_path, struct dg_tokenizer **out,

@@ -3,9 +3,11 @@
  * comes from outside: a full configuration file (libyaml and the loader),
  * request lines of every op and prompt form (the JSON reader, the settings,
  * the chat format and the tokenizer, tokenized in the parse and left for
- * dproto_tokenize), a tokenizer.json loaded, JSON texts, and event lines
+ * dproto_tokenize), tokenizers loaded (with a tokenizer_config.json), the
+ * embedded model's checkpoint opened (config, generation config,
+ * safetensors header), a shard index, JSON texts, and event lines
  * formatted.  Each failure must end as documented (DG_E_NOMEM with the
- * configuration unchanged or no tokenizer; an "internal" refusal naming
+ * configuration unchanged or nothing made; an "internal" refusal naming
  * memory; NULL, or an error line that is still JSON), and with nothing left
  * allocated: the ASan build's LeakSanitizer checks that at exit, and sees
  * any bad access on the way.
@@ -18,8 +20,10 @@
 #include <string.h>
 
 #include "daemon/protocol.h"
+#include "lib/checkpoint.h"
 #include "lib/daemon-config.h"
 #include "lib/json-util.h"
+#include "lib/st-index.h"
 #include "tests/harness.h"
 #include "tests/unit/proto-ctx.h"
 
@@ -199,27 +203,86 @@ static int case_requests(void)
     return 0;
 }
 
-/* The tokenizer the request lines used (written by test_proto_setup), loaded
- * as dgemmad loads one at start. */
+/* Tokenizers loaded as dgemmad loads one at start: the one the request
+ * lines used (written by test_proto_setup), and the embedded default
+ * model's with its tokenizer_config.json. */
 static int case_tokenizer(void)
 {
-    struct dg_tokenizer *t = NULL;
+    char synth[600];
+    const char *const paths[2][2] = {{synth, NULL},
+                                     {"model/default/tokenizer.json",
+                                      "model/default/tokenizer_config.json"}};
+
+    snprintf(synth, sizeof synth, "%s/tokenizer.json", test_tmpdir());
+    for (int i = 0; i < 2; i++) {
+        struct dg_tokenizer *t = NULL;
+        struct dg_error err = {0};
+        long total;
+        arm(-1);
+        CHECK_OK(dg_tokenizer_load(paths[i][0], paths[i][1], &t, &err), &err);
+        total = disarm();
+        dg_tokenizer_free(t);
+        for (long k = 0; k < total; k++) {
+            int rc;
+            t = NULL;
+            arm(k);
+            rc = dg_tokenizer_load(paths[i][0], paths[i][1], &t, &err);
+            disarm();
+            CHECKF(rc == -DG_E_NOMEM && err.code == DG_E_NOMEM && !t,
+                   "%s, allocation %ld of %ld: rc %d: %s", paths[i][0], k, total, rc, err.msg);
+        }
+    }
+    return 0;
+}
+
+/* A sharded checkpoint's model.safetensors.index.json. */
+static int case_index(void)
+{
+    static const char text[] =
+        "{\"metadata\": {\"total_size\": 123456789},\n"
+        " \"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\",\n"
+        "  \"model.layers.0.mlp.down_proj.weight\": \"model-00002-of-00002.safetensors\",\n"
+        "  \"model.norm.weight\": \"model-00002-of-00002.safetensors\"}}";
+    struct dg_index idx;
     struct dg_error err = {0};
-    char path[600];
     long total;
 
-    snprintf(path, sizeof path, "%s/tokenizer.json", test_tmpdir());
     arm(-1);
-    CHECK_OK(dg_tokenizer_load(path, NULL, &t, &err), &err);
+    CHECK_OK(dg_index_parse(text, sizeof text - 1, "i.json", &idx, &err), &err);
     total = disarm();
-    dg_tokenizer_free(t);
+    CHECK(idx.n_shards == 2);
+    dg_index_free(&idx);
     for (long k = 0; k < total; k++) {
         int rc;
-        t = NULL;
         arm(k);
-        rc = dg_tokenizer_load(path, NULL, &t, &err);
+        rc = dg_index_parse(text, sizeof text - 1, "i.json", &idx, &err);
         disarm();
-        CHECKF(rc == -DG_E_NOMEM && err.code == DG_E_NOMEM && !t,
+        CHECKF(rc == -DG_E_NOMEM && err.code == DG_E_NOMEM && idx.n_shards == 0,
+               "allocation %ld of %ld: rc %d: %s", k, total, rc, err.msg);
+    }
+    return 0;
+}
+
+/* The embedded default model's checkpoint opened (config, generation
+ * config, safetensors header), as dgemmad opens one at start. */
+static int case_checkpoint(void)
+{
+    struct dg_checkpoint ck;
+    struct dg_error err = {0};
+    long total;
+
+    arm(-1);
+    CHECK_OK(dg_checkpoint_open("model/default", &ck, &err), &err);
+    total = disarm();
+    dg_checkpoint_close(&ck);
+    for (long k = 0; k < total; k++) {
+        int rc;
+        arm(k);
+        rc = dg_checkpoint_open("model/default", &ck, &err);
+        disarm();
+        if (rc == 0)
+            dg_checkpoint_close(&ck);
+        CHECKF(rc == -DG_E_NOMEM && err.code == DG_E_NOMEM && ck.n_tensors == 0 && !ck.dir,
                "allocation %ld of %ld: rc %d: %s", k, total, rc, err.msg);
     }
     return 0;
@@ -326,6 +389,8 @@ int main(void)
     TEST_CASE(case_config);
     TEST_CASE(case_requests);
     TEST_CASE(case_tokenizer);
+    TEST_CASE(case_checkpoint);
+    TEST_CASE(case_index);
     TEST_CASE(case_json);
     TEST_CASE(case_events);
     return test_finish();

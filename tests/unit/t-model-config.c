@@ -304,6 +304,9 @@ static int case_malformed(void)
                 DG_E_FORMAT, "bad.json: malformed JSON at line 1");
     CHECK_FAILS(dg_model_config_parse("[]", 2, "arr.json", &c, &err), &err, DG_E_CONFIG,
                 "arr.json: expected a JSON object, got an array");
+    /* valid JSON with a number no double holds: the reader's range error */
+    CHECK_FAILS(dg_model_config_parse("{\"hidden_size\": 1e999}", 22, "big.json", &c, &err), &err,
+                DG_E_RANGE, "big.json: a number out of range at line 1");
     return 0;
 }
 
@@ -418,6 +421,8 @@ static int case_generation_invalid(void)
     CHECK_FAILS(parse_gen_text("{\"max_new_tokens\": \"many\"}", &g, &err), &err, DG_E_CONFIG,
                 "max_new_tokens: expected an integer");
     CHECK_FAILS(parse_gen_text("nope", &g, &err), &err, DG_E_FORMAT, "g.json: malformed JSON");
+    CHECK_FAILS(parse_gen_text("{\"max_new_tokens\": 99999999999999999999}", &g, &err), &err,
+                DG_E_RANGE, "g.json: a number out of range");
     return 0;
 }
 
