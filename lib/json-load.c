@@ -16,12 +16,15 @@
  * locale (an overflow is a range error, an underflow rounds), a later
  * duplicate key replaces the earlier one unless JSON_REJECT_DUPLICATES.
  * Differences: nesting deeper than DG_JSCAN_MAX_DEPTH (64) is refused
- * (jansson: 2048), and the error texts are this project's own words.
+ * (jansson: 2048); a raw NUL byte in the text is always refused (jansson
+ * takes one after a literal as the end of the text: " null\0" is null to
+ * it); where a text has two faults, the first in reading order is named
+ * (jansson reads a token before it checks where it stands); and the error
+ * texts are this project's own words.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strtod_l */
 #endif
-#include <errno.h>
 #include <locale.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -93,7 +96,7 @@ static json_t *load_number(struct loader *L)
                          : u > (unsigned long long)INT64_MAX ? -(json_int_t)(u - 1) - 1
                                                              : -(json_int_t)u);
     } else {
-        char small[64], *copy = n < sizeof small ? small : malloc(n + 1), *end;
+        char small[64], *copy = n < sizeof small ? small : malloc(n + 1);
         locale_t loc = c_locale();
         double x;
         if (!copy || !loc) {
@@ -104,8 +107,7 @@ static json_t *load_number(struct loader *L)
         }
         memcpy(copy, at, n);
         copy[n] = '\0';
-        errno = 0;
-        x = strtod_l(copy, &end, loc);
+        x = strtod_l(copy, NULL, loc); /* (the syntax is checked: it reads it all) */
         if (copy != small)
             free(copy);
         if (isinf(x))
