@@ -71,21 +71,6 @@ static int is_blank(const char *line, size_t n)
     return 1;
 }
 
-/* A bad line's message from dg_json_loadb's err_msg (made with what "the
- * line": plain words, never jansson's, which name flags of its API): its
- * "at line 1 column C" is "at column C" here, as the parser saw the input
- * line alone and the result names that line itself. */
-static void json_error_words(char *dst, size_t cap, const char *err_msg)
-{
-    static const char line1[] = " at line 1 column ";
-    const char *p = strstr(err_msg, line1);
-    if (p)
-        snprintf(dst, cap, "%.*s at column %s", (int)(p - err_msg), err_msg,
-                 p + strlen(line1));
-    else
-        snprintf(dst, cap, "%s", err_msg);
-}
-
 int batch_input_init(struct batch_input *in, const json_t *seen)
 {
     in->seen = seen;
@@ -124,7 +109,8 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
             out->kind = BATCH_LINE_BAD;
             out->code = "bad_line";
             if (!obj)
-                json_error_words(out->msg, sizeof out->msg, je.msg);
+                /* (made with what "the line", which stays: plain words) */
+                dg_json_error_at_column(out->msg, sizeof out->msg, je.msg, NULL);
             else
                 snprintf(out->msg, sizeof out->msg, "%s",
                          json_is_object(obj) ? "no \"id\" (a string or an integer)"

@@ -2,6 +2,7 @@
 #include "lib/json-util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +77,25 @@ json_t *dg_json_text(const char *s)
 json_t *dg_json_number(double x)
 {
     return isfinite(x) ? json_real(x) : json_null();
+}
+
+void dg_json_error_at_column(char *dst, size_t cap, const char *msg, const char *what)
+{
+    static const char line1[] = " at line 1 column ";
+    const char *p = strstr(msg, line1);
+    size_t skip = what ? strlen(what) : 0;
+
+    if (!p) {
+        snprintf(dst, cap, "%s", msg);
+        return;
+    }
+    if (!what || strncmp(msg, what, skip) || strncmp(msg + skip, ": ", 2) ||
+        msg + skip + 2 > p)
+        skip = 0;
+    else
+        skip += 2;
+    snprintf(dst, cap, "%.*s at column %s", (int)(p - msg - skip), msg + skip,
+             p + sizeof line1 - 1);
 }
 
 const char *dg_json_type_name(const json_t *v)

@@ -51,6 +51,12 @@ json_t *dg_json_text(const char *s);
  * hold).  NULL when out of memory. */
 json_t *dg_json_number(double x);
 
+/* msg, a dg_json_loadb error about one line of text read alone, in the
+ * words of a report that names that line itself: "at line 1 column C"
+ * becomes "at column C", and a leading "what: " (what may be NULL) goes
+ * too.  A message without that position is copied whole.  Into dst[cap]. */
+void dg_json_error_at_column(char *dst, size_t cap, const char *msg, const char *what);
+
 /* Human name of a JSON value's type ("a string", "an object", ...). */
 const char *dg_json_type_name(const json_t *v);
 

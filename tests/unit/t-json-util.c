@@ -184,6 +184,28 @@ static int case_text_and_number(void)
     return 0;
 }
 
+/* The one-line form of a parse error: its position said as a column, the
+ * source's name left out when asked. */
+static int case_error_at_column(void)
+{
+    struct dg_error err = {0};
+    char out[256];
+    CHECK(!dg_json_parse("{\"a\": tru}", 11, "line", &err));
+    dg_json_error_at_column(out, sizeof out, err.msg, "line");
+    CHECKF(!strcmp(out, "malformed JSON at column 7: unexpected character"), "%s", out);
+    dg_json_error_at_column(out, sizeof out, err.msg, NULL);
+    CHECKF(!strcmp(out, "line: malformed JSON at column 7: unexpected character"), "%s", out);
+    dg_json_error_at_column(out, sizeof out, err.msg, "other");
+    CHECKF(!strcmp(out, "line: malformed JSON at column 7: unexpected character"), "%s", out);
+    /* no position (or not on line 1): copied whole */
+    dg_json_error_at_column(out, sizeof out, "line: out of memory parsing JSON", "line");
+    CHECKF(!strcmp(out, "line: out of memory parsing JSON"), "%s", out);
+    CHECK(!dg_json_parse("{\n\"a\": tru}", 12, "line", &err));
+    dg_json_error_at_column(out, sizeof out, err.msg, "line");
+    CHECKF(!strcmp(out, err.msg), "%s", out);
+    return 0;
+}
+
 int main(void)
 {
     TEST_CASE(case_parse_errors);
@@ -192,5 +214,6 @@ int main(void)
     TEST_CASE(case_int_list);
     TEST_CASE(case_dumps);
     TEST_CASE(case_text_and_number);
+    TEST_CASE(case_error_at_column);
     return test_finish();
 }

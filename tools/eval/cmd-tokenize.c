@@ -180,14 +180,8 @@ int cmd_tokenize(int argc, char **argv)
         }
         in = dg_json_loadb(line, (size_t)n, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, "line", &je);
         if (!in) {
-            /* "line: malformed JSON at line 1 column C: why": the
-             * result names the line itself */
-            const char *m = strstr(je.msg, " at line 1 column ");
-            if (m && !strncmp(je.msg, "line: ", 6))
-                snprintf(why, sizeof why, "%.*s at column %s", (int)(m - je.msg - 6),
-                         je.msg + 6, m + strlen(" at line 1 column "));
-            else
-                snprintf(why, sizeof why, "%s", je.msg);
+            /* (the result names the line itself) */
+            dg_json_error_at_column(why, sizeof why, je.msg, "line");
             print_error(lineno, why);
             failures++;
             continue;
