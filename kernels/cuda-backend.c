@@ -52,7 +52,8 @@ struct step_graph {
     int kind;                       /* enum step_kind */
     int64_t Te, Tb;                 /* its encoder rows and all its rows (buckets) */
     uint64_t gen;                   /* step_generation at capture */
-    int seen;                       /* run once eagerly */
+    uint64_t seen_group;            /* nccl_gen when it ran eagerly */
+    int seen;                       /* run once eagerly (kernels loaded, cuBLAS chose) */
     dg_graph_t exec;                /* NULL until captured */
     struct dg_coll_stats coll;      /* the collectives in it (counted again at each replay) */
 };
@@ -404,7 +405,10 @@ static int step_work(struct grank *R, int kind, int64_t Te, int64_t Tb, struct d
  * (kind, Te, Tb) comes eagerly too (kernels load, cuBLAS chooses), the
  * second time captured and replayed, later replayed.  A graph whose
  * buffers changed since its capture is dropped and made again, never
- * replayed. */
+ * replayed: captured at once when the buffers were only reallocated (a
+ * larger step grew them: nothing left to load), after an eager run again
+ * when the group was rebuilt (a new communicator sets up its
+ * connections on its first collectives). */
 static int run_step(struct grank *R, int kind, int64_t Te, int64_t Tb, struct dg_error *err)
 {
     const uint64_t gen = step_generation(R);
@@ -420,8 +424,9 @@ static int run_step(struct grank *R, int kind, int64_t Te, int64_t Tb, struct dg
     if (g && g->gen != gen) {
         dg_graph_destroy(g->exec);
         g->exec = NULL;
-        g->seen = 0;
         g->gen = gen;
+        if (g->seen_group != R->nccl_gen)
+            g->seen = 0;
     }
     if (!g) {
         if (R->n_graphs == MAX_GRAPHS) {
@@ -451,6 +456,7 @@ static int run_step(struct grank *R, int kind, int64_t Te, int64_t Tb, struct dg
     }
     if (!g->seen) {
         g->seen = 1;
+        g->seen_group = R->nccl_gen;
         return step_work(R, kind, Te, Tb, err);
     }
     TRY(dg_graph_begin(st, R->dev, err));

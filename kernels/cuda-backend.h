@@ -45,8 +45,9 @@
  * then on replayed; what differs from one batch to the next (ids,
  * positions, caches, soft inputs, temperatures, draw sites) is uploaded
  * to the same device buffers before each launch.  A graph is dropped and
- * made again when any buffer it holds was reallocated or the group was
- * rebuilt.  Steps with a top-k / top-p filter run eagerly.  Without
+ * made again when any buffer it holds was reallocated (captured at its
+ * bucket's next step) or the group was rebuilt (that step eager, the
+ * next captured).  Steps with a top-k / top-p filter run eagerly.  Without
  * graphs the same kernels run eagerly on the same padded shapes, so both
  * give the same bits.
  *

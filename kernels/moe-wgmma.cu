@@ -157,10 +157,12 @@ __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2
                                                              : NT == 32 ? 6 : NT == 64 ? 4 : 3)
     experts_wgmma_kernel(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
                          const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
-                         const int32_t *offsets, const int32_t *counts, int32_t *sync, int groups,
-                         int64_t I, int64_t H)
+                         const int32_t *offsets, const int32_t *counts, int32_t *sync,
+                         const int32_t *active, int groups, int64_t I, int64_t H)
 {
     uint32_t base;
+    if (active && !*active)
+        return;
     unsigned char *smem = dg_wgmma_stages(&base);
     /* a word after the stages, in the alignment's slack: the dynamic
      * memory starts 16-aligned, so at most 1,008 of its 1,024 spare bytes
@@ -224,8 +226,8 @@ template <int NT>
 static int launch_experts(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
                           const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
                           const int32_t *offsets, const int32_t *counts, int32_t *sync,
-                          int groups, int64_t I, int64_t H, cudaStream_t st, int dev,
-                          struct dg_error *err)
+                          const int32_t *active, int groups, int64_t I, int64_t H,
+                          cudaStream_t st, int dev, struct dg_error *err)
 {
     constexpr int ST = 3, WGS = wgs_of<NT>::value; /* as launch's */
     constexpr int BM = WG_BM * WGS;
@@ -236,7 +238,7 @@ static int launch_experts(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
     kernel<<<(unsigned)blocks, 128 * WGS, shared, st>>>(hh, ys, xs, W_gu, W_down, offsets,
-                                                         counts, sync, groups, I, H);
+                                                         counts, sync, active, groups, I, H);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -250,8 +252,9 @@ extern "C" int dg_cuda_experts_wgmma_fits(int dev, int64_t I, int64_t H)
 
 extern "C" int dg_cuda_experts_wgmma(void *hh, float *ys, const void *xs, const void *W_gu,
                                      const void *W_down, const int32_t *offsets,
-                                     const int32_t *counts, int32_t *sync, int groups, int64_t I,
-                                     int64_t H, int rows_hint, dg_stream_t stream, int dev,
+                                     const int32_t *counts, int32_t *sync, const int32_t *active,
+                                     int groups, int64_t I, int64_t H, int rows_hint,
+                                     dg_stream_t stream, int dev,
                                      struct dg_error *err)
 {
     const cudaStream_t st = (cudaStream_t)stream;
@@ -266,13 +269,13 @@ extern "C" int dg_cuda_experts_wgmma(void *hh, float *ys, const void *xs, const 
     if (groups == 0)
         return 0;
     if (rows_hint > 32)
-        return launch_experts<128>(h, ys, x, wg, wd, offsets, counts, sync, groups, I, H, st, dev,
-                                   err);
+        return launch_experts<128>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
+                                   st, dev, err);
     if (rows_hint > 16)
-        return launch_experts<64>(h, ys, x, wg, wd, offsets, counts, sync, groups, I, H, st, dev,
-                                  err);
-    return launch_experts<32>(h, ys, x, wg, wd, offsets, counts, sync, groups, I, H, st, dev,
-                              err);
+        return launch_experts<64>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
+                                  st, dev, err);
+    return launch_experts<32>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H, st,
+                              dev, err);
 }
 
 extern "C" int dg_cuda_grouped_wgmma_fits(int dev, int64_t N, int64_t K)

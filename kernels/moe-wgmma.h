@@ -35,13 +35,16 @@ int dg_cuda_grouped_wgmma(void *Y, int y_f32, int gated, const void *X, const vo
  * shares the GPU with the second's first.  sync: 1 + groups int32 in
  * device memory, all zero when the launch starts (the routing kernel
  * zeroes them: dg_cuda_moe_route_e's view names them), left nonzero.
+ * active: NULL, or a word in device memory read as the launch runs: 0 and
+ * every block returns at once (nothing written, sync untouched; the routing
+ * sets such a word when it leaves the launch no rows).
  * Fits where both products fit dg_cuda_grouped_wgmma_fits. */
 int dg_cuda_experts_wgmma_fits(int dev, int64_t I, int64_t H);
 
 int dg_cuda_experts_wgmma(void *hh, float *ys, const void *xs, const void *W_gu,
                           const void *W_down, const int32_t *offsets, const int32_t *counts,
-                          int32_t *sync, int groups, int64_t I, int64_t H, int rows_hint,
-                          dg_stream_t stream, int dev, struct dg_error *err);
+                          int32_t *sync, const int32_t *active, int groups, int64_t I, int64_t H,
+                          int rows_hint, dg_stream_t stream, int dev, struct dg_error *err);
 
 #ifdef __cplusplus
 }

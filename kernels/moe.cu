@@ -41,12 +41,34 @@ static int64_t max_tiles(int64_t picks, int n_exp, int ts)
     return (picks + ts - 1) / ts + n_exp;
 }
 
+/* Tiles the batched GEMMs run (a count fixed by the shapes, so that the
+ * launches can be captured), where the tiles past it go to the grouped
+ * one-launch kernel (moe-wgmma.h) instead: the counts need
+ *   sum_j ceil(c_j / ts) = picks / ts + sum_j (1 - f_j),  f_j = frac(c_j / ts)
+ * over the experts whose run ends in a part-filled tile, so beyond picks /
+ * ts each expert adds between 0 and 1 tile: n_exp / 2 when the f_j are
+ * spread, with a spread of at most sqrt(n_exp) / 2 for independent ones.
+ * The bound is that mean and 4 of those: picks / ts + n_exp / 2 +
+ * 2 sqrt(n_exp) (at most max_tiles).  Every tile up to max_tiles is one
+ * the batched GEMMs compute, a dummy's as dear as a real one's: at top-8
+ * of 128, ts 128, batch 16 (32,768 picks) 384 tiles run where about 320
+ * hold rows. */
+static int64_t batched_tiles(int64_t picks, int n_exp, int ts)
+{
+    const int64_t b = (picks + ts - 1) / ts + n_exp / 2 + (int64_t)ceil(2.0 * sqrt((double)n_exp)),
+                  m = max_tiles(picks, n_exp, ts);
+    return b < m ? b : m;
+}
+
 /* the scratch's pieces, in order */
 struct moe_layout {
     int ts;
     int64_t tiles, rows;         /* tile bound, padded rows (tiles x ts) */
+    int64_t batched;             /* tiles the batched GEMMs may leave to the one launch */
     size_t counts, offsets, slot_of, ptrs, xs, gu, hh, ys, dummy_gu, dummy_ys;
     size_t sync;                 /* the one-launch experts' words (moe-wgmma.h, fp8-wgmma.h) */
+    size_t ov_offsets, ov_counts; /* the rows past the batched tiles, by expert */
+    size_t ov_any;               /* one word: whether any expert has such rows */
     size_t q, qs, total;         /* FP8: the quantized rows (of H or I bytes) and their scales */
     size_t q2, qs2;              /* FP8, the one launch: the hidden rows quantized (I bytes) */
 };
@@ -59,6 +81,7 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
     struct moe_layout l;
     l.ts = tile_rows(S, n_exp);
     l.tiles = max_tiles(S, n_exp, l.ts);
+    l.batched = batched_tiles(S, n_exp, l.ts);
     l.rows = l.tiles * l.ts;
     l.counts = 0;
     l.offsets = l.counts + ALIGN(sizeof(int32_t) * (size_t)n_exp);
@@ -71,7 +94,10 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
     l.dummy_gu = l.ys + ALIGN(4 * (size_t)l.rows * (size_t)H);
     l.dummy_ys = l.dummy_gu + ALIGN(esz * (size_t)l.ts * 2 * (size_t)I);
     l.sync = l.dummy_ys + ALIGN(4 * (size_t)l.ts * (size_t)H);
-    l.q = l.sync + ALIGN(sizeof(int32_t) * (size_t)(1 + 2 * n_exp));
+    l.ov_offsets = l.sync + ALIGN(sizeof(int32_t) * (size_t)(1 + 2 * n_exp));
+    l.ov_counts = l.ov_offsets + ALIGN(sizeof(int32_t) * (size_t)n_exp);
+    l.ov_any = l.ov_counts + ALIGN(sizeof(int32_t) * (size_t)n_exp);
+    l.q = l.ov_any + ALIGN(sizeof(int32_t));
     l.qs = l.q + (fp8 ? ALIGN((size_t)l.rows * (size_t)(H > I ? H : I)) : 0);
     l.q2 = l.qs + (fp8 ? ALIGN(4 * (size_t)l.rows) : 0);
     l.qs2 = l.q2 + (fp8 ? ALIGN((size_t)l.rows * (size_t)I) : 0);
@@ -108,6 +134,10 @@ extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
  *     A2[t] = hh + (offsets[j] + k ts) I,  B2[t] = W_down_j,  C2[t] = ys + (...) H
  *   tiles past the last used one compute into the dummies (the batched
  *   GEMMs have a fixed count: the host's bound);
+ *   the rows from row rb on (rb: the batched GEMMs' tiles, times ts),
+ *   expert by expert: ov_off[j] = max(offsets[j], rb), ov_cnt[j] =
+ *   max(0, offsets[j] + c_j - ov_off[j]) (all 0 when the tiles used end
+ *   by rb), *ov_any = 1 where any is not 0, else 0;
  *   slot_of[p] = offsets[j] + (p's place among expert j's picks), or -1
  *   for another rank's expert (the order within a run is free: rows are
  *   independent);
@@ -115,7 +145,8 @@ extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
  *   fp8-wgmma.h).
  * shared: 2 n_exp + 1 int32. */
 __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *slot_of,
-                                    int32_t *sync, void **ptrs, const int32_t *idx,
+                                    int32_t *sync, int32_t *ov_off, int32_t *ov_cnt,
+                                    int32_t *ov_any, int64_t rb, void **ptrs, const int32_t *idx,
                                     int64_t picks, int e0, int n_exp, int ts, int64_t tiles,
                                     unsigned char *xs,
                                     unsigned char *gu, unsigned char *hh, unsigned char *ys,
@@ -125,6 +156,7 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
 {
     extern __shared__ int32_t s_route[]; /* counts, then offsets [n_exp + 1] */
     __shared__ int32_t s_warp[32];
+    __shared__ int32_t s_any;
     int32_t *s_count = s_route, *s_off = s_route + n_exp;
     const int j = threadIdx.x;
     void **A1 = ptrs, **B1 = ptrs + tiles, **C1 = ptrs + 2 * tiles;
@@ -134,6 +166,8 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
 
     for (int i = j; i < n_exp; i += blockDim.x)
         s_count[i] = 0;
+    if (j == 0)
+        s_any = 0;
     __syncthreads();
     for (int64_t p = j; p < picks; p += blockDim.x) {
         const int e = idx[p] - e0;
@@ -179,6 +213,12 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
     }
     if (j < n_exp) {
         const int64_t I2 = 2 * (int64_t)I;
+        const int64_t ov0 = s_off[j] > rb ? (int64_t)s_off[j] : rb,
+                      end = (int64_t)s_off[j] + s_count[j];
+        ov_off[j] = (int32_t)ov0;
+        ov_cnt[j] = end > ov0 ? (int32_t)(end - ov0) : 0;
+        if (end > ov0)
+            s_any = 1;
         pad = (s_count[j] + ts - 1) / ts * ts;
         for (int32_t r = 0; r < pad; r += ts) {
             const int64_t row = (int64_t)s_off[j] + r, t = row / ts;
@@ -201,6 +241,8 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
     }
     /* the counts become cursors: each pick takes the next row of its run */
     __syncthreads();
+    if (j == 0)
+        *ov_any = s_any;
     for (int i = j; i < n_exp; i += blockDim.x)
         s_count[i] = 0;
     __syncthreads();
@@ -287,10 +329,10 @@ __global__ static void combine4_kernel(float4 *out, const float4 *ys, const int3
 /* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
  * l: the counts, the tile schedule and each pick's slot (one launch),
  * then with gather the gathered rows.  Nothing waits for the device. */
-static int route(enum dg_elt e, const struct moe_layout *l, const void *x, int64_t T, int H,
-                 const int32_t *idx, int K, int e0, int n_exp, int I, const void *W_gu,
-                 const void *W_down, unsigned char *sc, int gather, cudaStream_t st, int dev,
-                 struct dg_error *err)
+static int route(enum dg_elt e, const struct moe_layout *l, int64_t batched, const void *x,
+                 int64_t T, int H, const int32_t *idx, int K, int e0, int n_exp, int I,
+                 const void *W_gu, const void *W_down, unsigned char *sc, int gather,
+                 cudaStream_t st, int dev, struct dg_error *err)
 {
     const int64_t esz = dg_elt_size(e), picks = T * K;
     int32_t *counts = (int32_t *)(sc + l->counts);
@@ -298,7 +340,9 @@ static int route(enum dg_elt e, const struct moe_layout *l, const void *x, int64
     int rc = 0;
 
     route_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * n_exp + 1), st>>>(
-        counts, offsets, slot_of, (int32_t *)(sc + l->sync), (void **)(sc + l->ptrs), idx, picks,
+        counts, offsets, slot_of, (int32_t *)(sc + l->sync), (int32_t *)(sc + l->ov_offsets),
+        (int32_t *)(sc + l->ov_counts), (int32_t *)(sc + l->ov_any), batched * l->ts,
+        (void **)(sc + l->ptrs), idx, picks,
         e0, n_exp, l->ts, l->tiles, sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys,
         (const unsigned char *)W_gu, (const unsigned char *)W_down, sc + l->dummy_gu,
         sc + l->dummy_ys, H, I, (int)esz);
@@ -334,6 +378,16 @@ static int check_shapes(int64_t T, int H, int K, int I, int e0, int n_exp, int d
     return 0;
 }
 
+/* The tiles the batched GEMMs run for element type e: l's bound where
+ * the one launch takes the rest (bf16 experts it fits on a Hopper GPU),
+ * otherwise all of them (no rows past them) */
+static int64_t batched_of(enum dg_elt e, const struct moe_layout *l, int H, int I, int dev)
+{
+    return e == DG_ELT_BF16 && l->batched < l->tiles && dg_cuda_experts_wgmma_fits(dev, I, H)
+               ? l->batched
+               : l->tiles;
+}
+
 extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H,
                                    const int32_t *idx, int K, int e0, int n_exp, int I,
                                    const void *W_gu, const void *W_down, void *scratch,
@@ -358,8 +412,10 @@ extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int 
         .slot_of = (int32_t *)(sc + l.slot_of), .ptrs = (void **)(sc + l.ptrs),
         .xs = sc + l.xs, .gu = sc + l.gu, .hh = sc + l.hh, .ys = sc + l.ys,
         .dummy_gu = sc + l.dummy_gu, .dummy_ys = sc + l.dummy_ys,
-        .sync = (int32_t *)(sc + l.sync)};
-    return route(e, &l, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, 1,
+        .sync = (int32_t *)(sc + l.sync), .batched = batched_of(e, &l, H, I, dev),
+        .ov_offsets = (int32_t *)(sc + l.ov_offsets),
+        .ov_counts = (int32_t *)(sc + l.ov_counts), .ov_any = (int32_t *)(sc + l.ov_any)};
+    return route(e, &l, view->batched, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, 1,
                  (cudaStream_t)stream, dev, err);
 }
 
@@ -407,6 +463,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     struct moe_layout l;
     int32_t *counts, *offsets, *slot_of;
     void **ptrs;
+    int64_t batched;
     int at, direct, rc = 0;
 
     if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || (S_gu && e != DG_ELT_BF16) || !S_gu != !S_down)
@@ -425,6 +482,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     offsets = (int32_t *)(sc + l.offsets);
     slot_of = (int32_t *)(sc + l.slot_of);
     ptrs = (void **)(sc + l.ptrs);
+    batched = batched_of(e, &l, H, I, dev);
     /* FP8: the quantization of the picks' rows only (at), read straight
      * from x by token where it takes x's rows (direct), so that no gathered
      * copy is made.  (The bf16 wgmma product reading its rows by token was
@@ -433,8 +491,8 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     at = S_gu && dg_cuda_fp8_quantize_rows_at_fits(H, sc + l.xs, sc + l.q) &&
          dg_cuda_fp8_quantize_rows_at_fits(I, sc + l.gu, sc + l.q);
     direct = at && dg_cuda_fp8_quantize_rows_at_fits(H, x, sc + l.q);
-    if ((rc = route(e, &l, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, !direct, st, dev,
-                    err)) < 0)
+    if ((rc = route(e, &l, batched, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, !direct, st,
+                    dev, err)) < 0)
         goto out;
     if (S_gu) {
         /* FP8 (W8A8): each expert's rows quantized per row, the grouped
@@ -502,7 +560,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
              * starting once its gate/up tiles are stored */
             if ((rc = dg_cuda_experts_wgmma(sc + l.hh, (float *)(sc + l.ys), sc + l.xs, W_gu,
                                             W_down, offsets, counts, (int32_t *)(sc + l.sync),
-                                            n_exp, I, H, hint, stream, dev, err)) < 0)
+                                            NULL, n_exp, I, H, hint, stream, dev, err)) < 0)
                 goto out;
         } else if ((rc = dg_cuda_grouped_gemm_gelu(sc + l.hh, 0, sc + l.xs, W_gu, offsets, counts,
                                                    n_exp, I, H, hint, stream, dev, err)) < 0 ||
@@ -514,16 +572,27 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
         const int64_t I2 = 2 * (int64_t)I, nt = l.tiles;
         /* gu = xs W_gu^T (type e), hh = gelu(gate) * up (type e) over every
          * padded row, ys = hh W_down^T (fp32): tile by tile, each with its
-         * expert's weights */
+         * expert's weights, over the first `batched` tiles (pointer arrays
+         * of nt); the rows past them, if any, through the one launch
+         * (hh and ys alike, the bits of the grouped kernels, not cuBLAS's;
+         * with none, its blocks return at once: ov_any) */
         if ((rc = dg_blas_gemm_batched_e(b, e, ptrs + 2 * nt, 0, (const void *const *)ptrs,
-                                         l.ts, (const void *const *)(ptrs + nt), I2, H, H, nt,
-                                         err)) < 0 ||
+                                         l.ts, (const void *const *)(ptrs + nt), I2, H, H,
+                                         batched, err)) < 0 ||
             (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, I2, sc + l.gu + I * esz, I2,
-                                     l.rows, I, stream, dev, err)) < 0 ||
+                                     batched * l.ts, I, stream, dev, err)) < 0 ||
             (rc = dg_blas_gemm_batched_e(b, e, ptrs + 5 * nt, 1,
                                          (const void *const *)(ptrs + 3 * nt), l.ts,
-                                         (const void *const *)(ptrs + 4 * nt), H, I, I, nt,
+                                         (const void *const *)(ptrs + 4 * nt), H, I, I, batched,
                                          err)) < 0)
+            goto out;
+        if (batched < nt &&
+            (rc = dg_cuda_experts_wgmma(sc + l.hh, (float *)(sc + l.ys), sc + l.xs, W_gu, W_down,
+                                        (const int32_t *)(sc + l.ov_offsets),
+                                        (const int32_t *)(sc + l.ov_counts),
+                                        (int32_t *)(sc + l.sync),
+                                        (const int32_t *)(sc + l.ov_any), n_exp, I, H, 128,
+                                        stream, dev, err)) < 0)
             goto out;
     }
 combine:

@@ -164,7 +164,9 @@ int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, in
  * the shapes: 16 .. 128), each tile goes through two GEMMs with its
  * expert's weights and the gated gelu between them (intermediates bf16,
  * fp32 accumulation; two batched cuBLAS calls over a tile schedule built
- * on the device), and each token sums its picks in k order
+ * on the device, whose fixed count covers the tiles routing needs all but
+ * never: on Hopper the rows of the tiles past it, if any, go through the
+ * one-launch kernel of moe-wgmma.h), and each token sums its picks in k order
  * (deterministic).  Nothing waits for the device: the launches depend on
  * the shapes only, so the sequence can be captured in a CUDA graph.
  * n_exp <= 1024.  b must be bound to stream.  scratch:
@@ -431,7 +433,14 @@ int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, i
  *         tiles from offsets[n_exp] / ts on read xs, W_gu, hh, W_down and
  *         write dummy_gu, dummy_ys;
  *   sync[0 .. 2 n_exp] = 0: the words of the experts' one launch
- *         (dg_cuda_experts_wgmma, dg_cuda_fp8_experts_wgmma).
+ *         (dg_cuda_experts_wgmma, dg_cuda_fp8_experts_wgmma);
+ *   ov_offsets, ov_counts: the rows from rb = batched ts on, expert by
+ *         expert (ov_offsets[j] = max(offsets[j], rb), ov_counts[j] =
+ *         max(0, offsets[j] + counts[j] - ov_offsets[j])), which
+ *         dg_cuda_moe_e runs through the one launch where the batched
+ *         GEMMs stop at `batched` tiles (bf16 on Hopper, when its bound is
+ *         below `tiles`; otherwise batched = tiles and every count 0);
+ *         *ov_any = 1 where any count is not 0, else 0.
  * T >= 1; e bf16 or fp32; shapes as dg_cuda_moe_e (DG_E_INVAL).
  *
  * dg_cuda_moe_combine: out[t, i] = sum over k < K, in k order, of
@@ -444,6 +453,9 @@ struct dg_moe_route_view {
     void **ptrs;
     void *xs, *gu, *hh, *ys, *dummy_gu, *dummy_ys;
     int32_t *sync;                      /* 1 + 2 n_exp, zeroed (the experts' one launch) */
+    int64_t batched;                    /* tiles the batched GEMMs run (<= tiles) */
+    int32_t *ov_offsets, *ov_counts;    /* the rows past them, by expert */
+    int32_t *ov_any;                    /* 1 if any, else 0 */
 };
 int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H, const int32_t *idx, int K,
                         int e0, int n_exp, int I, const void *W_gu, const void *W_down,

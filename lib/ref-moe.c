@@ -71,6 +71,20 @@ void dg_ref_moe_route(int32_t *counts, int32_t *offsets, int32_t *slot_of, const
     }
 }
 
+int64_t dg_ref_moe_overflow(int32_t *ov_offsets, int32_t *ov_counts, const int32_t *counts,
+                            const int32_t *offsets, int n_exp, int64_t rb)
+{
+    int64_t total = 0;
+    for (int j = 0; j < n_exp; j++) {
+        const int64_t start = offsets[j] > rb ? offsets[j] : rb;
+        const int64_t end = (int64_t)offsets[j] + counts[j];
+        ov_offsets[j] = (int32_t)start;
+        ov_counts[j] = end > start ? (int32_t)(end - start) : 0;
+        total += ov_counts[j];
+    }
+    return total;
+}
+
 void dg_ref_moe_combine(float *out, const float *ys, const int32_t *slot_of, const float *w,
                         int64_t T, int K, int H)
 {

@@ -156,6 +156,15 @@ int dg_ref_moe(float *out, const float *x, int64_t T, int H, const int32_t *idx,
 void dg_ref_moe_route(int32_t *counts, int32_t *offsets, int32_t *slot_of, const int32_t *idx,
                       int64_t picks, int e0, int n_exp, int ts);
 
+/* The rows of dg_ref_moe_route's runs from row rb on, expert by expert
+ * (the part past the batched GEMMs' tiles that dg_cuda_moe_e's one launch
+ * takes):
+ *   ov_offsets[j] = max(offsets[j], rb),
+ *   ov_counts[j]  = max(0, offsets[j] + counts[j] - ov_offsets[j]).
+ * Returns the sum of ov_counts. */
+int64_t dg_ref_moe_overflow(int32_t *ov_offsets, int32_t *ov_counts, const int32_t *counts,
+                            const int32_t *offsets, int n_exp, int64_t rb);
+
 /* out[t, i] = sum over k < K, in k order, of w[t, k] ys[slot_of[t K + k], i],
  * slots below 0 skipped (fp32 sums); out [T, H], ys rows of H. */
 void dg_ref_moe_combine(float *out, const float *ys, const int32_t *slot_of, const float *w,

@@ -6,7 +6,10 @@
  * slice of the experts (picks outside it contribute nothing), every pick on
  * one expert, no pick in the slice (zeros), and the model's shapes (top-8
  * of 128, H 2816, I 704) where the bf16 products take the grouped GEMM of
- * moe-gemm.cu, with a group longer than its 128-row pass, and rows of
+ * moe-gemm.cu, with a group longer than its 128-row pass, past 128 rows
+ * an expert (the batched GEMMs) with random picks and with runs of 257
+ * rows whose last tiles lie past the batched GEMMs' fixed count (on
+ * Hopper with bf16 those rows go through the one launch), and rows of
  * H 100 and 70 (not a multiple of 16 bytes: the gather that copies
  * element by element).  Every shape with bf16
  * elements (dg_cuda_moe), then with fp32 ones (dg_cuda_moe_e: fp32 tokens,
@@ -25,9 +28,10 @@
  * (grouped_gelu).
  * Both products in one launch (Hopper) against the two launches, to the
  * bit (experts_one_launch).
- * The routing stages (counts, tile schedule, slots, gather) and the
- * ordered sum on their own against dg_ref_moe_route and
- * dg_ref_moe_combine (route_combine).
+ * The routing stages (counts, tile schedule, slots, gather, the rows past
+ * the batched GEMMs' tiles) and the ordered sum on their own against
+ * dg_ref_moe_route, dg_ref_moe_overflow and dg_ref_moe_combine
+ * (route_combine).
  * Exit 77 where there is no GPU.
  */
 #include <math.h>
@@ -56,6 +60,7 @@ struct shape {
     int64_t T;
     int H, I, E, K, e0, n_exp;
     int one_expert;     /* every pick on expert e0 (K = 1) */
+    int runs_257;       /* the picks of craft_picks (K distinct experts a token) */
 };
 
 /* n fp32 values of 0xff bytes (NaN) on the device and GUARD words of
@@ -93,6 +98,26 @@ static void draw_picks(int32_t *idx, int64_t T, int K, int E, int one)
         }
 }
 
+/* Picks for T tokens, top-K of the n_exp experts e0 ..: every expert but
+ * the last 257 (two tiles of 128 and one row), the last the rest, so that
+ * at T 1024, K 8 and 32 experts the runs need 95 tiles of 128 where the
+ * batched GEMMs run 92 (moe.cu's bound: 64 + 16 + 12): expert 30's last
+ * row and expert 31's 225 go to the one launch.  The sorted list of picks
+ * goes round the tokens (pick i to token i mod T), so no token gets an
+ * expert twice while no run is longer than T.  0, or -1 when the shape
+ * cannot hold it. */
+static int craft_picks(int32_t *idx, int64_t T, int K, int e0, int n_exp)
+{
+    const int64_t picks = T * K, rest = picks - (int64_t)(n_exp - 1) * 257;
+    int64_t i = 0;
+    if (rest < 1 || rest > T || 257 > T)
+        return -1;
+    for (int j = 0; j < n_exp; j++)
+        for (int64_t c = 0; c < (j + 1 < n_exp ? 257 : rest); c++, i++)
+            idx[(i % T) * K + i / T] = e0 + j;
+    return 0;
+}
+
 /* bf16 elements: dg_cuda_moe and its scratch; fp32: the _e forms */
 static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
 {
@@ -116,7 +141,10 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
           gt_rand_elts(elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0 &&
           gt_rand_elts(elt, ngu, 0.06f, &hgu, &fgu) == 0 &&
           gt_rand_elts(elt, ndn, 0.06f, &hdn, &fdn) == 0);
-    draw_picks(idx, T, K, s->E, s->one_expert ? s->e0 : -1);
+    if (s->runs_257)
+        CHECK(craft_picks(idx, T, K, s->e0, n_exp) == 0);
+    else
+        draw_picks(idx, T, K, s->E, s->one_expert ? s->e0 : -1);
     for (int64_t p = 0; p < T * K; p++)
         w[p] = 0.1f + (gt_uniform() + 1.0f) * 0.4f;
     for (int j = 0; j < n_exp; j++) {
@@ -142,6 +170,26 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
                                  : dg_cuda_moe_scratch(T, K, H, I, n_exp),
                              0, &err) == 0,
            "%s", err.msg);
+    if (s->runs_257 && !f32 && dg_cuda_experts_wgmma_fits(0, I, H)) {
+        /* (the routing alone first: rows are past the batched GEMMs' tiles) */
+        struct dg_moe_route_view v;
+        int32_t *ov = malloc(sizeof(int32_t) * (size_t)n_exp);
+        int64_t past = 0;
+        CHECK(ov);
+        CHECK_OK(dg_cuda_moe_route_e(elt, dx, T, H, didx, K, s->e0, n_exp, I, dgu, ddn, scratch,
+                                     &v, NULL, 0, &err),
+                 &err);
+        CHECK_OK(dg_cuda_sync(0, &err), &err);
+        CHECK_OK(dg_cuda_download(ov, v.ov_counts, sizeof(int32_t) * (size_t)n_exp, 0, &err),
+                 &err);
+        for (int j = 0; j < n_exp; j++)
+            past += ov[j];
+        printf("# moe %s: %lld rows past the batched GEMMs' %lld tiles\n", s->what,
+               (long long)past, (long long)v.batched);
+        CHECKF(past > 0 && v.batched < v.tiles, "moe %s: no rows past %lld of %lld tiles",
+               s->what, (long long)v.batched, (long long)v.tiles);
+        free(ov);
+    }
     if (f32)
         CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
                                scratch, NULL, &err),
@@ -193,20 +241,26 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
 static int moe(void)
 {
     static const struct shape shapes[] = {
-        {"37 tokens, top-2 of 8, all experts, H 256, I 64", 37, 256, 64, 8, 2, 0, 8, 0},
+        {"37 tokens, top-2 of 8, all experts, H 256, I 64", 37, 256, 64, 8, 2, 0, 8, 0, 0},
         {"200 tokens, top-8 of 128, experts 32..63, H 512, I 176", 200, 512, 176, 128, 8, 32, 32,
-         0},
-        {"1 token, top-8 of 16, all, H 2816, I 704", 1, 2816, 704, 16, 8, 0, 16, 0},
-        {"50 tokens, every pick on expert 3, H 128, I 96", 50, 128, 96, 8, 1, 3, 2, 1},
-        {"9 tokens, top-2 of 8, slice 6..7 given picks only below", 9, 64, 32, 6, 2, 6, 2, 0},
+         0, 0},
+        {"1 token, top-8 of 16, all, H 2816, I 704", 1, 2816, 704, 16, 8, 0, 16, 0, 0},
+        {"50 tokens, every pick on expert 3, H 128, I 96", 50, 128, 96, 8, 1, 3, 2, 1, 0},
+        {"9 tokens, top-2 of 8, slice 6..7 given picks only below", 9, 64, 32, 6, 2, 6, 2, 0, 0},
         /* the model's shapes with a canvas' worth of rows an expert (the
          * grouped GEMM of moe-gemm.cu), and a group past one pass */
-        {"64 tokens, top-8 of 128, all, H 2816, I 704", 64, 2816, 704, 128, 8, 0, 128, 0},
-        {"150 tokens, every pick on expert 0 of 2, H 256, I 64", 150, 256, 64, 2, 1, 0, 2, 1},
+        {"64 tokens, top-8 of 128, all, H 2816, I 704", 64, 2816, 704, 128, 8, 0, 128, 0, 0},
+        {"150 tokens, every pick on expert 0 of 2, H 256, I 64", 150, 256, 64, 2, 1, 0, 2, 1, 0},
+        /* past 128 rows an expert: the batched GEMMs (bf16 as fp32), and
+         * on Hopper with bf16 the rows of the tiles past their fixed
+         * count through the one launch (none, then 226) */
+        {"1024 tokens, top-8 of 32, H 256, I 128", 1024, 256, 128, 32, 8, 0, 32, 0, 0},
+        {"1024 tokens, top-8 of 32, runs of 257 rows, H 256, I 128", 1024, 256, 128, 32, 8, 0,
+         32, 0, 1},
         /* rows that are not a multiple of 16 bytes: the element-wise gather
          * (H 100 in bf16, H 70 in both) */
-        {"21 tokens, top-2 of 8, all, H 100, I 48", 21, 100, 48, 8, 2, 0, 8, 0},
-        {"13 tokens, top-2 of 4, all, H 70, I 40", 13, 70, 40, 4, 2, 0, 4, 0},
+        {"21 tokens, top-2 of 8, all, H 100, I 48", 21, 100, 48, 8, 2, 0, 8, 0, 0},
+        {"13 tokens, top-2 of 4, all, H 70, I 40", 13, 70, 40, 4, 2, 0, 4, 0, 0},
     };
     struct dg_blas *blas = NULL;
     struct dg_error err = {0};
@@ -291,6 +345,7 @@ struct route_shape {
     int H, I, E, K, e0, n_exp;
     int one_expert;     /* every pick on expert e0 (K = 1) */
     enum dg_elt elt;
+    int runs_257;       /* craft_picks */
 };
 
 /* One shape of route_combine: the routing stages' counts, offsets, tile
@@ -320,7 +375,10 @@ static int route_one(const struct route_shape *s)
 
     CHECK(idx && slot && ref_slot && cnt && off && ref_cnt && ref_off && sc_host &&
           gt_rand_elts(s->elt, (size_t)(T * H), 1.0f, &hx, &fx) == 0);
-    draw_picks(idx, T, K, s->E, s->one_expert ? s->e0 : -1);
+    if (s->runs_257)
+        CHECK(craft_picks(idx, T, K, s->e0, n_exp) == 0);
+    else
+        draw_picks(idx, T, K, s->E, s->one_expert ? s->e0 : -1);
     /* the weights are only addressed (the tile table), never read here */
     dx = gt_upload(hx, (size_t)(T * H) * esz, &err);
     didx = gt_upload(idx, sizeof(int32_t) * (size_t)picks, &err);
@@ -407,6 +465,39 @@ static int route_one(const struct route_shape *s)
             CHECKF(P[a * v.tiles + t] == want[a], "route %s: tile %lld of %lld (%lld used), "
                    "pointer %d", s->what, (long long)t, (long long)v.tiles, (long long)used, a);
     }
+    /* the rows past the batched GEMMs' tiles, expert by expert: all of
+     * them where batched is all the tiles (fp32; a GPU before Hopper) */
+    {
+        int32_t *ovo = malloc(sizeof(int32_t) * (size_t)n_exp);
+        int32_t *ovc = malloc(sizeof(int32_t) * (size_t)n_exp);
+        int32_t *ref_ovo = malloc(sizeof(int32_t) * (size_t)n_exp);
+        int32_t *ref_ovc = malloc(sizeof(int32_t) * (size_t)n_exp);
+        int64_t past = 0, ref_past;
+        int32_t any;
+        CHECK(ovo && ovc && ref_ovo && ref_ovc);
+        CHECKF(v.batched >= 1 && v.batched <= v.tiles &&
+                   (s->elt == DG_ELT_BF16 || v.batched == v.tiles),
+               "route %s: %lld batched tiles of %lld", s->what, (long long)v.batched,
+               (long long)v.tiles);
+        memcpy(ovo, AT(v.ov_offsets), sizeof(int32_t) * (size_t)n_exp);
+        memcpy(ovc, AT(v.ov_counts), sizeof(int32_t) * (size_t)n_exp);
+        memcpy(&any, AT(v.ov_any), sizeof any);
+        ref_past = dg_ref_moe_overflow(ref_ovo, ref_ovc, ref_cnt, ref_off, n_exp,
+                                       v.batched * v.ts);
+        CHECKF(!memcmp(ovo, ref_ovo, sizeof(int32_t) * (size_t)n_exp) &&
+                   !memcmp(ovc, ref_ovc, sizeof(int32_t) * (size_t)n_exp),
+               "route %s: the rows past %lld batched tiles", s->what, (long long)v.batched);
+        CHECKF(any == (ref_past > 0), "route %s: ov_any %d with %lld rows past", s->what,
+               (int)any, (long long)ref_past);
+        for (int j = 0; j < n_exp; j++)
+            past += ovc[j];
+        CHECKF(!s->runs_257 || past > 0 || v.batched == v.tiles,
+               "route %s: crafted runs, yet no row past %lld tiles", s->what,
+               (long long)v.batched);
+        printf("# route %s: %lld tiles for the batched GEMMs, %lld rows past them\n", s->what,
+               (long long)v.batched, (long long)past);
+        free(ovo), free(ovc), free(ref_ovo), free(ref_ovc);
+    }
 #undef AT
     /* combine over random expert outputs in the padded rows, by the GPU's slots */
     {
@@ -456,22 +547,29 @@ static int route_one(const struct route_shape *s)
  * dg_ref_moe_combine on fresh random picks: all experts, a rank's slice,
  * one token, every pick on one expert (runs of several tiles), no pick in
  * the slice (every tile on the dummies), rows of 16-byte multiples (the
- * 16-byte gather) and not (H 100 bf16, H 70 fp32: the element gather);
+ * 16-byte gather) and not (H 100 bf16, H 70 fp32: the element gather),
+ * runs of 257 rows (rows past the batched GEMMs' tiles in bf16 on Hopper,
+ * none in fp32);
  * scratch poisoned and guarded; combine within 1e-6 (fp32, k order; the
  * GPU may fuse the multiply-add).  Shapes the routing refuses: DG_E_INVAL. */
 static int route_combine(void)
 {
     static const struct route_shape shapes[] = {
-        {"37 tokens, top-2 of 8, H 64 bf16", 37, 64, 32, 8, 2, 0, 8, 0, DG_ELT_BF16},
+        {"37 tokens, top-2 of 8, H 64 bf16", 37, 64, 32, 8, 2, 0, 8, 0, DG_ELT_BF16, 0},
         {"200 tokens, top-8 of 128, experts 32..63, H 512 bf16", 200, 512, 176, 128, 8, 32, 32,
-         0, DG_ELT_BF16},
-        {"1 token, top-8 of 128, H 2816 bf16", 1, 2816, 704, 128, 8, 0, 128, 0, DG_ELT_BF16},
+         0, DG_ELT_BF16, 0},
+        {"1 token, top-8 of 128, H 2816 bf16", 1, 2816, 704, 128, 8, 0, 128, 0, DG_ELT_BF16, 0},
         {"300 tokens, every pick on expert 3 of 3..4, H 128 fp32", 300, 128, 96, 8, 1, 3, 2, 1,
-         DG_ELT_F32},
+         DG_ELT_F32, 0},
         {"9 tokens, top-2 of 6, slice 6..7 (none picked), H 64 bf16", 9, 64, 32, 6, 2, 6, 2, 0,
-         DG_ELT_BF16},
-        {"21 tokens, top-2 of 8, H 100 bf16", 21, 100, 48, 8, 2, 0, 8, 0, DG_ELT_BF16},
-        {"256 tokens, top-8 of 128, H 70 fp32", 256, 70, 40, 128, 8, 0, 128, 0, DG_ELT_F32},
+         DG_ELT_BF16, 0},
+        {"21 tokens, top-2 of 8, H 100 bf16", 21, 100, 48, 8, 2, 0, 8, 0, DG_ELT_BF16, 0},
+        {"256 tokens, top-8 of 128, H 70 fp32", 256, 70, 40, 128, 8, 0, 128, 0, DG_ELT_F32, 0},
+        /* past the batched GEMMs' fixed count (bf16 on Hopper) */
+        {"1024 tokens, top-8 of 32, runs of 257 rows, H 256 bf16", 1024, 256, 128, 32, 8, 0, 32,
+         0, DG_ELT_BF16, 1},
+        {"1024 tokens, top-8 of 32, runs of 257 rows, H 256 fp32", 1024, 256, 128, 32, 8, 0, 32,
+         0, DG_ELT_F32, 1},
     };
     struct dg_moe_route_view v;
     struct dg_error err = {0};
@@ -772,8 +870,9 @@ static int grouped_gelu(void)
  * warpgroups a block), and the 26B-A4B's experts (I 704, H 2816) at 16
  * rows a group and at 64 to 130 (passes of 128); each launch with its sync
  * words zeroed first, twice on the same buffers (the second launch's
- * tickets start again from zero).  Shapes it does not take and a NULL sync
- * refused. */
+ * tickets start again from zero), without an active word and with one of
+ * 1; with one of 0 first, nothing written (outputs poisoned, sync words
+ * 0).  Shapes it does not take and a NULL sync refused. */
 static int experts_one_launch(void)
 {
     static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
@@ -789,8 +888,8 @@ static int experts_one_launch(void)
     struct dg_error err = {0};
     if (!dg_cuda_experts_wgmma_fits(0, 64, 256)) {
         printf("# the experts' one launch: not on this device, skipped\n");
-        CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64,
-                                          256, 16, NULL, 0, &err),
+        CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8,
+                                          64, 256, 16, NULL, 0, &err),
                     &err, DG_E_INVAL, "experts' wgmma");
         return 0;
     }
@@ -807,7 +906,7 @@ static int experts_one_launch(void)
             return 1;
         CHECK(gt_rand_bf16((size_t)(8 * H * I), 0.05f, &hwd, &fwd) == 0);
         dwd = gt_upload(hwd, 2 * (size_t)(8 * H * I), &err);
-        CHECK_OK(dg_cuda_alloc(&dsync, sizeof(int32_t) * 9, 0, &err), &err);
+        CHECK_OK(dg_cuda_alloc(&dsync, sizeof(int32_t) * 11, 0, &err), &err);
         dhh = out_buf((size_t)(g.rows * I), &err), dys = out_buf((size_t)(g.rows * H), &err);
         dhh2 = out_buf((size_t)(g.rows * I), &err), dys2 = out_buf((size_t)(g.rows * H), &err);
         CHECKF(dwd && dhh && dys && dhh2 && dys2, "%s", err.msg);
@@ -820,10 +919,36 @@ static int experts_one_launch(void)
                                        NULL, 0, &err), &err);
         CHECK_OK(dg_cuda_grouped_wgmma(dys2, 1, 0, dhh2, dwd, g.doff, g.dcnt, 8, H, I, hint, NULL,
                                        0, &err), &err);
+        /* the word after the 9 sync words 0: the launch does nothing */
+        CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 11, 0, &err), &err);
+        CHECK_OK(dg_cuda_experts_wgmma(dhh, (float *)dys, g.dx, g.dw, dwd, g.doff, g.dcnt,
+                                       (int32_t *)dsync, (const int32_t *)dsync + 9, 8, I, H,
+                                       hint, NULL, 0, &err),
+                 &err);
+        {
+            int32_t words[11];
+            CHECK_OK(dg_cuda_sync(0, &err), &err);
+            CHECK_OK(dg_cuda_download(hh, dhh, sizeof(float) * (size_t)(g.rows * I), 0, &err),
+                     &err);
+            CHECK_OK(dg_cuda_download(ys, dys, sizeof(float) * (size_t)(g.rows * H), 0, &err),
+                     &err);
+            CHECK_OK(dg_cuda_download(words, dsync, sizeof words, 0, &err), &err);
+            for (int64_t i = 0; i < g.rows * I; i++)
+                CHECKF(isnan(hh[i]), "active word 0: hh written at %lld", (long long)i);
+            for (int64_t i = 0; i < g.rows * H; i++)
+                CHECKF(isnan(ys[i]), "active word 0: ys written at %lld", (long long)i);
+            for (int i = 0; i < 11; i++)
+                CHECKF(words[i] == 0, "active word 0: sync word %d is %d", i, (int)words[i]);
+        }
+        /* then with no word, and with a word of 1 (the same launch) */
         for (int rep = 0; rep < 2; rep++) {
+            const int32_t one = 1;
             CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 9, 0, &err), &err);
+            CHECK_OK(dg_cuda_upload((int32_t *)dsync + 10, &one, sizeof one, 0, &err), &err);
             CHECK_OK(dg_cuda_experts_wgmma(dhh, (float *)dys, g.dx, g.dw, dwd, g.doff, g.dcnt,
-                                           (int32_t *)dsync, 8, I, H, hint, NULL, 0, &err),
+                                           (int32_t *)dsync,
+                                           rep ? (const int32_t *)dsync + 10 : NULL, 8, I, H,
+                                           hint, NULL, 0, &err),
                      &err);
         }
         CHECK_OK(dg_cuda_sync(0, &err), &err);
@@ -870,11 +995,11 @@ static int experts_one_launch(void)
         groups_free(&g);
     }
     CHECK(!dg_cuda_experts_wgmma_fits(0, 96, 256) && !dg_cuda_experts_wgmma_fits(0, 64, 200));
-    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 96, 256,
-                                      16, NULL, 0, &err),
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 96,
+                                      256, 16, NULL, 0, &err),
                 &err, DG_E_INVAL, "experts' wgmma");
-    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64, 256,
-                                      16, NULL, 0, &err),
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64,
+                                      256, 16, NULL, 0, &err),
                 &err, DG_E_INVAL, "experts' wgmma");
     return 0;
 }
