@@ -609,7 +609,7 @@ static int graphs_run(const char *dir, const char *name, int tp, int fp32)
         CHECK_OK(dg_cuda_backend_create(&o, &w->b[b], &err), &err);
     }
     w->cl = m.cfg.canvas_length < 32 ? m.cfg.canvas_length : 32;
-    maxp = 3 * 40 + 4 * w->cl;
+    maxp = 4 * 40 + 4 * w->cl; /* slot 0: four prompt chunks, a commit, steps */
     for (int s = 0; s < GSLOTS; s++) {
         gt_rand_ids(w->prompt[s], 40, m.cfg.vocab_size, 300 + (uint64_t)s);
         gt_rand_ids(w->canvas[s], 64, m.cfg.vocab_size, 400 + (uint64_t)s);
