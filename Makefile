@@ -265,10 +265,12 @@ $(BUILD)/tests/unit/%: $(BUILD)/tests/unit/%.o $(HARNESS_OBJ) $(DAEMON_LIB) $(LI
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 
-# (t-alloc-failures brings its own allocator: every allocation of the
-# project's code and of the static libraries goes through it)
-$(BUILD)/tests/unit/t-alloc-failures: LDFLAGS += -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc \
-    -Wl,--wrap=strdup,--wrap=strndup,--wrap=posix_memalign
+# the allocation calls a fault injector linked into a program takes over
+# (the linker's --wrap): t-alloc-failures brings its own allocator, so every
+# allocation of the project's code and of the static libraries goes through it
+FAULT_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup,--wrap=strndup \
+              -Wl,--wrap=posix_memalign
+$(BUILD)/tests/unit/t-alloc-failures: LDFLAGS += $(FAULT_WRAP)
 
 $(BUILD)/tests/integration/%: $(BUILD)/tests/integration/%.o $(BUILD)/tests/integration/fixture.o \
                                $(HARNESS_OBJ) $(LIBDGEMMA_A) $(DAEMON_LIB) $(LIBCORE)
@@ -281,6 +283,22 @@ $(BUILD)/tests/fault/failmalloc.so: tests/fault/failmalloc.c
 	@mkdir -p $(@D)
 	$(Q)$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -O2 -g -fPIC -shared $< -ldl -o $@
 $(BUILD)/tests/integration/t-faults: | $(BUILD)/tests/fault/failmalloc.so
+
+# (under AddressSanitizer nothing can be preloaded over malloc: t-faults
+# runs a dgemmad linked with the same injector wrapped around its calls)
+$(BUILD)/tests/fault/failmalloc-wrap.o: tests/fault/failmalloc.c
+	$(call say,CC,$< [wrap])
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(ALL_CFLAGS) -DDG_FAULT_WRAP -c $< -o $@
+
+$(BUILD)/tests/fault/dgemmad: $(BUILD)/daemon/main.o $(BUILD)/tests/fault/failmalloc-wrap.o \
+                              $(DAEMON_LIB) $(GPU_ALL) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $(FAULT_WRAP) $^ $(STATIC_LIBS) $(if $(GPU_ALL),$(CUDA_LIBS)) \
+	    $(SYS_LIBS) -o $@
+ifneq ($(findstring address,$(SANITIZE)),)
+$(BUILD)/tests/integration/t-faults: | $(BUILD)/tests/fault/dgemmad
+endif
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBCORE)
 	$(call say,LINK,$@)

@@ -21,8 +21,16 @@
  *
  * The trigger files are looked at no more often than every 5 ms (a coarse
  * clock read on each call), so the cost while disarmed is one vDSO call.
- * Built without sanitizers; never loaded into an ASan build (ASan owns
- * malloc there).
+ * Built without sanitizers as a preloaded library (ASan owns malloc, so it
+ * cannot be preloaded into an ASan build).
+ *
+ * Built with -DDG_FAULT_WRAP it is instead linked into a dgemmad of its
+ * own (under AddressSanitizer: $BUILD/tests/fault/dgemmad), whose link
+ * sends malloc, calloc, realloc, strdup, strndup and posix_memalign here
+ * (-Wl,--wrap=NAME); each goes on to __real_NAME, the sanitizer's
+ * allocator.  The calls of the daemon and of the libraries linked into it
+ * statically (jansson, libyaml, liburing, SQLite) are counted; those made
+ * inside shared libraries (libc's own) are not.  No write faults there.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -41,10 +49,32 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef DG_FAULT_WRAP
+/* an allocation function's name in this file: the one the linker's --wrap
+ * sends the program's calls to */
+#define ALLOC(name) __wrap_##name
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+char *__real_strdup(const char *s);
+char *__real_strndup(const char *s, size_t n);
+int __real_posix_memalign(void **out, size_t align, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t n);
+char *__wrap_strdup(const char *s);
+char *__wrap_strndup(const char *s, size_t n);
+int __wrap_posix_memalign(void **out, size_t align, size_t n);
+#define __libc_malloc __real_malloc
+#define __libc_calloc __real_calloc
+#define __libc_realloc __real_realloc
+#else
+#define ALLOC(name) name
 void *__libc_malloc(size_t n);
 void *__libc_calloc(size_t n, size_t size);
 void *__libc_realloc(void *p, size_t n);
 void *__libc_memalign(size_t align, size_t n);
+#endif
 
 #define CHECK_PERIOD_NS 5000000LL
 
@@ -196,7 +226,7 @@ __attribute__((destructor)) static void at_exit_stats(void)
 
 /* ---- allocation ---------------------------------------------------------------- */
 
-void *malloc(size_t n)
+void *ALLOC(malloc)(size_t n)
 {
     if (should_fail(&t_malloc)) {
         errno = ENOMEM;
@@ -205,7 +235,7 @@ void *malloc(size_t n)
     return __libc_malloc(n);
 }
 
-void *calloc(size_t n, size_t size)
+void *ALLOC(calloc)(size_t n, size_t size)
 {
     if (should_fail(&t_malloc)) {
         errno = ENOMEM;
@@ -214,7 +244,7 @@ void *calloc(size_t n, size_t size)
     return __libc_calloc(n, size);
 }
 
-void *realloc(void *p, size_t n)
+void *ALLOC(realloc)(void *p, size_t n)
 {
     /* (realloc(p, 0) frees: not a failure point) */
     if (n > 0 && should_fail(&t_malloc)) {
@@ -224,6 +254,32 @@ void *realloc(void *p, size_t n)
     return __libc_realloc(p, n);
 }
 
+#ifdef DG_FAULT_WRAP
+char *ALLOC(strdup)(const char *s)
+{
+    if (should_fail(&t_malloc)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __real_strdup(s);
+}
+
+char *ALLOC(strndup)(const char *s, size_t n)
+{
+    if (should_fail(&t_malloc)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __real_strndup(s, n);
+}
+
+int ALLOC(posix_memalign)(void **out, size_t align, size_t n)
+{
+    if (should_fail(&t_malloc))
+        return ENOMEM;
+    return __real_posix_memalign(out, align, n);
+}
+#else
 void *reallocarray(void *p, size_t n, size_t size)
 {
     if (size && n > SIZE_MAX / size) {
@@ -247,6 +303,11 @@ void *aligned_alloc(size_t align, size_t n)
     return memalign(align, n);
 }
 
+void *valloc(size_t n)
+{
+    return memalign((size_t)sysconf(_SC_PAGESIZE), n);
+}
+
 int posix_memalign(void **out, size_t align, size_t n)
 {
     void *p;
@@ -259,12 +320,9 @@ int posix_memalign(void **out, size_t align, size_t n)
     *out = p;
     return 0;
 }
+#endif
 
-void *valloc(size_t n)
-{
-    return memalign((size_t)sysconf(_SC_PAGESIZE), n);
-}
-
+#ifndef DG_FAULT_WRAP
 /* ---- writes ---------------------------------------------------------------------- */
 
 /* Whether a write to fd should fail with ENOSPC now. */
@@ -349,3 +407,4 @@ ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off)
     }
     return real_pwritev(fd, iov, cnt, off);
 }
+#endif

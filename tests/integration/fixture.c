@@ -43,9 +43,14 @@ double fixture_now_ms(void)
 
 pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra)
 {
+    return fixture_spawn_bin(fixture_bin("dgemmad"), sock, log, extra);
+}
+
+pid_t fixture_spawn_bin(const char *bin, const char *sock, const char *log,
+                        const char *const *extra)
+{
     char o_sock[700], o_log[700], o_model[700];
     const char *argv[64];
-    const char *bin = fixture_bin("dgemmad");
     int n = 0;
     pid_t pid;
 

@@ -41,6 +41,10 @@ const char *fixture_random_model(void);
  * test runs as root.  Returns the pid. */
 pid_t fixture_spawn(const char *sock, const char *log, const char *const *extra);
 
+/* fixture_spawn with the daemon at path bin instead of $BUILD/bin/dgemmad. */
+pid_t fixture_spawn_bin(const char *bin, const char *sock, const char *log,
+                        const char *const *extra);
+
 /* Connect to a UNIX socket; -1 if nobody answers. */
 int fixture_connect(const char *path);
 

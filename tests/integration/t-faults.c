@@ -35,8 +35,13 @@
  *     (the same shim), requests are still served, the loss is counted (the
  *     status op's metrics object) and recorded once the disk takes writes
  *     again (a metrics_lost event), and new rows land.
- * The shim owns malloc, so under AddressSanitizer the two cases that need
- * it are skipped; the others run with fewer requests there.
+ * The shim owns malloc, so it cannot be preloaded into an AddressSanitizer
+ * build: there alloc_failures runs $BUILD/tests/fault/dgemmad, the daemon
+ * linked with the same injector around its allocation calls (failmalloc.c,
+ * DG_FAULT_WRAP), so that ASan sees every bad access and LeakSanitizer
+ * every leak the failures cause (a leak makes the daemon's exit status
+ * non-zero); metrics_disk_full, which needs the shim's writes, is skipped,
+ * and the others run with fewer requests there.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -61,15 +66,15 @@
 /* a request that waits this long for its next event is hung */
 #define EVENT_WAIT_MS 30000
 
-static char sock_path[512], log_path[512], shim_path[600];
+static char sock_path[512], log_path[512], shim_path[600], wrapped_path[600];
 static pid_t daemon_pid;
 
 /* ---- the daemon ------------------------------------------------------------------ */
 
-/* Start dgemmad with opts (NULL-ended) and, when env is not NULL, the
- * "NAME=VALUE" strings of env (NULL-ended) in its environment only.
- * 0 once it answers on its socket. */
-static int start_daemon(const char *const *opts, const char *const *env)
+/* Start dgemmad (bin, or $BUILD/bin/dgemmad when NULL) with opts
+ * (NULL-ended) and, when env is not NULL, the "NAME=VALUE" strings of env
+ * (NULL-ended) in its environment only.  0 once it answers on its socket. */
+static int start_daemon(const char *bin, const char *const *opts, const char *const *env)
 {
     char names[8][64];
     int n = 0;
@@ -78,7 +83,8 @@ static int start_daemon(const char *const *opts, const char *const *env)
         snprintf(names[n], sizeof names[n], "%.*s", (int)(eq - *e), *e);
         setenv(names[n], eq + 1, 1);
     }
-    daemon_pid = fixture_spawn(sock_path, log_path, opts);
+    daemon_pid = bin ? fixture_spawn_bin(bin, sock_path, log_path, opts)
+                     : fixture_spawn(sock_path, log_path, opts);
     for (int i = 0; i < n; i++)
         unsetenv(names[i]);
     if (daemon_pid <= 0 || fixture_wait_ready(daemon_pid, sock_path) != 0)
@@ -418,22 +424,24 @@ static int alloc_failures_at(int tp)
     struct outcome o;
     FILE *f;
 
-    if (UNDER_ASAN)
-        return test_skip("the malloc shim cannot run beside AddressSanitizer");
-    CHECKF(access(shim_path, R_OK) == 0, "%s: not built", shim_path);
+    /* (under ASan the injector is linked into a dgemmad of its own) */
+    CHECKF(access(UNDER_ASAN ? wrapped_path : shim_path, R_OK) == 0, "%s: not built",
+           UNDER_ASAN ? wrapped_path : shim_path);
     snprintf(o_tp, sizeof o_tp, "tp=%d", tp);
     snprintf(e_pre, sizeof e_pre, "LD_PRELOAD=%s", shim_path);
     snprintf(e_trig, sizeof e_trig, "DG_FAULT_MALLOC_TRIGGER=%s", trig);
     snprintf(e_stats, sizeof e_stats, "DG_FAULT_STATS=%s", stats);
     snprintf(e_seed, sizeof e_seed, "DG_FAULT_SEED=%s",
              getenv("DG_FAULT_SEED") ? getenv("DG_FAULT_SEED") : "7");
-    env[0] = e_pre, env[1] = e_trig, env[2] = e_stats, env[3] = e_seed, env[4] = NULL;
+    env[0] = e_trig, env[1] = e_stats, env[2] = e_seed, env[3] = UNDER_ASAN ? NULL : e_pre;
+    env[4] = NULL;
     snprintf(o_db, sizeof o_db, "metrics=%s", db);
     opts[n++] = "pin_workers=false", opts[n++] = "tick=0.05", opts[n++] = "max_batch=4";
     opts[n++] = "queue_max=64", opts[n++] = "shutdown_grace=2", opts[n++] = "log_level=debug";
     opts[n++] = "metrics_flush=0.02", opts[n++] = o_db, opts[n++] = o_tp, opts[n] = NULL;
     unlink(trig);
-    CHECKF(start_daemon(opts, env) == 0, "the daemon did not start; log %s", log_path);
+    CHECKF(start_daemon(UNDER_ASAN ? wrapped_path : NULL, opts, env) == 0,
+           "the daemon did not start; log %s", log_path);
 
     for (int r = 0; r < 2; r++) {
         char rs[16];
@@ -589,7 +597,7 @@ static int sigkill_restart(void)
         fprintf(f, "{\"id\":\"k%d\",\"prompt\":\"killed batch %d\",\"max_tokens\":%d,\"seed\":%d}\n",
                 i, i, 16 + 8 * (i % 4), i);
     fclose(f);
-    CHECKF(start_daemon(opts, NULL) == 0, "the daemon did not start; log %s", log_path);
+    CHECKF(start_daemon(NULL, opts, NULL) == 0, "the daemon did not start; log %s", log_path);
     /* long requests in flight beside the batch */
     for (int i = 0; i < 3; i++) {
         json_t *e;
@@ -646,7 +654,7 @@ static int sigkill_restart(void)
     /* a new daemon on the same socket path (the old socket file is still there) */
     CHECK(stat(sock_path, &sb) == 0 && S_ISSOCK(sb.st_mode));
     snprintf(log_path, sizeof log_path, "%s", test_path("d2.log"));
-    CHECKF(start_daemon(opts, NULL) == 0, "the daemon did not restart; log %s", log_path);
+    CHECKF(start_daemon(NULL, opts, NULL) == 0, "the daemon did not restart; log %s", log_path);
     CHECK(fixture_file_has(log_path, "removed a stale socket"));
     /* a new ring from the same client program works */
     CHECK((rc_conn = dgemma_new()) != NULL && dgemma_connect(rc_conn, sock_path, 5) == 0);
@@ -700,7 +708,7 @@ static int sigterm_under_load(void)
     const double t0 = fixture_now_ms();
 
     snprintf(o_db, sizeof o_db, "metrics=%s", db);
-    CHECKF(start_daemon(opts, NULL) == 0, "the daemon did not start; log %s", log_path);
+    CHECKF(start_daemon(NULL, opts, NULL) == 0, "the daemon did not start; log %s", log_path);
     for (int i = 0; i < N_LOAD; i++) {
         snprintf(line, sizeof line,
                  "{\"v\":1,\"op\":\"generate\",\"prompt\":\"load %d\",\"max_tokens\":%d,"
@@ -955,7 +963,7 @@ static int metrics_disk_full(void)
     snprintf(e_path, sizeof e_path, "DG_FAULT_WRITE_PATH=%s", db);
     snprintf(o_db, sizeof o_db, "metrics=%s", db);
     unlink(trig);
-    CHECKF(start_daemon(opts, env) == 0, "the daemon did not start; log %s", log_path);
+    CHECKF(start_daemon(NULL, opts, env) == 0, "the daemon did not start; log %s", log_path);
     if (serve(2, "before"))
         return 1;
     CHECK(wait_count(db, 2, 15, "SELECT count(*) FROM requests") == 0);
@@ -1010,6 +1018,7 @@ int main(void)
             snprintf(shim_path, sizeof shim_path, "%s/%s", cwd, rel);
         }
     }
+    snprintf(wrapped_path, sizeof wrapped_path, "%s/tests/fault/dgemmad", b && *b ? b : "build");
     signal(SIGPIPE, SIG_IGN);
     TEST_CASE(alloc_failures);
     reap();
