@@ -53,18 +53,7 @@
 /* an allocation function's name in this file: the one the linker's --wrap
  * sends the program's calls to */
 #define ALLOC(name) __wrap_##name
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t size);
-void *__real_realloc(void *p, size_t n);
-char *__real_strdup(const char *s);
-char *__real_strndup(const char *s, size_t n);
-int __real_posix_memalign(void **out, size_t align, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t size);
-void *__wrap_realloc(void *p, size_t n);
-char *__wrap_strdup(const char *s);
-char *__wrap_strndup(const char *s, size_t n);
-int __wrap_posix_memalign(void **out, size_t align, size_t n);
+#include "tests/fault/alloc-wrap.h"
 #define __libc_malloc __real_malloc
 #define __libc_calloc __real_calloc
 #define __libc_realloc __real_realloc

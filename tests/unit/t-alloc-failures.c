@@ -24,24 +24,11 @@
 #include "lib/daemon-config.h"
 #include "lib/json-util.h"
 #include "lib/st-index.h"
+#include "tests/fault/alloc-wrap.h"
 #include "tests/harness.h"
 #include "tests/unit/proto-ctx.h"
 
 /* ---- the wrapped allocator ---------------------------------------------------- */
-
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t size);
-void *__real_realloc(void *p, size_t n);
-char *__real_strdup(const char *s);
-char *__real_strndup(const char *s, size_t n);
-int __real_posix_memalign(void **p, size_t align, size_t n);
-
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t size);
-void *__wrap_realloc(void *p, size_t n);
-char *__wrap_strdup(const char *s);
-char *__wrap_strndup(const char *s, size_t n);
-int __wrap_posix_memalign(void **p, size_t align, size_t n);
 
 static long calls, fail_at = -1; /* the call that fails (counted from 0), -1: none */
 
