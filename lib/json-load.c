@@ -17,8 +17,8 @@
  * duplicate key replaces the earlier one unless JSON_REJECT_DUPLICATES.
  * Differences: nesting deeper than DG_JSCAN_MAX_DEPTH (64) is refused
  * (jansson: 2048); a raw NUL byte in the text is always refused (jansson
- * takes one after a literal as the end of the text: " null\0" is null to
- * it); where a text has two faults, the first in reading order is named
+ * skips one that follows a number or a literal, anywhere: "[1\0]" is [1]
+ * to it, " null\0" null); where a text has two faults, the first in reading order is named
  * (jansson reads a token before it checks where it stands); and the error
  * texts are this project's own words.
  */

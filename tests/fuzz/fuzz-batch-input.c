@@ -38,14 +38,43 @@ static void setup(void)
         abort();
 }
 
+/* Containers nested in v, v included (0 for a scalar). */
+static int nesting(const json_t *v)
+{
+    int most = 0, d;
+    if (json_is_object(v)) {
+        const char *key;
+        json_t *m;
+        json_object_foreach((json_t *)v, key, m)
+            if ((d = nesting(m)) > most)
+                most = d;
+        return most + 1;
+    }
+    if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++)
+            if ((d = nesting(json_array_get(v, i))) > most)
+                most = d;
+        return most + 1;
+    }
+    return 0;
+}
+
 /* The result key of one output line (as the spec says, independently of
  * batch_output_scan), or NULL; *is_error set.  A result's text can hold a
- * NUL (written \u0000): that line is still a result. */
+ * NUL (written \u0000): that line is still a result.  jansson's parser is
+ * the reference, less what the project's reader refuses by rule
+ * (lib/json-load.c): a raw NUL byte anywhere (jansson skips one after a
+ * number or a literal) and nesting deeper than 64; such a line is no
+ * result. */
 static char *result_key(const char *line, size_t n, int *is_error)
 {
-    json_t *r = json_loadb(line, n, JSON_ALLOW_NUL, NULL), *id, *ln;
+    json_t *r = memchr(line, '\0', n) ? NULL : json_loadb(line, n, JSON_ALLOW_NUL, NULL), *id, *ln;
     char *k = NULL;
     *is_error = 0;
+    if (nesting(r) > 64) {
+        json_decref(r);
+        return NULL;
+    }
     if (json_is_object(r)) {
         id = json_object_get(r, "id");
         ln = json_object_get(r, "line");

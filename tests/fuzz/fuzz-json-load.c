@@ -8,8 +8,8 @@
  * (it decodes the character that ends a number before reading the number);
  * no refusal but a format or a range error.  The differences allowed, where
  * only this reader refuses: nesting deeper than 64, and a raw NUL byte in
- * the text (jansson takes one as the end of the text after a literal:
- * " null\0" is null to it).
+ * the text (jansson skips one that follows a number or a literal:
+ * "[1\0]" is [1] to it, " null\0" null).
  */
 #include <jansson.h>
 #include <stdint.h>
