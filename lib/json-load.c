@@ -18,9 +18,9 @@
  * Differences: nesting deeper than DG_JSCAN_MAX_DEPTH (64) is refused
  * (jansson: 2048); a raw NUL byte in the text is always refused (jansson
  * skips one that follows a number or a literal, anywhere: "[1\0]" is [1]
- * to it, " null\0" null); where a text has two faults, the first in reading order is named
- * (jansson reads a token before it checks where it stands); and the error
- * texts are this project's own words.
+ * to it, " null\0" null); where a text has two faults, the first in
+ * reading order is named (jansson reads a token before it checks where it
+ * stands); and the error texts are this project's own words.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strtod_l */
