@@ -79,6 +79,11 @@ json_t *dg_json_number(double x)
     return isfinite(x) ? json_real(x) : json_null();
 }
 
+int dg_json_parse_status(const struct dg_error *err)
+{
+    return err ? -(int)err->code : -DG_E_FORMAT;
+}
+
 void dg_json_error_at_column(char *dst, size_t cap, const char *msg, const char *what)
 {
     static const char line1[] = " at line 1 column ";

@@ -30,6 +30,11 @@ enum dg_json_need { DG_JSON_OPTIONAL = 0, DG_JSON_REQUIRED = 1 };
  * failed.  err may be NULL. */
 json_t *dg_json_parse(const char *buf, size_t len, const char *what, struct dg_error *err);
 
+/* What a loader returns when dg_json_parse (or dg_json_loadb) gave NULL:
+ * -err->code (malformed, a number out of range, or out of memory), or
+ * -DG_E_FORMAT when err is NULL. */
+int dg_json_parse_status(const struct dg_error *err);
+
 /* dg_json_parse with flags given: any of JSON_REJECT_DUPLICATES,
  * JSON_ALLOW_NUL (NUL characters taken in string values, never in keys)
  * and JSON_DECODE_ANY (a scalar at the top level too); other flags are

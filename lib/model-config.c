@@ -388,8 +388,8 @@ int dg_model_config_parse(const char *buf, size_t len, const char *what,
 
     memset(&c, 0, sizeof c);
     root = dg_json_parse(buf, len, what, err);
-    if (!root) /* (malformed, a number out of range, or out of memory) */
-        return err ? -(int)err->code : -DG_E_FORMAT;
+    if (!root)
+        return dg_json_parse_status(err);
     snprintf(ctx, sizeof ctx, "%s: ", what);
     if (!json_is_object(root)) {
         rc = dg_error_set(err, DG_E_CONFIG, "%s: expected a JSON object, got %s", what,
@@ -689,8 +689,8 @@ int dg_generation_config_parse(const char *buf, size_t len, const char *what,
 
     dg_generation_config_defaults(&g);
     root = dg_json_parse(buf, len, what, err);
-    if (!root) /* (malformed, a number out of range, or out of memory) */
-        return err ? -(int)err->code : -DG_E_FORMAT;
+    if (!root)
+        return dg_json_parse_status(err);
     snprintf(ctx, sizeof ctx, "%s: ", what);
     if (!json_is_object(root)) {
         rc = dg_error_set(err, DG_E_CONFIG, "%s: expected a JSON object, got %s", what,

@@ -168,8 +168,8 @@ int dg_st_parse(const void *buf, size_t size, const char *what, struct dg_st_fil
 
     snprintf(ctx, sizeof ctx, "%s: header", what);
     hdr = dg_json_parse((const char *)base + 8, (size_t)f.header_len, ctx, err);
-    if (!hdr) /* (malformed, a number out of range, or out of memory) */
-        return err ? -(int)err->code : -DG_E_FORMAT;
+    if (!hdr)
+        return dg_json_parse_status(err);
     if (!json_is_object(hdr)) {
         rc = dg_error_set(err, DG_E_FORMAT, "%s: header is %s, not a JSON object", what,
                           dg_json_type_name(hdr));

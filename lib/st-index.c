@@ -34,8 +34,8 @@ int dg_index_parse(const char *buf, size_t len, const char *what, struct dg_inde
     memset(out, 0, sizeof *out);
     idx.total_size = -1;
     root = dg_json_parse(buf, len, what, err);
-    if (!root) /* (malformed, a number out of range, or out of memory) */
-        return err ? -(int)err->code : -DG_E_FORMAT;
+    if (!root)
+        return dg_json_parse_status(err);
     snprintf(ctx, sizeof ctx, "%s: ", what);
     if (!json_is_object(root)) {
         rc = dg_error_set(err, DG_E_FORMAT, "%s: expected a JSON object, got %s", what,

@@ -1012,8 +1012,8 @@ static int read_config(struct dg_tokenizer *t, const char *path, struct dg_error
         return rc;
     root = dg_json_parse(buf, len, path, err);
     free(buf);
-    if (!root) /* (malformed, a number out of range, or out of memory) */
-        return err ? -(int)err->code : -DG_E_FORMAT;
+    if (!root)
+        return dg_json_parse_status(err);
     bos = json_object_get(root, "bos_token");
     if (json_is_object(bos))
         bos = json_object_get(bos, "content");
