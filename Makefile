@@ -356,12 +356,16 @@ test: all $(UNIT_BIN) $(INTEG_BIN)
 
 # The same suite built with ASan + UBSan (the tests that have one in their
 # quick form, DG_TEST_QUICK), plus every fuzz target for FUZZ_SMOKE_SECONDS,
-# in one runner call.
+# in one runner call.  Both sanitizer builds are optimised as the plain one
+# is (SAN_CFLAGS; frame pointers kept): at -O1 the CPU model's loops made
+# the five longest ASan tests 167 s where -O2 takes 122, and the TSan tests
+# 43 s where -O2 takes 37, on a machine of 2 CPUs.
 ASAN_BUILD := build-asan
 FUZZ_SMOKE_SECONDS ?= 5
+SAN_CFLAGS := -O2 -g
 test-asan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(ASAN_BUILD) SANITIZE=address,undefined \
-	    CFLAGS="-O1 -g" CUDA=0 asan-suite
+	    CFLAGS="$(SAN_CFLAGS)" CUDA=0 asan-suite
 	$(Q)BUILD=$(ASAN_BUILD) FUZZ_DIR=$(ASAN_BUILD)/fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) \
 	    DG_TEST_QUICK=1 tests/run.sh $(UNIT_SRC:tests/unit/%.c=$(ASAN_BUILD)/tests/unit/%) \
 	    $(INTEG_SRC:tests/integration/%.c=$(ASAN_BUILD)/tests/integration/%) $(CLI_TESTS) \
@@ -375,7 +379,7 @@ TSAN_BUILD := build-tsan
 TSAN_TESTS := t-coll t-tp t-metrics-writer t-prep
 TSAN_INTEG := t-daemon-tp
 test-tsan:
-	$(Q)$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SANITIZE=thread CFLAGS="-O1 -g" \
+	$(Q)$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SANITIZE=thread CFLAGS="$(SAN_CFLAGS)" \
 	    CUDA=0 $(TSAN_TESTS:%=$(TSAN_BUILD)/tests/unit/%) \
 	    $(TSAN_INTEG:%=$(TSAN_BUILD)/tests/integration/%) $(TSAN_BUILD)/bin/dgemmad \
 	    $(TSAN_BUILD)/model/random/config.json
