@@ -94,6 +94,9 @@ def main():
         print(f"| transformers 5.17 | bf16 | 1 | {h['batch']} | {h['denoise_ms']:.2f} | | | "
               f"{h['commit_ms'] or 0:.2f} | {h['tokens_per_s']:.0f} | "
               f"{h['tokens_per_s_with_prefill']:.0f} | {h['gpu_gib']:.1f} | 1.00 | | |")
+    if hf.get("stopped"):
+        print(f"(transformers stopped at batch {hf['stopped']['batch']}: "
+              f"{hf['stopped']['why']})")
     shares = {}  # tp -> sampler + self-conditioning % of a batch-1 step
     for tp, prof in sorted(profs.items()):
         if not prof["runs"] or "profile_ms_per_step" not in prof["runs"][0]:

@@ -44,8 +44,9 @@ for tp in 2 4; do
     "$bin" --tp $tp --profile --json "$out/profile-tp$tp.json" 1 2>&1 |
         tee "$out/profile-tp$tp.log" || exit 1
 done
-# (transformers cannot hold the model on every card: an 80 GB H100 runs out
-# of memory building it; the table is then printed without its rows)
+# (on an 80 GB H100 transformers holds the model but not batch 16's
+# activations: hf_generate.py keeps the batches before the one that ran out
+# of memory; if it fails outright the table is printed without its rows)
 rm -f "$out/hf.json"
 python3 bench/perf/hf_generate.py tests/fixtures/released-26b-config.json "$out/hf.json" \
     --batches $batches --best-of 3 > "$out/hf.log" 2>&1
