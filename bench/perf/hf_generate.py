@@ -29,7 +29,8 @@ Writes OUT_JSON: {"runs": [{batch, tokens, wall_ms, prefill_ms, denoise_ms
 (median), commit_ms (median), tokens_per_s, tokens_per_s_with_prefill,
 gpu_gib, tries: the tokens/s of every timed generate}], "stopped": null or
 {batch, why}}.  A batch that runs out of GPU memory ends the runs there
-(larger batches are not tried); those before it are kept.  Runs on the GPU machine (transformers 5.17.0, torch 2.11).
+(larger batches are not tried); those before it are kept.  Runs on the
+GPU machine (transformers 5.17.0, torch 2.11).
 """
 import argparse
 import json
@@ -48,7 +49,7 @@ def build(config_path):
 
     The library makes an encoder and a decoder text stack and then ties
     every parameter of the encoder's to the decoder's, so built as it is the
-    model holds two stacks for a moment: 97 GB, more than an 80 GB card
+    model holds two stacks for a moment: about 97 GB, more than an 80 GB card
     has.  Here the encoder's text stack is made on the meta device (no
     memory), its parameters are then the decoder's by the library's own
     tying, and its buffers, which are not tied (the per-layer scalars, the
