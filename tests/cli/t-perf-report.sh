@@ -8,7 +8,8 @@
 # computes from the same numbers; rows at TP=1 have no TP=1 ratio and bf16
 # rows no bf16 ratio; the sampler + self-conditioning share is printed
 # for each TP profiled and no other, and perf.json holds the same values.
-# Skips (77) without python3.
+# Where hf.json says transformers stopped at a batch (out of memory) the
+# report says where, and not otherwise.  Skips (77) without python3.
 set -u
 command -v python3 >/dev/null 2>&1 || { echo "skip t-perf-report: no python3"; exit 77; }
 . "${0%/*}/cli-lib.sh" t-perf-report
@@ -119,5 +120,20 @@ assert d["sampler_share_pct_tp1_b1"] == d["sampler_share_pct_b1"]["1"]
 assert set(d["profiles"]) == {"1", "2"}
 PY
 then ok perf_json; else bad perf_json "see above"; fi
+
+# transformers stopped at batch 16 (hf_generate.py's "stopped"), batch 1 kept
+python3 - "$tmp/hf.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["runs"] = d["runs"][:1]
+d["stopped"] = {"batch": 16, "why": "out of GPU memory: CUDA out of memory"}
+json.dump(d, open(sys.argv[1], "w"))
+PY
+if run stopped 0 python3 "$S" "$tmp"; then
+    ! grep -q "transformers stopped" "$o" &&
+        has stopped out "(transformers stopped at batch 16: out of GPU memory: CUDA out of memory)" &&
+        [ "$(grep -c '^| transformers' "$tmp/stopped.out")" = 1 ] && ok hf_stopped_said ||
+        bad hf_stopped_said "$(grep -e stopped -e '^| transformers' "$tmp/stopped.out" "$o")"
+fi
 
 [ $fails -eq 0 ]
