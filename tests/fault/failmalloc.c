@@ -215,50 +215,49 @@ __attribute__((destructor)) static void at_exit_stats(void)
 
 /* ---- allocation ---------------------------------------------------------------- */
 
+/* Whether this allocation should fail; errno is then ENOMEM. */
+static int alloc_fails(void)
+{
+    if (!should_fail(&t_malloc))
+        return 0;
+    errno = ENOMEM;
+    return 1;
+}
+
 void *ALLOC(malloc)(size_t n)
 {
-    if (should_fail(&t_malloc)) {
-        errno = ENOMEM;
+    if (alloc_fails())
         return NULL;
-    }
     return __libc_malloc(n);
 }
 
 void *ALLOC(calloc)(size_t n, size_t size)
 {
-    if (should_fail(&t_malloc)) {
-        errno = ENOMEM;
+    if (alloc_fails())
         return NULL;
-    }
     return __libc_calloc(n, size);
 }
 
 void *ALLOC(realloc)(void *p, size_t n)
 {
     /* (realloc(p, 0) frees: not a failure point) */
-    if (n > 0 && should_fail(&t_malloc)) {
-        errno = ENOMEM;
+    if (n > 0 && alloc_fails())
         return NULL;
-    }
     return __libc_realloc(p, n);
 }
 
 #ifdef DG_FAULT_WRAP
 char *ALLOC(strdup)(const char *s)
 {
-    if (should_fail(&t_malloc)) {
-        errno = ENOMEM;
+    if (alloc_fails())
         return NULL;
-    }
     return __real_strdup(s);
 }
 
 char *ALLOC(strndup)(const char *s, size_t n)
 {
-    if (should_fail(&t_malloc)) {
-        errno = ENOMEM;
+    if (alloc_fails())
         return NULL;
-    }
     return __real_strndup(s, n);
 }
 
@@ -280,10 +279,8 @@ void *reallocarray(void *p, size_t n, size_t size)
 
 void *memalign(size_t align, size_t n)
 {
-    if (should_fail(&t_malloc)) {
-        errno = ENOMEM;
+    if (alloc_fails())
         return NULL;
-    }
     return __libc_memalign(align, n);
 }
 
