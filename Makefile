@@ -203,10 +203,12 @@ $(DAEMON_LIB): $(filter-out $(BUILD)/daemon/main.o,$(DAEMON_OBJ))
 	$(call say,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# the daemon's link (also tests/fault/dgemmad's, with the injector)
+LINK_DAEMON = $(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(if $(GPU_ALL),$(CUDA_LIBS)) $(SYS_LIBS) -o $@
 $(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(GPU_ALL) $(LIBCORE)
 	$(call say,LINK,$@)
 	@mkdir -p $(@D)
-	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(if $(GPU_ALL),$(CUDA_LIBS)) $(SYS_LIBS) -o $@
+	$(Q)$(LINK_DAEMON)
 
 # libdgemma: a static archive (the CLI links it) and a shared library that
 # exports only dgemma_* (client/libdgemma.map), with its pkg-config file.
@@ -291,11 +293,11 @@ $(BUILD)/tests/fault/failmalloc-wrap.o: tests/fault/failmalloc.c
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(ALL_CFLAGS) -DDG_FAULT_WRAP -c $< -o $@
 
+$(BUILD)/tests/fault/dgemmad: LDFLAGS += $(FAULT_WRAP)
 $(BUILD)/tests/fault/dgemmad: $(BUILD)/daemon/main.o $(BUILD)/tests/fault/failmalloc-wrap.o \
                               $(DAEMON_LIB) $(GPU_ALL) $(LIBCORE)
 	$(call say,LINK,$@)
-	$(Q)$(CC) $(LDFLAGS) $(FAULT_WRAP) $^ $(STATIC_LIBS) $(if $(GPU_ALL),$(CUDA_LIBS)) \
-	    $(SYS_LIBS) -o $@
+	$(Q)$(LINK_DAEMON)
 ifneq ($(findstring address,$(SANITIZE)),)
 $(BUILD)/tests/integration/t-faults: | $(BUILD)/tests/fault/dgemmad
 endif
