@@ -423,10 +423,10 @@ static int alloc_failures_at(int tp)
     const double t0 = fixture_now_ms();
     struct outcome o;
     FILE *f;
-
     /* (under ASan the injector is linked into a dgemmad of its own) */
-    CHECKF(access(UNDER_ASAN ? wrapped_path : shim_path, R_OK) == 0, "%s: not built",
-           UNDER_ASAN ? wrapped_path : shim_path);
+    const char *injector = UNDER_ASAN ? wrapped_path : shim_path;
+
+    CHECKF(access(injector, R_OK) == 0, "%s: not built", injector);
     snprintf(o_tp, sizeof o_tp, "tp=%d", tp);
     snprintf(e_pre, sizeof e_pre, "LD_PRELOAD=%s", shim_path);
     snprintf(e_trig, sizeof e_trig, "DG_FAULT_MALLOC_TRIGGER=%s", trig);
@@ -440,7 +440,7 @@ static int alloc_failures_at(int tp)
     opts[n++] = "queue_max=64", opts[n++] = "shutdown_grace=2", opts[n++] = "log_level=debug";
     opts[n++] = "metrics_flush=0.02", opts[n++] = o_db, opts[n++] = o_tp, opts[n] = NULL;
     unlink(trig);
-    CHECKF(start_daemon(UNDER_ASAN ? wrapped_path : NULL, opts, env) == 0,
+    CHECKF(start_daemon(UNDER_ASAN ? injector : NULL, opts, env) == 0,
            "the daemon did not start; log %s", log_path);
 
     for (int r = 0; r < 2; r++) {
