@@ -4,8 +4,9 @@
  * wgmma forms, the split keys' fold, the rule that picks the splits, and
  * the entry points of attention-tc.h) and attention-ws.cu (the
  * warp-specialised form at head size 256).  The softmax's device
- * helpers, the split keys' scratch layout, and the calls between the two
- * files (C++ linkage).
+ * helpers, the split keys' scratch layout, the rows' store at a tile's
+ * end, the occupancy query the splits rule takes, and the calls between
+ * the two files (C++ linkage).
  */
 #ifndef DG_KERNELS_ATTENTION_TC_PARTS_CUH
 #define DG_KERNELS_ATTENTION_TC_PARTS_CUH
@@ -161,6 +162,67 @@ __device__ static inline void tc_rescale(float (&o)[DV / 8][4], const float (&al
             o[d][3] *= alpha[1];
         }
     }
+}
+
+/* A thread's two rows at the end of a row tile: tile rows rr and rr + 8
+ * (rr: its warp's first row plus gid), tile row r being query head
+ * c g + (rb + r) % g of token t_lo + (rb + r) / g (rows past Tq skipped),
+ * over columns col0 + 8 d + {0, 1}, d < DV / 8, of head size hd.  One key
+ * range (splits 1): O / l (0 where l is 0) into out [Tq nh, hd] in bf16.
+ * Split keys: the range's m, l and unnormalised O into part at `split`,
+ * laid out as tc_o_at says (the thread of column 0 writes m and l). */
+template <int DV>
+__device__ static inline void tc_store_rows(__nv_bfloat16 *out, float *part,
+                                            const float (&o)[DV / 8][4], const float (&m)[2],
+                                            const float (&l)[2], int rr, int rb, int64_t t_lo,
+                                            int g, int c, int nh, int64_t Tq, int hd, int col0,
+                                            int split, int splits)
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = rb + rr + 8 * h;
+        const int64_t t = t_lo + r / g, row = t * nh + c * g + r % g;
+        if (t >= Tq)
+            continue;
+        if (splits > 1) {
+            float *ml = part + ((int64_t)split * Tq * nh + row) * 2;
+            float *dst =
+                part + tc_o_at(splits, Tq * nh) + ((int64_t)split * Tq * nh + row) * hd + col0;
+            if (col0 == 0) {
+                ml[0] = m[h];
+                ml[1] = l[h];
+            }
+#pragma unroll
+            for (int d = 0; d < DV / 8; d++)
+                *(float2 *)(dst + d * 8) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
+        } else {
+            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+            __nv_bfloat16 *dst = out + row * hd + col0;
+#pragma unroll
+            for (int d = 0; d < DV / 8; d++)
+                *(__nv_bfloat162 *)(dst + d * 8) =
+                    __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+        }
+    }
+}
+
+/* The blocks of `kernel` (`threads` a block, `shared` bytes of dynamic
+ * shared memory, raised to that for it) the current device runs at once;
+ * 0 where it cannot say (then the caller splits no keys). */
+template <typename Kernel>
+static int64_t tc_slots_of(Kernel kernel, int threads, size_t shared)
+{
+    int d, sms = 0, per = 0;
+    if (cudaGetDevice(&d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)shared) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, threads, shared) !=
+            cudaSuccess) {
+        (void)cudaGetLastError(); /* (not sticky: clear it) */
+        return 0;
+    }
+    return (int64_t)sms * per;
 }
 
 /* The splits of `blocks` blocks' keys (1 .. TC_MAX_SPLITS) where the

@@ -492,47 +492,10 @@ __global__ static void __launch_bounds__(PAIR ? 256 : 128)
             break;
         s = s_next;
     }
-    /* the output row (t nh + head) of this thread's row h; false past Tq */
-    auto out_row = [&](int h, int64_t &row) {
-        const int rr = rb + warp * 16 + gid + 8 * h;
-        const int64_t t = t_lo + rr / g;
-        row = t * nh + c * g + rr % g;
-        return t < Tq;
-    };
-    if (splits > 1) {
-        /* this range's m, l and O to the scratch: [splits][Tq nh] (m, l),
-         * then from tc_o_at [splits][Tq nh][hd] O */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int64_t row;
-            if (!out_row(h, row))
-                continue;
-            float *ml = part + ((int64_t)split * Tq * nh + row) * 2;
-            float *dst = part + tc_o_at(splits, Tq * nh) +
-                         ((int64_t)split * Tq * nh + row) * hd + dv0 + tig * 2;
-            if (dv0 == 0 && tig == 0) {
-                ml[0] = m[h];
-                ml[1] = l[h];
-            }
-#pragma unroll
-            for (int d = 0; d < DV / 8; d++)
-                *(float2 *)(dst + d * 8) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
-        }
-        return;
-    }
-    /* out = O / l */
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int64_t row;
-        if (!out_row(h, row))
-            continue;
-        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        __nv_bfloat16 *dst = out + row * hd + dv0 + tig * 2;
-#pragma unroll
-        for (int d = 0; d < DV / 8; d++)
-            *(__nv_bfloat162 *)(dst + d * 8) =
-                __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
-    }
+    /* (splits > 1: this range's m, l and O to the scratch, [splits][Tq nh]
+     * (m, l), then from tc_o_at [splits][Tq nh][hd] O; else out = O / l) */
+    tc_store_rows<DV>(out, part, o, m, l, warp * 16 + gid, rb, t_lo, g, c, nh, Tq, hd,
+                      dv0 + tig * 2, split, splits);
 }
 
 /* The split ranges of each row (t, h) folded (see the top), four columns
@@ -685,19 +648,7 @@ static int tc_dv(int hd, int pair)
 template <int DV, bool WG, int NKC, bool PAIR>
 static int64_t tc_slots_dv(size_t shared)
 {
-    int d, sms = 0, per = 0;
-    if (cudaGetDevice(&d) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-        cudaFuncSetAttribute(attention_tc_kernel<DV, WG, NKC, PAIR>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per, attention_tc_kernel<DV, WG, NKC, PAIR>, PAIR ? 256 : 128, shared) !=
-            cudaSuccess) {
-        (void)cudaGetLastError(); /* (not sticky: clear it) */
-        return 0;
-    }
-    return (int64_t)sms * per;
+    return tc_slots_of(attention_tc_kernel<DV, WG, NKC, PAIR>, PAIR ? 256 : 128, shared);
 }
 
 template <bool WG>

@@ -339,44 +339,8 @@ __global__ static void __launch_bounds__(WS_THREADS, 1)
         n += (uint32_t)ntiles;
     });
 
-    /* the output row (t nh + head) of this thread's row h; false past Tq */
-    auto out_row = [&](int h, int64_t &orow) {
-        const int rr = rb + wg * 64 + warp * 16 + gid + 8 * h;
-        const int64_t t = t_lo + rr / g;
-        orow = t * nh + c * g + rr % g;
-        return t < Tq;
-    };
-    if (splits > 1) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int64_t orow;
-            if (!out_row(h, orow))
-                continue;
-            float *ml = part + ((int64_t)split * Tq * nh + orow) * 2;
-            float *dst = part + tc_o_at(splits, Tq * nh) +
-                         ((int64_t)split * Tq * nh + orow) * HD + tig * 2;
-            if (tig == 0) {
-                ml[0] = m[h];
-                ml[1] = l[h];
-            }
-#pragma unroll
-            for (int d = 0; d < HD / 8; d++)
-                *(float2 *)(dst + d * 8) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
-        }
-        return;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int64_t orow;
-        if (!out_row(h, orow))
-            continue;
-        const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-        __nv_bfloat16 *dst = out + orow * HD + tig * 2;
-#pragma unroll
-        for (int d = 0; d < HD / 8; d++)
-            *(__nv_bfloat162 *)(dst + d * 8) =
-                __floats2bfloat162_rn(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
-    }
+    tc_store_rows<HD>(out, part, o, m, l, wg * 64 + warp * 16 + gid, rb, t_lo, g, c, nh, Tq,
+                      HD, tig * 2, split, splits);
 }
 
 /* its dynamic shared memory: Q, the K and V rings, their barriers, the
@@ -394,17 +358,7 @@ int64_t dg_attn_ws_blocks(int64_t Tq, int nh, int nkv)
 
 int64_t dg_attn_ws_slots(void)
 {
-    int d, sms = 0, per = 0;
-    if (cudaGetDevice(&d) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-        cudaFuncSetAttribute(attention_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)ws_shared()) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attention_ws_kernel, WS_THREADS,
-                                                      ws_shared()) != cudaSuccess) {
-        (void)cudaGetLastError(); /* (not sticky: clear it) */
-        return 0;
-    }
-    return (int64_t)sms * per;
+    return tc_slots_of(attention_ws_kernel, WS_THREADS, ws_shared());
 }
 
 int dg_attn_ws_launch(__nv_bfloat16 *out, float *part, size_t part_bytes,
