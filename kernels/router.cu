@@ -7,6 +7,37 @@
 
 #define ROUTER_WARPS 4
 
+/* The warp's maximum and sum of v, in every lane (a butterfly: each step
+ * adds the same two values in every lane pair, so every lane ends with the
+ * same bits) */
+__device__ static inline float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ static inline float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* The warp's largest (best, be) over its lanes' pairs, the lower be on a
+ * tie, in every lane */
+__device__ static inline void warp_best(float &best, int &be)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+        if (ob > best || (ob == best && oe < be)) {
+            best = ob;
+            be = oe;
+        }
+    }
+}
+
 /* One warp per token.  Each lane holds logits e = lane, lane + 32, ...;
  *   m = max_e l_e (warp max), s = sum_e exp(l_e - m) (warp sum, fp32),
  *   K rounds: the largest l not yet taken (lower index on ties: the same
@@ -26,12 +57,10 @@ __global__ static void router_kernel(int32_t *idx, float *w, const float *logits
         return;
     for (int e = lane; e < E; e += 32)
         m = fmaxf(m, l[e]);
-    for (int o = 16; o > 0; o >>= 1)
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
     for (int e = lane; e < E; e += 32)
         s += expf(l[e] - m);
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     for (int k = 0; k < K; k++) {
         /* this lane's best untaken logit, then the warp's */
         float best = -INFINITY;
@@ -45,14 +74,7 @@ __global__ static void router_kernel(int32_t *idx, float *w, const float *logits
                 be = e;
             }
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (ob > best || (ob == best && oe < be)) {
-                best = ob;
-                be = oe;
-            }
-        }
+        warp_best(best, be);
         ek[k] = be;
         pk[k] = expf(best - m) / s;
         sel += pk[k];
@@ -89,14 +111,12 @@ __global__ static void router_regs_kernel(int32_t *idx, float *w, const float *l
     for (int r = 0; r < RP; r++)
         if (lane + 32 * r < E)
             m = fmaxf(m, lv[r]);
-    for (int o = 16; o > 0; o >>= 1)
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
 #pragma unroll
     for (int r = 0; r < RP; r++)
         if (lane + 32 * r < E)
             s += expf(lv[r] - m);
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     for (int k = 0; k < K; k++) {
         float best = -INFINITY, p;
         int be = 0x7fffffff;
@@ -108,14 +128,7 @@ __global__ static void router_regs_kernel(int32_t *idx, float *w, const float *l
                 be = e;
             }
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (ob > best || (ob == best && oe < be)) {
-                best = ob;
-                be = oe;
-            }
-        }
+        warp_best(best, be);
         if ((be & 31) == lane)
             taken |= 1u << (be >> 5);
         p = expf(best - m) / s;
