@@ -311,3 +311,21 @@ void client_catch_sigint(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
 }
+
+int client_command_option(struct client_opts *o, const char *usage, int argc, char **argv,
+                          int *i, int *exit_code)
+{
+    int took;
+    if (!strcmp(argv[*i], "-h") || !strcmp(argv[*i], "--help")) {
+        fputs(usage, stdout);
+        fputs(client_settings_help, stdout);
+        *exit_code = EXIT_DONE;
+    } else if ((took = client_common_option(o, argc, argv, i)) >= 0) {
+        return took;
+    } else {
+        *exit_code = EXIT_USAGE;
+    }
+    json_decref(o->settings);
+    o->settings = NULL;
+    return -1;
+}

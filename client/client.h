@@ -31,6 +31,15 @@ struct client_opts {
  * one of these, -1 after printing a usage error. */
 int client_common_option(struct client_opts *o, int argc, char **argv, int *i);
 
+/* One step of a generating command's option loop (generate, chat,
+ * batch): -h/--help, then what client_common_option takes.  Returns 1 if
+ * it took argv[*i], 0 if it is not one of these, -1 when the command ends
+ * now with *exit_code: EXIT_DONE after the help (usage, then the settings
+ * flags, to stdout), EXIT_USAGE after a usage error; o->settings is then
+ * released. */
+int client_command_option(struct client_opts *o, const char *usage, int argc, char **argv,
+                          int *i, int *exit_code);
+
 /* The settings flags, for usage texts. */
 extern const char client_settings_help[];
 

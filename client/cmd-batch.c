@@ -704,17 +704,9 @@ int cmd_batch(int argc, char **argv)
     memset(&b, 0, sizeof b);
     b.out_fd = -1;
     for (int i = 1; i < argc; i++) {
-        int took;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(usage, stdout);
-            fputs(client_settings_help, stdout);
-            json_decref(o.settings);
-            return EXIT_DONE;
-        }
-        if ((took = client_common_option(&o, argc, argv, &i)) < 0) {
-            json_decref(o.settings);
-            return EXIT_USAGE;
-        }
+        int took, code;
+        if ((took = client_command_option(&o, usage, argc, argv, &i, &code)) < 0)
+            return code;
         if (took)
             continue;
         if ((!strcmp(argv[i], "--input") || !strcmp(argv[i], "--output")) && i + 1 < argc) {

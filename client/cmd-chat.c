@@ -183,17 +183,9 @@ int cmd_chat(int argc, char **argv)
     size_t cap = 0;
 
     for (int i = 1; i < argc; i++) {
-        int took;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(usage, stdout);
-            fputs(client_settings_help, stdout);
-            json_decref(o.settings);
-            return EXIT_DONE;
-        }
-        if ((took = client_common_option(&o, argc, argv, &i)) < 0) {
-            json_decref(o.settings);
-            return EXIT_USAGE;
-        }
+        int took, code;
+        if ((took = client_command_option(&o, usage, argc, argv, &i, &code)) < 0)
+            return code;
         if (took)
             continue;
         if (!strcmp(argv[i], "--thinking")) {

@@ -125,17 +125,9 @@ int cmd_generate(int argc, char **argv)
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int took;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage, stdout);
-            fputs(client_settings_help, stdout);
-            json_decref(o.settings);
-            return EXIT_DONE;
-        }
-        if ((took = client_common_option(&o, argc, argv, &i)) < 0) {
-            json_decref(o.settings);
-            return EXIT_USAGE;
-        }
+        int took, code;
+        if ((took = client_command_option(&o, usage, argc, argv, &i, &code)) < 0)
+            return code;
         if (took)
             continue;
         if (!strcmp(a, "--chat"))

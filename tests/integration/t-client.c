@@ -188,6 +188,40 @@ static int generate_plain_and_json(void)
     return 0;
 }
 
+/* generate, chat and batch: -h/--help prints the command's usage and
+ * then the settings flags to standard output, exit 0, with nothing sent;
+ * a bad common option (--wait's value) is a usage error, exit 2, with the
+ * reason on standard error. */
+static int command_help_and_common_usage(void)
+{
+    static const char *const cmds[][2] = {{"generate", "usage: dgemma-client [generate]"},
+                                          {"chat", "usage: dgemma-client chat"},
+                                          {"batch", "usage: dgemma-client batch"}};
+    for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
+        const char *help[] = {"-s", "/nonexistent/d.sock", cmds[k][0], "--help", NULL};
+        const char *help_h[] = {cmds[k][0], "-h", NULL};
+        const char *bad_wait[] = {cmds[k][0], "--wait", "soon", NULL};
+        const char *no_value[] = {cmds[k][0], "--socket", NULL};
+        const char *usage, *settings;
+        int rc = run_client(help, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        usage = strstr(OUT, cmds[k][1]);
+        settings = strstr(OUT, "generation settings (dgemmad(8)):");
+        CHECKF(rc == 0 && usage && settings && usage < settings && strstr(settings, "--top-p") &&
+                   !ERR[0],
+               "%s --help: exit %d: %s / %s", cmds[k][0], rc, OUT, ERR);
+        rc = run_client(help_h, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 0 && strstr(OUT, cmds[k][1]) && strstr(OUT, "--max-tokens"),
+               "%s -h: exit %d: %s", cmds[k][0], rc, OUT);
+        rc = run_client(bad_wait, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "--wait: 'soon' is not a number of seconds") && !OUT[0],
+               "%s --wait soon: exit %d: %s", cmds[k][0], rc, ERR);
+        rc = run_client(no_value, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "--socket needs a value"), "%s --socket: exit %d: %s",
+               cmds[k][0], rc, ERR);
+    }
+    return 0;
+}
+
 static int exit_codes(void)
 {
     const char *bad_value[] = {"--top-p", "7", "x", NULL};
@@ -1369,6 +1403,7 @@ int main(void)
     if (daemon_pid > 0) {
         TEST_CASE(generate_plain_and_json);
         TEST_CASE(exit_codes);
+        TEST_CASE(command_help_and_common_usage);
         TEST_CASE(generate_interrupted);
         TEST_CASE(generate_interrupted_fast_canvases);
         TEST_CASE(second_interrupt);
