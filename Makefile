@@ -212,15 +212,16 @@ $(DAEMON_BIN): $(BUILD)/daemon/main.o $(DAEMON_LIB) $(GPU_ALL) $(LIBCORE)
 
 # libdgemma: a static archive (the CLI links it) and a shared library that
 # exports only dgemma_* (client/libdgemma.map), with its pkg-config file.
-$(filter-out $(BUILD)/client/pic/lib/%,$(LIBDGEMMA_PIC)): $(BUILD)/client/pic/%.o: client/%.c
+define COMPILE_PIC
 	$(call say,CC,$< [pic])
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(ALL_CFLAGS) -fPIC -c $< -o $@
+endef
+$(filter-out $(BUILD)/client/pic/lib/%,$(LIBDGEMMA_PIC)): $(BUILD)/client/pic/%.o: client/%.c
+	$(COMPILE_PIC)
 
 $(filter $(BUILD)/client/pic/lib/%,$(LIBDGEMMA_PIC)): $(BUILD)/client/pic/lib/%.o: lib/%.c
-	$(call say,CC,$< [pic])
-	@mkdir -p $(@D)
-	$(Q)$(CC) $(ALL_CFLAGS) -fPIC -c $< -o $@
+	$(COMPILE_PIC)
 
 $(LIBDGEMMA_A): $(LIBDGEMMA_OBJ)
 	$(call say,AR,$@)
