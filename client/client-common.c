@@ -2,6 +2,7 @@
  * dgemma-client command (see client.h). */
 #include "client/client.h"
 #include "lib/json-util.h"
+#include "lib/settings-flags.h"
 
 #include <errno.h>
 #include <math.h>
@@ -59,27 +60,6 @@ void client_write_text(FILE *f, const char *s, size_t n, int terminal)
     }
     fwrite(s + from, 1, n - from, f);
 }
-
-/* flag -> setting, and how its value reads: i integer, r real, s string
- * list, n integer list */
-static const struct {
-    const char *flag, *key;
-    char kind;
-} SETTINGS[] = {
-    {"--max-tokens", "max_tokens", 'i'},
-    {"--seed", "seed", 'i'},
-    {"--canvas-length", "canvas_length", 'i'},
-    {"--max-denoising-steps", "max_denoising_steps", 'i'},
-    {"--entropy-bound", "entropy_bound", 'r'},
-    {"--confidence-threshold", "confidence_threshold", 'r'},
-    {"--stability-threshold", "stability_threshold", 'i'},
-    {"--t-min", "t_min", 'r'},
-    {"--t-max", "t_max", 'r'},
-    {"--top-k", "top_k", 'i'},
-    {"--top-p", "top_p", 'r'},
-    {"--stop", "stop", 's'},
-    {"--stop-id", "stop_token_ids", 'n'},
-};
 
 /* a generate line's keys that are not settings (daemon/protocol.c) */
 static const char *const REQUEST_KEYS[] = {
@@ -165,72 +145,12 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
         ++*i;
         return 1;
     }
-    for (size_t k = 0; k < sizeof SETTINGS / sizeof SETTINGS[0]; k++) {
-        const char *val;
-        json_t *v;
-        if (strcmp(a, SETTINGS[k].flag))
-            continue;
+    if (dg_settings_flag_key(a)) {
+        struct dg_error se = {0};
         if (need_value(argc, argv, *i) < 0)
             return -1;
-        val = argv[++*i];
-        if (SETTINGS[k].kind == 'i' || SETTINGS[k].kind == 'n') {
-            long long x;
-            errno = 0;
-            x = strtoll(val, &end, 10);
-            if (end == val || *end) {
-                client_errorf("%s: '%s' is not an integer", a, val);
-                return -1;
-            }
-            if (errno == ERANGE) {
-                client_errorf("%s: '%s' is out of range", a, val);
-                return -1;
-            }
-            v = json_integer(x);
-        } else if (SETTINGS[k].kind == 'r') {
-            double x = strtod(val, &end);
-            if (end == val || *end) {
-                client_errorf("%s: '%s' is not a number", a, val);
-                return -1;
-            }
-            /* (JSON holds no infinity or NaN: the setting would be lost) */
-            if (!isfinite(x)) {
-                client_errorf("%s: '%s' is not a finite number", a, val);
-                return -1;
-            }
-            v = json_real(x);
-        } else {
-            v = json_string(val);
-            if (!v) {
-                client_errorf("%s: not valid UTF-8", a);
-                return -1;
-            }
-        }
-        if (!v) {
-            client_errorf("out of memory");
-            return -1;
-        }
-        if (SETTINGS[k].kind == 's' || SETTINGS[k].kind == 'n') {
-            json_t *had = json_object_get(o->settings, SETTINGS[k].key), *list = had;
-            if (!json_is_array(had)) {
-                /* a single value from --settings starts the list */
-                int bad = !(list = json_array());
-                if (!bad && had && json_array_append(list, had) != 0) {
-                    json_decref(list);
-                    bad = 1;
-                }
-                /* (set_new takes list, on failure too) */
-                if (bad || json_object_set_new(o->settings, SETTINGS[k].key, list) != 0) {
-                    json_decref(v);
-                    client_errorf("out of memory");
-                    return -1;
-                }
-            }
-            if (json_array_append_new(list, v) != 0) {
-                client_errorf("out of memory");
-                return -1;
-            }
-        } else if (json_object_set_new(o->settings, SETTINGS[k].key, v) != 0) {
-            client_errorf("out of memory");
+        if (dg_settings_flag_set(o->settings, a, argv[++*i], &se) < 0) {
+            client_errorf("%s", se.msg);
             return -1;
         }
         return 1;

@@ -4,7 +4,8 @@
 # settings used; the same seed gives the same ids from flags or --settings;
 # --max-tokens, --stop-id, --messages and --prompt-ids, --no-parse-special;
 # --tp 2 and 4 give the same ids as one rank; bad settings, unknown
-# options and a missing model fail with a message and exit 1 or 2.
+# options, a flag's value not of its form and a missing model fail with a
+# message and exit 1 or 2.
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
@@ -89,6 +90,19 @@ if [ $e1 -eq 1 ] && grep -q "top_p: 2 is outside (0, 1]" "$tmp/e1" &&
    [ $e7 -eq 1 ] && grep -q "max_tokens" "$tmp/e7" &&
    [ $e8 -eq 1 ] && grep -q "600" "$tmp/e8"
 then ok errors; else bad errors "$e1 $e2 $e3 $e4 $e5 $e6 $e7 $e8: $(cat "$tmp"/e[1-8])"; fi
+
+# a flag's value not of its form: exit 2, the flag and the value named (an
+# infinite --top-p once ended with exit 2 and no message, an out-of-range
+# --seed ran clamped to 2^63 - 1)
+for v in "--top-p inf|'inf' is not a finite number" "--t-min nan|'nan' is not a finite number" \
+         "--seed 99999999999999999999|'99999999999999999999' is out of range" \
+         "--max-tokens 12x|'12x' is not an integer"; do
+    set -- ${v%%|*}
+    "$EVAL" generate --model "$MODEL" --prompt x "$@" >"$tmp/f.out" 2>"$tmp/f.err"; st=$?
+    if [ $st -eq 2 ] && [ ! -s "$tmp/f.out" ] &&
+       grep -qF -- "dgemma-eval: generate: $1: ${v#*|}" "$tmp/f.err"
+    then ok "flag_${1#--}"; else bad "flag_${1#--}" "exit $st: $(cat "$tmp/f.err")"; fi
+done
 
 # --no-parse-special: the prompt's typed markers are plain text; the
 # prompt's length is the one `dgemma-eval tokenize` gives for the same

@@ -14,6 +14,7 @@
 #include "lib/gen-settings.h"
 #include "lib/json-util.h"
 #include "lib/model-weights.h"
+#include "lib/settings-flags.h"
 #include "lib/tokenizer.h"
 #include "tools/eval/eval.h"
 
@@ -41,26 +42,6 @@ static const char usage[] =
     "standard output as each canvas finishes and a summary to standard error;\n"
     "--json writes one JSON object with ids, text, statistics and settings instead.\n"
     "--tp T runs T tensor-parallel rank threads (the same tokens for a seed).\n";
-
-/* flag -> settings key, and how its value is read */
-static const struct {
-    const char *flag, *key;
-    char kind; /* i: integer, r: real, s: string list, n: integer list */
-} FLAGS[] = {
-    {"--canvas-length", "canvas_length", 'i'},
-    {"--max-denoising-steps", "max_denoising_steps", 'i'},
-    {"--entropy-bound", "entropy_bound", 'r'},
-    {"--confidence-threshold", "confidence_threshold", 'r'},
-    {"--stability-threshold", "stability_threshold", 'i'},
-    {"--t-min", "t_min", 'r'},
-    {"--t-max", "t_max", 'r'},
-    {"--top-k", "top_k", 'i'},
-    {"--top-p", "top_p", 'r'},
-    {"--seed", "seed", 'i'},
-    {"--max-tokens", "max_tokens", 'i'},
-    {"--stop-id", "stop_token_ids", 'n'},
-    {"--stop", "stop", 's'},
-};
 
 struct result {
     int json;
@@ -184,43 +165,6 @@ static int make_prompt(const char *text, const char *messages, const char *ids_p
 }
 
 /* Set key in obj from a flag's text value. */
-static int flag_value(json_t *obj, const char *flag, const char *key, char kind, const char *val)
-{
-    char *end;
-    json_t *v;
-
-    if (kind == 'i' || kind == 'n') {
-        long long x = strtoll(val, &end, 10);
-        if (end == val || *end) {
-            eval_errorf("generate: %s: '%s' is not an integer", flag, val);
-            return -1;
-        }
-        v = json_integer(x);
-    } else if (kind == 'r') {
-        double x = strtod(val, &end);
-        if (end == val || *end) {
-            eval_errorf("generate: %s: '%s' is not a number", flag, val);
-            return -1;
-        }
-        v = json_real(x);
-    } else {
-        v = json_string(val);
-        if (!v) {
-            eval_errorf("generate: %s: not valid UTF-8", flag);
-            return -1;
-        }
-    }
-    if (kind == 'n' || kind == 's') {
-        json_t *list = json_object_get(obj, key);
-        if (!json_is_array(list)) {
-            list = json_array();
-            json_object_set_new(obj, key, list);
-        }
-        return json_array_append_new(list, v);
-    }
-    return json_object_set_new(obj, key, v);
-}
-
 static void print_summary(const struct result *res, const struct dg_gen_settings *s)
 {
     const struct dg_request_stats *st = &res->stats;
@@ -313,7 +257,6 @@ int cmd_generate(int argc, char **argv)
         return 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        size_t f = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
             json_decref(flags);
@@ -365,17 +308,17 @@ int cmd_generate(int argc, char **argv)
             experts = !strcmp(val, "width") ? DG_EXPERTS_WIDTH : DG_EXPERTS_ACROSS;
         }
         else {
-            while (f < sizeof FLAGS / sizeof FLAGS[0] && strcmp(a, FLAGS[f].flag))
-                f++;
-            if (f == sizeof FLAGS / sizeof FLAGS[0]) {
+            struct dg_error fe = {0};
+            if (!dg_settings_flag_key(a)) {
                 eval_errorf("generate: unknown option '%s'", a);
                 fputs(usage, stderr);
                 json_decref(flags);
                 return 2;
             }
-            if (flag_value(flags, a, FLAGS[f].key, FLAGS[f].kind, val) < 0) {
+            if (dg_settings_flag_set(flags, a, val, &fe) < 0) {
+                eval_errorf("generate: %s", fe.msg);
                 json_decref(flags);
-                return 2;
+                return fe.code == DG_E_NOMEM ? 1 : 2;
             }
         }
     }
