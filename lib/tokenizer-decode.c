@@ -52,9 +52,8 @@ static void plist_swap(struct plist *a, struct plist *b)
     b->text.n = 0;
 }
 
-/* The byte of a "<0xHH>" token as the reference reads it (u8::from_str_radix
- * on the two characters, which also takes "+H"), or -1. */
-static int byte_value(const char *s, size_t n)
+/* (tokenizer-internal.h) */
+int tok_byte_value(const char *s, size_t n)
 {
     int v = 0;
     if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>')
@@ -124,7 +123,7 @@ static int apply_op(const struct tok_dec_op *op, struct plist *in, struct plist 
             return -1;
         for (size_t i = 0; i < in->n; i++) {
             const char *s = in->text.s + in->off[i];
-            int b = byte_value(s, in->len[i]);
+            int b = tok_byte_value(s, in->len[i]);
             if (b >= 0) {
                 run[nrun++] = (unsigned char)b;
                 continue;

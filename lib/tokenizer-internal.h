@@ -176,6 +176,13 @@ static inline int tok_merge_get(const struct tok_merges *m, int32_t a, int32_t b
  * Returns 0, or -1 when out of memory. */
 int tok_normalize(const struct dg_tokenizer *t, const char *src, size_t n, struct dg_buf *out);
 
+/* The byte a "<0xHH>" token stands for, read as the reference's
+ * ByteFallback decoder reads it (u8::from_str_radix on the two
+ * characters, which also takes "+H"), or -1 (tokenizer-decode.c).  The
+ * decoder and the loader's byte-token flag (TOK_F_BYTE, which the
+ * streaming decode goes by) both use it, so that the two decodes agree. */
+int tok_byte_value(const char *s, size_t n);
+
 /* longest added token matching text at [0, n): its id and length, or 0 */
 size_t tok_trie_match(const struct tok_trie *tr, const char *text, size_t n, int special_as_text,
                       const struct dg_tokenizer *t, int32_t *id);

@@ -133,23 +133,6 @@ static const char *tok_text(const struct dg_tokenizer *t, int32_t id, size_t *n)
     return t->arena + t->off[id];
 }
 
-/* <0xXX> with upper- or lower-case hex: the byte, or -1 */
-static int byte_token_value(const char *s, size_t n)
-{
-    int v = 0;
-    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>')
-        return -1;
-    for (int i = 3; i < 5; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
-              : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0)
-            return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
-
 /* ---- string map -------------------------------------------------------------- */
 
 int32_t tok_strmap_get(const struct dg_tokenizer *t, const struct tok_strmap *m, const char *s,
@@ -1170,7 +1153,7 @@ static int load_text(const char *text, size_t len, const char *path, const char 
         if (t->off[id] == DG_TOK_NONE)
             continue;
         sx = tok_text(t, (int32_t)id, &l);
-        if ((v = byte_token_value(sx, l)) >= 0) {
+        if ((v = tok_byte_value(sx, l)) >= 0) {
             t->flags[id] |= TOK_F_BYTE;
             t->byte_of[id] = (uint8_t)v;
         }

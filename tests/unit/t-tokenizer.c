@@ -313,6 +313,59 @@ static int case_stream_equals_whole(void)
     return 0;
 }
 
+/* A "<0x+H>" token: the reference's ByteFallback decoder reads it as the
+ * byte H (u8::from_str_radix takes the sign), so the streaming decode must
+ * hold it back with the other byte tokens.  Here it ends a run whose bytes
+ * are not UTF-8 taken whole: a stream that cut the run after it would
+ * print the next byte, "A", where the whole decode prints U+FFFD.  (The
+ * expected texts are Hugging Face tokenizers 0.23.2's decode of this
+ * tokenizer and these ids, device run 238: "\n" alone, four U+FFFD.) */
+static int case_stream_signed_byte_token(void)
+{
+    const char *path = test_path("tok-signed-byte.json");
+    json_t *j = json_load_file(FIX "feat-b.json", 0, NULL), *vocab;
+    struct dg_tokenizer *t = NULL;
+    struct dg_error err = {0};
+    int32_t ids[5], extra;
+    const char *const pieces[] = {"<0xE4>", "<0xB8>", NULL, "<0x41>", "<0x0A>"};
+
+    CHECK(j && (vocab = json_object_get(json_object_get(j, "model"), "vocab")));
+    extra = (int32_t)json_object_size(vocab);
+    for (int i = 0; i < 5; i++) {
+        json_t *v = pieces[i] ? json_object_get(vocab, pieces[i]) : NULL;
+        CHECK(!pieces[i] || json_is_integer(v));
+        ids[i] = pieces[i] ? (int32_t)json_integer_value(v) : extra;
+    }
+    CHECK(json_object_set_new(vocab, "<0x+A>", json_integer(extra)) == 0);
+    CHECK(json_dump_file(j, path, 0) == 0);
+    json_decref(j);
+    CHECK_OK(dg_tokenizer_load(path, NULL, &t, &err), &err);
+    {
+        struct dg_buf whole = {0}, one = {0}, streamed = {0};
+        struct dg_tok_stream st;
+        int ok;
+        CHECK_OK(dg_tokenizer_decode(t, &extra, 1, 0, &one, &err), &err);
+        CHECK_OK(dg_tokenizer_decode(t, ids, 4, 0, &whole, &err), &err);
+        CHECK_OK(dg_tok_stream_init(&st, t, 0, &err), &err);
+        for (int i = 0; i < 4; i++)
+            CHECK_OK(dg_tok_stream_push(&st, ids + i, 1, &streamed, &err), &err);
+        CHECK_OK(dg_tok_stream_finish(&st, &streamed, &err), &err);
+        /* the token alone is the byte 0x0A; the four bytes E4 B8 0A 41 are
+         * not UTF-8 as a run, so each is U+FFFD */
+        ok = one.n == 1 && one.s[0] == '\n' && whole.n == 12 &&
+             !memcmp(whole.s, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 12) &&
+             streamed.n == whole.n && !memcmp(streamed.s, whole.s, whole.n);
+        CHECKF(ok, "alone '%.*s', whole '%.*s', streamed '%.*s'", (int)one.n, one.s,
+               (int)whole.n, whole.s, (int)streamed.n, streamed.s);
+        dg_tok_stream_free(&st);
+        dg_buf_free(&whole);
+        dg_buf_free(&one);
+        dg_buf_free(&streamed);
+    }
+    dg_tokenizer_free(t);
+    return 0;
+}
+
 /* ---- refusals ------------------------------------------------------------- */
 
 /* Write json to a scratch file and try to load it. */
@@ -765,6 +818,7 @@ int main(void)
     TEST_CASE(case_one_megabyte_mixed);
     TEST_CASE(case_feature_tokenizers);
     TEST_CASE(case_stream_equals_whole);
+    TEST_CASE(case_stream_signed_byte_token);
     TEST_CASE(case_refusals);
     TEST_CASE(case_gemma4_chat_format);
     TEST_CASE(case_gemma3_rules_and_specials_as_text);
