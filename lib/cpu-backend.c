@@ -80,27 +80,35 @@ static struct cpu_backend *impl(struct dg_backend *b)
 
 /* ---- per-rank work ------------------------------------------------------- */
 
-static int reserve_rows(struct rank *R, size_t rows, int n_ranks, struct dg_error *err)
+/* The per-row buffers freed, their bytes off the ledger, no rows held */
+static void free_rows(struct rank *R)
 {
-    const size_t nv = (size_t)R->cm.nv;
-    uint64_t bytes;
-    if (rows <= R->rows_cap)
-        return 0;
     free(R->logits);
     free(R->tau);
     free(R->local);
     free(R->combined);
     free(R->gather);
     free(R->filter_scratch);
+    R->logits = R->tau = R->filter_scratch = NULL;
+    R->local = R->combined = R->gather = NULL;
     dg_ledger_free(R->ledger, R->held);
+    R->held = 0;
+    R->rows_cap = 0;
+}
+
+static int reserve_rows(struct rank *R, size_t rows, int n_ranks, struct dg_error *err)
+{
+    const size_t nv = (size_t)R->cm.nv;
+    uint64_t bytes;
+    if (rows <= R->rows_cap)
+        return 0;
+    free_rows(R);
     R->logits = malloc(sizeof(float) * rows * nv);
     R->tau = malloc(sizeof(float) * rows);
     R->local = malloc(sizeof *R->local * rows);
     R->combined = malloc(sizeof *R->combined * rows);
     R->gather = malloc(sizeof *R->gather * rows * (size_t)n_ranks);
     R->filter_scratch = malloc(sizeof(float) * rows * nv);
-    R->rows_cap = 0;
-    R->held = 0;
     if (!R->logits || !R->tau || !R->local || !R->combined || !R->gather || !R->filter_scratch)
         return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for %zu rows", rows);
     R->rows_cap = rows;
@@ -546,12 +554,7 @@ static void cpu_destroy(struct dg_backend *b)
             struct rank *R = &cb->ranks[r];
             dg_cpu_model_free(&R->cm);
             free(R->slots);
-            free(R->logits);
-            free(R->tau);
-            free(R->local);
-            free(R->combined);
-            free(R->gather);
-            free(R->filter_scratch);
+            free_rows(R);
         }
         free(cb->ranks);
     }
