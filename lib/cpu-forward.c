@@ -49,7 +49,8 @@ static int init_vectors(struct dg_cpu_model *cm, const struct dg_model *m, struc
     cm->views = calloc((size_t)c->num_layers * (size_t)E * 3, sizeof *cm->views);
     if (!cm->pool || !cm->layers || !cm->kv_heads || !cm->views)
         return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory preparing the model");
-    dg_ledger_alloc(cm->ledger, total * sizeof(float));
+    cm->pool_bytes = total * sizeof(float);
+    dg_ledger_alloc(cm->ledger, cm->pool_bytes);
     p = cm->pool;
 #define TAKE(dst, n) (dst = p + used, used += (size_t)(n))
     TAKE(cm->final_norm, H);
@@ -185,6 +186,7 @@ int dg_cpu_model_init(struct dg_cpu_model *cm, const struct dg_model *m, struct 
 
 void dg_cpu_model_free(struct dg_cpu_model *cm)
 {
+    dg_ledger_free(cm->ledger, cm->pool_bytes);
     free(cm->pool);
     free(cm->layers);
     free(cm->kv_heads);

@@ -81,6 +81,7 @@ struct dg_cpu_model {
     int *kv_heads;                 /* [num_layers] KV heads this rank caches */
     struct dg_weight *views;       /* behind the expert view arrays */
     float *pool;                   /* behind every vector above */
+    size_t pool_bytes;             /* its size, for the ledger */
 };
 
 /* Prepare m (which must outlive cm) for the CPU backend, whole (one rank).

@@ -8,7 +8,8 @@
  * sharded soft embedding equals the dense P E product; generation with a
  * fixed seed gives the same tokens at every T and expert split, top-k /
  * top-p included; no rank of T >= 2 holds a [tokens x V] buffer or the
- * whole embedding (memory ledger; T = 1 shows the check bites); the
+ * whole embedding (memory ledger; T = 1 shows the check bites), and every
+ * rank's ledger is back to nothing held once the backend is gone; the
  * collectives the backend issues per pass are the ones dg_tp_comm_*
  * predicts (a denoise item that appends: an encode's and a step's); and a
  * denoise item that appends tokens (backend.h) gives, at T = 1 and T >= 2,
@@ -500,6 +501,9 @@ static int memory_per_rank(void)
                        (unsigned long long)led[r].peak, (unsigned long long)led[r].largest_weight,
                        (unsigned long long)led[r].weights, (unsigned long long)full_rows,
                        (unsigned long long)full_embedding);
+                /* everything the rank held is given back by the end */
+                CHECKF(led[r].live == 0, "T %d rank %d: %llu bytes still held", T, r,
+                       (unsigned long long)led[r].live);
                 if (T == 1) {
                     /* the check bites: one rank holds both */
                     CHECK(led[r].largest >= full_rows && led[r].largest_weight >= full_embedding);
