@@ -326,21 +326,10 @@ __global__ static void combine4_kernel(float4 *out, const float4 *ys, const int3
     out[t * n4 + i] = acc;
 }
 
-/* The tiles the batched GEMMs run for element type e: l's bound where
- * the one launch takes the rest (bf16 experts it fits on a Hopper GPU),
- * otherwise all of them (no rows past them) */
-static int64_t batched_of(enum dg_elt e, const struct moe_layout *l, int H, int I, int dev)
-{
-    return e == DG_ELT_BF16 && l->batched < l->tiles && dg_cuda_experts_wgmma_fits(dev, I, H)
-               ? l->batched
-               : l->tiles;
-}
-
 /* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
- * l: the counts, the tile schedule (the batched GEMMs' first batched_of
- * tiles apart) and each pick's slot (one launch), then with gather the
- * gathered rows.  Nothing waits for the device. */
-static int route(enum dg_elt e, const struct moe_layout *l, const void *x,
+ * l: the counts, the tile schedule and each pick's slot (one launch),
+ * then with gather the gathered rows.  Nothing waits for the device. */
+static int route(enum dg_elt e, const struct moe_layout *l, int64_t batched, const void *x,
                  int64_t T, int H, const int32_t *idx, int K, int e0, int n_exp, int I,
                  const void *W_gu, const void *W_down, unsigned char *sc, int gather,
                  cudaStream_t st, int dev, struct dg_error *err)
@@ -352,8 +341,7 @@ static int route(enum dg_elt e, const struct moe_layout *l, const void *x,
 
     route_kernel<<<1, 1024, sizeof(int32_t) * (size_t)(2 * n_exp + 1), st>>>(
         counts, offsets, slot_of, (int32_t *)(sc + l->sync), (int32_t *)(sc + l->ov_offsets),
-        (int32_t *)(sc + l->ov_counts), (int32_t *)(sc + l->ov_any),
-        batched_of(e, l, H, I, dev) * l->ts,
+        (int32_t *)(sc + l->ov_counts), (int32_t *)(sc + l->ov_any), batched * l->ts,
         (void **)(sc + l->ptrs), idx, picks,
         e0, n_exp, l->ts, l->tiles, sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys,
         (const unsigned char *)W_gu, (const unsigned char *)W_down, sc + l->dummy_gu,
@@ -390,6 +378,16 @@ static int check_shapes(int64_t T, int H, int K, int I, int e0, int n_exp, int d
     return 0;
 }
 
+/* The tiles the batched GEMMs run for element type e: l's bound where
+ * the one launch takes the rest (bf16 experts it fits on a Hopper GPU),
+ * otherwise all of them (no rows past them) */
+static int64_t batched_of(enum dg_elt e, const struct moe_layout *l, int H, int I, int dev)
+{
+    return e == DG_ELT_BF16 && l->batched < l->tiles && dg_cuda_experts_wgmma_fits(dev, I, H)
+               ? l->batched
+               : l->tiles;
+}
+
 extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H,
                                    const int32_t *idx, int K, int e0, int n_exp, int I,
                                    const void *W_gu, const void *W_down, void *scratch,
@@ -417,7 +415,7 @@ extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int 
         .sync = (int32_t *)(sc + l.sync), .batched = batched_of(e, &l, H, I, dev),
         .ov_offsets = (int32_t *)(sc + l.ov_offsets),
         .ov_counts = (int32_t *)(sc + l.ov_counts), .ov_any = (int32_t *)(sc + l.ov_any)};
-    return route(e, &l, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, 1,
+    return route(e, &l, view->batched, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, 1,
                  (cudaStream_t)stream, dev, err);
 }
 
@@ -493,8 +491,8 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     at = S_gu && dg_cuda_fp8_quantize_rows_at_fits(H, sc + l.xs, sc + l.q) &&
          dg_cuda_fp8_quantize_rows_at_fits(I, sc + l.gu, sc + l.q);
     direct = at && dg_cuda_fp8_quantize_rows_at_fits(H, x, sc + l.q);
-    if ((rc = route(e, &l, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, !direct, st, dev,
-                    err)) < 0)
+    if ((rc = route(e, &l, batched, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, !direct, st,
+                    dev, err)) < 0)
         goto out;
     if (S_gu) {
         /* FP8 (W8A8): each expert's rows quantized per row, the grouped
