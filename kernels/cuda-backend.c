@@ -21,6 +21,7 @@
 #include "kernels/nccl.h"
 #include "kernels/ops.h"
 #include "lib/backend-wire.h"
+#include "lib/coll.h"
 #include "lib/log.h"
 #include "lib/sampler.h"
 
@@ -117,6 +118,9 @@ struct cuda_backend {
     unsigned char *wire;
     size_t wire_len, wire_cap;
     struct dg_nccl_id id;
+    /* the ranks of this process meet here before they join the NCCL
+     * group (NULL with one): a rank that failed aborts it instead */
+    struct dg_coll_cpu_group *gate;
     int regroup;                    /* the communicators were aborted: rebuild first */
     int failed;                     /* for good */
     int stuck;                      /* a worker never came back: its thread is left alone */
@@ -243,16 +247,42 @@ static void close_slot(struct grank *R, int slot)
 
 /* ---- per-rank work (on the rank's thread) ----------------------------------------- */
 
+/* Where the ranks of this process meet before they join the NCCL group:
+ * ncclCommInitRank waits for every rank of the group, so one that failed
+ * before it would leave the others there for good.  rc is this rank's
+ * outcome so far: a failure aborts the meeting (and is returned); else
+ * this rank waits for the others and gets 0 when all came without
+ * failing, or DG_E_NCCL (the cause is the failed rank's own error). */
+static int meet(struct grank *R, int rc, struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    struct dg_error ignored;
+    if (!cb->gate)
+        return rc;
+    if (rc < 0) {
+        dg_coll_cpu_abort(cb->gate);
+        return rc;
+    }
+    if (dg_barrier(dg_coll_cpu_rank(cb->gate, R->index), &ignored) < 0)
+        return dg_error_set(err, DG_E_NCCL, "GPU %d: rank %d: not joining the NCCL group: "
+                            "another rank failed before it", R->dev, R->index);
+    return 0;
+}
+
 static int rank_init(struct grank *R, struct dg_error *err)
 {
     const struct dg_cuda_backend_options *o = &R->cb->opt;
     const struct dg_tp_plan *plan = &R->cb->plan;
     int rc;
-    TRY(dg_cuda_use(R->dev, err));
     /* the stream and the group first: every rank joins at once, before a
      * slow load or a failing one can keep the others waiting */
     R->model.dev = R->dev;
-    TRY(dg_cuda_ctx_init(&R->cx, &R->model, err));
+    if ((rc = dg_cuda_use(R->dev, err)) >= 0)
+        rc = dg_cuda_ctx_init(&R->cx, &R->model, err);
+    if (rc >= 0 && o->fault_start_rank == R->index + 1)
+        rc = dg_error_set(err, DG_E_NOMEM, "GPU %d: rank %d: a failure injected before the "
+                          "NCCL group (option fault_start_rank)", R->dev, R->index);
+    TRY(meet(R, rc, err));
     if (R->cb->n > 1) {
         TRY(dg_nccl_init(&R->nccl, &R->cb->id, R->cb->n, R->index, R->dev, R->cx.stream, err));
         R->cx.nccl = R->nccl;
@@ -280,8 +310,9 @@ static int rank_regroup(struct grank *R, struct dg_error *err)
 {
     struct dg_coll_stats keep;
     int rc;
-    TRY(dg_cuda_use(R->dev, err));
-    TRY(dg_cuda_healthy(R->dev, err));
+    if ((rc = dg_cuda_use(R->dev, err)) >= 0)
+        rc = dg_cuda_healthy(R->dev, err);
+    TRY(meet(R, rc, err));
     keep = dg_nccl_coll(R->nccl)->stats;
     dg_nccl_free(R->nccl);
     R->nccl = R->cx.nccl = NULL;
@@ -1102,6 +1133,8 @@ static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error 
                              "be rebuilt from within: restart every process of the group");
     if (cb->regroup && kind != JOB_QUIT && kind != JOB_REGROUP && (rc = regroup(cb, err)) < 0)
         return rc;
+    if (cb->gate && (kind == JOB_INIT || kind == JOB_REGROUP))
+        dg_coll_cpu_reset(cb->gate); /* every worker is idle here */
     pthread_mutex_lock(&cb->mu);
     cb->kind = kind;
     cb->finished = 0;
@@ -1119,6 +1152,8 @@ static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error 
                cb->opt.timeout_ms);
         for (int r = 0; r < cb->nl; r++)
             dg_nccl_abort(cb->ranks[r].nccl);
+        if (cb->gate)
+            dg_coll_cpu_abort(cb->gate);
         pthread_mutex_lock(&cb->mu);
         deadline_in(&deadline, ABORT_GRACE_MS);
         late = wait_workers(cb, &deadline);
@@ -1338,6 +1373,8 @@ static void cuda_destroy(struct dg_backend *b)
     free(cb->ranks);
     free(cb->last);
     free(cb->wire);
+    if (cb->gate)
+        dg_coll_cpu_group_free(cb->gate);
     pthread_mutex_destroy(&cb->mu);
     pthread_cond_destroy(&cb->go);
     pthread_cond_destroy(&cb->done);
@@ -1495,7 +1532,7 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
 
     *out = NULL;
     if (o->max_slots < 1 || !cfg || (!o->model && o->fp32) || (o->model && o->fp8) ||
-        n > DG_TP_MAX ||
+        n > DG_TP_MAX || o->fault_start_rank < 0 || o->fault_start_rank > n ||
         o->timeout_ms < 0 || (mp && o->process_rank >= n))
         return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %d ranks%s, %s",
                             o->max_slots, n, mp ? " (one in this process)" : "",
@@ -1541,7 +1578,7 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
         R->index = mp ? o->process_rank : r;
         R->dev = mp || n == 1 ? (o->devices ? o->devices[0] : o->device)
                               : (o->devices ? o->devices[r] : r);
-        for (int q = 0; q < r; q++)
+        for (int q = 0; q < r && !o->fault_start_rank; q++)
             if (cb->ranks[q].dev == R->dev) {
                 cuda_destroy(&cb->base);
                 return dg_error_set(err, DG_E_INVAL, "cuda backend: GPU %d named twice", R->dev);
@@ -1566,6 +1603,10 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
                 return dg_error_set(err, DG_E_NODEV, "cuda backend: rank %d: no GPU %d (%d "
                                     "visible)", idx, dev, have);
             }
+    }
+    if (nl > 1 && (rc = dg_coll_cpu_group_create(nl, &cb->gate, err)) < 0) {
+        cuda_destroy(&cb->base);
+        return rc;
     }
     if (mp)
         cb->id = *o->nccl_id;

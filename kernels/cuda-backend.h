@@ -67,6 +67,13 @@
  * that does not come back even then, or a GPU whose context is lost (a
  * sticky CUDA error), leaves the backend failed: every later call fails,
  * and dg_cuda_backend_failed says so (the daemon stops with a log line).
+ * Before the ranks of one process join the NCCL group (at creation, and
+ * when it is rebuilt) they meet: a rank that failed before joining (its
+ * stream, or its GPU's health) stops the others there, since
+ * ncclCommInitRank would wait for it for good.  Creation is not bounded by
+ * the watchdog: a rank that fails inside ncclCommInitRank, or a process of
+ * a multi-process group that never starts, still leaves the others
+ * waiting there.
  */
 #ifndef DG_KERNELS_CUDA_BACKEND_H
 #define DG_KERNELS_CUDA_BACKEND_H
@@ -102,6 +109,11 @@ struct dg_cuda_backend_options {
     int commit_apart;                    /* a denoising step's appended tokens (a commit)
                                             in an encoder pass of their own before it,
                                             not in the step's pass: to compare */
+    /* for fault tests: 1 + the rank whose start fails after its stream
+     * is made and before it joins the NCCL group (0: none), to show that
+     * the others do not wait for it; with it set a GPU may be named for
+     * more than one rank, so that one GPU can show it */
+    int fault_start_rank;
     /* multi-process mode (with nccl_id): this process holds rank
      * process_rank of n_ranks on GPU `device` (or devices[0]); the other
      * ranks run in other processes (dg_cuda_backend_serve) joined by the

@@ -31,9 +31,14 @@
  *     graphs made and replayed on every rank.
  *   refusals: golden-b's 6 query heads over 3 KV heads cannot split in 2
  *     whole KV groups: a clear error; tp larger than the GPUs: an error.
+ *   start_failure: at TP=2 one rank fails after making its stream and
+ *     before joining the NCCL group (option fault_start_rank), rank 0 and
+ *     then rank 1: creation returns that rank's error within 120 s instead
+ *     of the other rank waiting in ncclCommInitRank for good.  With one
+ *     GPU both ranks are on it (no group is ever formed).
  * Under compute-sanitizer (DG_MEMCHECK) the full-size case and the
- * watchdog are left out.  With one GPU only graphs_equal_eager at TP=1;
- * exit 77 without a GPU.
+ * watchdog are left out.  With one GPU only graphs_equal_eager at TP=1
+ * and start_failure; exit 77 without a GPU.
  */
 #include <math.h>
 #include <pthread.h>
@@ -41,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/cuda-backend.h"
 #include "kernels/cuda-forward.h"
@@ -716,6 +722,81 @@ static int case_refusals(void)
     return 0;
 }
 
+/* One creation at TP=2 on a thread of its own, so that a creation that
+ * never returns fails the test instead of hanging it. */
+struct start_try {
+    struct dg_cuda_backend_options o;
+    struct dg_backend *b;
+    struct dg_error err;
+    int rc, done;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *start_thread(void *p)
+{
+    struct start_try *t = p;
+    int rc = dg_cuda_backend_create(&t->o, &t->b, &t->err);
+    pthread_mutex_lock(&t->mu);
+    t->rc = rc;
+    t->done = 1;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+static int case_start_failure(void)
+{
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    int n = 0, devices[2];
+    CHECK_OK(dg_model_load("tests/golden/golden-a/checkpoint", &ck, &m, &err), &err);
+    CHECK_OK(dg_gpu_count(&n, &err), &err);
+    devices[0] = 0;
+    devices[1] = n > 1 ? 1 : 0; /* with one GPU both ranks on it: the fault option allows it */
+    for (int failing = 0; failing < 2; failing++) {
+        struct start_try t;
+        struct timespec deadline;
+        pthread_t th;
+        int waited = 0;
+        memset(&t, 0, sizeof t);
+        pthread_mutex_init(&t.mu, NULL);
+        pthread_cond_init(&t.cv, NULL);
+        t.o.n_ranks = 2;
+        t.o.devices = devices;
+        t.o.max_slots = 1;
+        t.o.model = &m;
+        t.o.timeout_ms = 10000;
+        t.o.fault_start_rank = failing + 1;
+        CHECK(pthread_create(&th, NULL, start_thread, &t) == 0);
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += 120;
+        pthread_mutex_lock(&t.mu);
+        while (!t.done && waited == 0)
+            waited = pthread_cond_timedwait(&t.cv, &t.mu, &deadline);
+        pthread_mutex_unlock(&t.mu);
+        if (!t.done) {
+            /* a rank is waiting for the failed one for good: nothing to join */
+            printf("FAIL: TP=2, rank %d failing before the group: creation still waiting after "
+                   "120 s\n", failing);
+            fflush(stdout);
+            _exit(1);
+        }
+        pthread_join(th, NULL);
+        printf("# TP=2 on GPUs %d and %d, rank %d failing before the group: %s\n", devices[0],
+               devices[1], failing, t.err.msg);
+        CHECKF(t.rc == -DG_E_NOMEM && !t.b && strstr(t.err.msg, "injected") &&
+                   strstr(t.err.msg, failing ? "rank 1" : "rank 0"),
+               "rc %d: %s", t.rc, t.err.msg);
+        pthread_mutex_destroy(&t.mu);
+        pthread_cond_destroy(&t.cv);
+    }
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    return 0;
+}
+
 int main(void)
 {
     struct dg_error err = {0};
@@ -731,6 +812,7 @@ int main(void)
         printf("# 1 GPU: the graphs at TP=1 only (tensor parallelism needs 2)\n");
         n_tp_list = 0;
         TEST_CASE(case_graphs_equal_eager);
+        TEST_CASE(case_start_failure);
         return test_finish();
     }
     if (n >= 4)
@@ -738,6 +820,7 @@ int main(void)
     else
         printf("# %d GPUs: TP=2 only (TP=4 needs 4)\n", n);
     TEST_CASE(case_refusals);
+    TEST_CASE(case_start_failure);
     TEST_CASE(case_logits_golden);
     TEST_CASE(case_generations);
     TEST_CASE(case_rank_usage_and_watchdog);
