@@ -104,6 +104,16 @@ for v in "--top-p inf|'inf' is not a finite number" "--t-min nan|'nan' is not a 
     then ok "flag_${1#--}"; else bad "flag_${1#--}" "exit $st: $(cat "$tmp/f.err")"; fi
 done
 
+# an unknown option last is named as unknown (it once read "needs a
+# value"); a known one last does need a value
+"$EVAL" generate --model "$MODEL" --prompt x --bogus >/dev/null 2>"$tmp/u1"; u1=$?
+"$EVAL" generate --model "$MODEL" --prompt x --top-k >/dev/null 2>"$tmp/u2"; u2=$?
+"$EVAL" generate --model "$MODEL" --prompt >/dev/null 2>"$tmp/u3"; u3=$?
+if [ $u1 -eq 2 ] && grep -q "generate: unknown option '--bogus'" "$tmp/u1" &&
+   [ $u2 -eq 2 ] && grep -q "generate: --top-k needs a value" "$tmp/u2" &&
+   [ $u3 -eq 2 ] && grep -q "generate: --prompt needs a value" "$tmp/u3"
+then ok unknown_last; else bad unknown_last "$u1 $u2 $u3: $(cat "$tmp"/u[1-3])"; fi
+
 # --no-parse-special: the prompt's typed markers are plain text; the
 # prompt's length is the one `dgemma-eval tokenize` gives for the same
 # text (with <bos>) or messages (with the generation prompt)

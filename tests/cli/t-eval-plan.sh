@@ -3,7 +3,7 @@
 # (per-rank totals shrink with T; T = 1 carries no collectives; a step's
 # collectives are 2 per layer + 1 all-reduces and 1 all-gather), the same
 # from a checkpoint directory, an impossible degree reported in its row,
-# and usage errors (exit 2).
+# and usage errors (exit 2), an unknown option named as unknown.
 set -u
 BUILD=${BUILD:-build}
 EVAL=$BUILD/bin/dgemma-eval
@@ -33,5 +33,18 @@ then ok impossible_degree; else bad impossible_degree "$(cat "$tmp/big.out")"; f
 "$EVAL" plan --preset 26b --act-bytes 3 >/dev/null 2>&1; d=$?
 if [ $a -eq 2 ] && [ $b -eq 2 ] && [ $c -eq 2 ] && [ $d -eq 2 ]
 then ok usage_errors; else bad usage_errors "$a $b $c $d"; fi
+
+# an unknown option is named as unknown, last or not (it once read "needs
+# a value", or took the next word for a number); a known one last needs a
+# value; a bad byte count names its values
+"$EVAL" plan --preset 26b --bogus >/dev/null 2>"$tmp/u1"; u1=$?
+"$EVAL" plan --bogus x --preset 26b >/dev/null 2>"$tmp/u2"; u2=$?
+"$EVAL" plan --preset 26b --tp >/dev/null 2>"$tmp/u3"; u3=$?
+"$EVAL" plan --preset 26b --weight-bytes 3 >/dev/null 2>"$tmp/u4"; u4=$?
+if [ $u1 -eq 2 ] && grep -q "plan: unknown option '--bogus'" "$tmp/u1" &&
+   [ $u2 -eq 2 ] && grep -q "plan: unknown option '--bogus'" "$tmp/u2" &&
+   [ $u3 -eq 2 ] && grep -q "plan: --tp needs a value" "$tmp/u3" &&
+   [ $u4 -eq 2 ] && grep -q "plan: --weight-bytes must be 1, 2 or 4, not '3'" "$tmp/u4"
+then ok unknown_options; else bad unknown_options "$u1 $u2 $u3 $u4: $(cat "$tmp"/u[1-4])"; fi
 
 [ $fails -eq 0 ]

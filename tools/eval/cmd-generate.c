@@ -230,6 +230,18 @@ static int print_json(const struct result *res, const struct dg_gen_settings *s,
     return 0;
 }
 
+/* Whether a is one of the options that take a value: this command's own
+ * or a settings flag (lib/settings-flags.h). */
+static int takes_value(const char *a)
+{
+    static const char *const own[] = {"--model", "--prompt", "--messages", "--prompt-ids",
+                                      "--settings", "--tp", "--experts"};
+    for (size_t k = 0; k < sizeof own / sizeof own[0]; k++)
+        if (!strcmp(a, own[k]))
+            return 1;
+    return dg_settings_flag_key(a) != NULL;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL, *messages = NULL, *ids_path = NULL;
@@ -274,6 +286,12 @@ int cmd_generate(int argc, char **argv)
             parse_special = 0;
             continue;
         }
+        if (!takes_value(a)) {
+            eval_errorf("generate: unknown option '%s'", a);
+            fputs(usage, stderr);
+            json_decref(flags);
+            return 2;
+        }
         if (!val) {
             eval_errorf("generate: %s needs a value", a);
             json_decref(flags);
@@ -309,12 +327,6 @@ int cmd_generate(int argc, char **argv)
         }
         else {
             struct dg_error fe = {0};
-            if (!dg_settings_flag_key(a)) {
-                eval_errorf("generate: unknown option '%s'", a);
-                fputs(usage, stderr);
-                json_decref(flags);
-                return 2;
-            }
             if (dg_settings_flag_set(flags, a, val, &fe) < 0) {
                 eval_errorf("generate: %s", fe.msg);
                 json_decref(flags);

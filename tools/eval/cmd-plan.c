@@ -28,6 +28,17 @@ static double mib(uint64_t b)
     return (double)b / (1024.0 * 1024.0);
 }
 
+/* Whether a is one of this command's options (each takes a value). */
+static int takes_value(const char *a)
+{
+    static const char *const opts[] = {"--model", "--preset", "--experts", "--tp", "--tokens",
+                                       "--weight-bytes", "--act-bytes"};
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
+        if (!strcmp(a, opts[k]))
+            return 1;
+    return 0;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *preset = NULL;
@@ -44,6 +55,11 @@ int cmd_plan(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (!takes_value(a)) {
+            eval_errorf("plan: unknown option '%s'", a);
+            fputs(usage, stderr);
+            return 2;
         }
         if (!val) {
             eval_errorf("plan: %s needs a value", a);
@@ -84,8 +100,8 @@ int cmd_plan(int argc, char **argv)
         } else if (!strcmp(a, "--act-bytes") && (x == 2 || x == 4 || x == 8)) {
             act_bytes = (int)x;
         } else {
-            eval_errorf("plan: unknown option or value '%s %s'", a, val);
-            fputs(usage, stderr);
+            eval_errorf("plan: %s must be %s, not '%s'", a,
+                        !strcmp(a, "--weight-bytes") ? "1, 2 or 4" : "2, 4 or 8", val);
             return 2;
         }
     }
