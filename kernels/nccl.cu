@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_bf16.h>
+
 #include "kernels/cuda-check.h"
 
 struct dg_nccl {
@@ -16,6 +18,21 @@ struct dg_nccl {
     cudaStream_t stream;
     void *stage;                /* device staging for the host face */
     size_t stage_bytes;
+    /* a group on one shared GPU instead of NCCL (NULL: NCCL) */
+    struct dg_nccl_shared *shared;
+    cudaEvent_t ready, read;    /* this rank's: its input written; others' inputs read */
+    void *sum;                  /* the all-reduce's result before it lands in buf */
+    size_t sum_bytes;
+};
+
+/* What the ranks of a shared group hand each other for the collective at
+ * hand; src[r] and the events are written by rank r before a meeting and
+ * read by the others after it. */
+struct dg_nccl_shared {
+    int n;
+    struct dg_coll_cpu_group *meet; /* host barriers; aborting it ends the group */
+    const void *src[DG_NCCL_SHARED_MAX];
+    cudaEvent_t ready[DG_NCCL_SHARED_MAX], read[DG_NCCL_SHARED_MAX];
 };
 
 static const ncclDataType_t TYPES[] = {ncclFloat32, ncclBfloat16, ncclFloat64, ncclInt64};
@@ -57,6 +74,176 @@ static int unlock_result(struct dg_nccl *c, ncclResult_t r, const char *call,
                         ncclGetErrorString(r), ncclGetLastError(NULL));
 }
 
+/* A device buffer *p of *cap bytes made at least bytes long (its
+ * contents not kept). */
+static int grow(struct dg_nccl *c, void **p, size_t *cap, size_t bytes, struct dg_error *err)
+{
+    int rc = 0, dev = c->dev;
+    if (bytes <= *cap)
+        return 0;
+    {
+        /* (the smaller one goes first: a failure to free it is reported) */
+        void *old = *p;
+        *p = NULL;
+        *cap = 0;
+        DG_CUDA_CHECK(cudaFree(old));
+    }
+    DG_CUDA_CHECK(cudaMalloc(p, bytes));
+    *cap = bytes;
+out:
+    return rc;
+}
+
+/* ---- a group of ranks sharing one GPU (no NCCL) ------------------------------ */
+
+/* Where the ranks meet: 0, or DG_E_NCCL once the group was aborted. */
+static int shared_meet(struct dg_nccl *c, struct dg_error *err)
+{
+    struct dg_error ignored;
+    if (dg_barrier(dg_coll_cpu_rank(c->shared->meet, c->coll.rank), &ignored) < 0)
+        return dg_error_set(err, DG_E_NCCL, "GPU %d: rank %d: the group was aborted", c->dev,
+                            c->coll.rank);
+    return 0;
+}
+
+/* Make c's stream wait for every other rank's event ev[q]. */
+static int wait_others(struct dg_nccl *c, cudaEvent_t *ev, struct dg_error *err)
+{
+    int rc = 0, dev = c->dev;
+    for (int q = 0; q < c->coll.size; q++)
+        if (q != c->coll.rank)
+            DG_CUDA_CHECK(cudaStreamWaitEvent(c->stream, ev[q], 0));
+out:
+    return rc;
+}
+
+struct shared_srcs {
+    const void *p[DG_NCCL_SHARED_MAX];
+};
+
+/* out[i] = src[0][i] op src[1][i] op ... op src[n-1][i], folded in rank
+ * order in T's arithmetic (bf16: in fp32, rounded once at the end), the
+ * order lib/coll-cpu.c folds in; one thread an element. */
+template <typename T, typename A>
+__global__ void shared_reduce(struct shared_srcs src, int n, size_t len, int is_max, T *out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        A acc = (A)((const T *)src.p[0])[i];
+        for (int q = 1; q < n; q++) {
+            const A v = (A)((const T *)src.p[q])[i];
+            acc = is_max ? (v > acc ? v : acc) : acc + v;
+        }
+        out[i] = (T)acc;
+    }
+}
+
+template <typename T, typename A>
+static void launch_reduce(const struct shared_srcs &src, int n, size_t len, int is_max, void *out,
+                          cudaStream_t stream)
+{
+    const size_t blocks = (len + 255) / 256;
+    shared_reduce<T, A><<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(
+        src, n, len, is_max, (T *)out);
+}
+
+/* All-reduce through the shared GPU: every rank's input ready (its event),
+ * each rank folds all inputs into its own scratch, and once every rank
+ * has read every input (their second events) writes the result over its
+ * buf.  Two meetings on the host; the GPU never waits on a host. */
+static int shared_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_nccl_type t,
+                             enum dg_coll_op op, struct dg_error *err)
+{
+    struct dg_nccl_shared *g = c->shared;
+    const int r = c->coll.rank, dev = c->dev;
+    const size_t bytes = n * SIZES[t];
+    struct shared_srcs src;
+    int rc = 0;
+    if ((rc = grow(c, &c->sum, &c->sum_bytes, bytes, err)) < 0)
+        return rc;
+    DG_CUDA_CHECK(cudaEventRecord(c->ready, c->stream));
+    g->src[r] = buf;
+    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->ready, err)) < 0)
+        return rc;
+    memcpy(src.p, g->src, sizeof src.p);
+    switch (t) {
+    case DG_NCCL_F32: launch_reduce<float, float>(src, g->n, n, op == DG_COLL_MAX, c->sum,
+                                                  c->stream); break;
+    case DG_NCCL_BF16: launch_reduce<__nv_bfloat16, float>(src, g->n, n, op == DG_COLL_MAX,
+                                                           c->sum, c->stream); break;
+    case DG_NCCL_F64: launch_reduce<double, double>(src, g->n, n, op == DG_COLL_MAX, c->sum,
+                                                    c->stream); break;
+    case DG_NCCL_I64: launch_reduce<long long, long long>(src, g->n, n, op == DG_COLL_MAX,
+                                                          c->sum, c->stream); break;
+    }
+    DG_LAUNCH_CHECK();
+    DG_CUDA_CHECK(cudaEventRecord(c->read, c->stream));
+    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->read, err)) < 0)
+        return rc;
+    DG_CUDA_CHECK(cudaMemcpyAsync(buf, c->sum, bytes, cudaMemcpyDeviceToDevice, c->stream));
+out:
+    return rc;
+}
+
+/* All-gather through the shared GPU: every rank copies every rank's send
+ * into its recv once all are ready, and returns once all have copied its
+ * own (so that its send may be written again). */
+static int shared_all_gather(struct dg_nccl *c, const void *send, void *recv, size_t bytes,
+                             struct dg_error *err)
+{
+    struct dg_nccl_shared *g = c->shared;
+    const int r = c->coll.rank, dev = c->dev;
+    int rc = 0;
+    DG_CUDA_CHECK(cudaEventRecord(c->ready, c->stream));
+    g->src[r] = send;
+    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->ready, err)) < 0)
+        return rc;
+    for (int q = 0; q < g->n; q++) {
+        unsigned char *to = (unsigned char *)recv + (size_t)q * bytes;
+        if (to != g->src[q]) /* (a send in its place in recv stays) */
+            DG_CUDA_CHECK(cudaMemcpyAsync(to, g->src[q], bytes, cudaMemcpyDeviceToDevice,
+                                          c->stream));
+    }
+    DG_CUDA_CHECK(cudaEventRecord(c->read, c->stream));
+    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->read, err)) < 0)
+        return rc;
+out:
+    return rc;
+}
+
+extern "C" int dg_nccl_shared_create(int n, struct dg_nccl_shared **out, struct dg_error *err)
+{
+    struct dg_nccl_shared *g;
+    int rc;
+    *out = NULL;
+    if (n < 1 || n > DG_NCCL_SHARED_MAX)
+        return dg_error_set(err, DG_E_INVAL, "a group of %d ranks on one GPU (1 .. %d)", n,
+                            DG_NCCL_SHARED_MAX);
+    if (!(g = (struct dg_nccl_shared *)calloc(1, sizeof *g)))
+        return dg_error_set(err, DG_E_NOMEM, "out of memory");
+    g->n = n;
+    if ((rc = dg_coll_cpu_group_create(n, &g->meet, err)) < 0) {
+        free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+extern "C" void dg_nccl_shared_reset(struct dg_nccl_shared *g)
+{
+    if (g)
+        dg_coll_cpu_reset(g->meet);
+}
+
+extern "C" void dg_nccl_shared_free(struct dg_nccl_shared *g)
+{
+    if (!g)
+        return;
+    dg_coll_cpu_group_free(g->meet);
+    free(g);
+}
+
 extern "C" int dg_nccl_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_nccl_type t,
                                   enum dg_coll_op op, struct dg_error *err)
 {
@@ -69,6 +256,8 @@ extern "C" int dg_nccl_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum d
     c->coll.stats.bytes[DG_COLL_ALL_REDUCE] += n * SIZES[t];
     if (c->coll.size == 1 || n == 0)
         return 0;
+    if (c->shared)
+        return shared_all_reduce(c, buf, n, t, op, err);
     if (!(comm = lock_comm(c, err)))
         return -DG_E_NCCL;
     return unlock_result(c, ncclAllReduce(buf, buf, n, TYPES[t],
@@ -91,6 +280,8 @@ extern "C" int dg_nccl_all_gather(struct dg_nccl *c, const void *send, void *rec
         DG_CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, c->stream));
         return 0;
     }
+    if (c->shared)
+        return shared_all_gather(c, send, recv, bytes, err);
     if (!(comm = lock_comm(c, err)))
         return -DG_E_NCCL;
     return unlock_result(c, ncclAllGather(send, recv, bytes, ncclChar, comm, c->stream),
@@ -103,20 +294,7 @@ out:
 
 static int stage(struct dg_nccl *c, size_t bytes, struct dg_error *err)
 {
-    int rc = 0, dev = c->dev;
-    if (bytes <= c->stage_bytes)
-        return 0;
-    {
-        /* (the smaller stage goes first: a failure to free it is reported) */
-        void *old = c->stage;
-        c->stage = NULL;
-        c->stage_bytes = 0;
-        DG_CUDA_CHECK(cudaFree(old));
-    }
-    DG_CUDA_CHECK(cudaMalloc(&c->stage, bytes));
-    c->stage_bytes = bytes;
-out:
-    return rc;
+    return grow(c, &c->stage, &c->stage_bytes, bytes, err);
 }
 
 static enum dg_nccl_type host_type(enum dg_coll_type t)
@@ -174,6 +352,9 @@ extern "C" int dg_nccl_broadcast_host(struct dg_nccl *c, void *buf, size_t bytes
                             bytes, root);
     if (c->coll.size == 1 || bytes == 0)
         return 0;
+    if (c->shared)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: a broadcast in a group on one GPU "
+                            "(multi-process groups only)", dev);
     if ((rc = stage(c, bytes, err)) < 0)
         return rc;
     if (c->coll.rank == root)
@@ -252,6 +433,47 @@ out:
     return rc;
 }
 
+extern "C" int dg_nccl_init_shared(struct dg_nccl **out, struct dg_nccl_shared *g, int r,
+                                   int dev, dg_stream_t stream, struct dg_error *err)
+{
+    struct dg_nccl *c;
+    int rc = 0;
+
+    *out = NULL;
+    if (!g || r < 0 || r >= g->n || !stream)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: rank %d of a shared group of %d", dev, r,
+                            g ? g->n : 0);
+    c = (struct dg_nccl *)calloc(1, sizeof *c);
+    if (!c)
+        return dg_error_set(err, DG_E_NOMEM, "GPU %d: out of memory", dev);
+    pthread_mutex_init(&c->mu, NULL);
+    c->coll.ops = &HOST_OPS;
+    c->coll.rank = r;
+    c->coll.size = g->n;
+    c->dev = dev;
+    c->stream = (cudaStream_t)stream;
+    c->shared = g;
+    DG_CUDA_CHECK(cudaSetDevice(dev));
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&c->read, cudaEventDisableTiming));
+    g->ready[r] = c->ready;
+    g->read[r] = c->read;
+    /* every rank's events are in place before any collective reads them */
+    rc = shared_meet(c, err);
+out:
+    if (rc < 0) {
+        if (c->ready)
+            cudaEventDestroy(c->ready);
+        if (c->read)
+            cudaEventDestroy(c->read);
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
 extern "C" void dg_nccl_abort(struct dg_nccl *c)
 {
     ncclComm_t comm;
@@ -264,6 +486,8 @@ extern "C" void dg_nccl_abort(struct dg_nccl *c)
     pthread_mutex_unlock(&c->mu);
     if (comm)
         ncclCommAbort(comm);
+    if (c->shared)
+        dg_coll_cpu_abort(c->shared->meet);
 }
 
 extern "C" int dg_nccl_aborted(struct dg_nccl *c)
@@ -284,6 +508,12 @@ extern "C" void dg_nccl_free(struct dg_nccl *c)
         /* a clean end: wait for this rank's work, then destroy */
         cudaStreamSynchronize(c->stream);
         ncclCommDestroy(c->comm);
+    }
+    if (c->shared) {
+        cudaStreamSynchronize(c->stream);
+        cudaEventDestroy(c->ready);
+        cudaEventDestroy(c->read);
+        cudaFree(c->sum);
     }
     cudaFree(c->stage);
     pthread_mutex_destroy(&c->mu);

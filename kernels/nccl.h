@@ -86,6 +86,46 @@ int dg_nccl_broadcast_host(struct dg_nccl *c, void *buf, size_t bytes, int root,
 /* The host-buffer face (owned by c). */
 struct dg_coll *dg_nccl_coll(struct dg_nccl *c);
 
+/* ---- a group on one shared GPU, without NCCL (for tests) ----------------
+ *
+ * NCCL will not make a group of two ranks on one GPU, so a test with one
+ * GPU makes this instead: the ranks are threads of one process, each with
+ * its own stream on the same GPU, and a collective meets on the host
+ * twice (lib/coll.h's CPU barrier): every rank records an event after its
+ * input is written, waits (on the GPU) for the others', folds or copies
+ * all inputs into its own result, records a second event, and only after
+ * every rank's second event writes its result over its input.  An
+ * all-reduce folds in rank order (bf16 in fp32, rounded once), as
+ * lib/coll-cpu.c does; NCCL's order may differ, so sums may differ from
+ * NCCL's in the last bits.  The host never waits for the GPU, but a
+ * collective's call returns only when every rank has made it, so it
+ * cannot be captured in a CUDA graph (each rank captures its own stream:
+ * the events of another capture cannot be waited on).  Abort (from any
+ * thread) ends every rank's meeting with DG_E_NCCL; dg_nccl_shared_reset
+ * makes the group usable again once no rank is inside a call.
+ * No broadcast (a multi-process group's only). */
+
+#define DG_NCCL_SHARED_MAX 8
+
+struct dg_nccl_shared;
+
+/* A group of n ranks (1 .. DG_NCCL_SHARED_MAX).  Errors: DG_E_INVAL,
+ * DG_E_NOMEM. */
+int dg_nccl_shared_create(int n, struct dg_nccl_shared **out, struct dg_error *err);
+
+/* Clear an abort (no rank inside a call). */
+void dg_nccl_shared_reset(struct dg_nccl_shared *g);
+
+/* Free g after every rank's dg_nccl is freed. */
+void dg_nccl_shared_free(struct dg_nccl_shared *g);
+
+/* Join g as rank r on GPU dev with stream (as dg_nccl_init: returns when
+ * all of g's ranks have joined).  The result is used and freed through the
+ * functions above, alike.  Errors: DG_E_INVAL, DG_E_NOMEM, DG_E_CUDA,
+ * DG_E_NCCL (aborted). */
+int dg_nccl_init_shared(struct dg_nccl **out, struct dg_nccl_shared *g, int r, int dev,
+                        dg_stream_t stream, struct dg_error *err);
+
 #ifdef __cplusplus
 }
 #endif
