@@ -121,6 +121,7 @@ struct cuda_backend {
     /* the ranks of this process meet here before they join the NCCL
      * group (NULL with one): a rank that failed aborts it instead */
     struct dg_coll_cpu_group *gate;
+    struct dg_nccl_shared *shared;  /* option shared_gpu: the group without NCCL */
     int regroup;                    /* the communicators were aborted: rebuild first */
     int failed;                     /* for good */
     int stuck;                      /* a worker never came back: its thread is left alone */
@@ -269,6 +270,16 @@ static int meet(struct grank *R, int rc, struct dg_error *err)
     return 0;
 }
 
+/* This rank's communicator: NCCL's from the group's id, or one of the
+ * group on a shared GPU (option shared_gpu). */
+static int join(struct grank *R, struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    if (cb->shared)
+        return dg_nccl_init_shared(&R->nccl, cb->shared, R->index, R->dev, R->cx.stream, err);
+    return dg_nccl_init(&R->nccl, &cb->id, cb->n, R->index, R->dev, R->cx.stream, err);
+}
+
 static int rank_init(struct grank *R, struct dg_error *err)
 {
     const struct dg_cuda_backend_options *o = &R->cb->opt;
@@ -284,7 +295,7 @@ static int rank_init(struct grank *R, struct dg_error *err)
                           "NCCL group (option fault_start_rank)", R->dev, R->index);
     TRY(meet(R, rc, err));
     if (R->cb->n > 1) {
-        TRY(dg_nccl_init(&R->nccl, &R->cb->id, R->cb->n, R->index, R->dev, R->cx.stream, err));
+        TRY(join(R, err));
         R->cx.nccl = R->nccl;
     }
     if (o->profile && R->index == 0)
@@ -316,7 +327,7 @@ static int rank_regroup(struct grank *R, struct dg_error *err)
     keep = dg_nccl_coll(R->nccl)->stats;
     dg_nccl_free(R->nccl);
     R->nccl = R->cx.nccl = NULL;
-    TRY(dg_nccl_init(&R->nccl, &R->cb->id, R->cb->n, R->index, R->dev, R->cx.stream, err));
+    TRY(join(R, err));
     dg_nccl_coll(R->nccl)->stats = keep;
     R->cx.nccl = R->nccl;
     R->nccl_gen++;
@@ -1133,8 +1144,11 @@ static int run_job(struct cuda_backend *cb, enum job_kind kind, struct dg_error 
                              "be rebuilt from within: restart every process of the group");
     if (cb->regroup && kind != JOB_QUIT && kind != JOB_REGROUP && (rc = regroup(cb, err)) < 0)
         return rc;
-    if (cb->gate && (kind == JOB_INIT || kind == JOB_REGROUP))
-        dg_coll_cpu_reset(cb->gate); /* every worker is idle here */
+    if (kind == JOB_INIT || kind == JOB_REGROUP) { /* every worker is idle here */
+        if (cb->gate)
+            dg_coll_cpu_reset(cb->gate);
+        dg_nccl_shared_reset(cb->shared);
+    }
     pthread_mutex_lock(&cb->mu);
     cb->kind = kind;
     cb->finished = 0;
@@ -1375,6 +1389,7 @@ static void cuda_destroy(struct dg_backend *b)
     free(cb->wire);
     if (cb->gate)
         dg_coll_cpu_group_free(cb->gate);
+    dg_nccl_shared_free(cb->shared);
     pthread_mutex_destroy(&cb->mu);
     pthread_cond_destroy(&cb->go);
     pthread_cond_destroy(&cb->done);
@@ -1533,6 +1548,7 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
     *out = NULL;
     if (o->max_slots < 1 || !cfg || (!o->model && o->fp32) || (o->model && o->fp8) ||
         n > DG_TP_MAX || o->fault_start_rank < 0 || o->fault_start_rank > n ||
+        (o->shared_gpu && (mp || n > DG_NCCL_SHARED_MAX)) ||
         o->timeout_ms < 0 || (mp && o->process_rank >= n))
         return dg_error_set(err, DG_E_INVAL, "cuda backend: %d slots, %d ranks%s, %s",
                             o->max_slots, n, mp ? " (one in this process)" : "",
@@ -1545,6 +1561,8 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
     if (!cb)
         return dg_error_set(err, DG_E_NOMEM, "cuda backend: out of memory");
     cb->opt = *o;
+    if (o->shared_gpu)
+        cb->opt.graphs = 0; /* (nccl.h: a shared group's collectives are not capturable) */
     cb->n = n;
     cb->nl = nl;
     cb->mp = mp;
@@ -1578,7 +1596,9 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
         R->index = mp ? o->process_rank : r;
         R->dev = mp || n == 1 ? (o->devices ? o->devices[0] : o->device)
                               : (o->devices ? o->devices[r] : r);
-        for (int q = 0; q < r && !o->fault_start_rank; q++)
+        if (o->shared_gpu)
+            R->dev = o->device;
+        for (int q = 0; q < r && !o->fault_start_rank && !o->shared_gpu; q++)
             if (cb->ranks[q].dev == R->dev) {
                 cuda_destroy(&cb->base);
                 return dg_error_set(err, DG_E_INVAL, "cuda backend: GPU %d named twice", R->dev);
@@ -1604,7 +1624,8 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
                                     "visible)", idx, dev, have);
             }
     }
-    if (nl > 1 && (rc = dg_coll_cpu_group_create(nl, &cb->gate, err)) < 0) {
+    if (nl > 1 && ((rc = dg_coll_cpu_group_create(nl, &cb->gate, err)) < 0 ||
+                   (o->shared_gpu && (rc = dg_nccl_shared_create(nl, &cb->shared, err)) < 0))) {
         cuda_destroy(&cb->base);
         return rc;
     }

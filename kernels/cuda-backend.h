@@ -114,6 +114,10 @@ struct dg_cuda_backend_options {
      * the others do not wait for it; with it set a GPU may be named for
      * more than one rank, so that one GPU can show it */
     int fault_start_rank;
+    /* for tests on one GPU: all n_ranks ranks on GPU `device` (devices
+     * unused), their collectives made without NCCL (nccl.h: a group on one
+     * shared GPU); steps run eagerly (graphs off); not multi-process */
+    int shared_gpu;
     /* multi-process mode (with nccl_id): this process holds rank
      * process_rank of n_ranks on GPU `device` (or devices[0]); the other
      * ranks run in other processes (dg_cuda_backend_serve) joined by the
