@@ -15,7 +15,9 @@
  *     agreeing on >= 95% of rows, the distance printed (no fp32 pass to
  *     bound it by); per rank, the weights, the vocabulary rows and logits
  *     columns held (each < V) and the collectives of one decoder pass
- *     against what gathering the logits would move (printed).
+ *     against what gathering the logits would move (printed).  Then the
+ *     same with FP8 (W8A8) weights, where each rank also quantizes only
+ *     the activation columns it holds.
  *   generations: four requests through the engine (prefill chunks,
  *     self-conditioning, commits, two canvases) on the backend at TP=N and
  *     TP=1, fp32 elements, two denoising steps a canvas: every id equal;
@@ -88,8 +90,9 @@ static int shared;
 struct tp_pass {
     /* in */
     const struct dg_model *m;           /* a checkpoint, or NULL for: */
-    const struct dg_model_config *cfg;  /*   random bf16 weights of this shape */
+    const struct dg_model_config *cfg;  /*   random weights of this shape */
     uint64_t seed;
+    int fp8;                            /*   FP8 (W8A8) projections and experts, else bf16 */
     enum dg_elt elt;
     int n;
     struct dg_tp_plan plan;
@@ -133,7 +136,7 @@ static void *tp_rank(void *arg)
     if ((rc = dg_cuda_use(dev, err)) < 0)
         goto out;
     rc = p->m ? dg_cuda_model_upload_rank(&cm, p->m, p->elt, &p->plan, r, dev, err)
-              : dg_cuda_model_random_rank(&cm, p->cfg, p->seed, &p->plan, r, dev, err);
+              : dg_cuda_model_random_q_rank(&cm, p->cfg, p->seed, p->fp8, &p->plan, r, dev, err);
     if (rc < 0)
         goto out;
     if ((rc = dg_cuda_ctx_init(&cx, &cm, err)) < 0)
@@ -422,6 +425,9 @@ static int case_logits_full(void)
     p.canvas = canvas;
     for (int i = 0; i < n_tp_list; i++)
         CHECK(compare_tp("26B-A4B random", &p, tp_list[i], 0, 1) == 0);
+    p.fp8 = 1;
+    for (int i = 0; i < n_tp_list; i++)
+        CHECK(compare_tp("26B-A4B random FP8", &p, tp_list[i], 0, 1) == 0);
     free(prompt);
     free(canvas);
     return 0;
