@@ -16,8 +16,11 @@
  *          (lt_scale4_kernel, four columns a thread; lt_scale_kernel where
  *          the shape or alignment does not allow it) rounding once to Y's
  *          type.  It costs one write and one read of S in fp32, and works
- *          where the outer modes do not (in run 51 cuBLASLt offered them
- *          for no shape on the H200). */
+ *          where the outer modes do not.  dg_fp8_lt_product takes it
+ *          always (its caller applies the scales).
+ * (Until run 251 the heuristic was asked with the scale pointers unset,
+ * which cuBLASLt 13.1 answers with "unsupported value": every shape went
+ * the unit way.) */
 #include "kernels/fp8-lt.h"
 
 #include <cublasLt.h>
@@ -40,6 +43,7 @@ struct lt_plan {
     int used;
     int64_t T, N, K;
     int y_f32, accumulate;
+    int unit_only;               /* dg_fp8_lt_product's: never the outer modes */
     int mode;                    /* LT_NONE: cuBLASLt has nothing for this shape */
     int64_t chunk;
     cublasLtMatmulDesc_t op;
@@ -157,6 +161,7 @@ static int plan_outer(struct dg_fp8_lt *lt, struct lt_plan *p, struct dg_error *
     const int dev = lt->dev;
     const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     const cudaDataType_t yt = p->y_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    const float *stand_in = lt->scratch;
     int rc = 0;
     if ((rc = plan_common(lt, p, err)) < 0)
         goto out;
@@ -164,6 +169,13 @@ static int plan_outer(struct dg_fp8_lt *lt, struct lt_plan *p, struct dg_error *
                                                    &outer, sizeof outer));
     DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
                                                    &outer, sizeof outer));
+    /* cuBLASLt 13.1's heuristic calls the outer modes an unsupported value
+     * while the scale pointers are unset (run 251, H100): stand-ins here,
+     * the call's own vectors set before each matmul */
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                   &stand_in, sizeof stand_in));
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                   &stand_in, sizeof stand_in));
     DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, (uint64_t)p->K,
                                                (uint64_t)p->T, p->K));
     DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, yt, (uint64_t)p->N, (uint64_t)p->T, p->N));
@@ -222,22 +234,22 @@ static int plan_to_unit(struct dg_fp8_lt *lt, struct lt_plan *p, struct dg_error
     plan_free(p);
     p->used = 1;
     p->T = keep.T, p->N = keep.N, p->K = keep.K;
-    p->y_f32 = keep.y_f32, p->accumulate = keep.accumulate;
+    p->y_f32 = keep.y_f32, p->accumulate = keep.accumulate, p->unit_only = keep.unit_only;
     return plan_unit(lt, p, err);
 }
 
 /* The kept plan for this shape, or a new one in a free (else the next)
- * slot: outer mode unless flags say unit, else unit mode, else none.
- * Errors (DG_E_CUBLAS) from creating descriptors. */
+ * slot: outer mode unless unit_only or flags say unit, else unit mode,
+ * else none.  Errors (DG_E_CUBLAS) from creating descriptors. */
 static int plan_get(struct dg_fp8_lt *lt, int64_t T, int64_t N, int64_t K, int y_f32,
-                    int accumulate, struct lt_plan **out, struct dg_error *err)
+                    int accumulate, int unit_only, struct lt_plan **out, struct dg_error *err)
 {
     struct lt_plan *p = NULL;
     int rc;
     for (int i = 0; i < LT_PLANS; i++) {
         struct lt_plan *q = &lt->plans[i];
         if (q->used && q->T == T && q->N == N && q->K == K && q->y_f32 == y_f32 &&
-            q->accumulate == accumulate) {
+            q->accumulate == accumulate && q->unit_only == unit_only) {
             *out = q;
             return 0;
         }
@@ -251,7 +263,8 @@ static int plan_get(struct dg_fp8_lt *lt, int64_t T, int64_t N, int64_t K, int y
     }
     p->used = 1;
     p->T = T, p->N = N, p->K = K, p->y_f32 = y_f32, p->accumulate = accumulate;
-    rc = lt->flags & DG_FP8_LT_UNIT_SCALES ? 0 : plan_outer(lt, p, err);
+    p->unit_only = unit_only;
+    rc = unit_only || lt->flags & DG_FP8_LT_UNIT_SCALES ? 0 : plan_outer(lt, p, err);
     if (rc >= 0 && p->mode == LT_NONE)
         rc = plan_to_unit(lt, p, err);
     if (rc < 0) {
@@ -387,8 +400,8 @@ extern "C" int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const 
     int rc = 0;
     if ((rc = check_shape(dev, "product", 1, T, N, K, err)) < 0)
         return rc;
-    /* the plan a bf16 Y of this shape takes */
-    if ((rc = plan_get(lt, T, N, K, 0, 0, &p, err)) < 0)
+    /* the unit-scale plan a bf16 Y of this shape would take */
+    if ((rc = plan_get(lt, T, N, K, 0, 0, 1, &p, err)) < 0)
         return rc;
     if (p->mode != LT_UNIT || p->chunk < T)
         return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: FP8 product (cuBLASLt): [%lld x "
@@ -418,7 +431,7 @@ extern "C" int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accu
         return rc;
     if (T == 0)
         return 0;
-    if ((rc = plan_get(lt, T, N, K, y_f32, !!accumulate, &p, err)) < 0)
+    if ((rc = plan_get(lt, T, N, K, y_f32, !!accumulate, 0, &p, err)) < 0)
         return rc;
     if (p->mode == LT_NONE)
         return dg_error_set(err, DG_E_UNSUPPORTED, "GPU %d: cuBLASLt has no FP8 algorithm "
@@ -479,8 +492,8 @@ extern "C" const char *dg_fp8_lt_mode(struct dg_fp8_lt *lt, int64_t T, int64_t N
 {
     for (int i = 0; lt && i < LT_PLANS; i++) {
         const struct lt_plan *q = &lt->plans[i];
-        if (q->used && q->T == T && q->N == N && q->K == K && q->y_f32 == !!y_f32 &&
-            q->accumulate == !!accumulate)
+        if (q->used && !q->unit_only && q->T == T && q->N == N && q->K == K &&
+            q->y_f32 == !!y_f32 && q->accumulate == !!accumulate)
             return q->mode == LT_OUTER ? "outer-vector scales"
                  : q->mode == LT_UNIT  ? "unit scales and a scaling pass"
                                        : "none";

@@ -53,10 +53,11 @@ int dg_fp8_lt_gemm(struct dg_fp8_lt *lt, void *y, int y_f32, int accumulate, con
  * dg_fp8_lt_gemm scales), for a caller that applies the scales itself as
  * its scaling pass does: Y[t, n] = round(S[t, n] * sa[t] * sw[n]), the
  * products in that order.  *S is the handle's scratch (row-major, rows of
- * N), valid until the next call on lt.  Only where a bf16 Y of this shape
- * goes the unit-scale way in one chunk; else DG_E_UNSUPPORTED with
- * nothing queued (then dg_fp8_lt_gemm).  Errors: DG_E_INVAL (shapes, T
- * at least 1), DG_E_UNSUPPORTED, DG_E_CUBLAS. */
+ * N), valid until the next call on lt.  Only where cuBLASLt has a
+ * unit-scale algorithm for the shape whose T rows fit the scratch in one
+ * chunk (whatever way dg_fp8_lt_gemm takes for it); else DG_E_UNSUPPORTED
+ * with nothing queued (then dg_fp8_lt_gemm).  Errors: DG_E_INVAL (shapes,
+ * T at least 1), DG_E_UNSUPPORTED, DG_E_CUBLAS. */
 int dg_fp8_lt_product(struct dg_fp8_lt *lt, const uint8_t *qa, const uint8_t *qw, int64_t T,
                       int64_t N, int64_t K, const float **S, struct dg_error *err);
 
