@@ -391,6 +391,39 @@ extern "C" struct dg_coll *dg_nccl_coll(struct dg_nccl *c)
 
 /* ---- life ------------------------------------------------------------------- */
 
+/* A rank's record as every kind of group starts it: rank r of n on GPU
+ * dev, issuing on stream, the host face set; NULL (DG_E_NOMEM set in err)
+ * when out of memory. */
+static struct dg_nccl *rank_new(int n, int r, int dev, dg_stream_t stream, struct dg_error *err)
+{
+    struct dg_nccl *c = (struct dg_nccl *)calloc(1, sizeof *c);
+    if (!c) {
+        dg_error_set(err, DG_E_NOMEM, "GPU %d: out of memory for rank %d of %d", dev, r, n);
+        return NULL;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->coll.ops = &HOST_OPS;
+    c->coll.rank = r;
+    c->coll.size = n;
+    c->dev = dev;
+    c->stream = (cudaStream_t)stream;
+    return c;
+}
+
+/* A rank's record whose group did not form: its communicator aborted (no
+ * peer waits on it), its events destroyed, the record freed. */
+static void rank_discard(struct dg_nccl *c)
+{
+    if (c->comm)
+        ncclCommAbort(c->comm);
+    if (c->ready)
+        cudaEventDestroy(c->ready);
+    if (c->read)
+        cudaEventDestroy(c->read);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
 extern "C" int dg_nccl_init(struct dg_nccl **out, const struct dg_nccl_id *id, int n, int r,
                             int dev, dg_stream_t stream, struct dg_error *err)
 {
@@ -402,15 +435,8 @@ extern "C" int dg_nccl_init(struct dg_nccl **out, const struct dg_nccl_id *id, i
     *out = NULL;
     if (n < 1 || r < 0 || r >= n || !stream)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: NCCL rank %d of %d", dev, r, n);
-    c = (struct dg_nccl *)calloc(1, sizeof *c);
-    if (!c)
-        return dg_error_set(err, DG_E_NOMEM, "GPU %d: NCCL: out of memory", dev);
-    pthread_mutex_init(&c->mu, NULL);
-    c->coll.ops = &HOST_OPS;
-    c->coll.rank = r;
-    c->coll.size = n;
-    c->dev = dev;
-    c->stream = (cudaStream_t)stream;
+    if (!(c = rank_new(n, r, dev, stream, err)))
+        return -DG_E_NOMEM;
     memcpy(&u, id->bytes, sizeof u);
     DG_CUDA_CHECK(cudaSetDevice(dev));
     if (n > 1) {
@@ -424,12 +450,8 @@ extern "C" int dg_nccl_init(struct dg_nccl **out, const struct dg_nccl_id *id, i
     *out = c;
 out:
     cudaFree(one);
-    if (rc < 0) {
-        if (c->comm)
-            ncclCommAbort(c->comm);
-        pthread_mutex_destroy(&c->mu);
-        free(c);
-    }
+    if (rc < 0)
+        rank_discard(c);
     return rc;
 }
 
@@ -443,15 +465,8 @@ extern "C" int dg_nccl_init_shared(struct dg_nccl **out, struct dg_nccl_shared *
     if (!g || r < 0 || r >= g->n || !stream)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: rank %d of a shared group of %d", dev, r,
                             g ? g->n : 0);
-    c = (struct dg_nccl *)calloc(1, sizeof *c);
-    if (!c)
-        return dg_error_set(err, DG_E_NOMEM, "GPU %d: out of memory", dev);
-    pthread_mutex_init(&c->mu, NULL);
-    c->coll.ops = &HOST_OPS;
-    c->coll.rank = r;
-    c->coll.size = g->n;
-    c->dev = dev;
-    c->stream = (cudaStream_t)stream;
+    if (!(c = rank_new(g->n, r, dev, stream, err)))
+        return -DG_E_NOMEM;
     c->shared = g;
     DG_CUDA_CHECK(cudaSetDevice(dev));
     DG_CUDA_CHECK(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
@@ -462,12 +477,7 @@ extern "C" int dg_nccl_init_shared(struct dg_nccl **out, struct dg_nccl_shared *
     rc = shared_meet(c, err);
 out:
     if (rc < 0) {
-        if (c->ready)
-            cudaEventDestroy(c->ready);
-        if (c->read)
-            cudaEventDestroy(c->read);
-        pthread_mutex_destroy(&c->mu);
-        free(c);
+        rank_discard(c);
         return rc;
     }
     *out = c;
