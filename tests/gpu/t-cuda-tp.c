@@ -207,8 +207,10 @@ out:
     return NULL;
 }
 
-/* Run p over p->n GPUs (0 .. n-1); 0 or the first rank's failure printed. */
-static int tp_run(struct tp_pass *p)
+/* p's plan and group for p->n ranks, a thread a rank (tp_rank) started
+ * and joined: each rank's result in p->rc and p->err.  0, or a failed
+ * check of the set-up. */
+static int tp_spawn(struct tp_pass *p)
 {
     pthread_t th[MAXR];
     struct tp_arg args[MAXR];
@@ -229,6 +231,13 @@ static int tp_run(struct tp_pass *p)
         pthread_join(th[r], NULL);
     dg_nccl_shared_free(p->shared);
     p->shared = NULL;
+    return 0;
+}
+
+/* Run p over p->n GPUs (0 .. n-1); 0 or the first rank's failure printed. */
+static int tp_run(struct tp_pass *p)
+{
+    CHECK(tp_spawn(p) == 0);
     for (int r = 0; r < p->n; r++)
         CHECKF(p->rc[r] == 0, "rank %d of %d: %s", r, p->n, p->err[r].msg);
     return 0;
@@ -402,27 +411,11 @@ static int case_logits_golden(void)
 static int fp8_refused(struct tp_pass *p, int n)
 {
     const int64_t V = p->cfg->vocab_size;
-    struct dg_error err = {0};
-    pthread_t th[MAXR];
-    struct tp_arg args[MAXR];
     float *logits = malloc(sizeof(float) * (size_t)(p->CL * V));
     CHECK(logits);
     p->n = n;
     p->logits = logits;
-    CHECK_OK(dg_tp_plan_build(p->cfg, n, DG_EXPERTS_ACROSS, 1, &p->plan, &err), &err);
-    p->shared = NULL;
-    if (shared)
-        CHECK_OK(dg_nccl_shared_create(n, &p->shared, &err), &err);
-    else
-        CHECK_OK(dg_nccl_get_id(&p->id, &err), &err);
-    for (int r = 0; r < n; r++) {
-        args[r] = (struct tp_arg){p, r};
-        CHECK(pthread_create(&th[r], NULL, tp_rank, &args[r]) == 0);
-    }
-    for (int r = 0; r < n; r++)
-        pthread_join(th[r], NULL);
-    dg_nccl_shared_free(p->shared);
-    p->shared = NULL;
+    CHECK(tp_spawn(p) == 0);
     printf("# FP8 at TP=%d: %s\n", n, p->err[0].msg);
     for (int r = 0; r < n; r++)
         CHECKF(p->rc[r] == -DG_E_UNSUPPORTED && strstr(p->err[r].msg, "multiple of 64"),
