@@ -498,66 +498,61 @@ void dg_model_config_26b(struct dg_model_config *c)
     c->self_conditioning_size = 2112;
 }
 
+/* A small preset's shape: the 26B-A4B's configuration with these fields
+ * replaced (its layers sliding but for those listed full). */
+struct small_preset {
+    const char *name;
+    int vocab, hidden, inter, sc, layers, full[2], n_full;
+    int heads, kv_heads, head_dim, global_head_dim, global_kv_heads;
+    int window, max_pos, experts, top_k, moe_inter;
+    int eos[2], n_eos, canvas;
+};
+
+static const struct small_preset SMALL_PRESETS[] = {
+    /* the embedded default: vocabulary 512 (room for the synthetic
+     * tokenizer), five sliding layers and one full, canvas 32; eos <eos>
+     * and the synthetic tokenizer's <turn|> */
+    {"small", 512, 64, 128, 128, 6, {5}, 1, 4, 2, 16, 32, 1, 64, 8192, 8, 2, 32, {1, 6}, 2, 32},
+    {"tiny", 131, 32, 48, 48, 3, {2}, 1, 4, 2, 8, 16, 1, 8, 4096, 4, 2, 16, {1}, 1, 16},
+};
+
 int dg_model_config_preset(const char *name, struct dg_model_config *c, struct dg_error *err)
 {
+    const struct small_preset *p = NULL;
     if (strcmp(name, "26b") == 0) {
         dg_model_config_26b(c);
         return 0;
     }
-    if (strcmp(name, "small") == 0) {
-        /* the embedded default: vocabulary 512 (room for the synthetic
-         * tokenizer), five sliding layers and one full, canvas 32 */
-        dg_model_config_26b(c);
-        c->vocab_size = 512;
-        c->hidden_size = 64;
-        c->intermediate_size = 128;
-        c->self_conditioning_size = 128;
-        c->num_layers = 6;
-        memset(c->layer_kind, 0, sizeof c->layer_kind);
-        c->layer_kind[5] = DG_LAYER_FULL;
-        c->num_heads = 4;
-        c->num_kv_heads = 2;
-        c->head_dim = 16;
-        c->global_head_dim = 32;
-        c->num_global_kv_heads = 1;
-        c->sliding_window = 64;
-        c->max_position_embeddings = 8192;
-        c->num_experts = 8;
-        c->top_k_experts = 2;
-        c->moe_intermediate_size = 32;
-        memset(c->eos_ids, 0, sizeof c->eos_ids);
-        c->n_eos = 2;
-        c->eos_ids[0] = 1; /* <eos> */
-        c->eos_ids[1] = 6; /* <turn|> of the synthetic tokenizer */
-        c->canvas_length = 32;
-        return 0;
-    }
-    if (strcmp(name, "tiny") != 0)
+    for (size_t i = 0; i < sizeof SMALL_PRESETS / sizeof SMALL_PRESETS[0]; i++)
+        if (strcmp(name, SMALL_PRESETS[i].name) == 0)
+            p = &SMALL_PRESETS[i];
+    if (!p)
         return dg_error_set(err, DG_E_INVAL, "unknown model preset '%s' (26b, small, tiny)",
                             name);
     dg_model_config_26b(c);
-    c->vocab_size = 131;
-    c->hidden_size = 32;
-    c->intermediate_size = 48;
-    c->self_conditioning_size = 48;
-    c->num_layers = 3;
+    c->vocab_size = p->vocab;
+    c->hidden_size = p->hidden;
+    c->intermediate_size = p->inter;
+    c->self_conditioning_size = p->sc;
+    c->num_layers = p->layers;
     memset(c->layer_kind, 0, sizeof c->layer_kind);
-    c->layer_kind[0] = c->layer_kind[1] = DG_LAYER_SLIDING;
-    c->layer_kind[2] = DG_LAYER_FULL;
-    c->num_heads = 4;
-    c->num_kv_heads = 2;
-    c->head_dim = 8;
-    c->global_head_dim = 16;
-    c->num_global_kv_heads = 1;
-    c->sliding_window = 8;
-    c->max_position_embeddings = 4096;
-    c->num_experts = 4;
-    c->top_k_experts = 2;
-    c->moe_intermediate_size = 16;
+    for (int i = 0; i < p->n_full; i++)
+        c->layer_kind[p->full[i]] = DG_LAYER_FULL;
+    c->num_heads = p->heads;
+    c->num_kv_heads = p->kv_heads;
+    c->head_dim = p->head_dim;
+    c->global_head_dim = p->global_head_dim;
+    c->num_global_kv_heads = p->global_kv_heads;
+    c->sliding_window = p->window;
+    c->max_position_embeddings = p->max_pos;
+    c->num_experts = p->experts;
+    c->top_k_experts = p->top_k;
+    c->moe_intermediate_size = p->moe_inter;
     memset(c->eos_ids, 0, sizeof c->eos_ids);
-    c->n_eos = 1;
-    c->eos_ids[0] = 1;
-    c->canvas_length = 16;
+    c->n_eos = p->n_eos;
+    for (int i = 0; i < p->n_eos; i++)
+        c->eos_ids[i] = p->eos[i];
+    c->canvas_length = p->canvas;
     return 0;
 }
 
