@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda_bf16.h>
 
@@ -20,19 +21,24 @@ struct dg_nccl {
     size_t stage_bytes;
     /* a group on one shared GPU instead of NCCL (NULL: NCCL) */
     struct dg_nccl_shared *shared;
-    cudaEvent_t ready, read;    /* this rank's: its input written; others' inputs read */
+    cudaEvent_t ready, read;    /* this rank's (the group's, which owns them): its input
+                                 * written; others' inputs read */
     void *sum;                  /* the all-reduce's result before it lands in buf */
     size_t sum_bytes;
 };
 
 /* What the ranks of a shared group hand each other for the collective at
  * hand; src[r] and the events are written by rank r before a meeting and
- * read by the others after it. */
+ * read by the others after it.  The events are the group's: made by rank
+ * r's first join, destroyed with the group, so a rank that returns from
+ * its last collective and frees its dg_nccl leaves them for a slower rank
+ * still to wait on. */
 struct dg_nccl_shared {
     int n;
     struct dg_coll_cpu_group *meet; /* host barriers; aborting it ends the group */
     const void *src[DG_NCCL_SHARED_MAX];
     cudaEvent_t ready[DG_NCCL_SHARED_MAX], read[DG_NCCL_SHARED_MAX];
+    int lag_ms[DG_NCCL_SHARED_MAX]; /* dg_nccl_shared_lag */
 };
 
 static const ncclDataType_t TYPES[] = {ncclFloat32, ncclBfloat16, ncclFloat64, ncclInt64};
@@ -104,6 +110,16 @@ static int shared_meet(struct dg_nccl *c, struct dg_error *err)
         return dg_error_set(err, DG_E_NCCL, "GPU %d: rank %d: the group was aborted", c->dev,
                             c->coll.rank);
     return 0;
+}
+
+/* A rank's pause after a collective's second meeting, where a test asks
+ * for one (dg_nccl_shared_lag). */
+static void lag(const struct dg_nccl *c)
+{
+    const int ms = c->shared->lag_ms[c->coll.rank];
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    if (ms > 0)
+        nanosleep(&ts, NULL);
 }
 
 /* Make c's stream wait for every other rank's event ev[q]. */
@@ -178,7 +194,10 @@ static int shared_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_ncc
     }
     DG_LAUNCH_CHECK();
     DG_CUDA_CHECK(cudaEventRecord(c->read, c->stream));
-    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->read, err)) < 0)
+    if ((rc = shared_meet(c, err)) < 0)
+        return rc;
+    lag(c);
+    if ((rc = wait_others(c, g->read, err)) < 0)
         return rc;
     DG_CUDA_CHECK(cudaMemcpyAsync(buf, c->sum, bytes, cudaMemcpyDeviceToDevice, c->stream));
 out:
@@ -205,7 +224,10 @@ static int shared_all_gather(struct dg_nccl *c, const void *send, void *recv, si
                                           c->stream));
     }
     DG_CUDA_CHECK(cudaEventRecord(c->read, c->stream));
-    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->read, err)) < 0)
+    if ((rc = shared_meet(c, err)) < 0)
+        return rc;
+    lag(c);
+    if ((rc = wait_others(c, g->read, err)) < 0)
         return rc;
 out:
     return rc;
@@ -236,10 +258,22 @@ extern "C" void dg_nccl_shared_reset(struct dg_nccl_shared *g)
         dg_coll_cpu_reset(g->meet);
 }
 
+extern "C" void dg_nccl_shared_lag(struct dg_nccl_shared *g, int r, int ms)
+{
+    if (g && r >= 0 && r < g->n)
+        g->lag_ms[r] = ms > 0 ? ms : 0;
+}
+
 extern "C" void dg_nccl_shared_free(struct dg_nccl_shared *g)
 {
     if (!g)
         return;
+    for (int r = 0; r < g->n; r++) {
+        if (g->ready[r])
+            cudaEventDestroy(g->ready[r]);
+        if (g->read[r])
+            cudaEventDestroy(g->read[r]);
+    }
     dg_coll_cpu_group_free(g->meet);
     free(g);
 }
@@ -411,15 +445,12 @@ static struct dg_nccl *rank_new(int n, int r, int dev, dg_stream_t stream, struc
 }
 
 /* A rank's record whose group did not form: its communicator aborted (no
- * peer waits on it), its events destroyed, the record freed. */
+ * peer waits on it), the record freed (a shared group's events stay the
+ * group's). */
 static void rank_discard(struct dg_nccl *c)
 {
     if (c->comm)
         ncclCommAbort(c->comm);
-    if (c->ready)
-        cudaEventDestroy(c->ready);
-    if (c->read)
-        cudaEventDestroy(c->read);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -469,10 +500,13 @@ extern "C" int dg_nccl_init_shared(struct dg_nccl **out, struct dg_nccl_shared *
         return -DG_E_NOMEM;
     c->shared = g;
     DG_CUDA_CHECK(cudaSetDevice(dev));
-    DG_CUDA_CHECK(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
-    DG_CUDA_CHECK(cudaEventCreateWithFlags(&c->read, cudaEventDisableTiming));
-    g->ready[r] = c->ready;
-    g->read[r] = c->read;
+    /* rank r's events, made at its first join (only rank r writes slot r) */
+    if (!g->ready[r])
+        DG_CUDA_CHECK(cudaEventCreateWithFlags(&g->ready[r], cudaEventDisableTiming));
+    if (!g->read[r])
+        DG_CUDA_CHECK(cudaEventCreateWithFlags(&g->read[r], cudaEventDisableTiming));
+    c->ready = g->ready[r];
+    c->read = g->read[r];
     /* every rank's events are in place before any collective reads them */
     rc = shared_meet(c, err);
 out:
@@ -521,8 +555,6 @@ extern "C" void dg_nccl_free(struct dg_nccl *c)
     }
     if (c->shared) {
         cudaStreamSynchronize(c->stream);
-        cudaEventDestroy(c->ready);
-        cudaEventDestroy(c->read);
         cudaFree(c->sum);
     }
     cudaFree(c->stage);

@@ -116,7 +116,13 @@ int dg_nccl_shared_create(int n, struct dg_nccl_shared **out, struct dg_error *e
 /* Clear an abort (no rank inside a call). */
 void dg_nccl_shared_reset(struct dg_nccl_shared *g);
 
-/* Free g after every rank's dg_nccl is freed. */
+/* For tests: rank r pauses ms milliseconds after each collective's second
+ * meeting, before its stream waits on the others' events (a slow rank:
+ * the others may return and free their dg_nccl meanwhile).  0: none. */
+void dg_nccl_shared_lag(struct dg_nccl_shared *g, int r, int ms);
+
+/* Free g (and the events its ranks record) after every rank's dg_nccl is
+ * freed. */
 void dg_nccl_shared_free(struct dg_nccl_shared *g);
 
 /* Join g as rank r on GPU dev with stream (as dg_nccl_init: returns when

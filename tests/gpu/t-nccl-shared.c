@@ -18,6 +18,10 @@
  *   abort: rank 1 joins and never comes to its all-reduce, then aborts
  *     its communicator after 200 ms (as a failed rank does): rank 0's
  *     call ends with DG_E_NCCL; after a reset, new communicators work.
+ *   slow_rank: rank 1 pauses after each collective's second meeting
+ *     (dg_nccl_shared_lag), so rank 0 returns and frees its communicator
+ *     while rank 1 is still to wait on rank 0's events: both calls of
+ *     both ranks succeed with the right sums.
  * Exit 77 without a GPU.
  */
 #include <math.h>
@@ -409,6 +413,35 @@ static int case_abort(void)
     return 0;
 }
 
+/* A slow rank: rank 1 pauses 100 ms after each collective's second
+ * meeting, before it waits on rank 0's events, so rank 0 returns from the
+ * host face's all-reduce and barrier and frees its communicator first.
+ * Rank 1 must still finish both calls with the right sum (the events
+ * are the group's, not the freed rank's). */
+static int case_slow_rank(void)
+{
+    struct host_run run;
+    struct host_arg args[2];
+    pthread_t th[2];
+    struct dg_error err = {0};
+    memset(&run, 0, sizeof run);
+    run.n = 2;
+    CHECK_OK(dg_nccl_shared_create(2, &run.g, &err), &err);
+    dg_nccl_shared_lag(run.g, 1, 100);
+    for (int r = 0; r < 2; r++) {
+        args[r] = (struct host_arg){&run, r};
+        CHECK(pthread_create(&th[r], NULL, host_rank, &args[r]) == 0);
+    }
+    for (int r = 0; r < 2; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++)
+        CHECKF(run.rc[r] == 0 && run.sums[r][0] == 3.0 && run.sums[r][1] == 0.5,
+               "rank %d: rc %d (code %d), %g %g", r, run.rc[r], run.code[r], run.sums[r][0],
+               run.sums[r][1]);
+    dg_nccl_shared_free(run.g);
+    return 0;
+}
+
 int main(void)
 {
     int rc = gt_setup("t-nccl-shared");
@@ -418,5 +451,6 @@ int main(void)
     TEST_CASE(case_all_gather);
     TEST_CASE(case_host_face);
     TEST_CASE(case_abort);
+    TEST_CASE(case_slow_rank);
     return test_finish();
 }
