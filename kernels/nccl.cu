@@ -163,6 +163,37 @@ static void launch_reduce(const struct shared_srcs &src, int n, size_t len, int 
         src, n, len, is_max, (T *)out);
 }
 
+/* A collective's first meeting: this rank's input (src, on its stream)
+ * published and marked by its ready event, then, once all have met, its
+ * stream made to wait for every other rank's. */
+static int inputs_ready(struct dg_nccl *c, const void *src, struct dg_error *err)
+{
+    int rc = 0, dev = c->dev;
+    DG_CUDA_CHECK(cudaEventRecord(c->ready, c->stream));
+    c->shared->src[c->coll.rank] = src;
+    if ((rc = shared_meet(c, err)) < 0)
+        return rc;
+    rc = wait_others(c, c->shared->ready, err);
+out:
+    return rc;
+}
+
+/* A collective's second meeting: this rank's reads of the others' inputs
+ * marked by its read event, then, once all have met (and after any lag a
+ * test asked for), its stream made to wait for every other rank's reads
+ * before it writes over its own input. */
+static int inputs_read(struct dg_nccl *c, struct dg_error *err)
+{
+    int rc = 0, dev = c->dev;
+    DG_CUDA_CHECK(cudaEventRecord(c->read, c->stream));
+    if ((rc = shared_meet(c, err)) < 0)
+        return rc;
+    lag(c);
+    rc = wait_others(c, c->shared->read, err);
+out:
+    return rc;
+}
+
 /* All-reduce through the shared GPU: every rank's input ready (its event),
  * each rank folds all inputs into its own scratch, and once every rank
  * has read every input (their second events) writes the result over its
@@ -171,15 +202,12 @@ static int shared_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_ncc
                              enum dg_coll_op op, struct dg_error *err)
 {
     struct dg_nccl_shared *g = c->shared;
-    const int r = c->coll.rank, dev = c->dev;
+    const int dev = c->dev;
     const size_t bytes = n * SIZES[t];
     struct shared_srcs src;
     int rc = 0;
-    if ((rc = grow(c, &c->sum, &c->sum_bytes, bytes, err)) < 0)
-        return rc;
-    DG_CUDA_CHECK(cudaEventRecord(c->ready, c->stream));
-    g->src[r] = buf;
-    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->ready, err)) < 0)
+    if ((rc = grow(c, &c->sum, &c->sum_bytes, bytes, err)) < 0 ||
+        (rc = inputs_ready(c, buf, err)) < 0)
         return rc;
     memcpy(src.p, g->src, sizeof src.p);
     switch (t) {
@@ -193,11 +221,7 @@ static int shared_all_reduce(struct dg_nccl *c, void *buf, size_t n, enum dg_ncc
                                                           c->sum, c->stream); break;
     }
     DG_LAUNCH_CHECK();
-    DG_CUDA_CHECK(cudaEventRecord(c->read, c->stream));
-    if ((rc = shared_meet(c, err)) < 0)
-        return rc;
-    lag(c);
-    if ((rc = wait_others(c, g->read, err)) < 0)
+    if ((rc = inputs_read(c, err)) < 0)
         return rc;
     DG_CUDA_CHECK(cudaMemcpyAsync(buf, c->sum, bytes, cudaMemcpyDeviceToDevice, c->stream));
 out:
@@ -211,11 +235,9 @@ static int shared_all_gather(struct dg_nccl *c, const void *send, void *recv, si
                              struct dg_error *err)
 {
     struct dg_nccl_shared *g = c->shared;
-    const int r = c->coll.rank, dev = c->dev;
+    const int dev = c->dev;
     int rc = 0;
-    DG_CUDA_CHECK(cudaEventRecord(c->ready, c->stream));
-    g->src[r] = send;
-    if ((rc = shared_meet(c, err)) < 0 || (rc = wait_others(c, g->ready, err)) < 0)
+    if ((rc = inputs_ready(c, send, err)) < 0)
         return rc;
     for (int q = 0; q < g->n; q++) {
         unsigned char *to = (unsigned char *)recv + (size_t)q * bytes;
@@ -223,12 +245,7 @@ static int shared_all_gather(struct dg_nccl *c, const void *send, void *recv, si
             DG_CUDA_CHECK(cudaMemcpyAsync(to, g->src[q], bytes, cudaMemcpyDeviceToDevice,
                                           c->stream));
     }
-    DG_CUDA_CHECK(cudaEventRecord(c->read, c->stream));
-    if ((rc = shared_meet(c, err)) < 0)
-        return rc;
-    lag(c);
-    if ((rc = wait_others(c, g->read, err)) < 0)
-        return rc;
+    rc = inputs_read(c, err);
 out:
     return rc;
 }
