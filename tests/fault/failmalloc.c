@@ -16,8 +16,14 @@
  *   DG_FAULT_SEED=S               the seed of the failure sequence (default 1):
  *                                 call k (counted while armed) fails when a
  *                                 hash of (S, k) is 0 modulo N.
- *   DG_FAULT_STATS=FILE           "malloc_failed A write_failed B" written
- *                                 there at every disarming and at exit.
+ *   DG_FAULT_MALLOC_NTH=K         instead, only allocation call K (counted
+ *                                 from 0 while armed) fails; a K past the
+ *                                 last call fails none.  A test counts a
+ *                                 run's calls with a large K, then makes
+ *                                 each of them fail in turn.
+ *   DG_FAULT_STATS=FILE           "malloc_failed A write_failed B
+ *                                 malloc_calls C" written there at every
+ *                                 disarming and at exit.
  *
  * The trigger files are looked at no more often than every 5 ms (a coarse
  * clock read on each call), so the cost while disarmed is one vDSO call.
@@ -80,6 +86,7 @@ struct trigger {
 static struct trigger t_malloc = {.env = "DG_FAULT_MALLOC_TRIGGER"};
 static struct trigger t_write = {.env = "DG_FAULT_WRITE_TRIGGER"};
 static unsigned long long seed = 1;
+static long long nth = -1; /* DG_FAULT_MALLOC_NTH, -1: unset */
 static const char *write_prefix, *stats_path;
 static _Atomic int env_read;
 
@@ -110,7 +117,7 @@ static void put_u64(char **p, unsigned long long v)
 /* Write the counters to DG_FAULT_STATS (when set). */
 static void write_stats(void)
 {
-    char buf[96], *p = buf;
+    char buf[128], *p = buf;
     int fd;
     if (!stats_path)
         return;
@@ -120,6 +127,9 @@ static void write_stats(void)
     memcpy(p, " write_failed ", 14);
     p += 14;
     put_u64(&p, atomic_load(&t_write.failed));
+    memcpy(p, " malloc_calls ", 14);
+    p += 14;
+    put_u64(&p, atomic_load(&t_malloc.calls));
     *p++ = '\n';
     fd = (int)syscall(SYS_openat, AT_FDCWD, stats_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                       0644);
@@ -141,6 +151,8 @@ static void read_env(void)
     stats_path = getenv("DG_FAULT_STATS");
     if ((s = getenv("DG_FAULT_SEED")) != NULL)
         seed = strtoull(s, NULL, 10);
+    if ((s = getenv("DG_FAULT_MALLOC_NTH")) != NULL)
+        nth = strtoll(s, NULL, 10);
     atomic_store_explicit(&env_read, 1, memory_order_release);
 }
 
@@ -200,9 +212,12 @@ static int should_fail(struct trigger *t)
     if (!armed(t))
         return 0;
     k = atomic_fetch_add(&t->calls, 1);
-    rate = atomic_load(&t->rate);
-    if (rate == 0 || mix(seed * 0x100000001b3ULL + k) % rate != 0)
+    if (t == &t_malloc && nth >= 0) {
+        if (k != (unsigned long long)nth)
+            return 0;
+    } else if ((rate = atomic_load(&t->rate)) == 0 || mix(seed * 0x100000001b3ULL + k) % rate != 0) {
         return 0;
+    }
     atomic_fetch_add(&t->failed, 1);
     return 1;
 }
