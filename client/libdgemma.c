@@ -26,6 +26,7 @@
 
 #include "client/libdgemma-internal.h"
 #include "lib/json-util.h"
+#include "lib/utf8.h"
 
 #define RETRY_MS 50                        /* connect retry interval */
 #define TAG_MAX 128                        /* the daemon's DPROTO_TAG_MAX */
@@ -271,10 +272,23 @@ static dgemma_request_t *request_new(const char *prompt_key, json_t *prompt)
     return r;
 }
 
+/* A JSON string of s in *out: DGEMMA_E_INVAL when s is not UTF-8,
+ * DGEMMA_E_NOMEM when the allocation failed (json_string alone says NULL
+ * for both). */
+static int make_string(const char *s, json_t **out)
+{
+    const size_t n = strlen(s);
+    *out = NULL;
+    if (dg_utf8_valid_prefix((const unsigned char *)s, n) != n)
+        return DGEMMA_E_INVAL;
+    *out = json_stringn_nocheck(s, n);
+    return *out ? DGEMMA_OK : DGEMMA_E_NOMEM;
+}
+
 dgemma_request_t *dgemma_request_text(const char *prompt)
 {
-    /* json_string: NULL for NULL or invalid UTF-8 */
-    return prompt ? request_new("prompt", json_string(prompt)) : NULL;
+    json_t *p;
+    return prompt && make_string(prompt, &p) == DGEMMA_OK ? request_new("prompt", p) : NULL;
 }
 
 dgemma_request_t *dgemma_request_chat(void)
@@ -325,11 +339,14 @@ int dgemma_request_add_message(dgemma_request_t *r, const char *role, const char
     if (!json_is_array(list))
         return rerr(r, DGEMMA_E_INVAL, "add_message: not a chat request");
     {
-        json_t *jr = json_string(role), *jc = json_string(content);
-        if (!jr || !jc) {
+        json_t *jr, *jc = NULL;
+        int e = make_string(role, &jr);
+        if (e == DGEMMA_OK)
+            e = make_string(content, &jc);
+        if (e != DGEMMA_OK) {
             json_decref(jr);
-            json_decref(jc);
-            return rerr(r, DGEMMA_E_INVAL, "add_message: role or content not valid UTF-8");
+            return rerr(r, e, e == DGEMMA_E_NOMEM ? "add_message: out of memory"
+                                                  : "add_message: role or content not valid UTF-8");
         }
         m = json_object();
         if (!m || json_object_set_new(m, "role", jr) != 0) {
@@ -409,12 +426,13 @@ static json_t *list_at(dgemma_request_t *r, const char *key)
 int dgemma_request_add_stop(dgemma_request_t *r, const char *stop)
 {
     json_t *a, *s;
+    int e;
     if (!r)
         return DGEMMA_E_INVAL;
     if (!stop)
         return rerr(r, DGEMMA_E_INVAL, "stop: NULL");
-    if (!(s = json_string(stop)))
-        return rerr(r, DGEMMA_E_INVAL, "stop: not valid UTF-8");
+    if ((e = make_string(stop, &s)) != DGEMMA_OK)
+        return rerr(r, e, e == DGEMMA_E_NOMEM ? "stop: out of memory" : "stop: not valid UTF-8");
     if (!(a = list_at(r, "stop")) || json_array_append_new(a, s) != 0) {
         if (!a)
             json_decref(s);
@@ -481,6 +499,7 @@ int dgemma_request_set_parse_special(dgemma_request_t *r, int on)
 int dgemma_request_set_tag(dgemma_request_t *r, const char *tag)
 {
     json_t *t;
+    int e;
     if (!r)
         return DGEMMA_E_INVAL;
     if (!tag) {
@@ -489,15 +508,53 @@ int dgemma_request_set_tag(dgemma_request_t *r, const char *tag)
     }
     if (strlen(tag) > TAG_MAX)
         return rerr(r, DGEMMA_E_INVAL, "tag: %zu bytes; at most %d", strlen(tag), TAG_MAX);
-    if (!(t = json_string(tag)))
-        return rerr(r, DGEMMA_E_INVAL, "tag: not valid UTF-8");
+    if ((e = make_string(tag, &t)) != DGEMMA_OK)
+        return rerr(r, e, e == DGEMMA_E_NOMEM ? "tag: out of memory" : "tag: not valid UTF-8");
     return set_new(r, "tag", t);
+}
+
+/* What json_dump_callback writes into: a buffer that grows, and whether it
+ * once could not.  jansson 2.14 ignores a failed write of an object's key
+ * (the text goes on without it: a malformed or a different request), so
+ * the failure is kept here instead of trusted to come back. */
+struct dump_buf {
+    char *p;
+    size_t n, cap;
+    int failed;
+};
+
+static int dump_put(const char *s, size_t n, void *data)
+{
+    struct dump_buf *b = data;
+    if (b->failed)
+        return -1;
+    if (n + 2 > b->cap - b->n) { /* (room kept for the newline and a NUL) */
+        /* (from 16 bytes: a request line grows a few times, so a growth
+         * that fails inside an object's key is met, and tested) */
+        size_t cap = b->cap ? b->cap : 16;
+        char *p;
+        while (cap - b->n < n + 2) {
+            if (cap > SIZE_MAX / 2) {
+                b->failed = 1;
+                return -1;
+            }
+            cap *= 2;
+        }
+        if (!(p = realloc(b->p, cap))) {
+            b->failed = 1;
+            return -1;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    return 0;
 }
 
 int dgemma_submit(dgemma_t *c, const dgemma_request_t *r)
 {
-    char *s, *line;
-    size_t n;
+    struct dump_buf b = {0};
     int rc;
 
     if (!c)
@@ -506,19 +563,14 @@ int dgemma_submit(dgemma_t *c, const dgemma_request_t *r)
         return dgc_seterr(c, DGEMMA_E_INVAL, "submit: a NULL request");
     if (c->fd < 0)
         return dgc_seterr(c, DGEMMA_E_INVAL, "submit: not connected");
-    s = json_dumps(r->obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (!s)
-        return dgc_seterr(c, DGEMMA_E_NOMEM, "submit: out of memory");
-    n = strlen(s);
-    line = realloc(s, n + 2);
-    if (!line) {
-        free(s);
+    if (json_dump_callback(r->obj, dump_put, &b, JSON_COMPACT | JSON_PRESERVE_ORDER) != 0 ||
+        b.failed || !b.p) {
+        free(b.p);
         return dgc_seterr(c, DGEMMA_E_NOMEM, "submit: out of memory");
     }
-    line[n] = '\n';
-    line[n + 1] = '\0';
-    rc = dgc_send_all(c, line, n + 1, "submit");
-    free(line);
+    b.p[b.n] = '\n';
+    rc = dgc_send_all(c, b.p, b.n + 1, "submit");
+    free(b.p);
     if (rc == DGEMMA_OK)
         c->unanswered++;
     return rc;
