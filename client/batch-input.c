@@ -10,37 +10,49 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_before)
+int batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_before,
+                      size_t *keep_out)
 {
     /* (byte-exact: a NUL in the file ends neither a line nor the file) */
     const char *end = len ? memrchr(buf, '\n', len) : NULL;
     const size_t keep = end ? (size_t)(end - buf) + 1 : 0;
 
+    *keep_out = keep;
     for (size_t p = 0; p < keep;) {
         const char *nl = memchr(buf + p, '\n', keep - p);
+        struct dg_error je = {0};
         /* (a result's text can hold a NUL, written as \u0000) */
         json_t *r = dg_json_loadb(buf + p, (size_t)(nl - (buf + p)), JSON_ALLOW_NUL, "output",
-                                  NULL);
+                                  &je);
+        int nomem = !r && je.code == DG_E_NOMEM;
         if (json_is_object(r)) {
             json_t *id = json_object_get(r, "id"), *ln = json_object_get(r, "line");
             char key[64], *k = NULL;
-            if (id)
-                k = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
-            else if (json_is_integer(ln)) {
+            int is_key = 1;
+            if (id) {
+                k = dg_json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+            } else if (json_is_integer(ln)) {
                 snprintf(key, sizeof key, "line:%lld", (long long)json_integer_value(ln));
                 k = strdup(key);
+            } else {
+                is_key = 0;
             }
-            if (k && !json_object_get(seen, k)) {
+            if (is_key && !k) {
+                nomem = 1;
+            } else if (k && !json_object_get(seen, k)) {
                 const int failed = json_object_get(r, "error") != NULL;
-                json_object_set_new(seen, k, json_boolean(!failed));
+                if (json_object_set_new(seen, k, json_boolean(!failed)) != 0)
+                    nomem = 1;
                 *failed_before += failed;
             }
             free(k);
         }
         json_decref(r);
+        if (nomem) /* (a result not seen would be run again: a second result) */
+            return -1;
         p = (size_t)(nl - buf) + 1;
     }
-    return keep;
+    return 0;
 }
 
 /* Make s valid UTF-8 in place, each byte that is not shown as '?' (a
@@ -120,7 +132,7 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
         json_decref(obj);
         return 0;
     }
-    k = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+    k = dg_json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
     if (!k) {
         json_decref(obj);
         return -1;
@@ -140,7 +152,12 @@ int batch_input_line(struct batch_input *in, const char *line, size_t n, int ln,
         json_decref(obj);
         return 0;
     }
-    json_object_set_new(in->first_line, k, json_integer(ln));
+    /* (unrecorded, a later line with this id would not be refused) */
+    if (json_object_set_new(in->first_line, k, json_integer(ln)) != 0) {
+        free(k);
+        json_decref(obj);
+        return -1;
+    }
     if (json_object_get(in->seen, k)) {
         out->kind = BATCH_LINE_DONE; /* finished by an earlier run */
         out->failed = json_is_false(json_object_get(in->seen, k));

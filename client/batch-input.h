@@ -15,15 +15,18 @@
 #include <jansson.h>
 #include <stddef.h>
 
-/* Scan the output file's bytes buf[0 .. len): returns the length of its
- * complete lines (through the last '\n'; what follows is a torn last line
- * the caller cuts), and adds to seen (an object: key -> true, or false
- * where that result has an "error") the key of every complete line that
- * is a result object (the first line of a key decides), counting in
- * *failed_before those first seen with an "error".  Lines that are not results are
- * skipped.  Byte-exact: a NUL byte is part of its line (which then is no
- * result).  buf needs no terminator and is only read. */
-size_t batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_before);
+/* Scan the output file's bytes buf[0 .. len): sets *keep to the length of
+ * its complete lines (through the last '\n'; what follows is a torn last
+ * line the caller cuts), and adds to seen (an object: key -> true, or
+ * false where that result has an "error") the key of every complete line
+ * that is a result object (the first line of a key decides), counting in
+ * *failed_before those first seen with an "error".  Lines that are not
+ * results are skipped.  Byte-exact: a NUL byte is part of its line (which
+ * then is no result).  buf needs no terminator and is only read.  Returns
+ * 0, or -1 when out of memory (seen is then incomplete: a result missed
+ * would have its line run again). */
+int batch_output_scan(const char *buf, size_t len, json_t *seen, int *failed_before,
+                      size_t *keep);
 
 /* What one input line is. */
 enum batch_line_kind {

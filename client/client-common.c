@@ -83,7 +83,7 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
 
     if (!o->settings && !(o->settings = json_object())) {
         client_errorf("out of memory");
-        return -1;
+        return CLIENT_OPT_NOMEM;
     }
     if (!strcmp(a, "--json")) {
         o->json = 1;
@@ -109,7 +109,7 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
     if (!strcmp(a, "--parse-special") || !strcmp(a, "--no-parse-special")) {
         if (json_object_set_new(o->settings, "parse_special", json_boolean(a[2] == 'p')) != 0) {
             client_errorf("out of memory");
-            return -1;
+            return CLIENT_OPT_NOMEM;
         }
         return 1;
     }
@@ -126,7 +126,7 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
             else
                 client_errorf("%s", je.msg);
             json_decref(s);
-            return -1;
+            return !s && je.code == DG_E_NOMEM ? CLIENT_OPT_NOMEM : -1;
         }
         /* the request's own keys are not settings: they would replace
          * what the command builds (the prompt, the stream, ...) */
@@ -139,7 +139,7 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
         if (json_object_update(o->settings, s) != 0) {
             client_errorf("out of memory");
             json_decref(s);
-            return -1;
+            return CLIENT_OPT_NOMEM;
         }
         json_decref(s);
         ++*i;
@@ -151,27 +151,34 @@ int client_common_option(struct client_opts *o, int argc, char **argv, int *i)
             return -1;
         if (dg_settings_flag_set(o->settings, a, argv[++*i], &se) < 0) {
             client_errorf("%s", se.msg);
-            return -1;
+            return se.code == DG_E_NOMEM ? CLIENT_OPT_NOMEM : -1;
         }
         return 1;
     }
     return 0;
 }
 
-dgemma_t *client_connect(const struct client_opts *o)
+dgemma_t *client_connect(const struct client_opts *o, int *exit_code)
 {
     dgemma_t *c = dgemma_new();
     int rc;
     if (!c) {
         client_errorf("out of memory");
+        *exit_code = EXIT_FAILED;
         return NULL;
     }
     if ((rc = dgemma_connect(c, o->socket, o->wait_s)) < 0) {
         client_errorf("%s", dgemma_errmsg(c));
         dgemma_close(c);
+        *exit_code = client_exit_for(rc);
         return NULL;
     }
     return c;
+}
+
+int client_exit_for(int e)
+{
+    return e == DGEMMA_E_NOMEM ? EXIT_FAILED : EXIT_UNREACHABLE;
 }
 
 int client_apply_settings(const struct client_opts *o, dgemma_request_t *r)
@@ -180,9 +187,12 @@ int client_apply_settings(const struct client_opts *o, dgemma_request_t *r)
     int rc;
     if (!o->settings || json_object_size(o->settings) == 0)
         return 0;
-    text = json_dumps(o->settings, JSON_COMPACT);
-    if (!text)
+    /* (dg_json_dumps: jansson's own dump may leave a key out when short
+     * of memory, and a different setting would be sent) */
+    if (!(text = dg_json_dumps(o->settings, JSON_COMPACT))) {
+        client_errorf("settings: out of memory");
         return DGEMMA_E_NOMEM;
+    }
     rc = dgemma_request_set_json(r, text);
     if (rc < 0)
         client_errorf("settings: %s", dgemma_request_errmsg(r));
@@ -243,7 +253,7 @@ int client_command_option(struct client_opts *o, const char *usage, int argc, ch
     } else if ((took = client_common_option(o, argc, argv, i)) >= 0) {
         return took;
     } else {
-        *exit_code = EXIT_USAGE;
+        *exit_code = took == CLIENT_OPT_NOMEM ? EXIT_FAILED : EXIT_USAGE;
     }
     json_decref(o->settings);
     o->settings = NULL;

@@ -24,19 +24,24 @@ struct client_opts {
     json_t *settings;     /* settings from flags and --settings (an object) */
 };
 
+/* What client_common_option returns after saying it ran out of memory:
+ * the command fails (EXIT_FAILED), it is not a usage error. */
+#define CLIENT_OPT_NOMEM (-2)
+
 /* Parse the options every command takes (-s/--socket, --wait, --json) and
  * the settings flags (--max-tokens, --top-p, ..., --stop, --stop-id,
  * --settings).  *i is the index of argv[*i]; on a match it advances past
  * the option's value.  Returns 1 if it took the option, 0 if it is not
- * one of these, -1 after printing a usage error. */
+ * one of these, -1 after printing a usage error, CLIENT_OPT_NOMEM after
+ * saying it ran out of memory. */
 int client_common_option(struct client_opts *o, int argc, char **argv, int *i);
 
 /* One step of a generating command's option loop (generate, chat,
  * batch): -h/--help, then what client_common_option takes.  Returns 1 if
  * it took argv[*i], 0 if it is not one of these, -1 when the command ends
  * now with *exit_code: EXIT_DONE after the help (usage, then the settings
- * flags, to stdout), EXIT_USAGE after a usage error; o->settings is then
- * released. */
+ * flags, to stdout), EXIT_USAGE after a usage error, EXIT_FAILED out of
+ * memory; o->settings is then released. */
 int client_command_option(struct client_opts *o, const char *usage, int argc, char **argv,
                           int *i, int *exit_code);
 
@@ -54,10 +59,18 @@ void client_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * out as they are. */
 void client_write_text(FILE *f, const char *s, size_t n, int terminal);
 
-/* Connect with o's socket and wait; prints why on failure. */
-dgemma_t *client_connect(const struct client_opts *o);
+/* Connect with o's socket and wait; prints why on failure, with
+ * *exit_code EXIT_FAILED when out of memory, else EXIT_UNREACHABLE. */
+dgemma_t *client_connect(const struct client_opts *o, int *exit_code);
 
-/* Copy o's settings into r (the request's own keys win when present). */
+/* The exit code for libdgemma's error e (after its message was shown):
+ * out of memory fails the command (EXIT_FAILED); any other error of the
+ * connection means the daemon is out of reach (EXIT_UNREACHABLE). */
+int client_exit_for(int e);
+
+/* Copy o's settings into r (the request's own keys win when present);
+ * prints why on failure.  Returns 0, or libdgemma's error:
+ * DGEMMA_E_NOMEM when out of memory, else the daemon would refuse them. */
 int client_apply_settings(const struct client_opts *o, dgemma_request_t *r);
 
 /* Counts SIGINTs (installed by client_catch_sigint, without SA_RESTART:

@@ -50,7 +50,8 @@ static const char usage[] =
     "connection as busy (max_connections): the batch connects again each second.\n"
     "On a terminal, progress goes to standard error.\n"
     "Exit status: 0 every line has a result and none failed, 1 some failed (or\n"
-    "the input could not be read), 2 usage (or another batch writes the output,\n"
+    "the input could not be read, or out of memory: run it again to resume),\n"
+    "2 usage (or another batch writes the output,\n"
     "or the daemon refuses a flag's setting: nothing is written for it),\n"
     "3 the daemon is unreachable, went away or stopped (run it again to resume).\n";
 
@@ -117,14 +118,18 @@ static void show_progress(struct batch *b, int final)
     fflush(stderr);
 }
 
-/* One result line, appended whole. */
+/* One result line, appended whole.  Returns 0, or -1 after saying why. */
 static int write_result(struct batch *b, json_t *res)
 {
-    char *s = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    /* (dg_json_dumps: jansson's own dump, short of memory, may leave a
+     * key out and give a line that is not the result, or not JSON) */
+    char *s = dg_json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
     size_t n;
     ssize_t w;
-    if (!s)
+    if (!s) {
+        client_errorf("out of memory writing a result");
         return -1;
+    }
     n = strlen(s);
     s[n] = '\n'; /* json_dumps leaves room for the NUL: reuse it */
     w = write(b->out_fd, s, n + 1);
@@ -140,6 +145,8 @@ static int line_error(struct batch *b, int line, const char *code, const char *m
 {
     json_t *r = batch_line_error(line, code, msg);
     int rc = r ? write_result(b, r) : -1;
+    if (!r)
+        client_errorf("out of memory writing the result of input line %d", line);
     json_decref(r);
     b->failed++;
     b->done++;
@@ -157,14 +164,21 @@ static int load_output(struct batch *b, const char *path)
         return -1;
     if (st.st_size == 0)
         return 0;
-    buf = malloc((size_t)st.st_size);
-    if (!buf || pread(b->out_fd, buf, (size_t)st.st_size, 0) != st.st_size) {
+    if (!(buf = malloc((size_t)st.st_size))) {
+        client_errorf("%s: out of memory reading it", path);
+        return -1;
+    }
+    if (pread(b->out_fd, buf, (size_t)st.st_size, 0) != st.st_size) {
         free(buf);
         client_errorf("%s: cannot read it", path);
         return -1;
     }
     /* (the errors that count are those of this input's lines: read_input) */
-    keep = batch_output_scan(buf, (size_t)st.st_size, b->seen, &(int){0});
+    if (batch_output_scan(buf, (size_t)st.st_size, b->seen, &(int){0}, &keep) != 0) {
+        free(buf);
+        client_errorf("%s: out of memory reading its results", path);
+        return -1;
+    }
     free(buf);
     if ((off_t)keep != st.st_size) {
         if (ftruncate(b->out_fd, (off_t)keep) != 0) {
@@ -207,8 +221,10 @@ static int read_input(struct batch *b, FILE *in, const char *name)
     ssize_t n;
     int ln = 0, rc = 0;
 
-    if (batch_input_init(&bi, b->seen) < 0)
+    if (batch_input_init(&bi, b->seen) < 0) {
+        client_errorf("out of memory reading the input");
         return -1;
+    }
     while (rc == 0 && (n = getline(&line, &cap, in)) >= 0) {
         struct batch_line l;
         /* (a UTF-8 byte-order mark, as some editors write, is not the line's) */
@@ -227,6 +243,7 @@ static int read_input(struct batch *b, FILE *in, const char *name)
         } else if (l.kind == BATCH_LINE_BAD) {
             rc = line_error(b, ln, l.code, l.msg);
         } else if (add_item(b, ln, l.obj, l.key) < 0) {
+            client_errorf("out of memory reading the input");
             free(l.key);
             json_decref(l.obj);
             rc = -1;
@@ -271,7 +288,7 @@ static dgemma_request_t *build(const struct client_opts *o, const struct item *i
         }
         free(v);
     }
-    text = r ? json_dumps(extra, JSON_COMPACT) : NULL;
+    text = r ? dg_json_dumps(extra, JSON_COMPACT) : NULL;
     if (r && (!text || dgemma_request_set_json(r, text) < 0)) {
         dgemma_request_free(r);
         r = NULL;
@@ -304,27 +321,35 @@ static int finish(struct batch *b, struct item *it, const char *done_json, int c
     static const char *const keep[] = {"finish_reason", "text", "ids", "usage", "canvases",
                                        "steps_per_canvas", "decoder_steps", "tokens_per_step",
                                        "tokens_per_s", "ms_total", "stop_id", "stop", "error"};
-    int rc;
+    int rc, bad;
     if (!done) {
         client_errorf("input line %d: the daemon's %s", it->line, je.msg);
         return -1;
     }
     res = json_object();
-    json_object_set(res, "id", json_object_get(it->obj, "id"));
-    for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
+    bad = !res || json_object_set(res, "id", json_object_get(it->obj, "id")) != 0;
+    for (size_t k = 0; !bad && k < sizeof keep / sizeof keep[0]; k++) {
         json_t *v = json_object_get(done, keep[k]);
-        if (v)
-            json_object_set(res, keep[k], v);
-        if (k == 0 && v)
-            json_object_set_new(res, "seed", json_integer((json_int_t)it->seed));
+        if (v && json_object_set(res, keep[k], v) != 0)
+            bad = 1;
+        if (k == 0 && v &&
+            json_object_set_new(res, "seed", json_integer((json_int_t)it->seed)) != 0)
+            bad = 1;
     }
-    if (cancel_error && !json_object_get(res, "error"))
+    if (!bad && cancel_error && !json_object_get(res, "error") &&
         json_object_set_new(res, "error",
                             json_pack("{s:s,s:s}", "code", "cancelled", "message",
                                       "cancelled by a cancel request (dgemma-client cancel), "
-                                      "not by the daemon stopping"));
-    rc = write_result(b, res);
-    if (json_object_get(res, "error"))
+                                      "not by the daemon stopping")) != 0)
+        bad = 1;
+    /* (a result short of a key is not written: the next run retries) */
+    if (bad) {
+        client_errorf("out of memory writing the result of input line %d", it->line);
+        rc = -1;
+    } else {
+        rc = write_result(b, res);
+    }
+    if (rc == 0 && json_object_get(res, "error"))
         b->failed++;
     json_decref(res);
     json_decref(done);
@@ -335,10 +360,14 @@ static int error_result(struct batch *b, struct item *it, const char *code, cons
 {
     json_t *res = json_object();
     int rc;
-    json_object_set(res, "id", json_object_get(it->obj, "id"));
-    json_object_set_new(res, "error", json_pack("{s:s,s:s}", "code", code ? code : "error",
-                                                "message", msg ? msg : ""));
-    rc = write_result(b, res);
+    if (!res || json_object_set(res, "id", json_object_get(it->obj, "id")) != 0 ||
+        json_object_set_new(res, "error", json_pack("{s:s,s:s}", "code", code ? code : "error",
+                                                    "message", msg ? msg : "")) != 0) {
+        client_errorf("out of memory writing the result of input line %d", it->line);
+        rc = -1;
+    } else {
+        rc = write_result(b, res);
+    }
     json_decref(res);
     b->failed++;
     return rc;
@@ -403,7 +432,9 @@ static int settle_cancelled(struct batch *b, const dgemma_event_t *ev)
                      ? dg_json_loadb(ev->json, strlen(ev->json), 0, "status", NULL)
                      : NULL;
     const int by_cancel = json_is_false(json_object_get(st, "shutting_down"));
-    const int unsettled = ev->kind != DGEMMA_EV_STATUS;
+    /* (an error answer, or a status this client had no memory to read:
+     * neither says why) */
+    const int unsettled = !st;
     size_t n_left = 0;
     int rc = 0;
 
@@ -450,14 +481,15 @@ static int settle_cancelled(struct batch *b, const dgemma_event_t *ev)
 /* Ask the daemon whether it is shutting down, once the cancelled items
  * waiting for it have no query in flight (the status event answers: a
  * query sent after an item's done settles it, as the daemon's
- * shutting_down is set before it cancels anything).  Returns 0, or -1
- * when the connection failed. */
+ * shutting_down is set before it cancels anything).  Returns 0, or
+ * libdgemma's error when the query could not be sent. */
 static int ask_status(struct batch *b, dgemma_t *c)
 {
+    int e;
     if (!b->want_query || b->queries_sent != b->queries_answered || now_s() < b->query_at)
         return 0;
-    if (dgemma_status(c) < 0)
-        return -1;
+    if ((e = dgemma_status(c)) < 0)
+        return e;
     b->queries_sent++;
     b->want_query = 0;
     unanswered_push(b, QUERY_MARK);
@@ -511,7 +543,7 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
     dgemma_t *c;
     size_t next = 0;
     const double wait_end = now_s() + o->wait_s;
-    int heard = 0; /* an event came on this connection */
+    int heard = 0, code; /* heard: an event came on this connection */
 
     if (b->n_items == 0)
         return EXIT_DONE;
@@ -520,8 +552,8 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
         client_errorf("out of memory");
         return EXIT_FAILED;
     }
-    if (!(c = client_connect(o)))
-        return EXIT_UNREACHABLE;
+    if (!(c = client_connect(o, &code)))
+        return code;
     for (;;) {
         dgemma_event_t ev;
         int e;
@@ -549,11 +581,11 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
                     continue;
                 }
             }
-            if (dgemma_submit(c, r) < 0) {
+            if ((e = dgemma_submit(c, r)) < 0) {
                 client_errorf("%s", dgemma_errmsg(c));
                 dgemma_request_free(r);
                 dgemma_close(c);
-                return EXIT_UNREACHABLE;
+                return client_exit_for(e);
             }
             dgemma_request_free(r);
             it->state = IT_RUNNING;
@@ -573,11 +605,11 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
                 }
             break;
         }
-        if (ask_status(b, c) < 0) {
+        if ((e = ask_status(b, c)) < 0) {
             client_errorf("%s (%zu requests unfinished; run again to resume)", dgemma_errmsg(c),
                           b->n_items - next);
             dgemma_close(c);
-            return EXIT_UNREACHABLE;
+            return client_exit_for(e);
         }
         show_progress(b, 0);
         e = dgemma_next_event(c, &ev, 500);
@@ -588,7 +620,7 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
             client_errorf("%s (%zu requests unfinished; run again to resume)", dgemma_errmsg(c),
                           b->n_items - next);
             dgemma_close(c);
-            return EXIT_UNREACHABLE;
+            return client_exit_for(e);
         }
         if (!heard && refused_at_accept(&ev)) {
             /* busy: connect again in a second while --wait lasts */
@@ -609,8 +641,8 @@ static int run(struct batch *b, const struct client_opts *o, int parallel)
             requeue_refused(b);
             usleep(1000000);
             again.wait_s = wait_end > now_s() ? wait_end - now_s() : 0;
-            if (!(c = client_connect(&again)))
-                return EXIT_UNREACHABLE;
+            if (!(c = client_connect(&again, &code)))
+                return code;
             continue;
         }
         heard = 1;

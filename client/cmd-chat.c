@@ -61,43 +61,66 @@ static void clear(struct history *h, size_t keep)
 }
 
 /* One reply: written as it arrives, kept whole in *reply.  Returns an
- * exit code (EXIT_DONE even when cancelled by Ctrl-C: the chat goes on). */
+ * exit code (EXIT_DONE even when cancelled by Ctrl-C: the chat goes on);
+ * *fatal is set when the chat cannot go on (the connection lost, its
+ * events no longer read, a usage error in the settings). */
 static int reply(dgemma_t *c, const struct client_opts *o, const struct history *h, int thinking,
-                 char **out, size_t *out_len, int tty)
+                 char **out, size_t *out_len, int tty, int *fatal)
 {
     dgemma_request_t *r = dgemma_request_chat();
     uint64_t id = 0;
-    int cancelled = 0, rc = EXIT_UNREACHABLE;
+    int cancelled = 0, lost = 0, rc = EXIT_UNREACHABLE, e = 0;
     size_t len = 0, cap = 0;
     char *text = NULL;
 
     *out = NULL;
     *out_len = 0;
-    if (!r)
+    *fatal = 0;
+    if (!r) {
+        client_errorf("out of memory building the request");
         return EXIT_FAILED;
-    for (size_t i = 0; i < h->n; i++)
-        if (dgemma_request_add_message(r, h->t[i].role, h->t[i].content) < 0) {
-            client_errorf("%s", dgemma_request_errmsg(r)); /* (a line not UTF-8) */
-            dgemma_request_free(r);
-            return EXIT_FAILED;
-        }
-    if (thinking)
-        dgemma_request_set_thinking(r, 1);
-    if (client_apply_settings(o, r) < 0 || dgemma_submit(c, r) < 0) {
+    }
+    for (size_t i = 0; i < h->n && e == 0; i++)
+        e = dgemma_request_add_message(r, h->t[i].role, h->t[i].content);
+    if (e == 0 && thinking)
+        e = dgemma_request_set_thinking(r, 1);
+    if (e < 0) { /* (out of memory, or a line not UTF-8) */
+        client_errorf("%s", dgemma_request_errmsg(r));
+        dgemma_request_free(r);
+        return EXIT_FAILED;
+    }
+    /* settings out of memory: this turn fails, the chat may go on;
+     * settings refused would refuse every turn, and a failed send (even
+     * for memory: part of the line may be out) leaves the connection in
+     * doubt */
+    if ((e = client_apply_settings(o, r)) < 0) {
+        dgemma_request_free(r);
+        *fatal = e != DGEMMA_E_NOMEM;
+        return e == DGEMMA_E_NOMEM ? EXIT_FAILED : EXIT_USAGE;
+    }
+    if ((e = dgemma_submit(c, r)) < 0) {
         client_errorf("%s", dgemma_errmsg(c));
         dgemma_request_free(r);
-        return EXIT_UNREACHABLE;
+        *fatal = 1;
+        return client_exit_for(e);
     }
     dgemma_request_free(r);
     client_interrupted = 0;
     for (;;) {
         dgemma_event_t ev;
-        int e = dgemma_next_event(c, &ev, 200);
+        e = dgemma_next_event(c, &ev, 200);
         client_on_interrupt(c, id, &cancelled);
         if (e == DGEMMA_E_AGAIN)
             continue;
         if (e < 0) {
             client_errorf("%s", dgemma_errmsg(c));
+            /* out of memory: the request is cancelled rather than left to
+             * run for no one, and the chat ends (its events are no longer
+             * read in order) */
+            if (e == DGEMMA_E_NOMEM && id && !cancelled)
+                dgemma_cancel(c, id);
+            *fatal = 1;
+            rc = client_exit_for(e);
             break;
         }
         if (ev.kind == DGEMMA_EV_ACCEPTED) {
@@ -106,12 +129,19 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
             client_errorf("%s: %s", ev.code ? ev.code : "error", ev.message ? ev.message : "");
             rc = EXIT_FAILED;
             break;
-        } else if (ev.kind == DGEMMA_EV_CANVAS && ev.text) {
+        } else if (ev.kind == DGEMMA_EV_CANVAS && ev.text && !lost) {
             if (len + ev.text_len + 1 > cap) {
                 size_t ncap = 2 * (len + ev.text_len + 1);
                 char *nt = realloc(text, ncap);
-                if (!nt)
-                    break;
+                if (!nt) {
+                    /* the reply cannot be kept: stopped, its events read
+                     * to its end, so the next turn starts clean */
+                    client_errorf("out of memory for the reply: stopped");
+                    if (id && !cancelled)
+                        dgemma_cancel(c, id);
+                    cancelled = lost = 1;
+                    continue;
+                }
                 text = nt;
                 cap = ncap;
             }
@@ -132,9 +162,10 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
         } else if (ev.kind == DGEMMA_EV_DONE) {
             putchar('\n');
             fflush(stdout);
-            if (cancelled && tty)
+            if (cancelled && tty && !lost)
                 fprintf(stderr, "(stopped)\n");
-            rc = ev.finish_reason && !strcmp(ev.finish_reason, "error") ? EXIT_FAILED : EXIT_DONE;
+            rc = lost || (ev.finish_reason && !strcmp(ev.finish_reason, "error")) ? EXIT_FAILED
+                                                                                  : EXIT_DONE;
             break;
         }
     }
@@ -175,7 +206,7 @@ int cmd_chat(int argc, char **argv)
     struct client_opts o = {0};
     struct history h = {0};
     const char *system = NULL;
-    int thinking = 0, rc = EXIT_DONE;
+    int thinking = 0, rc = EXIT_DONE, fatal = 0;
     const int tty = isatty(0);
     size_t base;
     dgemma_t *c;
@@ -221,15 +252,16 @@ int cmd_chat(int argc, char **argv)
         }
     }
     if (system && push(&h, "system", system, strlen(system)) < 0) {
+        client_errorf("out of memory");
         json_decref(o.settings);
         return EXIT_FAILED;
     }
     base = h.n;
-    if (!(c = client_connect(&o))) {
+    if (!(c = client_connect(&o, &rc))) {
         clear(&h, 0);
         free(h.t);
         json_decref(o.settings);
-        return EXIT_UNREACHABLE;
+        return rc;
     }
     client_catch_sigint();
     for (;;) {
@@ -252,6 +284,10 @@ int cmd_chat(int argc, char **argv)
         if (n < 0) {
             if (tty)
                 putchar('\n');
+            if (ferror(stdin)) { /* (a read error or no memory: not the end) */
+                client_errorf("reading standard input: %s", strerror(errno ? errno : EIO));
+                rc = EXIT_FAILED;
+            }
             break;
         }
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
@@ -273,21 +309,24 @@ int cmd_chat(int argc, char **argv)
             continue;
         }
         if (push(&h, "user", line, (size_t)n) < 0) {
+            client_errorf("out of memory");
             rc = EXIT_FAILED;
             break;
         }
-        rc = reply(c, &o, &h, thinking, &text, &text_len, tty);
+        rc = reply(c, &o, &h, thinking, &text, &text_len, tty, &fatal);
         if (client_output_failed()) { /* nowhere to write the conversation */
             free(text);
             rc = EXIT_FAILED;
             break;
         }
-        if (rc == EXIT_DONE && text_len > 0 && push(&h, "assistant", text, text_len) < 0)
+        if (rc == EXIT_DONE && text_len > 0 && push(&h, "assistant", text, text_len) < 0) {
+            client_errorf("out of memory: the reply is not kept in the conversation");
             rc = EXIT_FAILED;
+        }
         if (rc != EXIT_DONE || text_len == 0)
             clear(&h, h.n - 1); /* no answer: forget the question too */
         free(text);
-        if (rc == EXIT_UNREACHABLE || (rc == EXIT_FAILED && !tty))
+        if (fatal || rc == EXIT_UNREACHABLE || (rc != EXIT_DONE && !tty))
             break;
         rc = EXIT_DONE; /* on a terminal the conversation goes on */
     }

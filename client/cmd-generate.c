@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "lib/utf8.h"
 
 static const char usage[] =
     "usage: dgemma-client [generate] [-s|--socket SOCKET] [--wait SECONDS] [--json]\n"
@@ -78,13 +79,17 @@ static char *prompt_text(int argc, char **argv, int first, int *status)
     return b;
 }
 
-/* "1 2 3" -> ids; NULL on a bad token. */
-static int32_t *parse_ids(const char *s, size_t *n)
+/* "1 2 3" -> *ids (*n of them; freed by the caller).  Returns 0,
+ * EXIT_USAGE on a bad token, EXIT_FAILED out of memory; *ids is NULL then. */
+static int parse_ids(const char *s, int32_t **ids, size_t *n)
 {
     size_t cap = 64;
     int32_t *v = malloc(cap * sizeof *v);
     *n = 0;
-    while (v && *s) {
+    *ids = NULL;
+    if (!v)
+        return EXIT_FAILED;
+    while (*s) {
         char *end;
         long x;
         while (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n')
@@ -94,13 +99,13 @@ static int32_t *parse_ids(const char *s, size_t *n)
         x = strtol(s, &end, 10);
         if (end == s || x < 0 || x > INT32_MAX) {
             free(v);
-            return NULL;
+            return EXIT_USAGE;
         }
         if (*n == cap) {
             int32_t *nv = realloc(v, 2 * cap * sizeof *v);
             if (!nv) {
                 free(v);
-                return NULL;
+                return EXIT_FAILED;
             }
             v = nv;
             cap *= 2;
@@ -108,7 +113,8 @@ static int32_t *parse_ids(const char *s, size_t *n)
         v[(*n)++] = (int32_t)x;
         s = end;
     }
-    return v;
+    *ids = v;
+    return 0;
 }
 
 int cmd_generate(int argc, char **argv)
@@ -120,7 +126,7 @@ int cmd_generate(int argc, char **argv)
     dgemma_t *c = NULL;
     char *prompt = NULL;
     uint64_t id = 0;
-    int cancelled = 0;
+    int cancelled = 0, e;
     const int terminal = isatty(1); /* (controls in the text shown as U+FFFD) */
 
     for (int i = 1; i < argc; i++) {
@@ -178,11 +184,15 @@ int cmd_generate(int argc, char **argv)
             json_decref(o.settings);
             return EXIT_USAGE;
         }
-        if (!(ids = parse_ids(ids_text, &n)) || n == 0) {
-            client_errorf("--ids: expected token ids separated by spaces");
+        const int bad = parse_ids(ids_text, &ids, &n);
+        if (bad || n == 0) {
+            if (bad == EXIT_FAILED)
+                client_errorf("--ids: out of memory");
+            else
+                client_errorf("--ids: expected token ids separated by spaces");
             free(ids);
             json_decref(o.settings);
-            return EXIT_USAGE;
+            return bad ? bad : EXIT_USAGE;
         }
         r = dgemma_request_ids(ids, n);
         free(ids);
@@ -195,52 +205,67 @@ int cmd_generate(int argc, char **argv)
         }
         if (chat) {
             r = dgemma_request_chat();
-            if (r && ((system && dgemma_request_add_message(r, "system", system) < 0) ||
-                      dgemma_request_add_message(r, "user", prompt) < 0)) {
-                client_errorf("%s", dgemma_request_errmsg(r));
-                dgemma_request_free(r);
-                free(prompt);
-                json_decref(o.settings);
-                return EXIT_USAGE;
+            if (r) {
+                e = system ? dgemma_request_add_message(r, "system", system) : 0;
+                if (e == 0)
+                    e = dgemma_request_add_message(r, "user", prompt);
+                if (e == 0 && thinking)
+                    e = dgemma_request_set_thinking(r, 1);
+                if (e < 0) {
+                    client_errorf("%s", dgemma_request_errmsg(r));
+                    dgemma_request_free(r);
+                    free(prompt);
+                    json_decref(o.settings);
+                    return e == DGEMMA_E_NOMEM ? EXIT_FAILED : EXIT_USAGE;
+                }
             }
-            if (r && thinking)
-                dgemma_request_set_thinking(r, 1);
+        } else if (dg_utf8_valid_prefix((const unsigned char *)prompt, strlen(prompt)) !=
+                   strlen(prompt)) {
+            client_errorf("the prompt is not valid UTF-8");
+            free(prompt);
+            json_decref(o.settings);
+            return EXIT_USAGE;
         } else {
-            r = dgemma_request_text(prompt);
+            r = dgemma_request_text(prompt); /* (NULL now: out of memory) */
         }
     }
     if (!r) {
-        client_errorf("cannot build the request (out of memory, or the prompt is not UTF-8)");
+        client_errorf("out of memory building the request");
         free(prompt);
         json_decref(o.settings);
-        return EXIT_USAGE;
+        return EXIT_FAILED;
     }
-    dgemma_request_set_stream(r, stream);
-    if (tag && dgemma_request_set_tag(r, tag) < 0) {
-        client_errorf("--tag: %s", dgemma_request_errmsg(r));
-        rc = EXIT_USAGE;
+    if ((e = dgemma_request_set_stream(r, stream)) < 0 ||
+        (tag && (e = dgemma_request_set_tag(r, tag)) < 0)) {
+        client_errorf("%s%s", e == DGEMMA_E_NOMEM ? "" : "--tag: ", dgemma_request_errmsg(r));
+        rc = e == DGEMMA_E_NOMEM ? EXIT_FAILED : EXIT_USAGE;
         goto out;
     }
-    if (client_apply_settings(&o, r) < 0) {
-        rc = EXIT_USAGE;
+    if ((e = client_apply_settings(&o, r)) < 0) {
+        rc = e == DGEMMA_E_NOMEM ? EXIT_FAILED : EXIT_USAGE;
         goto out;
     }
-    if (!(c = client_connect(&o)))
+    if (!(c = client_connect(&o, &rc)))
         goto out;
     client_catch_sigint();
-    if (dgemma_submit(c, r) < 0) {
+    if ((e = dgemma_submit(c, r)) < 0) {
         client_errorf("%s", dgemma_errmsg(c));
+        rc = client_exit_for(e);
         goto out;
     }
     for (;;) {
         dgemma_event_t ev;
-        int e = dgemma_next_event(c, &ev, 200);
+        e = dgemma_next_event(c, &ev, 200);
         client_on_interrupt(c, id, &cancelled);
         if (e == DGEMMA_E_AGAIN)
             continue;
         if (e < 0) {
             client_errorf("%s", dgemma_errmsg(c));
-            rc = EXIT_UNREACHABLE;
+            /* out of memory: the connection still works, so the request
+             * is cancelled rather than left to run for no one */
+            if (e == DGEMMA_E_NOMEM && id && !cancelled)
+                dgemma_cancel(c, id);
+            rc = client_exit_for(e);
             break;
         }
         if (o.json) /* (flushed by client_output_failed, in the loop or after it) */

@@ -18,7 +18,7 @@ static const char cancel_usage[] =
     "Cancel requests by id (yours, or any as root).  Exit status 1 if one of\n"
     "them is not in flight.\n";
 
-/* The next event that is not noise; NULL (with a message) on failure. */
+/* The next event: 0, or libdgemma's error after saying why. */
 static int wait_event(dgemma_t *c, dgemma_event_t *ev)
 {
     int e = dgemma_next_event(c, ev, 60000);
@@ -28,12 +28,55 @@ static int wait_event(dgemma_t *c, dgemma_event_t *ev)
     return e;
 }
 
+/* The status event's fields, one "key value" line each; EXIT_FAILED
+ * (after saying so) when out of memory, before anything is written. */
+static int print_status(const char *json)
+{
+    struct dg_error je = {0};
+    json_t *s = dg_json_loadb(json, strlen(json), 0, "status", &je), *v;
+    const char *key;
+    size_t n = 0, k = 0;
+    char **text;
+    int rc = EXIT_DONE;
+    if (!s) {
+        client_errorf("%s", je.msg);
+        return EXIT_FAILED;
+    }
+    /* every value is formatted before the first line is written: the
+     * table comes whole or not at all */
+    if (!(text = calloc(json_object_size(s) + 1, sizeof *text))) {
+        client_errorf("status: out of memory");
+        json_decref(s);
+        return EXIT_FAILED;
+    }
+    json_object_foreach(s, key, v) {
+        if (!strcmp(key, "v") || !strcmp(key, "event"))
+            continue;
+        if (!(text[n++] = dg_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT))) {
+            client_errorf("status: out of memory");
+            rc = EXIT_FAILED;
+            break;
+        }
+    }
+    if (rc == EXIT_DONE)
+        json_object_foreach(s, key, v) {
+            if (!strcmp(key, "v") || !strcmp(key, "event"))
+                continue;
+            printf("%-18s %s\n", key, text[k++]);
+        }
+    for (size_t i = 0; i < n; i++)
+        free(text[i]);
+    free(text);
+    json_decref(s);
+    return rc;
+}
+
 int cmd_status(int argc, char **argv)
 {
     struct client_opts o = {0};
     dgemma_event_t ev;
     dgemma_t *c;
-    int rc = EXIT_UNREACHABLE;
+    int rc = EXIT_UNREACHABLE, e;
 
     for (int i = 1; i < argc; i++) {
         int took;
@@ -43,6 +86,10 @@ int cmd_status(int argc, char **argv)
             return EXIT_DONE;
         }
         took = client_common_option(&o, argc, argv, &i);
+        if (took == CLIENT_OPT_NOMEM) {
+            json_decref(o.settings);
+            return EXIT_FAILED;
+        }
         if (took <= 0 || json_object_size(o.settings) > 0) {
             if (took == 0)
                 client_errorf("status: unexpected '%s'", argv[i]);
@@ -51,30 +98,21 @@ int cmd_status(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    if (!(c = client_connect(&o))) {
+    if (!(c = client_connect(&o, &rc))) {
         json_decref(o.settings);
-        return EXIT_UNREACHABLE;
+        return rc;
     }
-    if (dgemma_status(c) < 0)
+    if ((e = dgemma_status(c)) < 0) {
         client_errorf("%s", dgemma_errmsg(c));
-    else if (wait_event(c, &ev) == 0) {
+        rc = client_exit_for(e);
+    } else if ((e = wait_event(c, &ev)) < 0) {
+        rc = client_exit_for(e);
+    } else {
         if (o.json) {
             puts(ev.json);
             rc = EXIT_DONE;
         } else if (ev.kind == DGEMMA_EV_STATUS) {
-            json_t *s = dg_json_loadb(ev.json, strlen(ev.json), 0, "status", NULL);
-            const char *key;
-            json_t *v;
-            json_object_foreach(s, key, v) {
-                char *t;
-                if (!strcmp(key, "v") || !strcmp(key, "event"))
-                    continue;
-                t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-                printf("%-18s %s\n", key, t ? t : "?");
-                free(t);
-            }
-            json_decref(s);
-            rc = EXIT_DONE;
+            rc = print_status(ev.json);
         } else {
             client_errorf("unexpected answer: %s", ev.json);
             rc = EXIT_FAILED;
@@ -104,6 +142,10 @@ int cmd_cancel(int argc, char **argv)
             return EXIT_DONE;
         }
         if ((took = client_common_option(&o, argc, argv, &i)) != 0) {
+            if (took == CLIENT_OPT_NOMEM) {
+                json_decref(o.settings);
+                return EXIT_FAILED;
+            }
             if (took < 0 || json_object_size(o.settings) > 0) {
                 fputs(cancel_usage, stderr);
                 json_decref(o.settings);
@@ -127,14 +169,19 @@ int cmd_cancel(int argc, char **argv)
         json_decref(o.settings);
         return EXIT_USAGE;
     }
-    if (!(c = client_connect(&o))) {
+    if (!(c = client_connect(&o, &rc))) {
         json_decref(o.settings);
-        return EXIT_UNREACHABLE;
+        return rc;
     }
-    for (int k = 0; k < n && rc != EXIT_UNREACHABLE; k++) {
+    for (int k = 0; k < n; k++) {
         dgemma_event_t ev;
-        if (dgemma_cancel(c, ids[k]) < 0 || wait_event(c, &ev) < 0) {
-            rc = EXIT_UNREACHABLE;
+        int e = dgemma_cancel(c, ids[k]);
+        if (e < 0)
+            client_errorf("%s", dgemma_errmsg(c));
+        else
+            e = wait_event(c, &ev);
+        if (e < 0) {
+            rc = client_exit_for(e);
             break;
         }
         if (o.json)

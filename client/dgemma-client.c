@@ -20,8 +20,8 @@ static const char usage[] =
     "Every command but stats takes -s SOCKET (else $DGEMMA_SOCKET, else "
     DGEMMA_DEFAULT_SOCKET ")\n"
     "and --wait SECONDS (retry while the daemon starts).  COMMAND --help shows\n"
-    "a command's options.  Exit status: 0 done, 1 a request failed, 2 usage,\n"
-    "3 the daemon is unreachable or the connection was lost.\n";
+    "a command's options.  Exit status: 0 done, 1 a request failed (or out of\n"
+    "memory), 2 usage, 3 the daemon is unreachable or the connection was lost.\n";
 
 static int is_command(const char *a)
 {

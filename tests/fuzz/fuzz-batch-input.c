@@ -103,7 +103,8 @@ static json_t *scan_checked(const char *buf, size_t len, int *failed_before)
 
     if (!seen || !expect)
         abort();
-    keep = batch_output_scan(buf, len, seen, &fb);
+    if (batch_output_scan(buf, len, seen, &fb, &keep) != 0)
+        abort(); /* (no allocation fails here) */
     if (keep != want)
         abort(); /* a complete line cut, or a torn one kept */
     for (size_t p = 0; p < keep;) {

@@ -12,7 +12,8 @@
  * the terminal without them; Ctrl-C at its prompt) and through a pipe;
  * Ctrl-C while canvases stream fast, and a second one while the daemon
  * does not answer; options and input refused (non-finite numbers, ids out
- * of range, a lost tag, a NUL byte, a read error, --settings holding the
+ * of range, a lost tag, a NUL byte, a read error (generate and chat), a
+ * prompt not UTF-8, --settings holding the
  * request's own keys, batch --json); output to a full disk; status and
  * cancel; every exit code (0 done, 1 failed, 2 usage, 3 unreachable); the socket
  * options before the command word.
@@ -412,6 +413,19 @@ static int refused_input(void)
         rc = run_client_io(args, NULL, 0, test_tmpdir(), NULL, OUT, sizeof OUT, ERR, sizeof ERR);
         CHECKF(rc == 1 && strstr(ERR, "reading the prompt from standard input: "), "exit %d: %s",
                rc, ERR);
+    }
+    /* chat: a read error is not the end of the conversation (exit 1, said) */
+    {
+        const char *args[] = {"chat", "--max-tokens", "4", NULL};
+        const int rc = run_client_io(args, NULL, 0, test_tmpdir(), NULL, OUT, sizeof OUT, ERR,
+                                     sizeof ERR);
+        CHECKF(rc == 1 && strstr(ERR, "reading standard input: "), "exit %d: %s", rc, ERR);
+    }
+    /* a prompt that is not UTF-8: a usage error that says so */
+    {
+        const char *args[] = {"--max-tokens", "4", "a\xff", NULL};
+        const int rc = run_client(args, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
+        CHECKF(rc == 2 && strstr(ERR, "the prompt is not valid UTF-8"), "exit %d: %s", rc, ERR);
     }
     /* a chat line that is not UTF-8: said, and (off a terminal) exit 1 */
     {
