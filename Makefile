@@ -303,6 +303,15 @@ ifneq ($(findstring address,$(SANITIZE)),)
 $(BUILD)/tests/integration/t-faults: | $(BUILD)/tests/fault/dgemmad
 endif
 
+# (t-client makes each allocation of a dgemma-client run fail in turn: a
+# client linked with the same injector wrapped around its calls, every build)
+$(BUILD)/tests/fault/dgemma-client: LDFLAGS += $(FAULT_WRAP)
+$(BUILD)/tests/fault/dgemma-client: $(CLIENT_SRC:%.c=$(BUILD)/%.o) \
+                                    $(BUILD)/tests/fault/failmalloc-wrap.o $(LIBDGEMMA_A) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+$(BUILD)/tests/integration/t-client-nomem: | $(BUILD)/tests/fault/dgemma-client
+
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBCORE)
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@

@@ -1,0 +1,372 @@
+/*
+ * Description: dgemma-client short of memory, against the real dgemmad.  A
+ * client linked with the fault injector around its allocation calls
+ * ($BUILD/tests/fault/dgemma-client: failmalloc.c built with DG_FAULT_WRAP,
+ * so the calls of the client, of libdgemma and of jansson count) runs
+ * status, generate, chat through a pipe (two turns) and batch, first with
+ * no failure (counting its calls), then once for each call k with call k
+ * alone failing (DG_FAULT_MALLOC_NTH).  Each run must end as the clean
+ * run did (exit 0 and the same output: the text, the reply lines, the
+ * status's keys), or with exit 1 and "out of memory" on standard error:
+ * never exit 0 with less or other output, never a misreport (a usage
+ * error, a lost connection, "not valid UTF-8", a request the daemon reads
+ * as malformed), never silence.  Each batch run is followed by the real
+ * client run again on the same output, with nothing failing: the output
+ * must then hold every input line's result exactly once, as the clean
+ * run's (a resume loses and repeats nothing, and no line written under
+ * the failure is torn or short of a key).  In the sanitizer runs
+ * (DG_TEST_QUICK=1) every fifth call fails, not every one; there a leak
+ * makes the client's exit status LeakSanitizer's, which fails the case.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+#include "tests/integration/fixture.h"
+
+static char sock[600], log_path[600], wrapped[600], trigger[600];
+static pid_t daemon_pid;
+static long stride = 1;
+
+/* A call number past any run's last: nothing fails, the calls are counted. */
+#define NO_FAILURE 1000000000LL
+
+static const char *const DAEMON_OPTS[] = {"max_batch=4", "queue_max=64", "pin_workers=false",
+                                          "tick=0.05", "shutdown_grace=1", NULL};
+
+/* Read path into buf (NUL-terminated, cut at cap - 1); its length, -1 if
+ * it cannot be opened. */
+static long slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    size_t n;
+    if (!f) {
+        buf[0] = '\0';
+        return -1;
+    }
+    n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return (long)n;
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+/* Start bin (the wrapped client when nth >= 0, with call nth failing,
+ * its calls counted into stats) with args (NULL-ended, after the program
+ * name; "@OUT@" stands for out_file), standard input from in_path, output
+ * to out_path and err_path.  Returns its pid, -1 if it could not start. */
+static pid_t spawn(const char *bin, long long nth, const char *const *args, const char *out_file,
+                   const char *in_path, const char *out_path, const char *err_path,
+                   const char *stats)
+{
+    const char *argv[32];
+    int n = 0;
+    pid_t pid;
+    argv[n++] = bin;
+    for (const char *const *a = args; *a && n < 31; a++)
+        argv[n++] = strcmp(*a, "@OUT@") ? *a : out_file;
+    argv[n] = NULL;
+    if ((pid = fork()) != 0)
+        return pid;
+    {
+        char v[32];
+        const int in = open(in_path, O_RDONLY),
+                  out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+                  err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (in < 0 || out < 0 || err < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 ||
+            dup2(err, 2) < 0)
+            _exit(126);
+        if (nth >= 0) {
+            snprintf(v, sizeof v, "%lld", nth);
+            setenv("DG_FAULT_MALLOC_TRIGGER", trigger, 1);
+            setenv("DG_FAULT_MALLOC_NTH", v, 1);
+            setenv("DG_FAULT_STATS", stats, 1);
+        }
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+}
+
+/* pid's exit status, or -1 if it did not exit normally. */
+static int reap(pid_t pid)
+{
+    int st;
+    if (pid < 0 || fixture_wait_exit(pid, &st) < 0 || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st);
+}
+
+/* What a command's output is compared by. */
+enum compare {
+    SAME_BYTES,  /* generate's text, chat's reply lines */
+    SAME_KEYS,   /* status: the first word of each line (the values are counters) */
+    BATCH_OUT,   /* batch: the results (its output file), whatever their order */
+};
+
+/* The first word of each line of s, joined by spaces, into out. */
+static void first_words(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+    while (*s && o + 1 < cap) {
+        size_t n = strcspn(s, " \n");
+        if (o + n + 2 >= cap)
+            break;
+        memcpy(out + o, s, n);
+        o += n;
+        out[o++] = ' ';
+        s += strcspn(s, "\n");
+        if (*s)
+            s++;
+    }
+    out[o] = '\0';
+}
+
+/* The batch output file's results, in a canonical form: each line as
+ * "id|finish_reason|text|error code" (the timings left out), sorted,
+ * joined by newlines; a line that is not a JSON object shows as BAD. */
+static int line_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void batch_results(const char *path, char *out, size_t cap)
+{
+    static char buf[1 << 16];
+    char *lines[64];
+    size_t n = 0, o = 0;
+    char *p = buf;
+    out[0] = '\0';
+    if (slurp(path, buf, sizeof buf) < 0)
+        return;
+    while (*p && n < 64) {
+        char *nl = strchr(p, '\n');
+        json_t *r;
+        char *key = NULL, *id = NULL;
+        if (nl)
+            *nl = '\0';
+        r = json_loads(p, JSON_ALLOW_NUL, NULL);
+        if (json_is_object(r)) {
+            json_t *idv = json_object_get(r, "id");
+            id = idv ? json_dumps(idv, JSON_ENCODE_ANY)
+                     : json_dumps(json_object_get(r, "line"), JSON_ENCODE_ANY);
+            if (asprintf(&key, "%s|%s|%s|%s", id ? id : "(none)",
+                         json_string_value(json_object_get(r, "finish_reason"))
+                             ? json_string_value(json_object_get(r, "finish_reason"))
+                             : "",
+                         json_string_value(json_object_get(r, "text"))
+                             ? json_string_value(json_object_get(r, "text"))
+                             : "",
+                         json_string_value(json_object_get(json_object_get(r, "error"), "code"))
+                             ? json_string_value(
+                                   json_object_get(json_object_get(r, "error"), "code"))
+                             : "") < 0)
+                key = NULL;
+        }
+        lines[n++] = key ? key : strdup("BAD");
+        free(id);
+        json_decref(r);
+        if (!nl)
+            break;
+        p = nl + 1;
+    }
+    qsort(lines, n, sizeof lines[0], line_cmp);
+    for (size_t i = 0; i < n; i++) {
+        const size_t l = lines[i] ? strlen(lines[i]) : 0;
+        if (lines[i] && o + l + 2 < cap) {
+            memcpy(out + o, lines[i], l);
+            o += l;
+            out[o++] = '\n';
+        }
+        free(lines[i]);
+    }
+    out[o] = '\0';
+}
+
+/* What a run's output comes to, for the comparison: into out. */
+static void outcome(enum compare how, const char *out_path, const char *batch_out, char *out,
+                    size_t cap)
+{
+    static char buf[1 << 16];
+    if (how == BATCH_OUT) {
+        batch_results(batch_out, out, cap);
+        return;
+    }
+    slurp(out_path, buf, sizeof buf);
+    if (how == SAME_KEYS)
+        first_words(buf, out, cap);
+    else
+        snprintf(out, cap, "%s", buf);
+}
+
+/* The calls the stats file counted ("... malloc_calls C"), -1 if none. */
+static long long calls_counted(const char *stats)
+{
+    char buf[256];
+    const char *p;
+    if (slurp(stats, buf, sizeof buf) < 0 || !(p = strstr(buf, "malloc_calls ")))
+        return -1;
+    return atoll(p + 13);
+}
+
+/* The files of one of the runs that go on side by side. */
+struct slot {
+    const char *in, *out, *err, *stats, *batch_out;
+    long long k;
+    pid_t pid;
+};
+
+/* One command, every allocation call of it failing in turn (see the top),
+ * WORKERS runs at a time. */
+#define WORKERS 2
+static int sweep(const char *what, const char *const *args, const char *input, enum compare how)
+{
+    static char want[1 << 16], got[1 << 16], err[4096];
+    struct slot w[WORKERS];
+    long long calls;
+    int n_ok = 0, n_nomem = 0, rc;
+    const double t0 = fixture_now_ms();
+
+    for (int i = 0; i < WORKERS; i++) {
+        w[i].in = test_pathf("%s.in", what);
+        w[i].out = test_pathf("%s.%d.out", what, i);
+        w[i].err = test_pathf("%s.%d.err", what, i);
+        w[i].stats = test_pathf("%s.%d.stats", what, i);
+        w[i].batch_out = test_pathf("%s.%d.jsonl", what, i);
+    }
+    CHECK(write_file(w[0].in, input) == 0);
+    unlink(w[0].batch_out);
+    rc = reap(spawn(wrapped, NO_FAILURE, args, w[0].batch_out, w[0].in, w[0].out, w[0].err,
+                    w[0].stats));
+    slurp(w[0].err, err, sizeof err);
+    CHECKF(rc == 0 || (how == BATCH_OUT && rc == 1), "%s, nothing failing: exit %d: %s", what,
+           rc, err);
+    outcome(how, w[0].out, w[0].batch_out, want, sizeof want);
+    CHECKF(want[0], "%s: no output", what);
+    calls = calls_counted(w[0].stats);
+    CHECKF(calls > 10, "%s: %lld allocation calls counted", what, calls);
+    for (long long k0 = 0; k0 < calls; k0 += WORKERS * stride) {
+        int n = 0;
+        for (; n < WORKERS && k0 + n * stride < calls; n++) {
+            struct slot *s = &w[n];
+            s->k = k0 + n * stride;
+            unlink(s->batch_out);
+            s->pid = spawn(wrapped, s->k, args, s->batch_out, s->in, s->out, s->err, s->stats);
+        }
+        for (int i = 0; i < n; i++) {
+            struct slot *s = &w[i];
+            rc = reap(s->pid);
+            slurp(s->err, err, sizeof err);
+            if (how == BATCH_OUT) {
+                /* the batch's bad line makes exit 1 on success too:
+                 * success is told by the output, checked after the resume
+                 * (started here, one per slot, reaped below) */
+                CHECKF(rc == 0 || rc == 1, "%s, call %lld failing: exit %d: %s", what, s->k, rc,
+                       err);
+                n_nomem += strstr(err, "out of memory") != NULL;
+                s->pid = spawn(fixture_bin("dgemma-client"), -1, args, s->batch_out, s->in,
+                               s->out, s->err, NULL);
+            } else if (rc == 0) {
+                outcome(how, s->out, s->batch_out, got, sizeof got);
+                CHECKF(!strcmp(got, want), "%s, call %lld failing: exit 0 with\n%s\nwhere the "
+                       "clean run gave\n%s", what, s->k, got, want);
+                n_ok++;
+            } else {
+                CHECKF(rc == 1 && strstr(err, "out of memory"),
+                       "%s, call %lld failing: exit %d: %s", what, s->k, rc, err);
+                n_nomem++;
+            }
+        }
+        for (int i = 0; how == BATCH_OUT && i < n; i++) {
+            struct slot *s = &w[i];
+            rc = reap(s->pid);
+            slurp(s->err, err, sizeof err);
+            CHECKF(rc == 1, "%s, call %lld failing, then resumed: exit %d: %s", what, s->k, rc,
+                   err);
+            outcome(how, s->out, s->batch_out, got, sizeof got);
+            CHECKF(!strcmp(got, want), "%s, call %lld failing, then resumed: results\n%s\n"
+                   "where the clean run's are\n%s", what, s->k, got, want);
+        }
+    }
+    printf("# %s: %lld allocation calls, %s failed in turn: %d runs as the clean one, "
+           "%d said out of memory (exit 1); %.1f s\n",
+           what, calls, stride == 1 ? "each" : "every fifth", n_ok, n_nomem,
+           (fixture_now_ms() - t0) / 1e3);
+    CHECKF(n_nomem > 0, "%s: no run said out of memory", what);
+    return 0;
+}
+
+static int start(void)
+{
+    const char *b = getenv("BUILD"), *q = getenv("DG_TEST_QUICK");
+    snprintf(wrapped, sizeof wrapped, "%s/tests/fault/dgemma-client", b && *b ? b : "build");
+    CHECKF(access(wrapped, X_OK) == 0, "%s: not built", wrapped);
+    if (q && *q && strcmp(q, "0"))
+        stride = 5; /* (the printf below says "every fifth") */
+    snprintf(trigger, sizeof trigger, "%s", test_path("trigger"));
+    CHECK(write_file(trigger, "1\n") == 0);
+    snprintf(sock, sizeof sock, "%s", test_path("d.sock"));
+    snprintf(log_path, sizeof log_path, "%s", test_path("d.log"));
+    daemon_pid = fixture_spawn(sock, log_path, DAEMON_OPTS);
+    CHECKF(fixture_wait_ready(daemon_pid, sock) == 0, "no daemon; log %s", log_path);
+    return 0;
+}
+
+static int status(void)
+{
+    const char *args[] = {"-s", sock, "status", NULL};
+    return sweep("status", args, "", SAME_KEYS);
+}
+
+static int generate(void)
+{
+    const char *args[] = {"-s", sock, "--quiet", "--max-tokens", "16", "--max-denoising-steps",
+                          "1", "--seed", "4", "--stop", "zz", "hello", NULL};
+    return sweep("generate", args, "", SAME_BYTES);
+}
+
+static int chat(void)
+{
+    const char *args[] = {"-s", sock, "chat", "--max-tokens", "16", "--max-denoising-steps", "1",
+                          "--seed", "4", NULL};
+    return sweep("chat", args, "hello\nand again\n", SAME_BYTES);
+}
+
+static int batch(void)
+{
+    const char *args[] = {"-s", sock, "batch", "--input", "-", "--output", "@OUT@",
+                          "--parallel", "2", "--max-denoising-steps", "1", NULL};
+    static const char input[] =
+        "{\"id\":1,\"prompt\":\"one\",\"max_tokens\":8,\"seed\":1}\n"
+        "not json\n"
+        "{\"id\":\"b\",\"messages\":[{\"role\":\"user\",\"content\":\"two\"}],"
+        "\"max_tokens\":8,\"seed\":2}\n";
+    return sweep("batch", args, input, BATCH_OUT);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    TEST_CASE(start);
+    if (daemon_pid <= 0)
+        return test_finish();
+    TEST_CASE(status);
+    TEST_CASE(generate);
+    TEST_CASE(chat);
+    TEST_CASE(batch);
+    return fixture_finish(daemon_pid, log_path);
+}
