@@ -475,8 +475,10 @@ int cmd_stats(int argc, char **argv)
     }
     if (o.json) {
         json_t *j = summary_json(path, &s);
-        char *text = j ? json_dumps(j, JSON_SORT_KEYS | JSON_INDENT(2) |
-                                           JSON_REAL_PRECISION(15))
+        /* (dg_json_dumps: jansson's own dump may leave a key out when an
+         * allocation fails) */
+        char *text = j ? dg_json_dumps(j, JSON_SORT_KEYS | JSON_INDENT(2) |
+                                              JSON_REAL_PRECISION(15))
                        : NULL;
         json_decref(j);
         if (!text) {
