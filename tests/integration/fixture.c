@@ -151,6 +151,18 @@ int fixture_file_has(const char *path, const char *needle)
     return strstr(buf, needle) != NULL;
 }
 
+int fixture_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    if (fputs(text, f) < 0) {
+        fclose(f);
+        return -1;
+    }
+    return fclose(f) == 0 ? 0 : -1;
+}
+
 struct fixture_cl *fixture_cl_open(const char *sock)
 {
     struct fixture_cl *c = calloc(1, sizeof *c);

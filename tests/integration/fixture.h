@@ -65,6 +65,9 @@ int fixture_finish(pid_t pid, const char *log);
 /* Whether the file contains needle (its first 1 MiB). */
 int fixture_file_has(const char *path, const char *needle);
 
+/* Write text to path (created or emptied); 0, or -1 on any failure. */
+int fixture_write_file(const char *path, const char *text);
+
 /* A line client of the daemon's socket: connected, and its unread bytes. */
 struct fixture_cl {
     int fd;

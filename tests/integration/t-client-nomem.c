@@ -3,14 +3,15 @@
  * client linked with the fault injector around its allocation calls
  * ($BUILD/tests/fault/dgemma-client: failmalloc.c built with DG_FAULT_WRAP,
  * so the calls of the client, of libdgemma and of jansson count) runs
- * status, generate, chat through a pipe (two turns) and batch, first with
- * no failure (counting its calls), then once for each call k with call k
+ * status, generate, chat through a pipe (two turns), batch and stats
+ * --json (over the metrics the daemon wrote for those), first with no
+ * failure (counting its calls), then once for each call k with call k
  * alone failing (DG_FAULT_MALLOC_NTH).  Each run must end as the clean
  * run did (exit 0 and the same output: the text, the reply lines, the
- * status's keys), or with exit 1 and "out of memory" on standard error:
- * never exit 0 with less or other output, never a misreport (a usage
- * error, a lost connection, "not valid UTF-8", a request the daemon reads
- * as malformed), never silence.  Each batch run is followed by the real
+ * status's keys, the summary), or with exit 1 and "out of memory" on
+ * standard error: never exit 0 with less or other output, never a
+ * misreport (a usage error, a lost connection, "not valid UTF-8", a
+ * request the daemon reads as malformed), never silence.  Each batch run is followed by the real
  * client run again on the same output, with nothing failing: the output
  * must then hold every input line's result exactly once, as the clean
  * run's (a resume loses and repeats nothing, and no line written under
@@ -31,15 +32,13 @@
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
 
-static char sock[600], log_path[600], wrapped[600], trigger[600];
+static char sock[600], log_path[600], wrapped[600], trigger[600], db_path[600], o_db[700];
 static pid_t daemon_pid;
 static long stride = 1;
 
 /* A call number past any run's last: nothing fails, the calls are counted. */
 #define NO_FAILURE 1000000000LL
 
-static const char *const DAEMON_OPTS[] = {"max_batch=4", "queue_max=64", "pin_workers=false",
-                                          "tick=0.05", "shutdown_grace=1", NULL};
 
 /* Read path into buf (NUL-terminated, cut at cap - 1); its length, -1 if
  * it cannot be opened. */
@@ -55,15 +54,6 @@ static long slurp(const char *path, char *buf, size_t cap)
     buf[n] = '\0';
     fclose(f);
     return (long)n;
-}
-
-static int write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    fputs(text, f);
-    return fclose(f);
 }
 
 /* Start bin (the wrapped client when nth >= 0, with call nth failing,
@@ -248,7 +238,7 @@ static int sweep(const char *what, const char *const *args, const char *input, e
         w[i].stats = test_pathf("%s.%d.stats", what, i);
         w[i].batch_out = test_pathf("%s.%d.jsonl", what, i);
     }
-    CHECK(write_file(w[0].in, input) == 0);
+    CHECK(fixture_write_file(w[0].in, input) == 0);
     unlink(w[0].batch_out);
     rc = reap(spawn(wrapped, NO_FAILURE, args, w[0].batch_out, w[0].in, w[0].out, w[0].err,
                     w[0].stats));
@@ -318,10 +308,17 @@ static int start(void)
     if (q && *q && strcmp(q, "0"))
         stride = 5; /* (the printf below says "every fifth") */
     snprintf(trigger, sizeof trigger, "%s", test_path("trigger"));
-    CHECK(write_file(trigger, "1\n") == 0);
+    CHECK(fixture_write_file(trigger, "1\n") == 0);
     snprintf(sock, sizeof sock, "%s", test_path("d.sock"));
     snprintf(log_path, sizeof log_path, "%s", test_path("d.log"));
-    daemon_pid = fixture_spawn(sock, log_path, DAEMON_OPTS);
+    snprintf(db_path, sizeof db_path, "%s", test_path("metrics.sqlite"));
+    snprintf(o_db, sizeof o_db, "metrics=%s", db_path);
+    {
+        const char *opts[] = {"max_batch=4",     "queue_max=64",       "pin_workers=false",
+                              "shutdown_grace=1", "metrics_flush=0.02", o_db,
+                              NULL};
+        daemon_pid = fixture_spawn(sock, log_path, opts);
+    }
     CHECKF(fixture_wait_ready(daemon_pid, sock) == 0, "no daemon; log %s", log_path);
     return 0;
 }
@@ -358,6 +355,32 @@ static int batch(void)
     return sweep("batch", args, input, BATCH_OUT);
 }
 
+/* The summary of the rows the cases above made the daemon write (their
+ * runs' requests), over a fixed window: the same output every run.  As
+ * JSON: the text form makes no allocation of its own past the summary. */
+static int stats(void)
+{
+    const char *json[] = {"stats", "--db", db_path, "--since", "0", "--until", "4102444800",
+                          "--json", NULL};
+    /* (the rows are written behind the requests: wait until none runs,
+     * none is queued and the metrics writer holds no row) */
+    int quiet = 0;
+    for (int i = 0; i < 200 && !quiet; i++) {
+        json_t *st = fixture_status(sock);
+        quiet = st && json_integer_value(json_object_get(st, "running")) == 0 &&
+                json_integer_value(json_object_get(st, "queued")) == 0 &&
+                json_integer_value(json_object_get(json_object_get(st, "metrics"), "queued")) ==
+                    0 &&
+                json_integer_value(
+                    json_object_get(json_object_get(st, "metrics"), "requests_written")) > 0;
+        json_decref(st);
+        if (!quiet)
+            usleep(50000);
+    }
+    CHECKF(quiet, "the daemon did not settle, or wrote no metrics (%s)", db_path);
+    return sweep("stats", json, "", SAME_BYTES);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -368,5 +391,6 @@ int main(void)
     TEST_CASE(generate);
     TEST_CASE(chat);
     TEST_CASE(batch);
+    TEST_CASE(stats);
     return fixture_finish(daemon_pid, log_path);
 }

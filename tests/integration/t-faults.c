@@ -223,15 +223,6 @@ static int one_request(const char *line, struct outcome *o)
 
 /* ---- files ----------------------------------------------------------------------- */
 
-static int write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    fputs(text, f);
-    return fclose(f);
-}
-
 #define q_int test_sql_int
 #define integrity(db) test_sql_text(db, 1, "PRAGMA integrity_check")
 #define wait_count fixture_wait_count
@@ -446,7 +437,7 @@ static int alloc_failures_at(int tp)
     for (int r = 0; r < 2; r++) {
         char rs[16];
         snprintf(rs, sizeof rs, "%d\n", rates[r]);
-        CHECK(write_file(trig, rs) == 0);
+        CHECK(fixture_write_file(trig, rs) == 0);
         usleep(50000); /* (the shim looks every 5 ms) */
         if (fault_round(r, per_conn, &t) || ring_round(24, &rt))
             return 1;
@@ -885,13 +876,13 @@ static int bad_start(void)
     /* configuration files: a YAML syntax error, an unknown key, a value out of range */
     snprintf(yaml, sizeof yaml, "%s", test_path("bad.yaml"));
     args[0] = "-c", args[1] = yaml;
-    CHECK(write_file(yaml, "max_batch: 4\nqueue_max: 3: 4\n") == 0);
+    CHECK(fixture_write_file(yaml, "max_batch: 4\nqueue_max: 3: 4\n") == 0);
     if (refused_start("YAML syntax error", args, "bad.yaml:2", "YAML syntax error"))
         return 1;
-    CHECK(write_file(yaml, "max_batch: 4\nmax_bacth: 4\n") == 0);
+    CHECK(fixture_write_file(yaml, "max_batch: 4\nmax_bacth: 4\n") == 0);
     if (refused_start("unknown key", args, "bad.yaml:2", "unknown key 'max_bacth'"))
         return 1;
-    CHECK(write_file(yaml, "queue_max: 3\nmax_batch: 0\n") == 0);
+    CHECK(fixture_write_file(yaml, "queue_max: 3\nmax_batch: 0\n") == 0);
     if (refused_start("value out of range", args, "bad.yaml:2", "max_batch"))
         return 1;
     args[0] = "-o", args[1] = "max_batch=5000";
@@ -968,7 +959,7 @@ static int metrics_disk_full(void)
         return 1;
     CHECK(wait_count(db, 2, 15, "SELECT count(*) FROM requests") == 0);
     /* the disk is full: requests are served all the same */
-    CHECK(write_file(trig, "") == 0);
+    CHECK(fixture_write_file(trig, "") == 0);
     usleep(50000);
     if (serve(N, "full"))
         return 1;
