@@ -225,7 +225,7 @@ static int read_input(struct batch *b, FILE *in, const char *name)
         client_errorf("out of memory reading the input");
         return -1;
     }
-    while (rc == 0 && (n = getline(&line, &cap, in)) >= 0) {
+    while (rc == 0 && (errno = 0, n = getline(&line, &cap, in)) >= 0) {
         struct batch_line l;
         /* (a UTF-8 byte-order mark, as some editors write, is not the line's) */
         const size_t bom = ln == 0 && n >= 3 && !memcmp(line, "\xef\xbb\xbf", 3) ? 3 : 0;
@@ -249,9 +249,12 @@ static int read_input(struct batch *b, FILE *in, const char *name)
             rc = -1;
         }
     }
-    if (rc == 0 && ferror(in)) {
-        /* (not the end of the input: nothing of it may run as if it were) */
-        client_errorf("%s: cannot read it after line %d: %s", name, ln, strerror(errno));
+    /* a read error, or no memory for a line (getline's ENOMEM leaves the
+     * stream's error flag alone): not the end of the input, and nothing
+     * of it may run as if it were */
+    if (rc == 0 && (ferror(in) || errno == ENOMEM)) {
+        client_errorf("%s: cannot read it after line %d: %s", name, ln,
+                      errno == ENOMEM ? "out of memory" : strerror(errno));
         rc = -1;
     }
     free(line);

@@ -284,8 +284,12 @@ int cmd_chat(int argc, char **argv)
         if (n < 0) {
             if (tty)
                 putchar('\n');
-            if (ferror(stdin)) { /* (a read error or no memory: not the end) */
-                client_errorf("reading standard input: %s", strerror(errno ? errno : EIO));
+            /* a read error, or no memory for the line (getline then
+             * returns -1 with errno ENOMEM and leaves the stream's error
+             * flag alone): not the end of the input */
+            if (ferror(stdin) || errno == ENOMEM) {
+                client_errorf("reading standard input: %s",
+                              errno == ENOMEM ? "out of memory" : strerror(errno ? errno : EIO));
                 rc = EXIT_FAILED;
             }
             break;
