@@ -311,6 +311,9 @@ $(BUILD)/tests/fault/dgemma-client: $(CLIENT_SRC:%.c=$(BUILD)/%.o) \
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 $(BUILD)/tests/integration/t-client-nomem: | $(BUILD)/tests/fault/dgemma-client
+ifeq ($(findstring address,$(SANITIZE)),)
+$(BUILD)/tests/integration/t-client-nomem: | $(BUILD)/tests/fault/failmalloc.so
+endif
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIBCORE)
 	$(call say,LINK,$@)

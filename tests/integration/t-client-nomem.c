@@ -15,13 +15,18 @@
  * client run again on the same output, with nothing failing: the output
  * must then hold every input line's result exactly once, as the clean
  * run's (a resume loses and repeats nothing, and no line written under
- * the failure is torn or short of a key).  In the sanitizer runs
+ * the failure is torn or short of a key).  chat_libc and batch_libc do
+ * chat and batch again with the real client and the shim preloaded
+ * (failmalloc.so), so that libc's own allocations count too: getline's
+ * for the lines of standard input.  In the sanitizer runs
  * (DG_TEST_QUICK=1) every fifth call fails, not every one; there a leak
- * makes the client's exit status LeakSanitizer's, which fails the case.
+ * makes the client's exit status LeakSanitizer's, which fails the case,
+ * and nothing can be preloaded: chat_libc and batch_libc are skipped.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +37,8 @@
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
 
-static char sock[600], log_path[600], wrapped[600], trigger[600], db_path[600], o_db[700];
+static char sock[600], log_path[600], wrapped[600], shim[PATH_MAX], trigger[600], db_path[600],
+    o_db[700];
 static pid_t daemon_pid;
 static long stride = 1;
 
@@ -56,13 +62,21 @@ static long slurp(const char *path, char *buf, size_t cap)
     return (long)n;
 }
 
-/* Start bin (the wrapped client when nth >= 0, with call nth failing,
- * its calls counted into stats) with args (NULL-ended, after the program
- * name; "@OUT@" stands for out_file), standard input from in_path, output
- * to out_path and err_path.  Returns its pid, -1 if it could not start. */
-static pid_t spawn(const char *bin, long long nth, const char *const *args, const char *out_file,
-                   const char *in_path, const char *out_path, const char *err_path,
-                   const char *stats)
+/* Which allocation calls count. */
+enum calls {
+    WRAPPED, /* the wrapped client's: its own, libdgemma's and the static libraries' */
+    PRELOAD, /* the real client with the shim preloaded: libc's own too (getline,
+              * stdio); not under ASan, which owns malloc */
+};
+
+/* Start bin (with nth >= 0, with allocation call nth failing, the calls
+ * counted into stats; with preload, failmalloc.so preloaded) with args
+ * (NULL-ended, after the program name; "@OUT@" stands for out_file),
+ * standard input from in_path, output to out_path and err_path.  Returns
+ * its pid, -1 if it could not start. */
+static pid_t spawn(const char *bin, long long nth, int preload, const char *const *args,
+                   const char *out_file, const char *in_path, const char *out_path,
+                   const char *err_path, const char *stats)
 {
     const char *argv[32];
     int n = 0;
@@ -87,6 +101,8 @@ static pid_t spawn(const char *bin, long long nth, const char *const *args, cons
             setenv("DG_FAULT_MALLOC_NTH", v, 1);
             setenv("DG_FAULT_STATS", stats, 1);
         }
+        if (preload)
+            setenv("LD_PRELOAD", shim, 1);
         execv(bin, (char *const *)argv);
         _exit(127);
     }
@@ -222,9 +238,12 @@ struct slot {
 
 /* One command, every allocation call of it failing in turn (see the top),
  * WORKERS runs at a time. */
-#define WORKERS 2
-static int sweep(const char *what, const char *const *args, const char *input, enum compare how)
+#define WORKERS 4
+static int sweep(const char *what, const char *const *args, const char *input, enum compare how,
+                 enum calls calls_of)
 {
+    const int pre = calls_of == PRELOAD;
+    const char *bin = pre ? fixture_bin("dgemma-client") : wrapped;
     static char want[1 << 16], got[1 << 16], err[4096];
     struct slot w[WORKERS];
     long long calls;
@@ -240,7 +259,7 @@ static int sweep(const char *what, const char *const *args, const char *input, e
     }
     CHECK(fixture_write_file(w[0].in, input) == 0);
     unlink(w[0].batch_out);
-    rc = reap(spawn(wrapped, NO_FAILURE, args, w[0].batch_out, w[0].in, w[0].out, w[0].err,
+    rc = reap(spawn(bin, NO_FAILURE, pre, args, w[0].batch_out, w[0].in, w[0].out, w[0].err,
                     w[0].stats));
     slurp(w[0].err, err, sizeof err);
     CHECKF(rc == 0 || (how == BATCH_OUT && rc == 1), "%s, nothing failing: exit %d: %s", what,
@@ -255,7 +274,8 @@ static int sweep(const char *what, const char *const *args, const char *input, e
             struct slot *s = &w[n];
             s->k = k0 + n * stride;
             unlink(s->batch_out);
-            s->pid = spawn(wrapped, s->k, args, s->batch_out, s->in, s->out, s->err, s->stats);
+            s->pid = spawn(bin, s->k, pre, args, s->batch_out, s->in, s->out, s->err,
+                           s->stats);
         }
         for (int i = 0; i < n; i++) {
             struct slot *s = &w[i];
@@ -263,12 +283,21 @@ static int sweep(const char *what, const char *const *args, const char *input, e
             slurp(s->err, err, sizeof err);
             if (how == BATCH_OUT) {
                 /* the batch's bad line makes exit 1 on success too:
-                 * success is told by the output, checked after the resume
-                 * (started here, one per slot, reaped below) */
+                 * success is told by the output, here when the run said
+                 * nothing, and after the resume (started here, one per
+                 * slot, reaped below) */
                 CHECKF(rc == 0 || rc == 1, "%s, call %lld failing: exit %d: %s", what, s->k, rc,
                        err);
-                n_nomem += strstr(err, "out of memory") != NULL;
-                s->pid = spawn(fixture_bin("dgemma-client"), -1, args, s->batch_out, s->in,
+                if (strstr(err, "out of memory")) {
+                    n_nomem++;
+                } else { /* (nothing said: the output must be whole already) */
+                    outcome(how, s->out, s->batch_out, got, sizeof got);
+                    CHECKF(!strcmp(got, want), "%s, call %lld failing: exit %d without a word, "
+                           "with results\n%s\nwhere the clean run's are\n%s", what, s->k, rc,
+                           got, want);
+                    n_ok++;
+                }
+                s->pid = spawn(fixture_bin("dgemma-client"), -1, 0, args, s->batch_out, s->in,
                                s->out, s->err, NULL);
             } else if (rc == 0) {
                 outcome(how, s->out, s->batch_out, got, sizeof got);
@@ -292,9 +321,10 @@ static int sweep(const char *what, const char *const *args, const char *input, e
                    "where the clean run's are\n%s", what, s->k, got, want);
         }
     }
-    printf("# %s: %lld allocation calls, %s failed in turn: %d runs as the clean one, "
+    printf("# %s%s: %lld allocation calls, %s failed in turn: %d runs as the clean one, "
            "%d said out of memory (exit 1); %.1f s\n",
-           what, calls, stride == 1 ? "each" : "every fifth", n_ok, n_nomem,
+           what, pre ? " (libc's calls too)" : "", calls, stride == 1 ? "each" : "every fifth",
+           n_ok, n_nomem,
            (fixture_now_ms() - t0) / 1e3);
     CHECKF(n_nomem > 0, "%s: no run said out of memory", what);
     return 0;
@@ -307,6 +337,12 @@ static int start(void)
     CHECKF(access(wrapped, X_OK) == 0, "%s: not built", wrapped);
     if (q && *q && strcmp(q, "0"))
         stride = 5; /* (the printf below says "every fifth") */
+    {
+        char rel[600];
+        snprintf(rel, sizeof rel, "%s/tests/fault/failmalloc.so", b && *b ? b : "build");
+        if (!realpath(rel, shim))
+            shim[0] = '\0'; /* (not built under ASan) */
+    }
     snprintf(trigger, sizeof trigger, "%s", test_path("trigger"));
     CHECK(fixture_write_file(trigger, "1\n") == 0);
     snprintf(sock, sizeof sock, "%s", test_path("d.sock"));
@@ -326,24 +362,24 @@ static int start(void)
 static int status(void)
 {
     const char *args[] = {"-s", sock, "status", NULL};
-    return sweep("status", args, "", SAME_KEYS);
+    return sweep("status", args, "", SAME_KEYS, WRAPPED);
 }
 
 static int generate(void)
 {
     const char *args[] = {"-s", sock, "--quiet", "--max-tokens", "16", "--max-denoising-steps",
                           "1", "--seed", "4", "--stop", "zz", "hello", NULL};
-    return sweep("generate", args, "", SAME_BYTES);
+    return sweep("generate", args, "", SAME_BYTES, WRAPPED);
 }
 
-static int chat(void)
+static int chat_with(enum calls calls_of)
 {
     const char *args[] = {"-s", sock, "chat", "--max-tokens", "16", "--max-denoising-steps", "1",
                           "--seed", "4", NULL};
-    return sweep("chat", args, "hello\nand again\n", SAME_BYTES);
+    return sweep("chat", args, "hello\nand again\n", SAME_BYTES, calls_of);
 }
 
-static int batch(void)
+static int batch_with(enum calls calls_of)
 {
     const char *args[] = {"-s", sock, "batch", "--input", "-", "--output", "@OUT@",
                           "--parallel", "2", "--max-denoising-steps", "1", NULL};
@@ -352,7 +388,26 @@ static int batch(void)
         "not json\n"
         "{\"id\":\"b\",\"messages\":[{\"role\":\"user\",\"content\":\"two\"}],"
         "\"max_tokens\":8,\"seed\":2}\n";
-    return sweep("batch", args, input, BATCH_OUT);
+    return sweep("batch", args, input, BATCH_OUT, calls_of);
+}
+
+static int chat(void) { return chat_with(WRAPPED); }
+static int batch(void) { return batch_with(WRAPPED); }
+
+/* The two commands that read standard input line by line (getline, whose
+ * failures only the preloaded shim reaches), with libc's calls counted. */
+static int chat_libc(void)
+{
+    if (UNDER_ASAN || !shim[0])
+        return test_skip("the shim cannot be preloaded under ASan");
+    return chat_with(PRELOAD);
+}
+
+static int batch_libc(void)
+{
+    if (UNDER_ASAN || !shim[0])
+        return test_skip("the shim cannot be preloaded under ASan");
+    return batch_with(PRELOAD);
 }
 
 /* The summary of the rows the cases above made the daemon write (their
@@ -378,7 +433,7 @@ static int stats(void)
             usleep(50000);
     }
     CHECKF(quiet, "the daemon did not settle, or wrote no metrics (%s)", db_path);
-    return sweep("stats", json, "", SAME_BYTES);
+    return sweep("stats", json, "", SAME_BYTES, WRAPPED);
 }
 
 int main(void)
@@ -391,6 +446,8 @@ int main(void)
     TEST_CASE(generate);
     TEST_CASE(chat);
     TEST_CASE(batch);
+    TEST_CASE(chat_libc);
+    TEST_CASE(batch_libc);
     TEST_CASE(stats);
     return fixture_finish(daemon_pid, log_path);
 }
