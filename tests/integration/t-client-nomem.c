@@ -2,8 +2,9 @@
  * Description: dgemma-client short of memory, against the real dgemmad.  A
  * client linked with the fault injector around its allocation calls
  * ($BUILD/tests/fault/dgemma-client: failmalloc.c built with DG_FAULT_WRAP,
- * so the calls of the client, of libdgemma and of jansson count) runs
- * status, generate, chat through a pipe (two turns), batch and stats
+ * so the calls of the client, libdgemma, jansson and SQLite count) runs
+ * status, generate (text; a chat turn with a system message, thinking
+ * and a tag; token ids), chat through a pipe (two turns), batch and stats
  * --json (over the metrics the daemon wrote for those), first with no
  * failure (counting its calls), then once for each call k with call k
  * alone failing (DG_FAULT_MALLOC_NTH).  Each run must end as the clean
@@ -372,6 +373,20 @@ static int generate(void)
     return sweep("generate", args, "", SAME_BYTES, WRAPPED);
 }
 
+/* generate's other forms: a chat turn with a system message, thinking
+ * and a tag; token ids, not streamed */
+static int generate_forms(void)
+{
+    const char *chat[] = {"-s", sock, "--quiet", "--chat", "--system", "be brief", "--thinking",
+                          "--tag", "t1", "--max-tokens", "8", "--max-denoising-steps", "1",
+                          "--seed", "5", "hello", NULL};
+    const char *ids[] = {"-s", sock, "--quiet", "--ids", "5 6 7", "--no-stream", "--max-tokens",
+                         "8", "--max-denoising-steps", "1", "--seed", "6", NULL};
+    if (sweep("generate-chat", chat, "", SAME_BYTES, WRAPPED))
+        return 1;
+    return sweep("generate-ids", ids, "", SAME_BYTES, WRAPPED);
+}
+
 static int chat_with(enum calls calls_of)
 {
     const char *args[] = {"-s", sock, "chat", "--max-tokens", "16", "--max-denoising-steps", "1",
@@ -444,6 +459,7 @@ int main(void)
         return test_finish();
     TEST_CASE(status);
     TEST_CASE(generate);
+    TEST_CASE(generate_forms);
     TEST_CASE(chat);
     TEST_CASE(batch);
     TEST_CASE(chat_libc);
