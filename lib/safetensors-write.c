@@ -1,5 +1,7 @@
 /* safetensors-write.c - see safetensors-write.h. */
 #include "lib/safetensors-write.h"
+#include "lib/json-util.h"
+#include "lib/utf8.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -52,6 +54,11 @@ int dg_st_write(const char *path, const struct dg_st_out_tensor *tensors, size_t
                               path, i);
             goto out;
         }
+        if (dg_utf8_valid_prefix((const unsigned char *)t->name, strlen(t->name)) !=
+            strlen(t->name)) {
+            rc = dg_error_set(err, DG_E_INVAL, "%s: tensor %zu's name is not UTF-8", path, i);
+            goto out;
+        }
         for (int d = 0; d < t->ndim; d++) {
             if (t->shape[d] < 0 || __builtin_mul_overflow(ne, (uint64_t)t->shape[d], &ne)) {
                 rc = dg_error_set(err, DG_E_INVAL, "%s: tensor '%s' has a bad shape", path, t->name);
@@ -64,28 +71,55 @@ int dg_st_write(const char *path, const struct dg_st_out_tensor *tensors, size_t
     }
     qsort(ord, n, sizeof *ord, cmp_layout);
 
-    json_object_set_new(meta, "format", json_string("pt"));
-    json_object_set_new(hdr, "__metadata__", meta);
-    meta = NULL;
+    /* every insertion checked: a header short of a dimension or a key
+     * would describe other tensors than the data that follows it */
+    if (json_object_set_new(meta, "format", json_string("pt")) != 0) {
+        rc = dg_error_set(err, DG_E_NOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    rc = json_object_set_new(hdr, "__metadata__", meta);
+    meta = NULL; /* (set_new takes it, on failure too) */
+    if (rc != 0) {
+        rc = dg_error_set(err, DG_E_NOMEM, "%s: out of memory", path);
+        goto out;
+    }
     for (size_t i = 0; i < n; i++) {
         const struct dg_st_out_tensor *t = ord[i].t;
         json_t *shape = json_array(), *e = json_object();
-        for (int d = 0; d < t->ndim; d++)
-            json_array_append_new(shape, json_integer(t->shape[d]));
-        json_object_set_new(e, "dtype", json_string(dg_dtype_name(t->dtype)));
-        json_object_set_new(e, "shape", shape);
-        json_object_set_new(e, "data_offsets",
-                            json_pack("[II]", (json_int_t)off, (json_int_t)(off + ord[i].nbytes)));
+        int bad = !shape || !e;
+        for (int d = 0; !bad && d < t->ndim; d++)
+            bad = json_array_append_new(shape, json_integer(t->shape[d])) != 0;
+        /* (json_object_set_new takes its value, on failure too) */
+        if (!bad) {
+            bad = json_object_set_new(e, "shape", shape) != 0;
+            shape = NULL;
+        }
+        bad = bad || json_object_set_new(e, "dtype", json_string(dg_dtype_name(t->dtype))) != 0 ||
+              json_object_set_new(e, "data_offsets",
+                                  json_pack("[II]", (json_int_t)off,
+                                            (json_int_t)(off + ord[i].nbytes))) != 0;
+        json_decref(shape);
+        if (bad) {
+            json_decref(e);
+            rc = dg_error_set(err, DG_E_NOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        if (json_object_get(hdr, t->name)) {
+            json_decref(e);
+            rc = dg_error_set(err, DG_E_INVAL, "%s: tensor '%s' named twice", path, t->name);
+            goto out;
+        }
         if (json_object_set_new(hdr, t->name, e) != 0) {
-            rc = dg_error_set(err, DG_E_INVAL, "%s: cannot add tensor '%s' to the header", path,
-                              t->name);
+            rc = dg_error_set(err, DG_E_NOMEM, "%s: out of memory", path);
             goto out;
         }
         off += ord[i].nbytes;
     }
-    text = json_dumps(hdr, JSON_COMPACT);
+    /* (dg_json_dumps: jansson's own dump may leave a key out when an
+     * allocation fails) */
+    text = dg_json_dumps(hdr, JSON_COMPACT);
     if (!text) {
-        rc = dg_error_set(err, DG_E_NOMEM, "%s: cannot serialise the header", path);
+        rc = dg_error_set(err, DG_E_NOMEM, "%s: out of memory serialising the header", path);
         goto out;
     }
     hlen = strlen(text);
@@ -116,7 +150,7 @@ int dg_st_write(const char *path, const struct dg_st_out_tensor *tensors, size_t
         if (ord[i].nbytes > buf_cap) {
             unsigned char *p = realloc(buf, ord[i].nbytes);
             if (!p) {
-                rc = dg_error_set(err, DG_E_NOMEM, "%s: cannot allocate %llu bytes", path,
+                rc = dg_error_set(err, DG_E_NOMEM, "%s: out of memory for %llu bytes", path,
                                   (unsigned long long)ord[i].nbytes);
                 goto out;
             }

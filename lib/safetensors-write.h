@@ -31,7 +31,9 @@ typedef int (*dg_st_fill_fn)(void *userdata, size_t index, void *buf, size_t nby
 
 /* Write n tensors to path.  fill is called once per tensor, in file order,
  * with the index of the tensor in the caller's array.  Errors: DG_E_INVAL
- * (bad dtype/shape/name), DG_E_IO, DG_E_NOMEM, or whatever fill returns. */
+ * (bad dtype/shape/name, a name not UTF-8 or given twice), DG_E_IO,
+ * DG_E_NOMEM, or whatever fill returns; on any, path is as it was and
+ * no .tmp is left. */
 int dg_st_write(const char *path, const struct dg_st_out_tensor *tensors, size_t n,
                 dg_st_fill_fn fill, void *userdata, struct dg_error *err);
 

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 #include "lib/fileio.h"
@@ -310,6 +311,31 @@ static int case_writer_round_trip(void)
     return 0;
 }
 
+/* The writer refuses names the header could not hold as given: one name
+ * twice (the header would keep one entry for two tensors' bytes) and a
+ * name that is not UTF-8; the path is left as it was, and no .tmp. */
+static int case_writer_refuses_names(void)
+{
+    static const uint8_t bytes[3] = {1, 2, 3};
+    const void *src[2] = {bytes, bytes};
+    struct fill_data fd = {src};
+    struct dg_error err = {0};
+    const char *path = test_path("names.safetensors");
+    const char *tmp = test_path("names.safetensors.tmp");
+    struct dg_st_out_tensor twice[2] = {
+        {"a.w", DG_DTYPE_U8, 1, {3}},
+        {"a.w", DG_DTYPE_U8, 1, {3}},
+    };
+    struct dg_st_out_tensor bad[1] = {{"a.\xff", DG_DTYPE_U8, 1, {3}}};
+
+    CHECK_FAILS(dg_st_write(path, twice, 2, fill_from, &fd, &err), &err, DG_E_INVAL,
+                "named twice");
+    CHECK_FAILS(dg_st_write(path, bad, 1, fill_from, &fd, &err), &err, DG_E_INVAL,
+                "not UTF-8");
+    CHECK(access(path, F_OK) != 0 && access(tmp, F_OK) != 0);
+    return 0;
+}
+
 static int case_truncated_at_every_length(void)
 {
     struct dg_error err = {0};
@@ -388,6 +414,7 @@ int main(void)
     TEST_CASE(case_hole);
     TEST_CASE(case_trailing_bytes);
     TEST_CASE(case_writer_round_trip);
+    TEST_CASE(case_writer_refuses_names);
     TEST_CASE(case_truncated_at_every_length);
     TEST_CASE(case_byte_flips_never_escape);
     return test_finish();
