@@ -32,6 +32,7 @@ __attribute__((constructor)) static void install_alloc(void)
 
 char *dg_json_dumps(const json_t *v, size_t flags)
 {
+    const int before = alloc_failed; /* (a watch in progress keeps its mark) */
     char *s;
     alloc_failed = 0;
     s = json_dumps(v, flags);
@@ -39,7 +40,18 @@ char *dg_json_dumps(const json_t *v, size_t flags)
         free(s);
         s = NULL;
     }
+    alloc_failed |= before;
     return s;
+}
+
+void dg_json_alloc_watch(void)
+{
+    alloc_failed = 0;
+}
+
+int dg_json_alloc_failed(void)
+{
+    return alloc_failed;
 }
 
 json_t *dg_json_text(const char *s)

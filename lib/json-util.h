@@ -46,6 +46,14 @@ json_t *dg_json_loadb(const char *buf, size_t len, size_t flags, const char *wha
  * then leave a key out or cut it short instead of failing). */
 char *dg_json_dumps(const json_t *v, size_t flags);
 
+/* A watch on jansson's allocations on this thread: dg_json_alloc_watch
+ * starts it, dg_json_alloc_failed says whether one failed since.  For a
+ * value built by many calls left unchecked (a failed json_integer gives
+ * NULL, which json_object_set_new then refuses: the key is missing), one
+ * check at the end. */
+void dg_json_alloc_watch(void);
+int dg_json_alloc_failed(void);
+
 /* A JSON string of the C string s for output, where s comes from outside
  * (a file name, a text read from a file) and need not be UTF-8: each byte
  * that does not start a valid sequence becomes U+FFFD.  NULL when out of

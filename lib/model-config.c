@@ -572,9 +572,14 @@ static json_t *rope_json(const struct dg_rope_config *r)
 
 char *dg_model_config_to_json(const struct dg_model_config *c, int per_layer_form)
 {
-    json_t *root = json_object(), *t = json_object(), *lt = json_array(), *rp = json_object();
-    json_t *eos = json_array();
+    json_t *root, *t, *lt, *rp, *eos;
     char *s;
+
+    /* (the calls below are not checked one by one: a failed allocation in
+     * any of them leaves a key out, and the watch sees it) */
+    dg_json_alloc_watch();
+    root = json_object(), t = json_object(), lt = json_array(), rp = json_object();
+    eos = json_array();
 
     for (int l = 0; l < c->num_layers; l++)
         json_array_append_new(lt, json_string(c->layer_kind[l] == DG_LAYER_FULL
@@ -654,8 +659,12 @@ char *dg_model_config_to_json(const struct dg_model_config *c, int per_layer_for
         json_object_set_new(root, "quantization_config",
                             dg_quant_config_json(&q, ign, c->num_layers + 1));
     }
-    s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    s = dg_json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(root);
+    if (s && dg_json_alloc_failed()) {
+        free(s);
+        s = NULL;
+    }
     return s;
 }
 

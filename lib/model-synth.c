@@ -1,5 +1,6 @@
 /* model-synth.c - see model-synth.h. */
 #include "lib/model-synth.h"
+#include "lib/json-util.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -167,10 +168,14 @@ static int write_generation_config(const char *dir, const struct dg_model_config
                                    const struct dg_generation_config *gen, struct dg_error *err)
 {
     struct dg_generation_config d;
-    json_t *o = json_object(), *eos = json_array();
+    json_t *o, *eos;
     char *s;
     int rc;
 
+    /* (the calls below are not checked one by one: a failed allocation in
+     * any of them leaves a key out, and the watch sees it) */
+    dg_json_alloc_watch();
+    o = json_object(), eos = json_array();
     if (!gen) {
         dg_generation_config_defaults(&d);
         gen = &d;
@@ -189,8 +194,12 @@ static int write_generation_config(const char *dir, const struct dg_model_config
     json_object_set_new(o, "eos_token_id", eos);
     json_object_set_new(o, "pad_token_id",
                         json_integer(gen->pad_token_id >= 0 ? gen->pad_token_id : cfg->pad_token_id));
-    s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    s = dg_json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(o);
+    if (s && dg_json_alloc_failed()) {
+        free(s);
+        s = NULL;
+    }
     if (!s)
         return dg_error_set(err, DG_E_NOMEM, "out of memory");
     rc = dg_write_text(dir, "generation_config.json", s, err);
@@ -288,8 +297,12 @@ int dg_synth_write(const char *dir, const struct dg_model_config *cfg,
                   : dg_error_set(err, DG_E_NOMEM, "out of memory");
         free(path);
     } else {
-        json_t *wm = json_object(), *root = json_object();
+        json_t *wm, *root;
         char name[64], *text;
+        /* (the index's calls are not checked one by one: the watch sees a
+         * failed allocation in any of them) */
+        dg_json_alloc_watch();
+        wm = json_object(), root = json_object();
         for (int s = 0; s < n_shards && rc == 0; s++) {
             char *path;
             snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
@@ -303,8 +316,12 @@ int dg_synth_write(const char *dir, const struct dg_model_config *cfg,
         }
         json_object_set_new(root, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total));
         json_object_set_new(root, "weight_map", wm);
-        text = json_dumps(root, JSON_INDENT(2));
+        text = dg_json_dumps(root, JSON_INDENT(2));
         json_decref(root);
+        if (text && dg_json_alloc_failed()) {
+            free(text);
+            text = NULL;
+        }
         if (rc == 0)
             rc = text ? dg_write_text(dir, "model.safetensors.index.json", text, err)
                       : dg_error_set(err, DG_E_NOMEM, "out of memory");

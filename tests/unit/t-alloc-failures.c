@@ -5,8 +5,10 @@
  * the chat format and the tokenizer, tokenized in the parse and left for
  * dproto_tokenize), tokenizers loaded (with a tokenizer_config.json), the
  * embedded model's checkpoint opened (config, generation config,
- * safetensors header), a shard index, JSON texts, and event lines
- * formatted.  Each failure must end as documented (DG_E_NOMEM with the
+ * safetensors header), a shard index, a safetensors file and a whole
+ * checkpoint directory written (as dgemma-eval quantize and mkmodel write
+ * them: config.json, generation_config.json, the shards and their
+ * index), JSON texts, and event lines formatted.  Each failure must end as documented (DG_E_NOMEM with the
  * configuration unchanged or nothing made; an "internal" refusal naming
  * memory; NULL, or an error line that is still JSON), and with nothing left
  * allocated: the ASan build's LeakSanitizer checks that at exit, and sees
@@ -18,11 +20,15 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/protocol.h"
 #include "lib/checkpoint.h"
 #include "lib/daemon-config.h"
 #include "lib/json-util.h"
+#include "lib/model-config.h"
+#include "lib/model-synth.h"
+#include "lib/safetensors-write.h"
 #include "lib/st-index.h"
 #include "tests/fault/alloc-wrap.h"
 #include "tests/harness.h"
@@ -275,6 +281,103 @@ static int case_checkpoint(void)
     return 0;
 }
 
+/* ---- a safetensors file written ------------------------------------------------ */
+
+static int fill_bytes(void *userdata, size_t index, void *buf, size_t nbytes,
+                      struct dg_error *err)
+{
+    (void)userdata;
+    (void)err;
+    for (size_t i = 0; i < nbytes; i++)
+        ((unsigned char *)buf)[i] = (unsigned char)(index * 31 + i);
+    return 0;
+}
+
+/* dg_st_write, as dgemma-eval quantize and mkmodel write checkpoints:
+ * each failure is DG_E_NOMEM with no file at the path and no .tmp (never
+ * a file whose header lost a dimension or a key). */
+static int case_st_write(void)
+{
+    static const struct dg_st_out_tensor T[] = {
+        {"model.layers.0.mlp.down_proj.weight", DG_DTYPE_BF16, 2, {4, 3}},
+        {"model.norm.weight", DG_DTYPE_F32, 1, {5}},
+        {"model.layers.0.mlp.down_proj.weight_scale", DG_DTYPE_F8_E4M3, 3, {2, 2, 2}},
+    };
+    const char *path = test_path("w.safetensors"), *tmp = test_path("w.safetensors.tmp");
+    struct dg_error err = {0};
+    long total;
+
+    arm(-1);
+    CHECK_OK(dg_st_write(path, T, 3, fill_bytes, NULL, &err), &err);
+    total = disarm();
+    CHECK(total > 10);
+    for (long k = 0; k < total; k++) {
+        int rc;
+        unlink(path);
+        arm(k);
+        rc = dg_st_write(path, T, 3, fill_bytes, NULL, &err);
+        disarm();
+        CHECKF(rc == -DG_E_NOMEM && err.code == DG_E_NOMEM && strstr(err.msg, "out of memory"),
+               "allocation %ld of %ld: rc %d: %s", k, total, rc, err.msg);
+        CHECKF(access(path, F_OK) != 0 && access(tmp, F_OK) != 0,
+               "allocation %ld: a file was left", k);
+    }
+    return 0;
+}
+
+/* A checkpoint directory written as dgemma-eval mkmodel writes one (the
+ * tiny preset, two shards and an index, config.json in both of its forms,
+ * an FP8 one with its quantization_config): each failure is DG_E_NOMEM,
+ * never a success with a file that lost a key. */
+static int case_model_write(void)
+{
+    const char *dir = test_path("model");
+    struct dg_model_config cfg;
+    struct dg_synth_options opts;
+    struct dg_synth_plan plan = {0};
+    struct dg_error err = {0};
+
+    CHECK_OK(dg_model_config_preset("tiny", &cfg, &err), &err);
+    dg_synth_options_default(&opts);
+    opts.n_shards = 2;
+    CHECK_OK(dg_synth_plan_build(&cfg, &opts, &plan, &err), &err);
+    for (int form = 0; form < 2; form++) {
+        long total;
+        opts.per_layer_config_form = form;
+        arm(-1);
+        CHECK_OK(dg_synth_write(dir, &cfg, NULL, &plan, &opts, &err), &err);
+        total = disarm();
+        CHECK(total > 10);
+        for (long k = 0; k < total; k++) {
+            int rc;
+            arm(k);
+            rc = dg_synth_write(dir, &cfg, NULL, &plan, &opts, &err);
+            disarm();
+            CHECKF(rc == -DG_E_NOMEM && err.code == DG_E_NOMEM,
+                   "form %d, allocation %ld of %ld: rc %d: %s", form, k, total, rc, err.msg);
+        }
+    }
+    dg_synth_plan_free(&plan);
+    /* config.json alone, for an FP8 checkpoint (dgemma-eval quantize) */
+    cfg.fp8 = 1;
+    {
+        char *text;
+        long total;
+        arm(-1);
+        text = dg_model_config_to_json(&cfg, 0);
+        total = disarm();
+        CHECK(text && strstr(text, "quantization_config"));
+        free(text);
+        for (long k = 0; k < total; k++) {
+            arm(k);
+            text = dg_model_config_to_json(&cfg, 0);
+            disarm();
+            CHECKF(!text, "FP8 config.json, allocation %ld of %ld: made anyway", k, total);
+        }
+    }
+    return 0;
+}
+
 /* ---- JSON texts ---------------------------------------------------------------- */
 
 static int case_json(void)
@@ -378,6 +481,8 @@ int main(void)
     TEST_CASE(case_tokenizer);
     TEST_CASE(case_checkpoint);
     TEST_CASE(case_index);
+    TEST_CASE(case_st_write);
+    TEST_CASE(case_model_write);
     TEST_CASE(case_json);
     TEST_CASE(case_events);
     return test_finish();
