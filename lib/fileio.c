@@ -49,7 +49,7 @@ int dg_file_read(const char *path, size_t max_bytes, char **out, size_t *len,
     buf = malloc((size_t)st.st_size + 1);
     if (!buf) {
         close(fd);
-        return dg_error_set(err, DG_E_NOMEM, "%s: cannot allocate %lld bytes", path,
+        return dg_error_set(err, DG_E_NOMEM, "%s: out of memory for %lld bytes", path,
                             (long long)st.st_size + 1);
     }
     while (got < (size_t)st.st_size) {

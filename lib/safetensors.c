@@ -178,7 +178,7 @@ int dg_st_parse(const void *buf, size_t size, const char *what, struct dg_st_fil
 
     f.tensors = calloc(json_object_size(hdr) + 1, sizeof *f.tensors);
     if (!f.tensors) {
-        rc = dg_error_set(err, DG_E_NOMEM, "%s: cannot allocate the tensor table", what);
+        rc = dg_error_set(err, DG_E_NOMEM, "%s: out of memory for the tensor table", what);
         goto out;
     }
     json_object_foreach(hdr, key, v) {
