@@ -186,8 +186,13 @@ static int print_json(const struct result *res, const struct dg_gen_settings *s,
                       int tp)
 {
     const struct dg_request_stats *st = &res->stats;
-    json_t *ids = json_array(), *o;
+    json_t *ids, *o;
     char *out;
+
+    /* (the set calls below are unchecked: the watch sees a failed
+     * allocation in any, which would leave a key out of the line) */
+    dg_json_alloc_watch();
+    ids = json_array();
 
     for (size_t i = 0; ids && i < res->ids.n; i++)
         json_array_append_new(ids, json_integer(res->ids.v[i]));
@@ -219,8 +224,12 @@ static int print_json(const struct result *res, const struct dg_gen_settings *s,
         json_object_set_new(o, "stop", json_string(res->stop_string));
     if (res->finish != DG_FINISH_ERROR)
         json_object_del(o, "error");
-    out = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    out = dg_json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
     json_decref(o);
+    if (out && dg_json_alloc_failed()) {
+        free(out);
+        out = NULL;
+    }
     if (!out) {
         eval_errorf("generate: out of memory");
         return 1;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lib/checkpoint.h"
+#include "lib/json-util.h"
 #include "lib/model-weights.h"
 #include "tools/eval/eval.h"
 
@@ -122,9 +123,14 @@ static void print_text(const char *dir, const struct dg_checkpoint *ck, const st
 static int print_json(const char *dir, const struct dg_checkpoint *ck, const struct dg_model *m)
 {
     const struct dg_model_stats *s = &m->stats;
-    json_t *o = json_object(), *bytes = json_object(), *scal = json_array();
+    json_t *o, *bytes, *scal;
     double max_diff;
     char *text;
+
+    /* (the set calls below are unchecked: the watch sees a failed
+     * allocation in any, which would leave a key out of the line) */
+    dg_json_alloc_watch();
+    o = json_object(), bytes = json_object(), scal = json_array();
 
     for (int t = 0; t < DG_DTYPE_COUNT; t++)
         if (s->bytes_by_dtype[t])
@@ -150,10 +156,16 @@ static int print_json(const char *dir, const struct dg_checkpoint *ck, const str
     json_object_set_new(o, "ignored_bytes", json_integer((json_int_t)s->ignored_bytes));
     json_object_set_new(o, "layer_scalars", scal);
     json_object_set_new(o, "layer_scalars_differ", json_integer(scalars_differ(m, &max_diff)));
-    text = json_dumps(o, JSON_COMPACT);
+    text = dg_json_dumps(o, JSON_COMPACT);
     json_decref(o);
-    if (!text)
+    if (text && dg_json_alloc_failed()) {
+        free(text);
+        text = NULL;
+    }
+    if (!text) {
+        eval_errorf("inspect: out of memory");
         return 1;
+    }
     puts(text);
     free(text);
     return 0;

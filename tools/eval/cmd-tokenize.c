@@ -1,5 +1,6 @@
 /* cmd-tokenize.c - `dgemma-eval tokenize`: JSON lines in, JSON lines out,
  * through the C tokenizer and chat formatter (the oracle's I/O format). */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +31,11 @@ static const char usage[] =
 static void print_error(size_t line, const char *msg)
 {
     json_t *o = json_pack("{s:I,s:s}", "line", (json_int_t)line, "error", msg);
-    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *s = dg_json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
     if (s)
         puts(s);
+    else /* (the line's result still comes, in words that need no memory) */
+        printf("{\"line\":%zu,\"error\":\"out of memory\"}\n", line);
     free(s);
     json_decref(o);
 }
@@ -93,6 +96,9 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
         snprintf(why, why_len, "%s", err.msg);
         goto done;
     }
+    /* (the set calls below are unchecked: the watch sees a failed
+     * allocation in any, which would leave a key out of the line) */
+    dg_json_alloc_watch();
     out = json_object();
     if (messages)
         json_object_set_new(out, "text", json_stringn(prompt.s, prompt.n));
@@ -104,7 +110,11 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
     }
     json_object_set_new(out, "decoded", json_stringn(dec.s, dec.n));
     json_object_set_new(out, "decoded_skip_special", json_stringn(dec_skip.s, dec_skip.n));
-    line = json_dumps(out, JSON_COMPACT);
+    line = dg_json_dumps(out, JSON_COMPACT);
+    if (line && dg_json_alloc_failed()) {
+        free(line);
+        line = NULL;
+    }
     if (!line) {
         snprintf(why, why_len, "out of memory");
         goto done;
@@ -153,8 +163,10 @@ int cmd_tokenize(int argc, char **argv)
         const char *slash = strrchr(tok_path, '/');
         size_t dir = slash ? (size_t)(slash - tok_path) : 0;
         cfg_default = malloc(dir + 32);
-        if (!cfg_default)
+        if (!cfg_default) {
+            eval_errorf("tokenize: out of memory");
             return 1;
+        }
         memcpy(cfg_default, tok_path, dir);
         strcpy(cfg_default + dir, dir ? "/tokenizer_config.json" : "tokenizer_config.json");
         cfg_path = cfg_default;
@@ -164,7 +176,7 @@ int cmd_tokenize(int argc, char **argv)
         free(cfg_default);
         return 1;
     }
-    while ((n = getline(&line, &cap, stdin)) >= 0) {
+    while ((errno = 0, n = getline(&line, &cap, stdin)) >= 0) {
         struct dg_error je = {0};
         json_t *in;
         char why[1200];
@@ -192,6 +204,13 @@ int cmd_tokenize(int argc, char **argv)
         }
         json_decref(in);
         fflush(stdout);
+    }
+    /* a read error, or no memory for a line (getline's ENOMEM leaves the
+     * stream's error flag alone): not the end of the input */
+    if (ferror(stdin) || errno == ENOMEM) {
+        eval_errorf("tokenize: reading line %zu: %s", lineno + 1,
+                    errno == ENOMEM ? "out of memory" : strerror(errno));
+        failures++;
     }
     free(line);
     free(cfg_default);
