@@ -1,7 +1,8 @@
 /*
- * failmalloc.c - a fault injector for the integration tests, loaded into
- * dgemmad with LD_PRELOAD (tests/integration/t-faults.c).  It does nothing
- * until a test arms it, so the daemon starts normally:
+ * failmalloc.c - a fault injector for the tests, loaded with LD_PRELOAD
+ * into dgemmad (tests/integration/t-faults.c), dgemma-client
+ * (t-client-nomem.c) and dgemma-eval (tests/cli/t-eval-nomem.sh).  It does
+ * nothing until a test arms it, so the program starts normally:
  *
  *   DG_FAULT_MALLOC_TRIGGER=FILE  while FILE exists, malloc, calloc, realloc,
  *                                 reallocarray, posix_memalign, aligned_alloc,
@@ -31,11 +32,12 @@
  * cannot be preloaded into an ASan build).
  *
  * Built with -DDG_FAULT_WRAP it is instead linked into a dgemmad of its
- * own (under AddressSanitizer: $BUILD/tests/fault/dgemmad), whose link
+ * own (under AddressSanitizer: $BUILD/tests/fault/dgemmad), and into a
+ * dgemma-client of its own ($BUILD/tests/fault/dgemma-client), whose link
  * sends malloc, calloc, realloc, strdup, strndup and posix_memalign here
- * (-Wl,--wrap=NAME); each goes on to __real_NAME, the sanitizer's
- * allocator.  The calls of the daemon and of the libraries linked into it
- * statically (jansson, libyaml, liburing, SQLite) are counted; those made
+ * (-Wl,--wrap=NAME); each goes on to __real_NAME, the sanitizer's (or
+ * libc's) allocator.  The calls of the program and of the libraries linked
+ * into it statically (jansson, libyaml, liburing, SQLite) are counted; those made
  * inside shared libraries (libc's own) are not.  No write faults there.
  */
 #ifndef _GNU_SOURCE
