@@ -54,6 +54,16 @@ int dg_json_alloc_failed(void)
     return alloc_failed;
 }
 
+char *dg_json_dumps_watched(const json_t *v, size_t flags)
+{
+    char *s = dg_json_dumps(v, flags);
+    if (s && alloc_failed) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
 json_t *dg_json_text(const char *s)
 {
     const unsigned char *u = (const unsigned char *)s;

@@ -54,6 +54,11 @@ char *dg_json_dumps(const json_t *v, size_t flags);
 void dg_json_alloc_watch(void);
 int dg_json_alloc_failed(void);
 
+/* dg_json_dumps of a value built under a watch: NULL too when any of
+ * jansson's allocations failed since dg_json_alloc_watch (the value may
+ * then lack a member). */
+char *dg_json_dumps_watched(const json_t *v, size_t flags);
+
 /* A JSON string of the C string s for output, where s comes from outside
  * (a file name, a text read from a file) and need not be UTF-8: each byte
  * that does not start a valid sequence becomes U+FFFD.  NULL when out of

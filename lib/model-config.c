@@ -659,12 +659,8 @@ char *dg_model_config_to_json(const struct dg_model_config *c, int per_layer_for
         json_object_set_new(root, "quantization_config",
                             dg_quant_config_json(&q, ign, c->num_layers + 1));
     }
-    s = dg_json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    s = dg_json_dumps_watched(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(root);
-    if (s && dg_json_alloc_failed()) {
-        free(s);
-        s = NULL;
-    }
     return s;
 }
 

@@ -194,12 +194,8 @@ static int write_generation_config(const char *dir, const struct dg_model_config
     json_object_set_new(o, "eos_token_id", eos);
     json_object_set_new(o, "pad_token_id",
                         json_integer(gen->pad_token_id >= 0 ? gen->pad_token_id : cfg->pad_token_id));
-    s = dg_json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    s = dg_json_dumps_watched(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(o);
-    if (s && dg_json_alloc_failed()) {
-        free(s);
-        s = NULL;
-    }
     if (!s)
         return dg_error_set(err, DG_E_NOMEM, "out of memory");
     rc = dg_write_text(dir, "generation_config.json", s, err);
@@ -316,12 +312,8 @@ int dg_synth_write(const char *dir, const struct dg_model_config *cfg,
         }
         json_object_set_new(root, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total));
         json_object_set_new(root, "weight_map", wm);
-        text = dg_json_dumps(root, JSON_INDENT(2));
+        text = dg_json_dumps_watched(root, JSON_INDENT(2));
         json_decref(root);
-        if (text && dg_json_alloc_failed()) {
-            free(text);
-            text = NULL;
-        }
         if (rc == 0)
             rc = text ? dg_write_text(dir, "model.safetensors.index.json", text, err)
                       : dg_error_set(err, DG_E_NOMEM, "out of memory");

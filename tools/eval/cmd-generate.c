@@ -224,12 +224,8 @@ static int print_json(const struct result *res, const struct dg_gen_settings *s,
         json_object_set_new(o, "stop", json_string(res->stop_string));
     if (res->finish != DG_FINISH_ERROR)
         json_object_del(o, "error");
-    out = dg_json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    out = dg_json_dumps_watched(o, JSON_COMPACT | JSON_ENSURE_ASCII);
     json_decref(o);
-    if (out && dg_json_alloc_failed()) {
-        free(out);
-        out = NULL;
-    }
     if (!out) {
         eval_errorf("generate: out of memory");
         return 1;

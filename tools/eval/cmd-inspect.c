@@ -156,12 +156,8 @@ static int print_json(const char *dir, const struct dg_checkpoint *ck, const str
     json_object_set_new(o, "ignored_bytes", json_integer((json_int_t)s->ignored_bytes));
     json_object_set_new(o, "layer_scalars", scal);
     json_object_set_new(o, "layer_scalars_differ", json_integer(scalars_differ(m, &max_diff)));
-    text = dg_json_dumps(o, JSON_COMPACT);
+    text = dg_json_dumps_watched(o, JSON_COMPACT);
     json_decref(o);
-    if (text && dg_json_alloc_failed()) {
-        free(text);
-        text = NULL;
-    }
     if (!text) {
         eval_errorf("inspect: out of memory");
         return 1;

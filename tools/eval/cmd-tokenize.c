@@ -110,11 +110,7 @@ static int one_line(const struct dg_tokenizer *t, json_t *in, char *why, size_t 
     }
     json_object_set_new(out, "decoded", json_stringn(dec.s, dec.n));
     json_object_set_new(out, "decoded_skip_special", json_stringn(dec_skip.s, dec_skip.n));
-    line = dg_json_dumps(out, JSON_COMPACT);
-    if (line && dg_json_alloc_failed()) {
-        free(line);
-        line = NULL;
-    }
+    line = dg_json_dumps_watched(out, JSON_COMPACT);
     if (!line) {
         snprintf(why, why_len, "out of memory");
         goto done;
