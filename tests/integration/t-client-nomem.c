@@ -328,9 +328,9 @@ static int sweep(const char *what, const char *const *args, const char *input, e
                    "where the clean run's are\n%s", what, s->k, got, want);
         }
     }
-    printf("# %s%s: %lld allocation calls; of the first %lld, each (1 in %ld) failed in turn: "
-           "%d runs as the clean one, %d said out of memory (exit 1); %.1f s\n",
-           what, pre ? " (libc's calls too)" : "", calls, upto, every, n_ok, n_nomem,
+    printf("# %s%s: %lld allocation calls; calls 0, %ld, %ld, ... below %lld each failed alone "
+           "in a run: %d runs as the clean one, %d said out of memory (exit 1); %.1f s\n",
+           what, pre ? " (libc's calls too)" : "", calls, every, 2 * every, upto, n_ok, n_nomem,
            (fixture_now_ms() - t0) / 1e3);
     CHECKF(n_nomem > 0, "%s: no run said out of memory", what);
     return 0;
