@@ -4,8 +4,9 @@
  * ($BUILD/tests/fault/dgemma-client: failmalloc.c built with DG_FAULT_WRAP,
  * so the calls of the client, libdgemma, jansson and SQLite count) runs
  * status, generate (text; a chat turn with a system message, thinking
- * and a tag; token ids), chat through a pipe (two turns), batch and stats
- * --json (over the metrics the daemon wrote for those), first with no
+ * and a tag; token ids), chat through a pipe (two turns), batch, cancel
+ * (of a request of the test's own, running) and stats --json (over the
+ * metrics the daemon wrote for those), first with no
  * failure (counting its calls), then once for each call k with call k
  * alone failing (DG_FAULT_MALLOC_NTH).  Each run must end as the clean
  * run did (exit 0 and the same output: the text, the reply lines, the
@@ -16,7 +17,8 @@
  * client run again on the same output, with nothing failing: the output
  * must then hold every input line's result exactly once, as the clean
  * run's (a resume loses and repeats nothing, and no line written under
- * the failure is torn or short of a key).  chat_libc and batch_libc do
+ * the failure is torn or short of a key).  A cancel that exits 0 must have
+ * ended its request cancelled.  chat_libc and batch_libc do
  * chat and batch again with the real client and the shim preloaded
  * (failmalloc.so), so that libc's own allocations count too: getline's
  * for the lines of standard input (batch's first 100 calls, where its
@@ -432,6 +434,106 @@ static int batch_libc(void)
     return batch_with(PRELOAD, 100);
 }
 
+/* A request of the test's own on c that runs until cancelled: its id
+ * (from its accepted event), 0 on failure. */
+static long long long_request(struct fixture_cl *c)
+{
+    static const char req[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a long one\","
+                              "\"max_tokens\":4000,\"max_denoising_steps\":30,\"seed\":5}\n";
+    json_t *e;
+    long long id = 0;
+    int eof;
+    if (fixture_cl_send(c, req) != 0)
+        return 0;
+    e = fixture_cl_event(c, &eof);
+    if (e && !strcmp(fixture_ev_kind(e), "accepted"))
+        id = fixture_ev_int(e, "id");
+    json_decref(e);
+    return id;
+}
+
+/* The test's own cancel of request id on c, then c's events up to the
+ * request's done and the answer to that cancel ("cancelling", or an error
+ * when the request had ended): its done's finish_reason into reason. */
+static int end_request(struct fixture_cl *c, long long id, char *reason, size_t cap)
+{
+    char msg[128];
+    int done = 0, answered = 0, eof;
+    snprintf(msg, sizeof msg, "{\"v\":1,\"op\":\"cancel\",\"id\":%lld}\n", id);
+    CHECK(fixture_cl_send(c, msg) == 0);
+    reason[0] = '\0';
+    while (!done || !answered) {
+        json_t *e = fixture_cl_event(c, &eof);
+        const char *k;
+        CHECKF(e, "request %lld: the connection ended (eof %d)", id, eof);
+        k = fixture_ev_kind(e);
+        if (!strcmp(k, "done")) {
+            const char *r = json_string_value(json_object_get(e, "finish_reason"));
+            CHECK(fixture_ev_int(e, "id") == id);
+            snprintf(reason, cap, "%s", r ? r : "(none)");
+            done = 1;
+        } else if (!strcmp(k, "cancelling") || !strcmp(k, "error")) {
+            answered = 1;
+        } else {
+            CHECKF(!strcmp(k, "canvas"), "request %lld: event %s", id, k);
+        }
+        json_decref(e);
+    }
+    return 0;
+}
+
+/* cancel: each run (call k failing) asks to cancel a request of the
+ * test's own, still running.  It must say "cancelling ID" and exit 0 (and
+ * the request then ends cancelled), or exit 1 with "out of memory".
+ * Every call fails in turn, in the sanitizer runs too (they are few). */
+static int cancel(void)
+{
+    struct fixture_cl *c = fixture_cl_open(sock);
+    const char *out = test_path("cancel.out"), *err = test_path("cancel.err"),
+               *stats = test_path("cancel.stats"), *in = test_path("cancel.in");
+    char got[256], want[64], ebuf[4096], reason[64], idarg[32];
+    const char *args[] = {"-s", sock, "cancel", idarg, NULL};
+    long long calls = -1;
+    int n_ok = 0, n_nomem = 0;
+    const double t0 = fixture_now_ms();
+    CHECK(c != NULL);
+    CHECK(fixture_write_file(in, "") == 0);
+    for (long long k = NO_FAILURE; k == NO_FAILURE || k < calls;
+         k = k == NO_FAILURE ? 0 : k + 1) {
+        const long long id = long_request(c);
+        int rc;
+        CHECKF(id > 0, "call %lld: no request to cancel", k);
+        snprintf(idarg, sizeof idarg, "%lld", id);
+        snprintf(want, sizeof want, "cancelling %lld\n", id);
+        rc = reap(spawn(wrapped, k, 0, args, NULL, in, out, err, stats));
+        slurp(out, got, sizeof got);
+        slurp(err, ebuf, sizeof ebuf);
+        CHECK(end_request(c, id, reason, sizeof reason) == 0);
+        if (k == NO_FAILURE) {
+            CHECKF(rc == 0 && !strcmp(got, want) && !strcmp(reason, "cancelled"),
+                   "cancel, nothing failing: exit %d, output '%s', request %s: %s", rc, got,
+                   reason, ebuf);
+            calls = calls_counted(stats);
+            CHECKF(calls > 10, "cancel: %lld allocation calls counted", calls);
+        } else if (rc == 0) {
+            CHECKF(!strcmp(got, want) && !strcmp(reason, "cancelled"),
+                   "cancel, call %lld failing: exit 0 with '%s', request %s", k, got, reason);
+            n_ok++;
+        } else {
+            CHECKF(rc == 1 && strstr(ebuf, "out of memory"), "cancel, call %lld failing: exit %d: %s",
+                   k, rc, ebuf);
+            n_nomem++;
+        }
+    }
+    fixture_cl_close(c);
+    printf("# cancel: %lld allocation calls, each failed alone in a run (in the sanitizer runs "
+           "too: they are few): %d runs as the clean one, %d said out of memory (exit 1); "
+           "%.1f s\n",
+           calls, n_ok, n_nomem, (fixture_now_ms() - t0) / 1e3);
+    CHECKF(n_nomem > 0, "cancel: no run said out of memory");
+    return 0;
+}
+
 /* The summary of the rows the cases above made the daemon write (their
  * runs' requests), over a fixed window: the same output every run.  As
  * JSON: the text form makes no allocation of its own past the summary. */
@@ -473,6 +575,7 @@ int main(void)
     TEST_CASE(batch);
     TEST_CASE(chat_libc);
     TEST_CASE(batch_libc);
+    TEST_CASE(cancel);
     TEST_CASE(stats);
     return fixture_finish(daemon_pid, log_path);
 }
