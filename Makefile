@@ -311,6 +311,13 @@ $(BUILD)/tests/fault/dgemma-client: $(CLIENT_SRC:%.c=$(BUILD)/%.o) \
 	$(call say,LINK,$@)
 	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
 $(BUILD)/tests/integration/t-client-nomem: | $(BUILD)/tests/fault/dgemma-client
+# (and a round of ring jobs through libdgemma, under the same injector)
+$(BUILD)/tests/fault/ring-client: LDFLAGS += $(FAULT_WRAP)
+$(BUILD)/tests/fault/ring-client: $(BUILD)/tests/fault/ring-client.o \
+                                  $(BUILD)/tests/fault/failmalloc-wrap.o $(LIBDGEMMA_A) $(LIBCORE)
+	$(call say,LINK,$@)
+	$(Q)$(CC) $(LDFLAGS) $^ $(STATIC_LIBS) $(SYS_LIBS) -o $@
+$(BUILD)/tests/integration/t-client-nomem: | $(BUILD)/tests/fault/ring-client
 ifeq ($(findstring address,$(SANITIZE)),)
 $(BUILD)/tests/integration/t-client-nomem: | $(BUILD)/tests/fault/failmalloc.so
 endif

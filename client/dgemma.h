@@ -256,7 +256,8 @@ typedef struct dgemma_completion {
  * the daemon left the ring and nothing more will come (the completions
  * posted before come first); DGEMMA_E_PROTOCOL for a completion that does
  * not fit the ring (it is dropped, dgemma_errmsg names its user_data, and
- * the next call goes on with the next one). */
+ * the next call goes on with the next one); DGEMMA_E_NOMEM when there was
+ * no memory to copy it out (it stays in the ring for the next call). */
 int dgemma_ring_reap(dgemma_ring_t *ring, dgemma_completion_t *out);
 
 /* Wait until a completion is ready or timeout_ms passes (-1: no limit;

@@ -32,8 +32,9 @@
  * cannot be preloaded into an ASan build).
  *
  * Built with -DDG_FAULT_WRAP it is instead linked into a dgemmad of its
- * own (under AddressSanitizer: $BUILD/tests/fault/dgemmad), and into a
- * dgemma-client of its own ($BUILD/tests/fault/dgemma-client), whose link
+ * own (under AddressSanitizer: $BUILD/tests/fault/dgemmad), into a
+ * dgemma-client of its own ($BUILD/tests/fault/dgemma-client) and into
+ * $BUILD/tests/fault/ring-client (a round of ring jobs), whose link
  * sends malloc, calloc, realloc, strdup, strndup and posix_memalign here
  * (-Wl,--wrap=NAME); each goes on to __real_NAME, the sanitizer's (or
  * libc's) allocator.  The calls of the program and of the libraries linked

@@ -6,7 +6,8 @@
  * status, generate (text; a chat turn with a system message, thinking
  * and a tag; token ids), chat through a pipe (two turns), batch, cancel
  * (of a request of the test's own, running) and stats --json (over the
- * metrics the daemon wrote for those), first with no
+ * metrics the daemon wrote for those), and libdgemma's ring runs a round
+ * of jobs (tests/fault/ring-client, wrapped the same way), first with no
  * failure (counting its calls), then once for each call k with call k
  * alone failing (DG_FAULT_MALLOC_NTH).  Each run must end as the clean
  * run did (exit 0 and the same output: the text, the reply lines, the
@@ -42,7 +43,7 @@
 #include "tests/harness.h"
 #include "tests/integration/fixture.h"
 
-static char sock[600], log_path[600], wrapped[600], shim[PATH_MAX], trigger[600], db_path[600],
+static char sock[600], log_path[600], wrapped[600], ring_client[600], shim[PATH_MAX], trigger[600], db_path[600],
     o_db[700];
 static pid_t daemon_pid;
 static long stride = 1;
@@ -72,6 +73,7 @@ enum calls {
     WRAPPED, /* the wrapped client's: its own, libdgemma's and the static libraries' */
     PRELOAD, /* the real client with the shim preloaded: libc's own too (getline,
               * stdio); not under ASan, which owns malloc */
+    RING,    /* not dgemma-client: tests/fault/ring-client, wrapped as it is */
 };
 
 /* Start bin (with nth >= 0, with allocation call nth failing, the calls
@@ -251,7 +253,7 @@ static int sweep(const char *what, const char *const *args, const char *input, e
     const int pre = calls_of == PRELOAD;
     const long every = stride * step;
     long long upto;
-    const char *bin = pre ? fixture_bin("dgemma-client") : wrapped;
+    const char *bin = pre ? fixture_bin("dgemma-client") : calls_of == RING ? ring_client : wrapped;
     static char want[1 << 16], got[1 << 16], err[4096];
     struct slot w[WORKERS];
     long long calls;
@@ -343,6 +345,8 @@ static int start(void)
     const char *b = getenv("BUILD"), *q = getenv("DG_TEST_QUICK");
     snprintf(wrapped, sizeof wrapped, "%s/tests/fault/dgemma-client", b && *b ? b : "build");
     CHECKF(access(wrapped, X_OK) == 0, "%s: not built", wrapped);
+    snprintf(ring_client, sizeof ring_client, "%s/tests/fault/ring-client", b && *b ? b : "build");
+    CHECKF(access(ring_client, X_OK) == 0, "%s: not built", ring_client);
     if (q && *q && strcmp(q, "0"))
         stride = 7;
     {
@@ -534,6 +538,16 @@ static int cancel(void)
     return 0;
 }
 
+/* libdgemma's ring: attach, four jobs (one the daemon refuses), kick,
+ * reap and wait, by tests/fault/ring-client; a reap that fails for memory
+ * must keep its completion for the next (the client retries it once and
+ * must then print what the clean run printed). */
+static int ring(void)
+{
+    const char *args[] = {sock, NULL};
+    return sweep("ring", args, "", SAME_BYTES, RING, 0, 1);
+}
+
 /* The summary of the rows the cases above made the daemon write (their
  * runs' requests), over a fixed window: the same output every run.  As
  * JSON: the text form makes no allocation of its own past the summary. */
@@ -576,6 +590,7 @@ int main(void)
     TEST_CASE(chat_libc);
     TEST_CASE(batch_libc);
     TEST_CASE(cancel);
+    TEST_CASE(ring);
     TEST_CASE(stats);
     return fixture_finish(daemon_pid, log_path);
 }
