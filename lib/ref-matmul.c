@@ -5,7 +5,8 @@
 
 #include "lib/fp8.h"
 
-/* Row j of w as f32: the row itself for F32 weights, else converted into buf. */
+/* Row j of w as f32: the row itself for F32 weights, else converted into buf
+ * (exactly, for BF16 and F16; E4M3 times the row's scale). */
 static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
 {
     const size_t cols = (size_t)w->cols, stride = w->stride ? (size_t)w->stride : cols;
@@ -21,7 +22,15 @@ static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
         return buf;
     }
     if (w->dtype == DG_DTYPE_BF16) {
-        for (size_t i = 0; i < cols; i++) {
+        size_t i = 0;
+        /* eight at a time: a block the compiler widens at -O2 */
+        for (; i + 8 <= cols; i += 8) {
+            uint16_t h[8];
+            memcpy(h, base + 2 * i, sizeof h);
+            for (int k = 0; k < 8; k++)
+                buf[i + k] = dg_bf16_to_f32(h[k]);
+        }
+        for (; i < cols; i++) {
             uint16_t h;
             memcpy(&h, base + 2 * i, 2);
             buf[i] = dg_bf16_to_f32(h);

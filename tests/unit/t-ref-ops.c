@@ -211,6 +211,47 @@ static int case_matmul_dtypes(void)
     return 0;
 }
 
+/* BF16 weights widened in blocks of eight and a tail, whole and through a
+ * column view that starts off a block (cols 3..3+n): the product equals
+ * the one over the same values stored as F32 (bf16 -> f32 is exact), bit
+ * for bit, at widths 1 to 40. */
+static int case_matmul_bf16_widths(void)
+{
+    enum { R = 5, T = 3, CMAX = 43 };
+    uint16_t wb[R * CMAX];
+    float wf[R * CMAX], x[T * CMAX], y[T * R], want[T * R], row[CMAX];
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < R * CMAX; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        wb[i] = dg_f32_to_bf16((float)((int)(st >> 40) % 2001 - 1000) / 137.0f);
+        wf[i] = dg_bf16_to_f32(wb[i]);
+    }
+    for (int i = 0; i < T * CMAX; i++)
+        x[i] = (float)((i * 29) % 23) / 7.0f - 1.5f;
+    for (int n = 1; n <= 40; n++) {
+        const struct dg_weight b_all = {.data = wb, .dtype = DG_DTYPE_BF16, .rows = R,
+                                        .cols = CMAX, .name = "wb"},
+                               f_all = {.data = wf, .dtype = DG_DTYPE_F32, .rows = R,
+                                        .cols = CMAX, .name = "wf"};
+        const struct dg_weight bv = dg_weight_cols(&b_all, 3, 3 + n),
+                               fv = dg_weight_cols(&f_all, 3, 3 + n);
+        memset(y, 0xff, sizeof y);
+        dg_ref_matmul(want, x, T, &fv, row);
+        dg_ref_matmul(y, x, T, &bv, row);
+        CHECKF(!memcmp(y, want, sizeof y), "bf16 columns 3..%d", 3 + n);
+    }
+    {
+        const struct dg_weight b = {.data = wb, .dtype = DG_DTYPE_BF16, .rows = R, .cols = CMAX,
+                                    .name = "wb"},
+                               f = {.data = wf, .dtype = DG_DTYPE_F32, .rows = R, .cols = CMAX,
+                                    .name = "wf"};
+        dg_ref_matmul(want, x, T, &f, row);
+        dg_ref_matmul(y, x, T, &b, row);
+        CHECK(!memcmp(y, want, sizeof y));
+    }
+    return 0;
+}
+
 /* Row and column views: y over a view equals the same sub-product of the
  * whole matrix; attention over a slice of heads equals those heads of the
  * whole. */
@@ -369,6 +410,7 @@ int main(void)
     TEST_CASE(case_masks);
     TEST_CASE(case_attention);
     TEST_CASE(case_matmul_dtypes);
+    TEST_CASE(case_matmul_bf16_widths);
     TEST_CASE(case_views_and_head_slices);
     TEST_CASE(case_moe_route_and_combine);
     TEST_CASE(case_fill_normal_rect);
