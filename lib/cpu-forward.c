@@ -7,6 +7,7 @@
 
 #include "lib/fp8.h"
 #include "lib/ref-ops.h"
+#include "lib/san-range.h"
 
 float dg_embed_scale(int hidden, enum dg_dtype t)
 {
@@ -501,16 +502,15 @@ int dg_cpu_encode(const struct dg_cpu_model *cm, struct dg_kv_cache *kv, const i
     return rc;
 }
 
-int dg_cpu_soft_embed(const struct dg_cpu_model *cm, const float *probs, int64_t CL, double *acc,
-                      struct dg_error *err)
+/* acc[t] += sum_v probs[t, v] E[v] over rows of E as f32 (row: H floats of
+ * scratch).  Uninstrumented (san-range.h): the caller checks probs and
+ * clears acc, and E is read through dg_load_f32, which is not. */
+DG_SAN_RANGE_CHECKED static void soft_embed_rows(const struct dg_weight *E, int64_t V,
+                                                 const float *probs, int64_t CL, double *acc,
+                                                 float *row)
 {
-    const struct dg_weight *E = &cm->embed;
-    const int64_t V = cm->nv, H = E->cols;
-    float *row = malloc(sizeof(float) * (size_t)H);
+    const int64_t H = E->cols;
 
-    if (!row)
-        return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for self-conditioning");
-    memset(acc, 0, sizeof *acc * (size_t)(CL * H));
     for (int64_t v = 0; v < V; v++) {
         const unsigned char *src = (const unsigned char *)E->data +
                                    (size_t)(v * E->stride) * dg_dtype_size(E->dtype);
@@ -528,6 +528,20 @@ int dg_cpu_soft_embed(const struct dg_cpu_model *cm, const float *probs, int64_t
                 acc[t * H + i] += pv * row[i];
         }
     }
+}
+
+int dg_cpu_soft_embed(const struct dg_cpu_model *cm, const float *probs, int64_t CL, double *acc,
+                      struct dg_error *err)
+{
+    const struct dg_weight *E = &cm->embed;
+    const int64_t V = cm->nv, H = E->cols;
+    float *row = malloc(sizeof(float) * (size_t)H);
+
+    if (!row)
+        return dg_error_set(err, DG_E_NOMEM, "cpu backend: out of memory for self-conditioning");
+    dg_san_read(probs, sizeof *probs * (size_t)(CL * V));
+    memset(acc, 0, sizeof *acc * (size_t)(CL * H));
+    soft_embed_rows(E, V, probs, CL, acc, row);
     free(row);
     return 0;
 }

@@ -4,10 +4,15 @@
 #include <string.h>
 
 #include "lib/fp8.h"
+#include "lib/san-range.h"
+
+/* The loops below are left uninstrumented by the sanitizers
+ * (san-range.h); dg_ref_matmul and dg_ref_matmul_f64 check every range
+ * they touch first (check_ranges). */
 
 /* Row j of w as f32: the row itself for F32 weights, else converted into buf
  * (exactly, for BF16 and F16; E4M3 times the row's scale). */
-static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
+DG_SAN_RANGE_CHECKED static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
 {
     const size_t cols = (size_t)w->cols, stride = w->stride ? (size_t)w->stride : cols;
     const unsigned char *base = (const unsigned char *)w->data + (size_t)j * stride * dg_dtype_size(w->dtype);
@@ -43,7 +48,7 @@ static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
 }
 
 /* 8 independent partial sums: vectorisable, and closer to a pairwise sum. */
-static float dot(const float *a, const float *b, int64_t n)
+DG_SAN_RANGE_CHECKED static float dot(const float *a, const float *b, int64_t n)
 {
     float acc[8] = {0};
     int64_t i = 0;
@@ -55,7 +60,26 @@ static float dot(const float *a, const float *b, int64_t n)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-void dg_ref_matmul(float *y, const float *x, int64_t T, const struct dg_weight *w, float *row_buf)
+/* The ranges a product reads and writes: x [T x cols] floats, y [T x rows]
+ * of y_size bytes each, row_buf (unless W is f32) and W's rows.  (E4M3
+ * scales are read through dg_load_f32, which is instrumented.) */
+static void check_ranges(void *y, size_t y_size, const float *x, int64_t T,
+                         const struct dg_weight *w, float *row_buf)
+{
+    const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    const size_t stride = w->stride ? (size_t)w->stride : cols;
+
+    dg_san_read(x, (size_t)T * cols * sizeof *x);
+    dg_san_write(y, (size_t)T * rows * y_size);
+    if (rows == 0)
+        return;
+    dg_san_read(w->data, ((rows - 1) * stride + cols) * dg_dtype_size(w->dtype));
+    if (w->dtype != DG_DTYPE_F32)
+        dg_san_write(row_buf, cols * sizeof *row_buf);
+}
+
+DG_SAN_RANGE_CHECKED static void matmul(float *y, const float *x, int64_t T,
+                                        const struct dg_weight *w, float *row_buf)
 {
     const int64_t rows = w->rows, cols = w->cols;
 
@@ -66,8 +90,14 @@ void dg_ref_matmul(float *y, const float *x, int64_t T, const struct dg_weight *
     }
 }
 
-void dg_ref_matmul_f64(double *y, const float *x, int64_t T, const struct dg_weight *w,
-                       float *row_buf)
+void dg_ref_matmul(float *y, const float *x, int64_t T, const struct dg_weight *w, float *row_buf)
+{
+    check_ranges(y, sizeof *y, x, T, w, row_buf);
+    matmul(y, x, T, w, row_buf);
+}
+
+DG_SAN_RANGE_CHECKED static void matmul_f64(double *y, const float *x, int64_t T,
+                                            const struct dg_weight *w, float *row_buf)
 {
     const int64_t rows = w->rows, cols = w->cols;
 
@@ -100,4 +130,11 @@ void dg_ref_matmul_f64(double *y, const float *x, int64_t T, const struct dg_wei
             y[t * rows + j] = acc;
         }
     }
+}
+
+void dg_ref_matmul_f64(double *y, const float *x, int64_t T, const struct dg_weight *w,
+                       float *row_buf)
+{
+    check_ranges(y, sizeof *y, x, T, w, row_buf);
+    matmul_f64(y, x, T, w, row_buf);
 }
