@@ -516,7 +516,10 @@ int dgemma_request_set_tag(dgemma_request_t *r, const char *tag)
 /* What json_dump_callback writes into: a buffer that grows, and whether it
  * once could not.  jansson 2.14 ignores a failed write of an object's key
  * (the text goes on without it: a malformed or a different request), so
- * the failure is kept here instead of trusted to come back. */
+ * the failure is kept here instead of trusted to come back.  (Not
+ * json-util's dg_json_dumps, whose watch is the allocator it installs in
+ * jansson: the library is not linked with it, and must leave the
+ * application's jansson allocators as they are.) */
 struct dump_buf {
     char *p;
     size_t n, cap;
