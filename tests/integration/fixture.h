@@ -68,6 +68,14 @@ int fixture_file_has(const char *path, const char *needle);
 /* Write text to path (created or emptied); 0, or -1 on any failure. */
 int fixture_write_file(const char *path, const char *text);
 
+/* The members of a generate request that runs until it is cancelled on
+ * the random model (4,000 tokens, 30 steps a canvas), and that request as
+ * a protocol line (streamed). */
+#define FIXTURE_LONG_FIELDS                                                    \
+    "\"op\":\"generate\",\"prompt\":\"a long one\",\"max_tokens\":4000,"          \
+    "\"max_denoising_steps\":30,\"seed\":5"
+#define FIXTURE_LONG_REQ "{\"v\":1," FIXTURE_LONG_FIELDS "}\n"
+
 /* A line client of the daemon's socket: connected, and its unread bytes. */
 struct fixture_cl {
     int fd;

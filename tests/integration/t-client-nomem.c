@@ -443,9 +443,7 @@ static int batch_libc(void)
  * failure. */
 static long long long_request(struct fixture_cl *c)
 {
-    static const char req[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a long one\","
-                              "\"max_tokens\":4000,\"max_denoising_steps\":30,\"seed\":5,"
-                              "\"stream\":false}\n";
+    static const char req[] = "{\"v\":1," FIXTURE_LONG_FIELDS ",\"stream\":false}\n";
     json_t *e;
     long long id = 0;
     int eof;

@@ -256,16 +256,13 @@ static int concurrent_batching(void)
     return 0;
 }
 
-static const char LONG_REQ[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a long one\","
-                               "\"max_tokens\":4000,\"max_denoising_steps\":30,\"seed\":5}\n";
-
-/* Send LONG_REQ on c (NULL: fails) and take its accepted and first canvas
- * events: the request is running. */
+/* Send FIXTURE_LONG_REQ on c (NULL: fails) and take its accepted and first
+ * canvas events: the request is running. */
 static int long_req_started(struct fixture_cl *c)
 {
     json_t *e;
     int eof;
-    CHECK(c && cl_send(c, LONG_REQ) == 0);
+    CHECK(c && cl_send(c, FIXTURE_LONG_REQ) == 0);
     e = cl_event(c, &eof);
     CHECK(e && !strcmp(ev_kind(e), "accepted"));
     json_decref(e);
@@ -281,7 +278,7 @@ static int cancel_mid_request(void)
     json_t *e;
     long long id;
     int eof;
-    CHECK(c && cl_send(c, LONG_REQ) == 0);
+    CHECK(c && cl_send(c, FIXTURE_LONG_REQ) == 0);
     e = cl_event(c, &eof);
     CHECK(e && !strcmp(ev_kind(e), "accepted"));
     id = ev_int(e, "id");
@@ -529,7 +526,7 @@ static int queue_full(void)
     CHECK(c);
     /* 4 run, 2 wait, the 7th finds the queue full */
     for (int k = 0; k < 7; k++)
-        CHECK(cl_send(c, LONG_REQ) == 0);
+        CHECK(cl_send(c, FIXTURE_LONG_REQ) == 0);
     while (accepted + busy < 7) {
         json_t *e = cl_event(c, &eof);
         CHECK(e);

@@ -558,9 +558,6 @@ static int wait_child(pid_t pid, double limit_s)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static const char LONG_REQ[] = "{\"v\":1,\"op\":\"generate\",\"prompt\":\"a long one\","
-                               "\"max_tokens\":4000,\"max_denoising_steps\":30,\"seed\":5}\n";
-
 static int sigkill_restart(void)
 {
     const char *db = test_path("kill.sqlite"), *in = test_path("kill-in.jsonl");
@@ -592,7 +589,7 @@ static int sigkill_restart(void)
     /* long requests in flight beside the batch */
     for (int i = 0; i < 3; i++) {
         json_t *e;
-        CHECK((c[i] = cl_open()) != NULL && cl_send(c[i], LONG_REQ) == 0);
+        CHECK((c[i] = cl_open()) != NULL && cl_send(c[i], FIXTURE_LONG_REQ) == 0);
         rc = cl_event(c[i], &e, EVENT_WAIT_MS);
         CHECKF(rc == EV_OK && !strcmp(ev_str(e, "event"), "accepted"),
                "long request %d: %d %s (daemon %s)", i, rc, ev_str(e, "event"),
