@@ -35,8 +35,11 @@ static int print_status(const char *json)
     struct dg_error je = {0};
     json_t *s = dg_json_loadb(json, strlen(json), 0, "status", &je), *v;
     const char *key;
-    size_t n = 0, k = 0;
-    char **text;
+    size_t n = 0;
+    struct row {
+        const char *key; /* (s's) */
+        char *text;
+    } *rows;
     int rc = EXIT_DONE;
     if (!s) {
         client_errorf("%s", je.msg);
@@ -44,7 +47,7 @@ static int print_status(const char *json)
     }
     /* every value is formatted before the first line is written: the
      * table comes whole or not at all */
-    if (!(text = calloc(json_object_size(s) + 1, sizeof *text))) {
+    if (!(rows = calloc(json_object_size(s) + 1, sizeof *rows))) {
         client_errorf("status: out of memory");
         json_decref(s);
         return EXIT_FAILED;
@@ -52,21 +55,19 @@ static int print_status(const char *json)
     json_object_foreach(s, key, v) {
         if (!strcmp(key, "v") || !strcmp(key, "event"))
             continue;
-        if (!(text[n++] = dg_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT))) {
+        if (!(rows[n].text = dg_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT))) {
             client_errorf("status: out of memory");
             rc = EXIT_FAILED;
             break;
         }
+        rows[n++].key = key;
     }
-    if (rc == EXIT_DONE)
-        json_object_foreach(s, key, v) {
-            if (!strcmp(key, "v") || !strcmp(key, "event"))
-                continue;
-            printf("%-18s %s\n", key, text[k++]);
-        }
-    for (size_t i = 0; i < n; i++)
-        free(text[i]);
-    free(text);
+    for (size_t i = 0; i < n; i++) {
+        if (rc == EXIT_DONE)
+            printf("%-18s %s\n", rows[i].key, rows[i].text);
+        free(rows[i].text);
+    }
+    free(rows);
     json_decref(s);
     return rc;
 }

@@ -14,7 +14,8 @@
  * status's keys, the summary), or with exit 1 and "out of memory" on
  * standard error: never exit 0 with less or other output, never a
  * misreport (a usage error, a lost connection, "not valid UTF-8", a
- * request the daemon reads as malformed), never silence.  Each batch run is followed by the real
+ * request the daemon reads as malformed), never silence; a status run
+ * that fails writes no line of its table.  Each batch run is followed by the real
  * client run again on the same output, with nothing failing: the output
  * must then hold every input line's result exactly once, as the clean
  * run's (a resume loses and repeats nothing, and no line written under
@@ -318,6 +319,9 @@ static int sweep(const char *what, const char *const *args, const char *input, e
             } else {
                 CHECKF(rc == 1 && strstr(err, "out of memory"),
                        "%s, call %lld failing: exit %d: %s", what, s->k, rc, err);
+                /* (status's table comes whole or not at all) */
+                CHECKF(how != SAME_KEYS || slurp(s->out, got, sizeof got) == 0,
+                       "%s, call %lld failing: exit 1 after writing\n%s", what, s->k, got);
                 n_nomem++;
             }
         }
