@@ -210,6 +210,19 @@ void client_on_interrupt(dgemma_t *c, uint64_t id, int *cancelled)
     }
 }
 
+int client_next_event(dgemma_t *c, uint64_t id, int *cancelled, dgemma_event_t *ev)
+{
+    for (;;) {
+        int e = dgemma_next_event(c, ev, 200);
+        client_on_interrupt(c, id, cancelled);
+        if (e == DGEMMA_E_AGAIN)
+            continue;
+        if (e < 0)
+            client_errorf("%s", dgemma_errmsg(c));
+        return e < 0 ? e : 0;
+    }
+}
+
 void client_interrupt_now(void)
 {
     signal(SIGINT, SIG_DFL);

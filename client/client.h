@@ -84,6 +84,13 @@ void client_catch_sigint(void);
  * whatever it returned: events that keep coming must not hide it. */
 void client_on_interrupt(dgemma_t *c, uint64_t id, int *cancelled);
 
+/* The next event of request id's stream on c (id 0: not accepted yet),
+ * waiting as long as it takes, with Ctrl-C handled as client_on_interrupt
+ * says: 0 with *ev set, or libdgemma's error after saying it.  (After an
+ * error the caller ends the client: the daemon cancels the requests of a
+ * connection that hangs up, so none is left to run for no one.) */
+int client_next_event(dgemma_t *c, uint64_t id, int *cancelled, dgemma_event_t *ev);
+
 /* End the process as SIGINT's default action does (after a second Ctrl-C:
  * the daemon may not answer the first one's cancel). */
 void client_interrupt_now(void) __attribute__((noreturn));

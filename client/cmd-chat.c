@@ -108,17 +108,9 @@ static int reply(dgemma_t *c, const struct client_opts *o, const struct history 
     client_interrupted = 0;
     for (;;) {
         dgemma_event_t ev;
-        e = dgemma_next_event(c, &ev, 200);
-        client_on_interrupt(c, id, &cancelled);
-        if (e == DGEMMA_E_AGAIN)
-            continue;
-        if (e < 0) {
-            client_errorf("%s", dgemma_errmsg(c));
-            /* out of memory: the request is cancelled rather than left to
-             * run for no one, and the chat ends (its events are no longer
+        if ((e = client_next_event(c, id, &cancelled, &ev)) < 0) {
+            /* (out of memory too: the chat ends, its events no longer
              * read in order) */
-            if (e == DGEMMA_E_NOMEM && id && !cancelled)
-                dgemma_cancel(c, id);
             *fatal = 1;
             rc = client_exit_for(e);
             break;

@@ -255,16 +255,7 @@ int cmd_generate(int argc, char **argv)
     }
     for (;;) {
         dgemma_event_t ev;
-        e = dgemma_next_event(c, &ev, 200);
-        client_on_interrupt(c, id, &cancelled);
-        if (e == DGEMMA_E_AGAIN)
-            continue;
-        if (e < 0) {
-            client_errorf("%s", dgemma_errmsg(c));
-            /* out of memory: the connection still works, so the request
-             * is cancelled rather than left to run for no one */
-            if (e == DGEMMA_E_NOMEM && id && !cancelled)
-                dgemma_cancel(c, id);
+        if ((e = client_next_event(c, id, &cancelled, &ev)) < 0) {
             rc = client_exit_for(e);
             break;
         }
