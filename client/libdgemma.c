@@ -348,8 +348,12 @@ int dgemma_request_add_message(dgemma_request_t *r, const char *role, const char
             return rerr(r, e, e == DGEMMA_E_NOMEM ? "add_message: out of memory"
                                                   : "add_message: role or content not valid UTF-8");
         }
+        /* (json_object_set_new takes its value, on failure too; without
+         * m, jr is still the function's to free) */
         m = json_object();
         if (!m || json_object_set_new(m, "role", jr) != 0) {
+            if (!m)
+                json_decref(jr);
             json_decref(m);
             json_decref(jc);
             return rerr(r, DGEMMA_E_NOMEM, "add_message: out of memory");
