@@ -125,8 +125,8 @@ static int reap(pid_t pid)
 }
 
 /* Whether a run's standard error holds a sanitizer's report.  (A leak
- * found at exit leaves ASan's exit status 1, the status of a run that
- * failed for memory anyway: only the report tells.) */
+ * found at exit leaves ASan's exit status 1 unless ASAN_OPTIONS sets
+ * another, and 1 is the status of a run that failed for memory anyway.) */
 static int sanitizer_said(const char *err)
 {
     return strstr(err, "Sanitizer") != NULL;
