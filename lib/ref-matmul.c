@@ -12,7 +12,8 @@
 
 /* Row j of w as f32: the row itself for F32 weights, else converted into buf
  * (exactly, for BF16 and F16; E4M3 times the row's scale). */
-DG_SAN_RANGE_CHECKED static const float *weight_row(const struct dg_weight *w, int64_t j, float *buf)
+DG_SAN_RANGE_CHECKED static const float *weight_row(const struct dg_weight *w, int64_t j,
+                                                    float *buf)
 {
     const size_t cols = (size_t)w->cols, stride = w->stride ? (size_t)w->stride : cols;
     const unsigned char *base = (const unsigned char *)w->data + (size_t)j * stride * dg_dtype_size(w->dtype);
