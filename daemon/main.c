@@ -161,12 +161,23 @@ struct mp {
 };
 
 #if DG_HAVE_CUDA
+_Static_assert(DG_CONFIG_ONE_GPU_MAX_TP == DG_NCCL_SHARED_MAX,
+               "one_gpu's limit is the shared group's");
+
+/* The GPUs the tp ranks of this process need: one each, or one for all
+ * with one_gpu (multi-process ranks take one each). */
+static int gpus_needed(const struct dg_config *cfg)
+{
+    return cfg->one_gpu ? 1 : cfg->tp;
+}
+
 /* devices, where it is set, lists a GPU for each of the tp ranks of this
- * process (multi-process ranks take one each). */
+ * process (multi-process ranks take one each; with one_gpu its first
+ * entry takes them all). */
 static int devices_cover_tp(const struct dg_config *cfg, const struct mp *mp,
                             struct dg_error *err)
 {
-    if (cfg->n_devices && cfg->n_devices < cfg->tp && mp->rank < 0)
+    if (cfg->n_devices && cfg->n_devices < gpus_needed(cfg) && mp->rank < 0)
         return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
                             cfg->tp, cfg->tp, cfg->n_devices);
     return 0;
@@ -190,7 +201,7 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                      probe.msg[0] ? probe.msg : "none visible");
                 return 0;
             }
-            if (n < cfg->tp || (cfg->n_devices && cfg->n_devices < cfg->tp)) {
+            if (n < gpus_needed(cfg) || (cfg->n_devices && cfg->n_devices < gpus_needed(cfg))) {
                 dlog(DG_LOG_INFO, "backend auto: tp %d but %d GPU(s): the CPU", cfg->tp,
                      cfg->n_devices && cfg->n_devices < n ? cfg->n_devices : n);
                 return 0;
@@ -208,6 +219,8 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
         o.pin = cfg->pin_workers;
         o.timeout_ms = (int)(cfg->gpu_timeout * 1000 + 0.5);
         o.graphs = cfg->cuda_graphs;
+        /* (every rank on o.device; the backend then runs without graphs) */
+        o.shared_gpu = cfg->one_gpu && cfg->tp > 1;
         if (mp->rank >= 0) {
             /* one GPU in this process: the rank's of devices, else its own
              * ordinal among the visible ones */
@@ -261,7 +274,7 @@ static int check_backend(const struct dg_config *cfg, const struct loaded *L,
 #if DG_HAVE_CUDA
     if (cfg->backend == DG_BACKEND_CUDA && mp->rank < 0) {
         struct dg_error probe = {0};
-        const int need = cfg->tp;
+        const int need = gpus_needed(cfg);
         int n = 0;
         if (dg_gpu_count(&n, &probe) < 0)
             n = 0;
@@ -272,8 +285,8 @@ static int check_backend(const struct dg_config *cfg, const struct loaded *L,
                 return dg_error_set(err, DG_E_CONFIG, "cuda: devices names GPU %d; %d visible%s%s",
                                     cfg->devices[i], n, probe.msg[0] ? ": " : "", probe.msg);
         if (n < need)
-            return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPU(s); %d visible%s%s", need,
-                                need, n, probe.msg[0] ? ": " : "", probe.msg);
+            return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPU(s); %d visible%s%s",
+                                cfg->tp, need, n, probe.msg[0] ? ": " : "", probe.msg);
     }
 #else
     (void)mp;
@@ -518,6 +531,9 @@ static int mp_setup(struct mp *mp, const struct dg_config *cfg, struct dg_error 
     if (cfg->backend == DG_BACKEND_CPU)
         return dg_error_set(err, DG_E_CONFIG, "--rank: multi-process mode runs on GPUs, not "
                             "backend cpu");
+    if (cfg->one_gpu)
+        return dg_error_set(err, DG_E_CONFIG, "--rank: multi-process mode joins its ranks "
+                            "through NCCL, one GPU each, not one_gpu");
     if (!getenv("NCCL_COMM_ID"))
         return dg_error_set(err, DG_E_CONFIG, "--rank: set NCCL_COMM_ID=HOST:PORT (rank 0's "
                             "address, the same for every process)");

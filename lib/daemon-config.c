@@ -88,6 +88,11 @@ static const struct opt opts[] = {
     {.name = "cuda_graphs", .type = T_BOOL, .off = OFF(cuda_graphs), .def = "true",
      .help = "Capture the GPU backend's denoising and commit steps in CUDA graphs and replay "
              "them (false: launch every kernel, for debugging; the results are the same)."},
+    {.name = "one_gpu", .type = T_BOOL, .off = OFF(one_gpu), .def = "false",
+     .help = "Put every tensor-parallel rank on one GPU (the first of devices, else GPU 0), "
+             "their collectives made through host memory instead of NCCL and every step "
+             "launched without CUDA graphs: to try a tp on a machine with fewer GPUs (slower "
+             "than tp 1). At most 8 ranks; not with --rank."},
     {.name = "max_batch", .type = T_INT, .off = OFF(max_batch), .min = 1, .max = 1024, .def = "8",
      .help = "Most requests generating at once; further requests wait in the queue."},
     {.name = "max_canvas_length", .type = T_INT, .off = OFF(max_canvas_length), .min = 0,
@@ -831,6 +836,9 @@ int dg_config_validate(const struct dg_config *c, struct dg_error *err)
     if (c->n_devices < 0 || c->n_devices > DG_CONFIG_MAX_DEVICES)
         return dg_error_set(err, DG_E_CONFIG, "devices: %d entries, expected 0 to %d",
                             c->n_devices, DG_CONFIG_MAX_DEVICES);
+    if (c->one_gpu && c->tp > DG_CONFIG_ONE_GPU_MAX_TP)
+        return dg_error_set(err, DG_E_CONFIG, "one_gpu: tp %d; one GPU takes at most %d ranks",
+                            c->tp, DG_CONFIG_ONE_GPU_MAX_TP);
     for (int i = 1; i < c->n_devices; i++)
         for (int j = 0; j < i; j++)
             if (c->devices[i] == c->devices[j])

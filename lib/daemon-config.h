@@ -24,6 +24,8 @@ enum dg_backend_kind { DG_BACKEND_AUTO = 0, DG_BACKEND_CPU, DG_BACKEND_CUDA };
 #define DG_CONFIG_MAX_DEVICES 64
 #define DG_CONFIG_PATH_MAX 4096
 #define DG_CONFIG_MAX_PEERS 64
+/* the most ranks one_gpu puts on one GPU (kernels/nccl.h's DG_NCCL_SHARED_MAX) */
+#define DG_CONFIG_ONE_GPU_MAX_TP 8
 
 struct dg_config {
     char model[DG_CONFIG_PATH_MAX];      /* "" : the embedded default model */
@@ -35,6 +37,7 @@ struct dg_config {
     int pin_workers;                     /* bool: pin each rank's worker thread to a CPU */
     double gpu_timeout;                  /* seconds a GPU call may take, 0 = no watchdog, default 120 */
     int cuda_graphs;                     /* bool: capture GPU steps in CUDA graphs, default true */
+    int one_gpu;                         /* bool: every tp rank on one GPU (cuda), default false */
     int max_batch;                       /* requests in flight, 1..1024, default 8 */
     int max_canvas_length;               /* 0 = the model's canvas_length; else 1..4096 */
     int max_denoising_steps;             /* per-request cap, 1..65535, default 256 */
@@ -97,7 +100,8 @@ int dg_config_set(struct dg_config *c, const char *assignment, const char *what,
                   struct dg_error *err);
 
 /* Checks across fields, for after every file and override is applied:
- * tp in [1, 64]; no GPU listed twice in devices. */
+ * tp in [1, 64], and at most DG_CONFIG_ONE_GPU_MAX_TP with one_gpu; no GPU
+ * listed twice in devices. */
 int dg_config_validate(const struct dg_config *c, struct dg_error *err);
 
 /* The configuration as YAML, one "key: value" line per option in table

@@ -7,7 +7,8 @@
 # Where two GPUs are present, the same at tp 2 (backend cuda), and where
 # four are, at tp 4 too: the log names every rank's GPU and vocabulary
 # slice, and the metrics file holds a row for every request (dgemma-client
-# stats).
+# stats).  On any GPU, the same at tp 2 and 4 with one_gpu (every rank on
+# GPU 0, collectives without NCCL, no graphs).
 # Exit 77 where there is no GPU or no daemon build.
 set -u
 # (CI runs as root; dgemmad refuses root unless told)
@@ -31,49 +32,74 @@ ok() { echo "ok t-daemon-cuda/$1"; }
 bad() { echo "not ok t-daemon-cuda/$1: $2"; fails=$((fails + 1)); }
 C=$BIN/dgemma-client
 
-# serve BACKEND NAME [TP]: start the daemon, run requests, stop it
+# serve BACKEND NAME TP [ONE_GPU]: start the daemon (with ONE_GPU 1, every
+# rank on one GPU; its files $tmp/BACKEND.TP[.one].*), run requests, stop it
 serve() {
-    local backend=$1 want=$2 tp=${3:-1} sock=$tmp/$1.$3.sock log=$tmp/$1.$3.log out
-    local db=$tmp/$1.$3.sqlite
+    local backend=$1 want=$2 tp=$3 one=${4:-0} out
+    local tag=$1.$3${4:+.one}
+    local sock=$tmp/$tag.sock log=$tmp/$tag.log db=$tmp/$tag.sqlite
     "$BIN/dgemmad" $ROOT_OK -o socket="$sock" -o log_file="$log" -o backend="$backend" \
-        -o pin_workers=true -o tp="$tp" -o metrics="$db" -o max_batch=4 &
+        -o pin_workers=true -o tp="$tp" -o metrics="$db" -o max_batch=4 \
+        -o one_gpu="$([ "$one" = 1 ] && echo true || echo false)" &
     d=$!
     out=$("$C" status -s "$sock" --wait 60 --json 2>&1)
     if printf '%s' "$out" | grep -q "\"backend\": *\"$want\""; then
-        ok "$backend/status"
+        ok "$tag/status"
     else
-        bad "$backend/status" "status does not say backend $want: $out; log: $(tail -3 "$log")"
+        bad "$tag/status" "status does not say backend $want: $out; log: $(tail -3 "$log")"
     fi
-    if grep -q "backend $want" "$log"; then ok "$backend/log"; else
-        bad "$backend/log" "no 'backend $want' in the log: $(tail -3 "$log")"; fi
+    if grep -q "backend $want" "$log"; then ok "$tag/log"; else
+        bad "$tag/log" "no 'backend $want' in the log: $(tail -3 "$log")"; fi
     out=$("$C" generate -s "$sock" --wait 10 --json --max-tokens 48 --seed 7 "Once upon a time" 2>&1)
-    if printf '%s' "$out" | grep -q '"done"'; then ok "$backend/generate"; else
-        bad "$backend/generate" "no done event: $(printf '%s' "$out" | tail -c 300)"; fi
+    if printf '%s' "$out" | grep -q '"done"'; then ok "$tag/generate"; else
+        bad "$tag/generate" "no done event: $(printf '%s' "$out" | tail -c 300)"; fi
     local pids="" i
     for i in 1 2 3 4; do
         "$C" generate -s "$sock" --wait 10 --json --max-tokens 40 --seed $i --chat "Hello $i" \
-            >"$tmp/$backend.par.$i" 2>&1 &
+            >"$tmp/$tag.par.$i" 2>&1 &
         pids="$pids $!"
     done
     local pf=0
     for p in $pids; do wait "$p" || pf=$((pf + 1)); done
-    for i in 1 2 3 4; do grep -q '"done"' "$tmp/$backend.par.$i" || pf=$((pf + 1)); done
-    if [ $pf -eq 0 ]; then ok "$backend/four-at-once"; else
-        bad "$backend/four-at-once" "$pf failures: $(tail -c 300 "$tmp/$backend.par.1")"; fi
+    for i in 1 2 3 4; do grep -q '"done"' "$tmp/$tag.par.$i" || pf=$((pf + 1)); done
+    if [ $pf -eq 0 ]; then ok "$tag/four-at-once"; else
+        bad "$tag/four-at-once" "$pf failures: $(tail -c 300 "$tmp/$tag.par.1")"; fi
     kill "$d"
     wait "$d"
     local rc=$?
     d=0
-    if [ $rc -eq 0 ]; then ok "$backend/stop"; else bad "$backend/stop" "exit $rc"; fi
+    if [ $rc -eq 0 ]; then ok "$tag/stop"; else bad "$tag/stop" "exit $rc"; fi
     # one metrics row per request: 1 + 4
     out=$("$C" stats --db "$db" --json 2>&1)
-    if printf '%s' "$out" | grep -Eq '"requests": 5,?$'; then ok "$backend/metrics"; else
-        bad "$backend/metrics" "stats: $(printf '%s' "$out" | head -c 300)"; fi
+    if printf '%s' "$out" | grep -Eq '"requests": 5,?$'; then ok "$tag/metrics"; else
+        bad "$tag/metrics" "stats: $(printf '%s' "$out" | head -c 300)"; fi
 }
 
 serve cuda cuda 1
 serve auto cuda 1
 serve cpu cpu 1
+# ranks_named TP GPU...: the log of the last serve names rank r's GPU
+ranks_named() {
+    local tp=$1 log=$2 missing="" r
+    shift 2
+    for ((r = 0; r < tp; r++)); do
+        grep -q "rank $r of $tp on GPU $1" "$log" || missing="$missing $r"
+        [ $# -gt 1 ] && shift
+    done
+    printf '%s' "$missing"
+}
+
+# every rank on GPU 0 (one_gpu): each serve's checks, and the log names it
+for tp in 2 4; do
+    serve cuda cuda $tp 1
+    missing=$(ranks_named $tp "$tmp/cuda.$tp.one.log" 0)
+    if [ -z "$missing" ]; then
+        ok "tp$tp-one-gpu/ranks"
+        grep "rank [0-9] of $tp" "$tmp/cuda.$tp.one.log" | sed 's/^/# /'
+    else
+        bad "tp$tp-one-gpu/ranks" "the log does not name ranks$missing on GPU 0: $(grep -i rank "$tmp/cuda.$tp.one.log" | head -5)"
+    fi
+done
 ngpu=$(nvidia-smi -L | wc -l)
 for tp in 2 4; do
     if [ "$ngpu" -lt $tp ]; then
@@ -82,10 +108,7 @@ for tp in 2 4; do
     fi
     serve cuda cuda $tp
     log=$tmp/cuda.$tp.log
-    missing=""
-    for ((r = 0; r < tp; r++)); do
-        grep -q "rank $r of $tp on GPU $r" "$log" || missing="$missing $r"
-    done
+    missing=$(ranks_named $tp "$log" $(seq 0 $((tp - 1))))
     if [ -z "$missing" ] && grep -q 'worker pinned' "$log"; then
         ok "tp$tp/ranks"
         grep "rank [0-9] of $tp\|pinned" "$log" | sed 's/^/# /'
