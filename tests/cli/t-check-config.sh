@@ -9,7 +9,8 @@
 # when the check fails), a log file in a directory that does not exist
 # fails; beside a running daemon on the same socket the check passes with
 # a note that the socket is in use.  What the backend would refuse (tp past
-# the model's split, GPUs missing) fails the check; limits below the
+# the model's split, GPUs missing, one_gpu past 8 ranks or with --rank)
+# fails the check; limits below the
 # model's values lower the defaults, with a warning where a configured
 # value gives way; a second -c is a usage error.
 set -u
@@ -65,7 +66,16 @@ if [ -e "$BUILD/libdgemma-cuda.a" ]; then
     if chk gpus 1 -o socket="$tmp/g.sock" -o backend=cuda -o "devices=[63]" &&
        has gpus err "backend: cuda: devices names GPU 63"
     then ok gpus_missing; else bad gpus_missing "$(cat "$tmp/gpus.out" "$tmp/gpus.err")"; fi
+    # one_gpu: not in multi-process mode (its ranks meet through NCCL)
+    if chk onegpu_rank 1 -o socket="$tmp/o.sock" -o tp=2 -o one_gpu=true --rank 1 &&
+       has onegpu_rank err "multi-process mode joins its ranks through NCCL, one GPU each, not one_gpu"
+    then ok one_gpu_not_with_rank; else
+        bad one_gpu_not_with_rank "$(cat "$tmp/onegpu_rank.out" "$tmp/onegpu_rank.err")"; fi
 fi
+# one_gpu takes at most 8 ranks
+if chk onegpu_tp 1 -o socket="$tmp/o.sock" -o tp=9 -o one_gpu=true &&
+   has onegpu_tp err "one_gpu: tp 9; one GPU takes at most 8 ranks"
+then ok one_gpu_tp_limit; else bad one_gpu_tp_limit "$(cat "$tmp/onegpu_tp.out" "$tmp/onegpu_tp.err")"; fi
 
 # limits below the model's own values: the defaults give way, said where
 # a configured value does (max_canvas_length below the model's canvas
