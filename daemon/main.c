@@ -179,7 +179,7 @@ static int devices_cover_tp(const struct dg_config *cfg, const struct mp *mp,
 {
     if (cfg->n_devices && cfg->n_devices < gpus_needed(cfg) && mp->rank < 0)
         return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
-                            cfg->tp, cfg->tp, cfg->n_devices);
+                            cfg->tp, gpus_needed(cfg), cfg->n_devices);
     return 0;
 }
 #endif
