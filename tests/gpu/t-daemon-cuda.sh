@@ -35,12 +35,11 @@ C=$BIN/dgemma-client
 # serve BACKEND NAME TP [ONE_GPU]: start the daemon (with ONE_GPU 1, every
 # rank on one GPU; its files $tmp/BACKEND.TP[.one].*), run requests, stop it
 serve() {
-    local backend=$1 want=$2 tp=$3 one=${4:-0} out
-    local tag=$1.$3${4:+.one}
+    local backend=$1 want=$2 tp=$3 one=false tag=$1.$3 out
+    [ "${4:-0}" = 1 ] && one=true tag=$1.$3.one
     local sock=$tmp/$tag.sock log=$tmp/$tag.log db=$tmp/$tag.sqlite
     "$BIN/dgemmad" $ROOT_OK -o socket="$sock" -o log_file="$log" -o backend="$backend" \
-        -o pin_workers=true -o tp="$tp" -o metrics="$db" -o max_batch=4 \
-        -o one_gpu="$([ "$one" = 1 ] && echo true || echo false)" &
+        -o pin_workers=true -o tp="$tp" -o metrics="$db" -o max_batch=4 -o one_gpu=$one &
     d=$!
     out=$("$C" status -s "$sock" --wait 60 --json 2>&1)
     if printf '%s' "$out" | grep -q "\"backend\": *\"$want\""; then
