@@ -1,8 +1,11 @@
 /* ref-attention.c - masked grouped-query attention reference; see ref-ops.h. */
 #include "lib/ref-ops.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "lib/san-range.h"
 
 void dg_ref_attention(float *out, const float *q, const int64_t *q_pos, int64_t Tq,
                       const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
@@ -16,7 +19,7 @@ void dg_ref_attention(float *out, const float *q, const int64_t *q_pos, int64_t 
 /* Whether positions pos[0..n-1] never decrease (a cache read in order and
  * the new tokens after it: then the keys a causal or windowed query sees
  * are one run, found by visible_run). */
-static int ascending(const int64_t *pos, int64_t n)
+DG_SAN_RANGE_CHECKED static int ascending(const int64_t *pos, int64_t n)
 {
     for (int64_t j = 1; j < n; j++)
         if (pos[j] < pos[j - 1])
@@ -27,7 +30,7 @@ static int ascending(const int64_t *pos, int64_t n)
 /* The keys [*lo, *hi) that can be visible to a query at position q under
  * mask over ascending positions k_pos (every key outside the run is
  * invisible; inside, dg_mask_visible still decides), by bisection. */
-static void visible_run(const int64_t *k_pos, int64_t Tk, enum dg_attn_mask mask, int window,
+DG_SAN_RANGE_CHECKED static void visible_run(const int64_t *k_pos, int64_t Tk, enum dg_attn_mask mask, int window,
                         int64_t q, int64_t *lo, int64_t *hi)
 {
     int64_t a = 0, b = Tk;
@@ -56,7 +59,7 @@ static void visible_run(const int64_t *k_pos, int64_t Tk, enum dg_attn_mask mask
 }
 
 /* q . k over hd values, summed in the order i = 0, 1, ... */
-static float dot1(const float *q, const float *k, int hd)
+DG_SAN_RANGE_CHECKED static float dot1(const float *q, const float *k, int hd)
 {
     float s = 0;
     for (int i = 0; i < hd; i++)
@@ -67,7 +70,7 @@ static float dot1(const float *q, const float *k, int hd)
 /* s[u] = q . k_u for four keys k_u (rows kdim apart) over hd values: each
  * sum in the order i = 0, 1, ..., its own chain, so the four run side by
  * side and each equals the one-key loop's bits. */
-static void dot4(float s[4], const float *q, const float *k, int64_t kdim, int hd)
+DG_SAN_RANGE_CHECKED static void dot4(float s[4], const float *q, const float *k, int64_t kdim, int hd)
 {
     float a = 0, b = 0, c = 0, d = 0;
     for (int i = 0; i < hd; i++) {
@@ -82,7 +85,7 @@ static void dot4(float s[4], const float *q, const float *k, int64_t kdim, int h
 /* o[i] += p[u] v_u[i] for four values rows v_u (kdim apart), u in order:
  * for each i the adds of the one-key loop, in its order (o[i] is held in
  * a float between them, as memory held it), so the same bits. */
-static void axpy4(float *restrict o, const float p[4], const float *restrict v, int64_t kdim,
+DG_SAN_RANGE_CHECKED static void axpy4(float *restrict o, const float p[4], const float *restrict v, int64_t kdim,
                   int hd)
 {
     const float *restrict v1 = v + kdim, *restrict v2 = v + 2 * kdim, *restrict v3 = v + 3 * kdim;
@@ -110,7 +113,7 @@ static void axpy4(float *restrict o, const float p[4], const float *restrict v, 
  * interleaved, qT[4 i + h] = q_h[i]) and four keys u (rows kdim apart from
  * k): sixteen sums, each in the order i = 0, 1, ... (the one-key loop's
  * bits), the four heads of a key side by side. */
-static void dot4x4(float *const sc[4], int64_t j, const float *qT, const float *k, int64_t kdim,
+DG_SAN_RANGE_CHECKED static void dot4x4(float *const sc[4], int64_t j, const float *qT, const float *k, int64_t kdim,
                    int hd)
 {
     /* (written out, so the sixteen sums stay in registers: a key's four
@@ -138,7 +141,7 @@ static void dot4x4(float *const sc[4], int64_t j, const float *qT, const float *
  *   o = sum_j softmax(s)_j v_j   (v: the head's values, rows kdim apart),
  * zeros where no key is visible (any 0).  The weights' sum in double, in
  * key order; weights that are 0 add nothing. */
-static void softmax_values(float *o, float *sc, int64_t lo, int64_t hi, float mx, int any,
+DG_SAN_RANGE_CHECKED static void softmax_values(float *o, float *sc, int64_t lo, int64_t hi, float mx, int any,
                            const float *v, int64_t kdim, int hd)
 {
     double sum = 0;
@@ -172,7 +175,7 @@ static void softmax_values(float *o, float *sc, int64_t lo, int64_t hi, float mx
 
 /* Whether keys j .. j + 3 (below hi) are all visible to a query at qp
  * (over ascending positions inside the visible run, the ends decide). */
-static int visible4(const int64_t *k_pos, int64_t j, int64_t hi, int sorted,
+DG_SAN_RANGE_CHECKED static int visible4(const int64_t *k_pos, int64_t j, int64_t hi, int sorted,
                     enum dg_attn_mask mask, int64_t qp, int window)
 {
     return j + 4 <= hi && dg_mask_visible(mask, qp, k_pos[j], window) &&
@@ -181,10 +184,15 @@ static int visible4(const int64_t *k_pos, int64_t j, int64_t hi, int sorted,
                        dg_mask_visible(mask, qp, k_pos[j + 2], window)));
 }
 
-void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, int64_t Tq,
-                            const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
-                            int nq, int q_base, int nkv, int kv_base, int group, int hd,
-                            enum dg_attn_mask mask, int window, float *scores)
+/* dg_ref_attention_heads without the sanitizers' checks of each access:
+ * its caller declares the ranges (lib/san-range.h). */
+DG_SAN_RANGE_CHECKED static void attention_heads(float *out, const float *q,
+                                                 const int64_t *q_pos, int64_t Tq, const float *k,
+                                                 const float *v, const int64_t *k_pos,
+                                                 int64_t Tk, int nq, int q_base, int nkv,
+                                                 int kv_base, int group, int hd,
+                                                 enum dg_attn_mask mask, int window,
+                                                 float *scores)
 {
     const int64_t qdim = (int64_t)nq * hd, kdim = (int64_t)nkv * hd;
     const int sorted = ascending(k_pos, Tk);
@@ -269,6 +277,37 @@ void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, in
         }
     }
     free(more);
+}
+
+void dg_ref_attention_heads(float *out, const float *q, const int64_t *q_pos, int64_t Tq,
+                            const float *k, const float *v, const int64_t *k_pos, int64_t Tk,
+                            int nq, int q_base, int nkv, int kv_base, int group, int hd,
+                            enum dg_attn_mask mask, int window, float *scores)
+{
+    /* every byte the loops may touch: the queries' rows, both position
+     * lists, the scores, and the keys' and values' rows from the first
+     * query head's KV head to the last one's (so a head outside the slice
+     * is a range outside the block).  Not out: softmax_values clears each
+     * of its rows with memset before it adds to it, a library call that
+     * the sanitizers check whole. */
+    if (Tq > 0 && nq > 0 && hd > 0) {
+        dg_san_read(q, sizeof(float) * (size_t)Tq * (size_t)nq * (size_t)hd);
+        dg_san_read(q_pos, sizeof *q_pos * (size_t)Tq);
+    }
+    if (Tq > 0 && nq > 0 && hd > 0 && Tk > 0) {
+        const int64_t kdim = (int64_t)nkv * hd, c0 = q_base / group - kv_base,
+                      c1 = (q_base + nq - 1) / group - kv_base;
+        const size_t kspan = sizeof(float) * (size_t)((Tk - 1) * kdim + (c1 - c0 + 1) * hd);
+        /* (in integers: the first row's start is before k where c0 < 0) */
+        const intptr_t off = (intptr_t)(c0 * hd) * (intptr_t)sizeof(float);
+        dg_san_read((const void *)((intptr_t)k + off), kspan);
+        dg_san_read((const void *)((intptr_t)v + off), kspan);
+        dg_san_write(scores, sizeof *scores * (size_t)Tk);
+    }
+    if (Tk > 0)
+        dg_san_read(k_pos, sizeof *k_pos * (size_t)Tk);
+    attention_heads(out, q, q_pos, Tq, k, v, k_pos, Tk, nq, q_base, nkv, kv_base, group, hd,
+                    mask, window, scores);
 }
 
 void dg_ref_kv_append(float *const *k_caches, float *const *v_caches, const int32_t *q_seq,

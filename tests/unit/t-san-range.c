@@ -127,6 +127,36 @@ static void soft_embed_child(int which)
         _exit(2);
 }
 
+/* Attention of NQ query heads on one KV head (the four-head path) over
+ * keys with no mask, with (which) 1 q, 2 out, 3 q_pos, 4 k, 5 v, 6 k_pos,
+ * 7 scores one element short; 8: whole buffers, but the heads' KV head
+ * outside the slice (kv_base 1: head -1, the row before k); 0 none. */
+static void attention_child(int which)
+{
+    enum { NQ = 4, HD = 8, TQ = 3, TK = 5 };
+    float q[TQ * NQ * HD], out[TQ * NQ * HD], k[TK * HD], v[TK * HD], sc[TK];
+    int64_t qpos[TQ], kpos[TK];
+    float *qp, *op, *kp, *vp, *sp;
+    int64_t *qpp, *kpp;
+    for (int i = 0; i < TQ * NQ * HD; i++)
+        q[i] = (float)(i % 5) * 0.25f - 0.5f;
+    for (int i = 0; i < TK * HD; i++)
+        k[i] = (float)(i % 3) * 0.5f - 0.5f, v[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < TQ; i++)
+        qpos[i] = TK + i;
+    for (int i = 0; i < TK; i++)
+        kpos[i] = i;
+    qp = block(q, sizeof q, which == 1 ? sizeof *q : 0);
+    op = block(out, sizeof out, which == 2 ? sizeof *out : 0);
+    qpp = block(qpos, sizeof qpos, which == 3 ? sizeof *qpos : 0);
+    kp = block(k, sizeof k, which == 4 ? sizeof *k : 0);
+    vp = block(v, sizeof v, which == 5 ? sizeof *v : 0);
+    kpp = block(kpos, sizeof kpos, which == 6 ? sizeof *kpos : 0);
+    sp = block(sc, sizeof sc, which == 7 ? sizeof *sc : 0);
+    dg_ref_attention_heads(op, qp, qpp, TQ, kp, vp, kpp, TK, NQ, 0, 1, which == 8, NQ, HD,
+                           DG_MASK_NONE, 0, sp);
+}
+
 static int expect_report(void (*fn)(int), int which, const char *what)
 {
     int rc = run_child(fn, which, ERR, sizeof ERR);
@@ -173,6 +203,19 @@ static int case_soft_embed_ranges(void)
     return 0;
 }
 
+static int case_attention_ranges(void)
+{
+    static const char *const names[] = {"",  "q",     "out",    "q_pos",
+                                        "k", "v",     "k_pos",  "scores",
+                                        "kv head outside the slice"};
+    if (expect_clean(attention_child, 0, "attention"))
+        return 1;
+    for (int bad = 1; bad <= 8; bad++)
+        if (expect_report(attention_child, bad, names[bad]))
+            return 1;
+    return 0;
+}
+
 #else
 
 static int case_matmul_ranges(void)
@@ -181,6 +224,11 @@ static int case_matmul_ranges(void)
 }
 
 static int case_soft_embed_ranges(void)
+{
+    return test_skip("not an AddressSanitizer build");
+}
+
+static int case_attention_ranges(void)
 {
     return test_skip("not an AddressSanitizer build");
 }
@@ -246,6 +294,7 @@ int main(void)
 {
     TEST_CASE(case_matmul_ranges);
     TEST_CASE(case_soft_embed_ranges);
+    TEST_CASE(case_attention_ranges);
     TEST_CASE(case_matmul_race);
     return test_finish();
 }
