@@ -317,8 +317,9 @@ static void raw_bell(struct raw *w)
 /* Thousands of jobs through the ring: the socket's outputs, exactly. */
 static int ring_equals_socket(void)
 {
-    /* (2000 jobs; 150 in the AddressSanitizer build, where the engine is
-     * about 8 times slower: still more than twice the rings' 64 entries) */
+    /* (2000 jobs, about 13 s on a machine of 2 CPUs; 150 in the
+     * AddressSanitizer build, to keep its run short, still more than twice
+     * the rings' 64 entries) */
 #if defined(__SANITIZE_ADDRESS__)
     enum { N = 150 };
 #else
