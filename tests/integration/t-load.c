@@ -5,8 +5,9 @@
  * RLIMIT_NOFILE soft limit is raised to the hard limit first; the daemon,
  * its child, inherits it) and two shared-memory rings (libdgemma), and
  * pushes at least 10,000 small generate requests through them in rounds
- * (round 0 is the warm-up; about 1,700 under AddressSanitizer, where the
- * daemon is 5-10 times slower).  Ring jobs beyond the daemon's
+ * (round 0 is the warm-up; about 1,900 under AddressSanitizer, to keep its
+ * run short: there the daemon took 287 requests a second against 660 in
+ * the plain build, on a machine of 2 CPUs).  Ring jobs beyond the daemon's
  * client_max_requests (64) per connection wait in their ring, so the ring
  * path's latency includes that wait.  Every round also has:
  *   - slow readers that stop reading for 2 s while asking for about 530 KB
