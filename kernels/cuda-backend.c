@@ -1581,7 +1581,8 @@ int dg_cuda_backend_create(const struct dg_cuda_backend_options *o, struct dg_ba
     cb->base.cfg = cfg;
     if (sched_getaffinity(0, sizeof cb->allowed, &cb->allowed) != 0)
         CPU_ZERO(&cb->allowed);
-    if ((rc = dg_tp_plan_build(cfg, n, o->experts, 1, &cb->plan, err)) < 0) {
+    if ((rc = dg_tp_plan_build_aligned(cfg, n, o->experts, 1, DG_CUDA_WIDTH_ALIGN, &cb->plan,
+                                       err)) < 0) {
         cuda_destroy(&cb->base);
         return rc;
     }

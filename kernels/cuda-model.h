@@ -104,6 +104,13 @@ int dg_cuda_model_random_q_rank(struct dg_cuda_model *cm, const struct dg_model_
                                 uint64_t seed, int fp8, const struct dg_tp_plan *plan, int rank,
                                 int dev, struct dg_error *err);
 
+/* The unit in which the CUDA backend's tensor-parallel plan splits the
+ * dense MLP's and the experts' widths (dg_tp_plan_build_aligned): the FP8
+ * GEMM takes gate/up rows (twice a rank's width) in multiples of 64 and
+ * down's columns (its width) in multiples of 16.  26B-A4B's dense MLP of
+ * 2,112 at TP=4: 512, 544, 512, 544, where 528 each would not fit. */
+#define DG_CUDA_WIDTH_ALIGN 32
+
 /* Rank `rank` of plan only (plan NULL: the whole model, as above).  An FP8
  * checkpoint uploads as FP8 (elt must be bf16); it needs per-token
  * activation quantization (W8A8), and every FP8 matrix as held here must

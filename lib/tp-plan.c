@@ -12,8 +12,33 @@ static struct dg_tp_range part(int64_t total, int n, int r)
     return x;
 }
 
+/* Range r of n parts of a width of total elements, in units of align
+ * where there are at least n units (the last unit may be short), else of
+ * one element; *used: the unit taken. */
+static struct dg_tp_range width_part(int64_t total, int n, int r, int align, int *used)
+{
+    const int64_t units = (total + align - 1) / align;
+    struct dg_tp_range x;
+    if (units < n) {
+        *used = 1;
+        return part(total, n, r);
+    }
+    *used = align;
+    x = part(units, n, r);
+    x.begin *= align;
+    x.end = x.end * align < total ? x.end * align : total;
+    return x;
+}
+
 int dg_tp_plan_build(const struct dg_model_config *cfg, int n, enum dg_expert_split experts,
                      int vocab_align, struct dg_tp_plan *plan, struct dg_error *err)
+{
+    return dg_tp_plan_build_aligned(cfg, n, experts, vocab_align, 1, plan, err);
+}
+
+int dg_tp_plan_build_aligned(const struct dg_model_config *cfg, int n,
+                             enum dg_expert_split experts, int vocab_align, int width_align,
+                             struct dg_tp_plan *plan, struct dg_error *err)
 {
     const int nh = cfg->num_heads;
     const int gs = nh / cfg->num_kv_heads, gf = nh / cfg->num_global_kv_heads;
@@ -25,6 +50,9 @@ int dg_tp_plan_build(const struct dg_model_config *cfg, int n, enum dg_expert_sp
                             DG_TP_MAX);
     if (vocab_align < 1)
         vocab_align = 1;
+    if (width_align < 1)
+        return dg_error_set(err, DG_E_INVAL, "tensor parallel: widths split in units of %d",
+                            width_align);
     units = (cfg->vocab_size + vocab_align - 1) / vocab_align;
     if (n > nh)
         return dg_error_set(err, DG_E_INVAL, "tensor parallel: %d ranks for %d query heads", n,
@@ -53,13 +81,15 @@ int dg_tp_plan_build(const struct dg_model_config *cfg, int n, enum dg_expert_sp
         k->kv_sliding.end = (k->q_heads.end - 1) / gs + 1;
         k->kv_full.begin = k->q_heads.begin / gf;
         k->kv_full.end = (k->q_heads.end - 1) / gf + 1;
-        k->mlp = part(cfg->intermediate_size, n, r);
+        k->mlp = width_part(cfg->intermediate_size, n, r, width_align, &plan->mlp_align);
         if (experts == DG_EXPERTS_ACROSS) {
             k->experts = part(cfg->num_experts, n, r);
             k->expert_width = (struct dg_tp_range){0, cfg->moe_intermediate_size};
+            plan->expert_align = 0;
         } else {
             k->experts = (struct dg_tp_range){0, cfg->num_experts};
-            k->expert_width = part(cfg->moe_intermediate_size, n, r);
+            k->expert_width = width_part(cfg->moe_intermediate_size, n, r, width_align,
+                                         &plan->expert_align);
         }
     }
     return 0;

@@ -17,7 +17,8 @@
  *                 (small; replicating it saves a collective per step)
  *
  * Ranges are balanced: sizes differ by at most one unit (a head, an expert,
- * align vocabulary rows).
+ * align vocabulary rows; for the widths, one element, or width_align of
+ * them where a backend asks: see dg_tp_plan_build_aligned).
  */
 #ifndef DG_TP_PLAN_H
 #define DG_TP_PLAN_H
@@ -49,6 +50,8 @@ struct dg_tp_plan {
     int n_ranks;
     enum dg_expert_split experts;
     int vocab_align;
+    int mlp_align, expert_align; /* the units the widths were split in (expert_align 0:
+                                  * DG_EXPERTS_ACROSS, experts whole) */
     struct dg_tp_rank rank[DG_TP_MAX];
 };
 
@@ -57,6 +60,19 @@ struct dg_tp_plan {
  * or vocabulary slices of align rows). */
 int dg_tp_plan_build(const struct dg_model_config *cfg, int n, enum dg_expert_split experts,
                      int vocab_align, struct dg_tp_plan *plan, struct dg_error *err);
+
+/* The same, with the dense MLP's width (and under DG_EXPERTS_WIDTH each
+ * expert's) split in units of width_align elements where the width holds
+ * at least n of them: every slice then starts at a multiple of it, and
+ * every one but the last (where width_align does not divide the width)
+ * is a multiple of it; a width with fewer than n units is split element
+ * by element, as dg_tp_plan_build does (plan->mlp_align and expert_align
+ * say which).  For a backend whose kernels want such slices (the CUDA
+ * backend's FP8 GEMM: gate/up rows a multiple of 64).  Errors: as
+ * dg_tp_plan_build, and width_align < 1. */
+int dg_tp_plan_build_aligned(const struct dg_model_config *cfg, int n,
+                             enum dg_expert_split experts, int vocab_align, int width_align,
+                             struct dg_tp_plan *plan, struct dg_error *err);
 
 static inline int64_t dg_tp_len(struct dg_tp_range r)
 {

@@ -102,14 +102,37 @@ static void close_golden(struct golden *G)
 
 /* ---- the plan ------------------------------------------------------------ */
 
-static int check_plan(const struct dg_model_config *c, int T, enum dg_expert_split split)
+/* Range k of T of a width of total elements split in units of `unit`
+ * (the plan's): its start a multiple of the unit, its length a whole
+ * number of units (the last range: up to the width's end), between
+ * floor and ceil of the units over T. */
+static int check_width(struct dg_tp_range x, int64_t total, int T, int k, int unit)
+{
+    const int64_t units = (total + unit - 1) / unit, n = (dg_tp_len(x) + unit - 1) / unit;
+    CHECKF(x.begin % unit == 0 && (x.end % unit == 0 || (k == T - 1 && x.end == total)),
+           "range %d [%lld, %lld) of %lld in units of %d", k, (long long)x.begin,
+           (long long)x.end, (long long)total, unit);
+    CHECKF(n >= units / T && n <= (units + T - 1) / T, "range %d: %lld units of %lld over %d",
+           k, (long long)n, (long long)units, T);
+    return 0;
+}
+
+/* The plan of c over T ranks with the widths split in units of align:
+ * contiguous, balanced, every query head's KV head kept, the bytes adding
+ * up; the widths' units align where they hold T of them, else 1. */
+static int check_plan(const struct dg_model_config *c, int T, enum dg_expert_split split,
+                      int align)
 {
     struct dg_tp_plan p;
     struct dg_error err = {0};
     int64_t v = 0, h = 0, i = 0, e = 0, w = 0;
     uint64_t emb = 0;
     const int gs = c->num_heads / c->num_kv_heads, gf = c->num_heads / c->num_global_kv_heads;
-    CHECK_OK(dg_tp_plan_build(c, T, split, 1, &p, &err), &err);
+    const int mlp_unit = (c->intermediate_size + align - 1) / align >= T ? align : 1;
+    const int exp_unit = (c->moe_intermediate_size + align - 1) / align >= T ? align : 1;
+    CHECK_OK(dg_tp_plan_build_aligned(c, T, split, 1, align, &p, &err), &err);
+    CHECK(p.mlp_align == mlp_unit);
+    CHECK(p.expert_align == (split == DG_EXPERTS_ACROSS ? 0 : exp_unit));
     for (int r = 0; r < T; r++) {
         const struct dg_tp_rank *k = &p.rank[r];
         struct dg_tp_bytes b;
@@ -117,6 +140,7 @@ static int check_plan(const struct dg_model_config *c, int T, enum dg_expert_spl
         CHECK(k->vocab.begin == v && k->vocab.end > v);
         CHECK(k->q_heads.begin == h && k->q_heads.end > h);
         CHECK(k->mlp.begin == i && k->mlp.end > i);
+        CHECK(check_width(k->mlp, c->intermediate_size, T, r, mlp_unit) == 0);
         CHECK(dg_tp_len(k->vocab) - c->vocab_size / T <= 1 && dg_tp_len(k->vocab) >= c->vocab_size / T);
         v = k->vocab.end;
         h = k->q_heads.end;
@@ -127,6 +151,7 @@ static int check_plan(const struct dg_model_config *c, int T, enum dg_expert_spl
             e = k->experts.end;
         } else {
             CHECK(k->expert_width.begin == w && dg_tp_len(k->experts) == c->num_experts);
+            CHECK(check_width(k->expert_width, c->moe_intermediate_size, T, r, exp_unit) == 0);
             w = k->expert_width.end;
         }
         /* every query head's KV head is kept */
@@ -156,8 +181,12 @@ static int plan_invariants(void)
         for (int T = 1; T <= 8; T++) {
             if (T > c.num_heads)
                 continue;
-            CHECKF(check_plan(&c, T, DG_EXPERTS_ACROSS) == 0, "%s T %d across", presets[k], T);
-            CHECKF(check_plan(&c, T, DG_EXPERTS_WIDTH) == 0, "%s T %d width", presets[k], T);
+            for (int a = 1; a <= 32; a *= 32) {
+                CHECKF(check_plan(&c, T, DG_EXPERTS_ACROSS, a) == 0, "%s T %d across, align %d",
+                       presets[k], T, a);
+                CHECKF(check_plan(&c, T, DG_EXPERTS_WIDTH, a) == 0, "%s T %d width, align %d",
+                       presets[k], T, a);
+            }
         }
     }
     /* 26B at T = 4: the 2 KV heads of the full layers are replicated */
@@ -171,6 +200,15 @@ static int plan_invariants(void)
     for (int r = 0; r < 7; r++)
         CHECK(p.rank[r].vocab.end % 64 == 0);
     CHECK(p.rank[7].vocab.end == c.vocab_size);
+    /* the widths in units of 32 (the CUDA backend's): 26B's dense MLP of
+     * 2,112 at T = 4 in 16, 17, 16 and 17 of them, not 528 each (a gate/up
+     * of 1,056 rows, which the FP8 GEMM cannot take) */
+    CHECK_OK(dg_tp_plan_build_aligned(&c, 4, DG_EXPERTS_WIDTH, 1, 32, &p, &err), &err);
+    CHECK(dg_tp_len(p.rank[0].mlp) == 512 && dg_tp_len(p.rank[1].mlp) == 544 &&
+          dg_tp_len(p.rank[2].mlp) == 512 && dg_tp_len(p.rank[3].mlp) == 544);
+    CHECK(dg_tp_len(p.rank[0].expert_width) == 160 && dg_tp_len(p.rank[1].expert_width) == 192);
+    CHECK_FAILS(dg_tp_plan_build_aligned(&c, 4, DG_EXPERTS_WIDTH, 1, 0, &p, &err), &err,
+                DG_E_INVAL, "units of 0");
     /* the bytes of T = 1 are the model's */
     for (size_t g = 0; g < 2; g++) {
         struct golden G;
@@ -182,7 +220,8 @@ static int plan_invariants(void)
                GOLDENS[g], (unsigned long long)b.total,
                (unsigned long long)G.m.stats.params_total);
         /* T = 3 does not divide V = 301 or 263 */
-        CHECK(check_plan(&G.m.cfg, 3, DG_EXPERTS_ACROSS) == 0);
+        CHECK(check_plan(&G.m.cfg, 3, DG_EXPERTS_ACROSS, 1) == 0);
+        CHECK(check_plan(&G.m.cfg, 3, DG_EXPERTS_WIDTH, 32) == 0);
         close_golden(&G);
     }
     /* too many ranks */
