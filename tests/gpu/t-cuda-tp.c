@@ -19,7 +19,8 @@
  *     same with FP8 (W8A8) weights, where each rank also quantizes only
  *     the activation columns it holds, at TP=4 too (the plan splits the
  *     dense MLP's width in units of 32, DG_CUDA_WIDTH_ALIGN, so that each
- *     rank's gate/up rows fit the FP8 GEMM).
+ *     rank's gate/up rows fit the FP8 GEMM); and FP8 again with every
+ *     expert split along its width (units of 32 too).
  *   generations: four requests through the engine (prefill chunks,
  *     self-conditioning, commits, two canvases) on the backend at TP=N and
  *     TP=1, fp32 elements, two denoising steps a canvas: every id equal;
@@ -95,6 +96,7 @@ struct tp_pass {
     const struct dg_model_config *cfg;  /*   random weights of this shape */
     uint64_t seed;
     int fp8;                            /*   FP8 (W8A8) projections and experts, else bf16 */
+    enum dg_expert_split experts;       /* experts across ranks (0) or along their width */
     enum dg_elt elt;
     int n;
     struct dg_tp_plan plan;
@@ -218,7 +220,7 @@ static int tp_spawn(struct tp_pass *p)
     struct dg_error err = {0};
     memset(p->nccl, 0, sizeof p->nccl);
     memset(p->decode_coll, 0, sizeof p->decode_coll);
-    CHECK_OK(dg_tp_plan_build_aligned(p->cfg, p->n, DG_EXPERTS_ACROSS, 1, DG_CUDA_WIDTH_ALIGN,
+    CHECK_OK(dg_tp_plan_build_aligned(p->cfg, p->n, p->experts, 1, DG_CUDA_WIDTH_ALIGN,
                                       &p->plan, &err),
              &err);
     if (p->n > 1 && !shared)
@@ -448,6 +450,12 @@ static int case_logits_full(void)
     p.fp8 = 1;
     for (int i = 0; i < n_tp_list; i++)
         CHECK(compare_tp("26B-A4B random FP8", &p, tp_list[i], 0, 1) == 0);
+    /* every expert split along its width (704 at TP=4: 160, 192, 160,
+     * 192; 176 each would not fit the FP8 GEMM either) */
+    p.experts = DG_EXPERTS_WIDTH;
+    for (int i = 0; i < n_tp_list; i++)
+        CHECK(compare_tp("26B-A4B random FP8, experts along their width", &p, tp_list[i], 0,
+                         0) == 0);
     free(prompt);
     free(canvas);
     return 0;
