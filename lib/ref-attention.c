@@ -30,8 +30,9 @@ DG_SAN_RANGE_CHECKED static int ascending(const int64_t *pos, int64_t n)
 /* The keys [*lo, *hi) that can be visible to a query at position q under
  * mask over ascending positions k_pos (every key outside the run is
  * invisible; inside, dg_mask_visible still decides), by bisection. */
-DG_SAN_RANGE_CHECKED static void visible_run(const int64_t *k_pos, int64_t Tk, enum dg_attn_mask mask, int window,
-                        int64_t q, int64_t *lo, int64_t *hi)
+DG_SAN_RANGE_CHECKED static void visible_run(const int64_t *k_pos, int64_t Tk,
+                                             enum dg_attn_mask mask, int window, int64_t q,
+                                             int64_t *lo, int64_t *hi)
 {
     int64_t a = 0, b = Tk;
     *lo = 0, *hi = Tk;
@@ -70,7 +71,8 @@ DG_SAN_RANGE_CHECKED static float dot1(const float *q, const float *k, int hd)
 /* s[u] = q . k_u for four keys k_u (rows kdim apart) over hd values: each
  * sum in the order i = 0, 1, ..., its own chain, so the four run side by
  * side and each equals the one-key loop's bits. */
-DG_SAN_RANGE_CHECKED static void dot4(float s[4], const float *q, const float *k, int64_t kdim, int hd)
+DG_SAN_RANGE_CHECKED static void dot4(float s[4], const float *q, const float *k, int64_t kdim,
+                                      int hd)
 {
     float a = 0, b = 0, c = 0, d = 0;
     for (int i = 0; i < hd; i++) {
@@ -85,8 +87,8 @@ DG_SAN_RANGE_CHECKED static void dot4(float s[4], const float *q, const float *k
 /* o[i] += p[u] v_u[i] for four values rows v_u (kdim apart), u in order:
  * for each i the adds of the one-key loop, in its order (o[i] is held in
  * a float between them, as memory held it), so the same bits. */
-DG_SAN_RANGE_CHECKED static void axpy4(float *restrict o, const float p[4], const float *restrict v, int64_t kdim,
-                  int hd)
+DG_SAN_RANGE_CHECKED static void axpy4(float *restrict o, const float p[4],
+                                       const float *restrict v, int64_t kdim, int hd)
 {
     const float *restrict v1 = v + kdim, *restrict v2 = v + 2 * kdim, *restrict v3 = v + 3 * kdim;
     int i = 0;
@@ -113,8 +115,8 @@ DG_SAN_RANGE_CHECKED static void axpy4(float *restrict o, const float p[4], cons
  * interleaved, qT[4 i + h] = q_h[i]) and four keys u (rows kdim apart from
  * k): sixteen sums, each in the order i = 0, 1, ... (the one-key loop's
  * bits), the four heads of a key side by side. */
-DG_SAN_RANGE_CHECKED static void dot4x4(float *const sc[4], int64_t j, const float *qT, const float *k, int64_t kdim,
-                   int hd)
+DG_SAN_RANGE_CHECKED static void dot4x4(float *const sc[4], int64_t j, const float *qT,
+                                        const float *k, int64_t kdim, int hd)
 {
     /* (written out, so the sixteen sums stay in registers: a key's four
      * heads pack into one vector) */
@@ -141,8 +143,9 @@ DG_SAN_RANGE_CHECKED static void dot4x4(float *const sc[4], int64_t j, const flo
  *   o = sum_j softmax(s)_j v_j   (v: the head's values, rows kdim apart),
  * zeros where no key is visible (any 0).  The weights' sum in double, in
  * key order; weights that are 0 add nothing. */
-DG_SAN_RANGE_CHECKED static void softmax_values(float *o, float *sc, int64_t lo, int64_t hi, float mx, int any,
-                           const float *v, int64_t kdim, int hd)
+DG_SAN_RANGE_CHECKED static void softmax_values(float *o, float *sc, int64_t lo, int64_t hi,
+                                                float mx, int any, const float *v, int64_t kdim,
+                                                int hd)
 {
     double sum = 0;
     memset(o, 0, sizeof *o * (size_t)hd);
@@ -175,8 +178,9 @@ DG_SAN_RANGE_CHECKED static void softmax_values(float *o, float *sc, int64_t lo,
 
 /* Whether keys j .. j + 3 (below hi) are all visible to a query at qp
  * (over ascending positions inside the visible run, the ends decide). */
-DG_SAN_RANGE_CHECKED static int visible4(const int64_t *k_pos, int64_t j, int64_t hi, int sorted,
-                    enum dg_attn_mask mask, int64_t qp, int window)
+DG_SAN_RANGE_CHECKED static int visible4(const int64_t *k_pos, int64_t j, int64_t hi,
+                                         int sorted, enum dg_attn_mask mask, int64_t qp,
+                                         int window)
 {
     return j + 4 <= hi && dg_mask_visible(mask, qp, k_pos[j], window) &&
            dg_mask_visible(mask, qp, k_pos[j + 3], window) &&
