@@ -77,7 +77,8 @@ serve() {
 serve cuda cuda 1
 serve auto cuda 1
 serve cpu cpu 1
-# ranks_named TP GPU...: the log of the last serve names rank r's GPU
+# ranks_named TP LOG GPU...: the ranks of 0 .. TP-1 that LOG does not name
+# on their GPU (the GPUs in rank order; the last stands for the ranks after it)
 ranks_named() {
     local tp=$1 log=$2 missing="" r
     shift 2

@@ -259,7 +259,6 @@ static int sweep(const char *what, const char *const *args, const char *input, e
                  enum calls calls_of, long long first_n, long step)
 {
     const int pre = calls_of == PRELOAD;
-    const long every = step;
     long long upto;
     const char *bin = pre ? fixture_bin("dgemma-client") : calls_of == RING ? ring_client : wrapped;
     static char want[1 << 16], got[1 << 16], err[4096];
@@ -288,11 +287,11 @@ static int sweep(const char *what, const char *const *args, const char *input, e
     calls = calls_counted(w[0].stats);
     CHECKF(calls > 10, "%s: %lld allocation calls counted", what, calls);
     upto = first_n > 0 && first_n < calls ? first_n : calls;
-    for (long long k0 = 0; k0 < upto; k0 += WORKERS * every) {
+    for (long long k0 = 0; k0 < upto; k0 += WORKERS * step) {
         int n = 0;
-        for (; n < WORKERS && k0 + n * every < upto; n++) {
+        for (; n < WORKERS && k0 + n * step < upto; n++) {
             struct slot *s = &w[n];
-            s->k = k0 + n * every;
+            s->k = k0 + n * step;
             unlink(s->batch_out);
             s->pid = spawn(bin, s->k, pre, args, s->batch_out, s->in, s->out, s->err,
                            s->stats);
@@ -348,7 +347,7 @@ static int sweep(const char *what, const char *const *args, const char *input, e
     }
     printf("# %s%s: %lld allocation calls; calls 0, %ld, %ld, ... below %lld each failed alone "
            "in a run: %d runs as the clean one, %d said out of memory (exit 1); %.1f s\n",
-           what, pre ? " (libc's calls too)" : "", calls, every, 2 * every, upto, n_ok, n_nomem,
+           what, pre ? " (libc's calls too)" : "", calls, step, 2 * step, upto, n_ok, n_nomem,
            (fixture_now_ms() - t0) / 1e3);
     CHECKF(n_nomem > 0, "%s: no run said out of memory", what);
     return 0;
