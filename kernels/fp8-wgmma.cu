@@ -147,7 +147,7 @@ __global__ static void __launch_bounds__(128)
  * dg_cuda_fp8_quantize_rows_at with gelu gives) and then sets sync[1 +
  * groups + j]; a down tile of group j waits for that.  Every block a down
  * tile waits on holds an earlier ticket, so it is running or done. */
-template <int NT, int ST, int WGS>
+template <int NT, int ST, int WGS, typename YOut>
 /* (the blocks a multiprocessor holds: at 32 rows a pass 6, as many as
  * the stages' shared memory allows, in 78 registers without spills where
  * 5 took 92 (run 155, batch 1: a layer's launch 211 -> 204 us, the FP8
@@ -160,7 +160,7 @@ template <int NT, int ST, int WGS>
  * alone) */
 __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2)
                                                              : NT == 32 ? 6 : NT == 64 ? 4 : 2)
-    fp8_experts_kernel(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
+    fp8_experts_kernel(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, YOut *ys, const uint8_t *q,
                        const float *qs, const uint8_t *W_gu, const float *S_gu,
                        const uint8_t *W_down, const float *S_down, const int32_t *offsets,
                        const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H)
@@ -248,9 +248,10 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
 }
 
 /* both products in one launch, NT rows a pass, WGS warpgroups a block
- * (fp8_experts_kernel; 2 only where 2I and H are multiples of 128) */
-template <int NT, int WGS>
-static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
+ * (fp8_experts_kernel; 2 only where 2I and H are multiples of 128), ys
+ * of type YOut */
+template <int NT, int WGS, typename YOut>
+static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, YOut *ys, const uint8_t *q,
                           const float *qs, const uint8_t *W_gu, const float *S_gu,
                           const uint8_t *W_down, const float *S_down, const int32_t *offsets,
                           const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H,
@@ -260,7 +261,7 @@ static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, float *ys,
     constexpr int BM = FW_BM * WGS;
     const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
     const int64_t blocks = (2 * I / BM + H / BM) * (int64_t)groups;
-    auto kernel = fp8_experts_kernel<NT, ST, WGS>;
+    auto kernel = fp8_experts_kernel<NT, ST, WGS, YOut>;
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
@@ -280,24 +281,14 @@ extern "C" int dg_cuda_fp8_experts_wgmma_fits(int dev, int64_t I, int64_t H)
            (2 * I / FW_BM + H / FW_BM) * 65535 <= 0x7fffffff;
 }
 
-extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, float *ys,
-                                         const uint8_t *q, const float *qs, const uint8_t *W_gu,
-                                         const float *S_gu, const uint8_t *W_down,
-                                         const float *S_down, const int32_t *offsets,
-                                         const int32_t *counts, int32_t *sync, int groups,
-                                         int64_t I, int64_t H, int rows_hint, dg_stream_t stream,
-                                         int dev, struct dg_error *err)
+/* the launch by the rows a pass and the widths, ys of type YOut */
+template <typename YOut>
+static int experts_pick(__nv_bfloat16 *g, uint8_t *q2, float *qs2, YOut *ys, const uint8_t *q,
+                        const float *qs, const uint8_t *W_gu, const float *S_gu,
+                        const uint8_t *W_down, const float *S_down, const int32_t *offsets,
+                        const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H,
+                        int rows_hint, cudaStream_t st, int dev, struct dg_error *err)
 {
-    const cudaStream_t st = (cudaStream_t)stream;
-    __nv_bfloat16 *g = (__nv_bfloat16 *)gu;
-    if (!dg_cuda_fp8_experts_wgmma_fits(dev, I, H) || groups < 0 || groups > 65535 || !sync)
-        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 experts' wgmma: %d experts of [2 x "
-                            "%lld x %lld] and [%lld x %lld] (widths multiples of 64, the hidden "
-                            "one at most %d, a device of compute capability 9.0)", dev, groups,
-                            (long long)I, (long long)H, (long long)H, (long long)I,
-                            8 * 32 * DG_FQ_CHUNKS);
-    if (groups == 0)
-        return 0;
     /* from 17 rows an expert on, passes of 64 rows with two warpgroups a
      * block where the widths allow (the rows' tile read once for 128
      * weight rows, as moe-wgmma.cu; run 149, batch 4: 27.63, 27.72 ->
@@ -319,6 +310,31 @@ extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, floa
                                       counts, sync, groups, I, H, st, dev, err);
     return launch_experts<64, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
                                  counts, sync, groups, I, H, st, dev, err);
+}
+
+extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, void *ys, int ys_f32,
+                                         const uint8_t *q, const float *qs, const uint8_t *W_gu,
+                                         const float *S_gu, const uint8_t *W_down,
+                                         const float *S_down, const int32_t *offsets,
+                                         const int32_t *counts, int32_t *sync, int groups,
+                                         int64_t I, int64_t H, int rows_hint, dg_stream_t stream,
+                                         int dev, struct dg_error *err)
+{
+    const cudaStream_t st = (cudaStream_t)stream;
+    __nv_bfloat16 *g = (__nv_bfloat16 *)gu;
+    if (!dg_cuda_fp8_experts_wgmma_fits(dev, I, H) || groups < 0 || groups > 65535 || !sync)
+        return dg_error_set(err, DG_E_INVAL, "GPU %d: FP8 experts' wgmma: %d experts of [2 x "
+                            "%lld x %lld] and [%lld x %lld] (widths multiples of 64, the hidden "
+                            "one at most %d, a device of compute capability 9.0)", dev, groups,
+                            (long long)I, (long long)H, (long long)H, (long long)I,
+                            8 * 32 * DG_FQ_CHUNKS);
+    if (groups == 0)
+        return 0;
+    if (ys_f32)
+        return experts_pick(g, q2, qs2, (float *)ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
+                            counts, sync, groups, I, H, rows_hint, st, dev, err);
+    return experts_pick(g, q2, qs2, (__nv_bfloat16 *)ys, q, qs, W_gu, S_gu, W_down, S_down,
+                        offsets, counts, sync, groups, I, H, rows_hint, st, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_wgmma_fits(int dev, int64_t N, int64_t K)

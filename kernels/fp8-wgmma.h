@@ -31,21 +31,21 @@ int dg_cuda_fp8_wgmma(void *Y, int y_f32, int accumulate, const uint8_t *qa, con
  * (with qs) and W_gu (with S_gu; [2I, H] a group), bf16 rows of 2I; each
  * group's hidden rows gelu_tanh(gate) * up quantized into q2 (rows of I
  * bytes) and qs2; ys = the product of q2 and W_down (with S_down; [H, I]
- * a group), fp32 rows of H.  The bytes of dg_cuda_fp8_wgmma into gu,
- * dg_cuda_fp8_quantize_rows_at with gelu over the groups' rows, and
- * dg_cuda_fp8_wgmma into ys.  An expert's down tiles start once its
+ * a group), rows of H, fp32 where ys_f32 else bf16.  The bytes of
+ * dg_cuda_fp8_wgmma into gu, dg_cuda_fp8_quantize_rows_at with gelu over
+ * the groups' rows, and dg_cuda_fp8_wgmma into ys (of ys's type).  An expert's down tiles start once its
  * hidden rows are quantized.  sync: 1 + 2 groups int32 in device memory,
  * all zero when the launch starts (the routing kernel zeroes them), left
  * nonzero.  Fits where both products fit dg_cuda_fp8_wgmma_fits, I and H
  * multiples of 64, I at most 1,024. */
 int dg_cuda_fp8_experts_wgmma_fits(int dev, int64_t I, int64_t H);
 
-int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, float *ys, const uint8_t *q,
-                              const float *qs, const uint8_t *W_gu, const float *S_gu,
-                              const uint8_t *W_down, const float *S_down, const int32_t *offsets,
-                              const int32_t *counts, int32_t *sync, int groups, int64_t I,
-                              int64_t H, int rows_hint, dg_stream_t stream, int dev,
-                              struct dg_error *err);
+int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, void *ys, int ys_f32,
+                              const uint8_t *q, const float *qs, const uint8_t *W_gu,
+                              const float *S_gu, const uint8_t *W_down, const float *S_down,
+                              const int32_t *offsets, const int32_t *counts, int32_t *sync,
+                              int groups, int64_t I, int64_t H, int rows_hint,
+                              dg_stream_t stream, int dev, struct dg_error *err);
 
 #ifdef __cplusplus
 }

@@ -150,12 +150,12 @@ struct wgs_of {
  * yet placed, whatever order the hardware places blocks in.  The gated
  * tiles' tail on the multiprocessors is filled with down tiles of the
  * groups already done. */
-template <int NT, int ST, int WGS>
+template <int NT, int ST, int WGS, typename YOut>
 /* (the blocks a multiprocessor holds by shared memory, as the two
  * kernels it replaces: left free, ptxas gives it registers for fewer) */
 __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2)
                                                              : NT == 32 ? 6 : NT == 64 ? 4 : 3)
-    experts_wgmma_kernel(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
+    experts_wgmma_kernel(__nv_bfloat16 *hh, YOut *ys, const __nv_bfloat16 *xs,
                          const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
                          const int32_t *offsets, const int32_t *counts, int32_t *sync,
                          const int32_t *active, int groups, int64_t I, int64_t H)
@@ -221,9 +221,10 @@ static int pick(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const in
     return launch<32, GATED>(Y, X, W, offsets, counts, groups, N, K, st, dev, err);
 }
 
-/* both products in one launch, NT rows a pass (experts_wgmma_kernel) */
-template <int NT>
-static int launch_experts(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
+/* both products in one launch, NT rows a pass (experts_wgmma_kernel),
+ * ys of type YOut */
+template <int NT, typename YOut>
+static int launch_experts(__nv_bfloat16 *hh, YOut *ys, const __nv_bfloat16 *xs,
                           const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
                           const int32_t *offsets, const int32_t *counts, int32_t *sync,
                           const int32_t *active, int groups, int64_t I, int64_t H,
@@ -233,7 +234,7 @@ static int launch_experts(__nv_bfloat16 *hh, float *ys, const __nv_bfloat16 *xs,
     constexpr int BM = WG_BM * WGS;
     const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
     const int64_t blocks = (2 * I / BM + H / BM) * (int64_t)groups;
-    auto kernel = experts_wgmma_kernel<NT, ST, WGS>;
+    auto kernel = experts_wgmma_kernel<NT, ST, WGS, YOut>;
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
@@ -250,11 +251,29 @@ extern "C" int dg_cuda_experts_wgmma_fits(int dev, int64_t I, int64_t H)
            (2 * I / WG_BM + H / WG_BM) * 65535 <= 0x7fffffff;
 }
 
-extern "C" int dg_cuda_experts_wgmma(void *hh, float *ys, const void *xs, const void *W_gu,
-                                     const void *W_down, const int32_t *offsets,
-                                     const int32_t *counts, int32_t *sync, const int32_t *active,
-                                     int groups, int64_t I, int64_t H, int rows_hint,
-                                     dg_stream_t stream, int dev,
+/* the launch by the rows a pass, ys of type YOut */
+template <typename YOut>
+static int experts_pick(__nv_bfloat16 *h, YOut *ys, const __nv_bfloat16 *x,
+                        const __nv_bfloat16 *wg, const __nv_bfloat16 *wd, const int32_t *offsets,
+                        const int32_t *counts, int32_t *sync, const int32_t *active, int groups,
+                        int64_t I, int64_t H, int rows_hint, cudaStream_t st, int dev,
+                        struct dg_error *err)
+{
+    if (rows_hint > 32)
+        return launch_experts<128>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
+                                   st, dev, err);
+    if (rows_hint > 16)
+        return launch_experts<64>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
+                                  st, dev, err);
+    return launch_experts<32>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H, st,
+                              dev, err);
+}
+
+extern "C" int dg_cuda_experts_wgmma(void *hh, void *ys, int ys_f32, const void *xs,
+                                     const void *W_gu, const void *W_down,
+                                     const int32_t *offsets, const int32_t *counts,
+                                     int32_t *sync, const int32_t *active, int groups, int64_t I,
+                                     int64_t H, int rows_hint, dg_stream_t stream, int dev,
                                      struct dg_error *err)
 {
     const cudaStream_t st = (cudaStream_t)stream;
@@ -268,14 +287,11 @@ extern "C" int dg_cuda_experts_wgmma(void *hh, float *ys, const void *xs, const 
                             (long long)H, (long long)H, (long long)I);
     if (groups == 0)
         return 0;
-    if (rows_hint > 32)
-        return launch_experts<128>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
-                                   st, dev, err);
-    if (rows_hint > 16)
-        return launch_experts<64>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
-                                  st, dev, err);
-    return launch_experts<32>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H, st,
-                              dev, err);
+    if (ys_f32)
+        return experts_pick(h, (float *)ys, x, wg, wd, offsets, counts, sync, active, groups, I,
+                            H, rows_hint, st, dev, err);
+    return experts_pick(h, (__nv_bfloat16 *)ys, x, wg, wd, offsets, counts, sync, active, groups,
+                        I, H, rows_hint, st, dev, err);
 }
 
 extern "C" int dg_cuda_grouped_wgmma_fits(int dev, int64_t N, int64_t K)

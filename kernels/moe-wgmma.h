@@ -29,8 +29,8 @@ int dg_cuda_grouped_wgmma(void *Y, int y_f32, int gated, const void *X, const vo
 
 /* Both of the experts' products in one launch: hh = the gated product
  * of xs and W_gu ([2I, H] a group: dg_cuda_grouped_wgmma's gated = 1, bf16
- * hh rows of I), then ys = hh W_down^T (fp32 rows of H; [H, I] a group),
- * the same bits as those two calls.  An expert's down tiles start as soon
+ * hh rows of I), then ys = hh W_down^T (rows of H, fp32 where ys_f32 else
+ * bf16; [H, I] a group), the same bits as those two calls.  An expert's down tiles start as soon
  * as its own gated tiles are stored, so the first product's last wave
  * shares the GPU with the second's first.  sync: 1 + groups int32 in
  * device memory, all zero when the launch starts (the routing kernel
@@ -41,7 +41,7 @@ int dg_cuda_grouped_wgmma(void *Y, int y_f32, int gated, const void *X, const vo
  * Fits where both products fit dg_cuda_grouped_wgmma_fits. */
 int dg_cuda_experts_wgmma_fits(int dev, int64_t I, int64_t H);
 
-int dg_cuda_experts_wgmma(void *hh, float *ys, const void *xs, const void *W_gu,
+int dg_cuda_experts_wgmma(void *hh, void *ys, int ys_f32, const void *xs, const void *W_gu,
                           const void *W_down, const int32_t *offsets, const int32_t *counts,
                           int32_t *sync, const int32_t *active, int groups, int64_t I, int64_t H,
                           int rows_hint, dg_stream_t stream, int dev, struct dg_error *err);

@@ -326,6 +326,55 @@ __global__ static void combine4_kernel(float4 *out, const float4 *ys, const int3
     out[t * n4 + i] = acc;
 }
 
+/* The same sum over bf16 ys, eight columns a thread (y_i as float: the
+ * same products added in the same order as combine_kernel over those
+ * values): grid (T, ceil(n8 / 256)), rows of n8 16-byte pieces of ys,
+ * ys 16-byte and out 32-byte aligned. */
+__global__ static void combine8_bf16_kernel(float4 *out, const uint4 *ys, const int32_t *slot_of,
+                                            const float *w, int K, int n8)
+{
+    const int64_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (i >= n8)
+        return;
+#pragma unroll 4
+    for (int k = 0; k < K; k++) {
+        const int32_t s = slot_of[t * K + k];
+        if (s >= 0) {
+            const float wk = w[t * K + k];
+            const uint4 y = ys[(int64_t)s * n8 + i];
+            const __nv_bfloat162 *p = (const __nv_bfloat162 *)&y;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float2 f = __bfloat1622float2(p[u]);
+                acc[2 * u] += wk * f.x;
+                acc[2 * u + 1] += wk * f.y;
+            }
+        }
+    }
+    out[(t * n8 + i) * 2] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    out[(t * n8 + i) * 2 + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+}
+
+/* grid (T, ceil(H / 256)): combine_kernel over bf16 ys (the fallback of
+ * the eight-column form) */
+__global__ static void combine_bf16_kernel(float *out, const __nv_bfloat16 *ys,
+                                           const int32_t *slot_of, const float *w, int K, int H)
+{
+    const int64_t t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    float acc = 0.0f;
+    if (i >= H)
+        return;
+    for (int k = 0; k < K; k++) {
+        const int32_t s = slot_of[t * K + k];
+        if (s >= 0)
+            acc += w[t * K + k] * __bfloat162float(ys[(int64_t)s * H + i]);
+    }
+    out[t * H + i] = acc;
+}
+
 /* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
  * l: the counts, the tile schedule and each pick's slot (one launch),
  * then with gather the gathered rows.  Nothing waits for the device. */
@@ -419,30 +468,38 @@ extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int 
                  (cudaStream_t)stream, dev, err);
 }
 
-/* out[T, H] from the experts' outputs ys by the picks' slots (ops.h) */
-static int combine(float *out, const float *ys, const int32_t *slot_of, const float *w,
-                   int64_t T, int K, int H, cudaStream_t st, int dev, struct dg_error *err)
+/* out[T, H] from the experts' outputs ys (fp32 where ys_f32, else bf16)
+ * by the picks' slots (ops.h) */
+static int combine(float *out, const void *ys, int ys_f32, const int32_t *slot_of,
+                   const float *w, int64_t T, int K, int H, cudaStream_t st, int dev,
+                   struct dg_error *err)
 {
     int rc = 0;
-    if (H % 4 == 0 && !((uintptr_t)out & 15) && !((uintptr_t)ys & 15))
+    if (!ys_f32 && H % 8 == 0 && !((uintptr_t)out & 31) && !((uintptr_t)ys & 15))
+        combine8_bf16_kernel<<<dim3((unsigned)T, (unsigned)((H / 8 + 255) / 256)), 256, 0,
+                               st>>>((float4 *)out, (const uint4 *)ys, slot_of, w, K, H / 8);
+    else if (!ys_f32)
+        combine_bf16_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
+            out, (const __nv_bfloat16 *)ys, slot_of, w, K, H);
+    else if (H % 4 == 0 && !((uintptr_t)out & 15) && !((uintptr_t)ys & 15))
         combine4_kernel<<<dim3((unsigned)T, (unsigned)((H / 4 + 255) / 256)), 256, 0, st>>>(
             (float4 *)out, (const float4 *)ys, slot_of, w, K, H / 4);
     else
         combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
-            out, ys, slot_of, w, K, H);
+            out, (const float *)ys, slot_of, w, K, H);
     DG_LAUNCH_CHECK();
 out:
     return rc;
 }
 
-extern "C" int dg_cuda_moe_combine(float *out, const float *ys, const int32_t *slot_of,
-                                   const float *w, int64_t T, int K, int H, dg_stream_t stream,
-                                   int dev, struct dg_error *err)
+extern "C" int dg_cuda_moe_combine(float *out, const void *ys, int ys_f32,
+                                   const int32_t *slot_of, const float *w, int64_t T, int K,
+                                   int H, dg_stream_t stream, int dev, struct dg_error *err)
 {
     if (T < 1 || K < 1 || H < 1 || T > 0x7fffffff)
         return T == 0 ? 0 : dg_error_set(err, DG_E_INVAL, "GPU %d: moe combine: %lld tokens "
                                          "x top-%d, H %d", dev, (long long)T, K, H);
-    return combine(out, ys, slot_of, w, T, K, H, (cudaStream_t)stream, dev, err);
+    return combine(out, ys, ys_f32, slot_of, w, T, K, H, (cudaStream_t)stream, dev, err);
 }
 
 /* Every matrix of element type e (esz bytes) is addressed in bytes here:
@@ -465,6 +522,10 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     void **ptrs;
     int64_t batched;
     int at, direct, rc = 0;
+    /* the experts' outputs: bf16 from Hopper's one launch alone (as a
+     * bf16 product stores them; half the bytes to write and to read
+     * again), else fp32 */
+    int ys_f32 = 1;
 
     if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || (S_gu && e != DG_ELT_BF16) || !S_gu != !S_down)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: element type %d%s", dev, (int)e,
@@ -514,9 +575,10 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                              : dg_cuda_fp8_quantize_rows_at(e, q, qs, sc + l.xs, slot_of, picks,
                                                             H, 0, stream, dev, err)) < 0)
                 goto out;
+            ys_f32 = 0;
             rc = dg_cuda_fp8_experts_wgmma(sc + l.gu, sc + l.q2, (float *)(sc + l.qs2),
-                                           (float *)(sc + l.ys), q, qs, (const uint8_t *)W_gu,
-                                           S_gu, (const uint8_t *)W_down, S_down, offsets, counts,
+                                           sc + l.ys, ys_f32, q, qs, (const uint8_t *)W_gu, S_gu,
+                                           (const uint8_t *)W_down, S_down, offsets, counts,
                                            (int32_t *)(sc + l.sync), n_exp, I, H, hint, stream,
                                            dev, err);
             if (rc < 0)
@@ -558,9 +620,10 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
         if (dg_cuda_experts_wgmma_fits(dev, I, H)) {
             /* Hopper: both in one launch, each expert's down tiles
              * starting once its gate/up tiles are stored */
-            if ((rc = dg_cuda_experts_wgmma(sc + l.hh, (float *)(sc + l.ys), sc + l.xs, W_gu,
-                                            W_down, offsets, counts, (int32_t *)(sc + l.sync),
-                                            NULL, n_exp, I, H, hint, stream, dev, err)) < 0)
+            ys_f32 = 0;
+            if ((rc = dg_cuda_experts_wgmma(sc + l.hh, sc + l.ys, ys_f32, sc + l.xs, W_gu, W_down,
+                                            offsets, counts, (int32_t *)(sc + l.sync), NULL,
+                                            n_exp, I, H, hint, stream, dev, err)) < 0)
                 goto out;
         } else if ((rc = dg_cuda_grouped_gemm_gelu(sc + l.hh, 0, sc + l.xs, W_gu, offsets, counts,
                                                    n_exp, I, H, hint, stream, dev, err)) < 0 ||
@@ -587,7 +650,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                                          err)) < 0)
             goto out;
         if (batched < nt &&
-            (rc = dg_cuda_experts_wgmma(sc + l.hh, (float *)(sc + l.ys), sc + l.xs, W_gu, W_down,
+            (rc = dg_cuda_experts_wgmma(sc + l.hh, sc + l.ys, 1, sc + l.xs, W_gu, W_down,
                                         (const int32_t *)(sc + l.ov_offsets),
                                         (const int32_t *)(sc + l.ov_counts),
                                         (int32_t *)(sc + l.sync),
@@ -596,7 +659,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
             goto out;
     }
 combine:
-    rc = combine(out, (const float *)(sc + l.ys), slot_of, w, T, K, H, st, dev, err);
+    rc = combine(out, sc + l.ys, ys_f32, slot_of, w, T, K, H, st, dev, err);
 out:
     return rc;
 }

@@ -167,7 +167,10 @@ int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, in
  * on the device, whose fixed count covers the tiles routing needs all but
  * never: on Hopper the rows of the tiles past it, if any, go through the
  * one-launch kernel of moe-wgmma.h), and each token sums its picks in k order
- * (deterministic).  Nothing waits for the device: the launches depend on
+ * (deterministic).  Each pick's output down_e(...) is kept in fp32, but
+ * bf16 where Hopper's one launch computes every pick (as a bf16 product
+ * stores it: half the bytes written and read again; fp32 models and the
+ * batched GEMMs keep fp32).  Nothing waits for the device: the launches depend on
  * the shapes only, so the sequence can be captured in a CUDA graph.
  * n_exp <= 1024.  b must be bound to stream.  scratch:
  * dg_cuda_moe_scratch bytes. */
@@ -444,8 +447,8 @@ int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, i
  * T >= 1; e bf16 or fp32; shapes as dg_cuda_moe_e (DG_E_INVAL).
  *
  * dg_cuda_moe_combine: out[t, i] = sum over k < K, in k order, of
- * w[t, k] ys[slot_of[t K + k], i], slots below 0 skipped; out [T, H], ys
- * rows of H, fp32.  T 0: nothing. */
+ * w[t, k] ys[slot_of[t K + k], i], slots below 0 skipped, in fp32; out
+ * [T, H], ys rows of H, fp32 where ys_f32, else bf16.  T 0: nothing. */
 struct dg_moe_route_view {
     int ts;
     int64_t tiles, rows;                /* the tile bound; padded rows, tiles x ts */
@@ -461,8 +464,8 @@ int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H, const in
                         int e0, int n_exp, int I, const void *W_gu, const void *W_down,
                         void *scratch, struct dg_moe_route_view *view, dg_stream_t stream, int dev,
                         struct dg_error *err);
-int dg_cuda_moe_combine(float *out, const float *ys, const int32_t *slot_of, const float *w,
-                        int64_t T, int K, int H, dg_stream_t stream, int dev,
+int dg_cuda_moe_combine(float *out, const void *ys, int ys_f32, const int32_t *slot_of,
+                        const float *w, int64_t T, int K, int H, dg_stream_t stream, int dev,
                         struct dg_error *err);
 
 /* Bytes [p, p + bytes) of device memory fetched into the L2 for a kernel

@@ -770,7 +770,8 @@ static int rows_equal(const unsigned char *a, const unsigned char *b, int64_t ro
  * over the groups' rows, dg_cuda_fp8_wgmma into the fp32 outputs.  The
  * [gate | up] rows, the quantized hidden rows and their scales, and the
  * outputs the same bytes on every row of a group; rows in no group still
- * poisoned; guard bytes intact.  Eight groups of 0, 1, 17, 33, 64, 150, 3
+ * poisoned; guard bytes intact; with bf16 outputs, the bytes of the
+ * third launch's bf16 ones.  Eight groups of 0, 1, 17, 33, 64, 150, 3
  * and 16 rows with gaps, I 64, at rows hints 16, 24 and 85: H 256 (the
  * one launch in passes of 32, then of 64 with two warpgroups a block)
  * and H 192 (an odd multiple of 64: one warpgroup a block, passes of 64
@@ -851,7 +852,7 @@ static int experts_one_launch(void)
                                    hint, NULL, 0, &err), &err);
         for (int rep = 0; rep < 2; rep++) {
             CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 17, 0, &err), &err);
-            CHECK_OK(dg_cuda_fp8_experts_wgmma(gu, q2, qs2, ys, dqa, dsa, dwg, dsg, dwd, dsd,
+            CHECK_OK(dg_cuda_fp8_experts_wgmma(gu, q2, qs2, ys, 1, dqa, dsa, dwg, dsg, dwd, dsd,
                                                doff, dcnt, dsync, 8, I, H, hint, NULL, 0, &err),
                      &err);
         }
@@ -877,6 +878,31 @@ static int experts_one_launch(void)
         CHECK(dg == 0 && dq == 0 && ds == 0 && dy == 0);
         for (int i = 0; i < 8; i++)
             free(h[i]);
+        {
+            /* bf16 outputs against the third launch's bf16 ones (over
+             * the same quantized hidden rows) */
+            void *yb = gt_out_alloc((size_t)(rows * H) * 2, GUARD_BYTES, GUARD_BYTE, &err);
+            void *yb_r = gt_out_alloc((size_t)(rows * H) * 2, GUARD_BYTES, GUARD_BYTE, &err);
+            int64_t db = 0;
+            CHECKF(yb && yb_r, "%s", err.msg);
+            CHECK_OK(dg_cuda_fp8_wgmma(yb_r, 0, 0, q2_r, qs2_r, dwd, dsd, doff, dcnt, 8, rows, H,
+                                       I, hint, NULL, 0, &err), &err);
+            CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 17, 0, &err), &err);
+            CHECK_OK(dg_cuda_fp8_experts_wgmma(gu, q2, qs2, yb, 0, dqa, dsa, dwg, dsg, dwd, dsd,
+                                               doff, dcnt, dsync, 8, I, H, hint, NULL, 0, &err),
+                     &err);
+            CHECK_OK(dg_cuda_sync(0, &err), &err);
+            h[0] = fetch(yb, (size_t)(rows * H) * 2), h[1] = fetch(yb_r, (size_t)(rows * H) * 2);
+            CHECK(h[0] && h[1]);
+            if (rows_equal(h[0], h[1], rows, (size_t)(2 * H), covered, "bf16 outputs", &db))
+                return 1;
+            printf("# the FP8 experts' one launch with bf16 outputs, I %lld, H %lld, pass hint "
+                   "%d: %lld bytes apart from the third launch's\n", (long long)I, (long long)H,
+                   hint, (long long)db);
+            CHECK(db == 0);
+            free(h[0]), free(h[1]);
+            dg_cuda_free(yb), dg_cuda_free(yb_r);
+        }
         dg_cuda_free(dqa), dg_cuda_free(dsa), dg_cuda_free(dwg), dg_cuda_free(dsg);
         dg_cuda_free(dwd), dg_cuda_free(dsd), dg_cuda_free(doff), dg_cuda_free(dcnt);
         dg_cuda_free(dat), dg_cuda_free(dsync), dg_cuda_free(gu), dg_cuda_free(q2);
@@ -887,8 +913,9 @@ static int experts_one_launch(void)
     CHECK(!dg_cuda_fp8_experts_wgmma_fits(0, 32, 256) &&
           !dg_cuda_fp8_experts_wgmma_fits(0, 1088, 256) &&
           !dg_cuda_fp8_experts_wgmma_fits(0, 64, 200));
-    CHECK_FAILS(dg_cuda_fp8_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                          NULL, NULL, NULL, NULL, 8, 64, 256, 16, NULL, 0, &err),
+    CHECK_FAILS(dg_cuda_fp8_experts_wgmma(NULL, NULL, NULL, NULL, 1, NULL, NULL, NULL, NULL,
+                                          NULL, NULL, NULL, NULL, NULL, 8, 64, 256, 16, NULL, 0,
+                                          &err),
                 &err, DG_E_INVAL, "FP8 experts' wgmma");
     return 0;
 }

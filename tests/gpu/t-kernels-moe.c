@@ -499,25 +499,33 @@ static int route_one(const struct route_shape *s)
         free(ovo), free(ovc), free(ref_ovo), free(ref_ovc);
     }
 #undef AT
-    /* combine over random expert outputs in the padded rows, by the GPU's slots */
-    {
+    /* combine over random expert outputs in the padded rows, by the GPU's
+     * slots: fp32 outputs, then bf16 ones (the reference over their values) */
+    for (int ys_f32 = 1; ys_f32 >= 0; ys_f32--) {
         float *ys = malloc(sizeof(float) * (size_t)(v.rows * H));
+        uint16_t *ysb = malloc(sizeof(uint16_t) * (size_t)(v.rows * H));
         float *w = malloc(sizeof(float) * (size_t)picks);
         float *ref = malloc(sizeof(float) * (size_t)(T * H));
         float *got = malloc(sizeof(float) * (size_t)(T * H) + GUARD);
         void *dys, *dw, *dout;
         double worst = 0;
-        CHECK(ys && w && ref && got);
-        for (int64_t i = 0; i < v.rows * H; i++)
+        CHECK(ys && ysb && w && ref && got);
+        for (int64_t i = 0; i < v.rows * H; i++) {
             ys[i] = gt_uniform();
+            ysb[i] = dg_f32_to_bf16(ys[i]);
+            if (!ys_f32)
+                ys[i] = dg_bf16_to_f32(ysb[i]);
+        }
         for (int64_t p = 0; p < picks; p++)
             w[p] = 0.1f + (gt_uniform() + 1.0f) * 0.4f;
         dg_ref_moe_combine(ref, ys, slot, w, T, K, H);
-        dys = gt_upload(ys, sizeof(float) * (size_t)(v.rows * H), &err);
+        dys = ys_f32 ? gt_upload(ys, sizeof(float) * (size_t)(v.rows * H), &err)
+                     : gt_upload(ysb, sizeof(uint16_t) * (size_t)(v.rows * H), &err);
         dw = gt_upload(w, sizeof(float) * (size_t)picks, &err);
         dout = gt_out_alloc(sizeof(float) * (size_t)(T * H), GUARD, 0x5a, &err);
         CHECKF(dys && dw && dout, "%s", err.msg);
-        CHECK_OK(dg_cuda_moe_combine(dout, dys, v.slot_of, dw, T, K, H, NULL, 0, &err), &err);
+        CHECK_OK(dg_cuda_moe_combine(dout, dys, ys_f32, v.slot_of, dw, T, K, H, NULL, 0, &err),
+                 &err);
         CHECK_OK(dg_cuda_sync(0, &err), &err);
         CHECK_OK(dg_cuda_download(got, dout, sizeof(float) * (size_t)(T * H) + GUARD, 0, &err),
                  &err);
@@ -529,11 +537,13 @@ static int route_one(const struct route_shape *s)
             CHECKF(!isnan(got[i]), "combine %s: NaN at %lld", s->what, (long long)i);
             worst = d > worst ? d : worst;
         }
-        printf("# route %s: %d-row tiles, %lld of %lld used; combine within %.1e\n", s->what,
-               v.ts, (long long)used, (long long)v.tiles, worst);
-        CHECKF(worst <= 1e-6, "combine %s: %.3e from the reference", s->what, worst);
+        printf("# route %s: %d-row tiles, %lld of %lld used; combine (%s outputs) within "
+               "%.1e\n", s->what, v.ts, (long long)used, (long long)v.tiles,
+               ys_f32 ? "fp32" : "bf16", worst);
+        CHECKF(worst <= 1e-6, "combine %s (%s outputs): %.3e from the reference", s->what,
+               ys_f32 ? "fp32" : "bf16", worst);
         dg_cuda_free(dys), dg_cuda_free(dw), dg_cuda_free(dout);
-        free(ys), free(w), free(ref), free(got);
+        free(ys), free(ysb), free(w), free(ref), free(got);
     }
     dg_cuda_free(dx), dg_cuda_free(didx), dg_cuda_free(dgu), dg_cuda_free(ddn);
     dg_cuda_free(scratch);
@@ -585,8 +595,8 @@ static int route_combine(void)
     CHECK_FAILS(dg_cuda_moe_route_e((enum dg_elt)7, NULL, 3, 64, NULL, 2, 0, 8, 32, NULL, NULL,
                                     NULL, &v, NULL, 0, &err),
                 &err, DG_E_INVAL, "element type");
-    CHECK(dg_cuda_moe_combine(NULL, NULL, NULL, NULL, 0, 2, 64, NULL, 0, &err) == 0);
-    CHECK_FAILS(dg_cuda_moe_combine(NULL, NULL, NULL, NULL, 3, 0, 64, NULL, 0, &err), &err,
+    CHECK(dg_cuda_moe_combine(NULL, NULL, 1, NULL, NULL, 0, 2, 64, NULL, 0, &err) == 0);
+    CHECK_FAILS(dg_cuda_moe_combine(NULL, NULL, 1, NULL, NULL, 3, 0, 64, NULL, 0, &err), &err,
                 DG_E_INVAL, "top-0");
     return 0;
 }
@@ -860,6 +870,54 @@ static int grouped_gelu(void)
     return 0;
 }
 
+/* The one launch of experts_one_launch's groups g (I, H, pass hint; down
+ * weights dwd) with bf16 outputs, against dg_cuda_grouped_wgmma's bf16
+ * output over the hidden rows dhh2 the two launches stored: the same
+ * bytes on every row of a group, the rows in no group still poisoned,
+ * guard words intact.  dsync: 9 words to zero first. */
+static int experts_bf16_out(const struct groups *g, int64_t I, int64_t H, int hint,
+                            const void *dwd, const void *dhh2, int32_t *dsync)
+{
+    struct dg_error err = {0};
+    const size_t n = (size_t)(g->rows * H), nw = n / 2; /* bf16 values, in floats */
+    void *dhh = out_buf((size_t)(g->rows * I), &err), *dys = out_buf(nw, &err);
+    void *dys2 = out_buf(nw, &err);
+    uint16_t *ys = malloc(2 * n + sizeof(float) * GUARD), *ys2 = malloc(2 * n);
+    int64_t differ = 0;
+    CHECKF(dhh && dys && dys2, "%s", err.msg);
+    CHECK(ys && ys2 && H % 2 == 0);
+    CHECK_OK(dg_cuda_grouped_wgmma(dys2, 0, 0, dhh2, dwd, g->doff, g->dcnt, 8, H, I, hint, NULL,
+                                   0, &err), &err);
+    CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 9, 0, &err), &err);
+    CHECK_OK(dg_cuda_experts_wgmma(dhh, dys, 0, g->dx, g->dw, dwd, g->doff, g->dcnt, dsync, NULL,
+                                   8, I, H, hint, NULL, 0, &err),
+             &err);
+    CHECK_OK(dg_cuda_sync(0, &err), &err);
+    CHECK_OK(dg_cuda_download(ys, dys, 2 * n + sizeof(float) * GUARD, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(ys2, dys2, 2 * n, 0, &err), &err);
+    for (int i = 0; i < GUARD; i++) {
+        float f;
+        memcpy(&f, (const unsigned char *)ys + 2 * n + sizeof(float) * (size_t)i, sizeof f);
+        CHECKF(f == GUARD_F, "bf16 outputs: guard word %d overwritten", i);
+    }
+    for (int64_t r = 0; r < g->rows; r++)
+        for (int64_t c = 0; c < H; c++) {
+            const uint16_t a = ys[r * H + c];
+            if (!g->covered[r])
+                CHECKF(a == 0xffff, "bf16 outputs: row %lld is in no group but was written",
+                       (long long)r);
+            else
+                differ += a != ys2[r * H + c];
+        }
+    printf("# the experts' one launch with bf16 outputs, I %lld, H %lld, pass hint %d: %lld of "
+           "%lld outputs apart from the second launch's bf16 ones\n", (long long)I, (long long)H,
+           hint, (long long)differ, (long long)(g->total * H));
+    CHECK(differ == 0);
+    dg_cuda_free(dhh), dg_cuda_free(dys), dg_cuda_free(dys2);
+    free(ys), free(ys2);
+    return 0;
+}
+
 /* Both of the experts' products in one launch (dg_cuda_experts_wgmma,
  * Hopper only) against the two launches it replaces
  * (dg_cuda_grouped_wgmma gated into bf16 hh, then plain into fp32 ys):
@@ -872,7 +930,9 @@ static int grouped_gelu(void)
  * words zeroed first, twice on the same buffers (the second launch's
  * tickets start again from zero), without an active word and with one of
  * 1; with one of 0 first, nothing written (outputs poisoned, sync words
- * 0).  Shapes it does not take and a NULL sync refused. */
+ * 0); then with bf16 outputs against the second launch's bf16 ones (the
+ * same bytes, rows in no group poisoned, guard words intact).  Shapes it
+ * does not take and a NULL sync refused. */
 static int experts_one_launch(void)
 {
     static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
@@ -888,7 +948,7 @@ static int experts_one_launch(void)
     struct dg_error err = {0};
     if (!dg_cuda_experts_wgmma_fits(0, 64, 256)) {
         printf("# the experts' one launch: not on this device, skipped\n");
-        CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8,
+        CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8,
                                           64, 256, 16, NULL, 0, &err),
                     &err, DG_E_INVAL, "experts' wgmma");
         return 0;
@@ -921,7 +981,7 @@ static int experts_one_launch(void)
                                        0, &err), &err);
         /* the word after the 9 sync words 0: the launch does nothing */
         CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 11, 0, &err), &err);
-        CHECK_OK(dg_cuda_experts_wgmma(dhh, (float *)dys, g.dx, g.dw, dwd, g.doff, g.dcnt,
+        CHECK_OK(dg_cuda_experts_wgmma(dhh, dys, 1, g.dx, g.dw, dwd, g.doff, g.dcnt,
                                        (int32_t *)dsync, (const int32_t *)dsync + 9, 8, I, H,
                                        hint, NULL, 0, &err),
                  &err);
@@ -945,7 +1005,7 @@ static int experts_one_launch(void)
             const int32_t one = 1;
             CHECK_OK(dg_cuda_memset(dsync, 0, sizeof(int32_t) * 9, 0, &err), &err);
             CHECK_OK(dg_cuda_upload((int32_t *)dsync + 10, &one, sizeof one, 0, &err), &err);
-            CHECK_OK(dg_cuda_experts_wgmma(dhh, (float *)dys, g.dx, g.dw, dwd, g.doff, g.dcnt,
+            CHECK_OK(dg_cuda_experts_wgmma(dhh, dys, 1, g.dx, g.dw, dwd, g.doff, g.dcnt,
                                            (int32_t *)dsync,
                                            rep ? (const int32_t *)dsync + 10 : NULL, 8, I, H,
                                            hint, NULL, 0, &err),
@@ -989,16 +1049,17 @@ static int experts_one_launch(void)
                (long long)differ_h, (long long)(g.total * I), (long long)differ_y,
                (long long)(g.total * H));
         CHECK(differ_h == 0 && differ_y == 0);
+        CHECK(experts_bf16_out(&g, I, H, hint, dwd, dhh2, (int32_t *)dsync) == 0);
         dg_cuda_free(dwd), dg_cuda_free(dsync), dg_cuda_free(dhh), dg_cuda_free(dys);
         dg_cuda_free(dhh2), dg_cuda_free(dys2);
         free(hwd), free(fwd), free(hh), free(ys), free(hh2), free(ys2);
         groups_free(&g);
     }
     CHECK(!dg_cuda_experts_wgmma_fits(0, 96, 256) && !dg_cuda_experts_wgmma_fits(0, 64, 200));
-    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 96,
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 96,
                                       256, 16, NULL, 0, &err),
                 &err, DG_E_INVAL, "experts' wgmma");
-    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64,
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64,
                                       256, 16, NULL, 0, &err),
                 &err, DG_E_INVAL, "experts' wgmma");
     return 0;
