@@ -13,10 +13,13 @@
 
 static const char usage[] =
     "usage: dgemma-eval plan (--model DIR | --preset NAME) [--tp T]...\n"
-    "                        [--experts across|width] [--tokens N] [--weight-bytes B]\n"
-    "                        [--act-bytes B]\n"
+    "                        [--experts across|width] [--width-align U] [--tokens N]\n"
+    "                        [--weight-bytes B] [--act-bytes B]\n"
     "For each tensor-parallel degree T (default 1 2 4 8): the largest rank's\n"
-    "weight bytes by part (at --weight-bytes per element, default 2: bf16), its\n"
+    "weight bytes by part (at --weight-bytes per element, default 2: bf16; the\n"
+    "dense MLP's width, and under --experts width each expert's, split in units\n"
+    "of U columns where there are at least T of them: 1 as the CPU backend\n"
+    "splits, the default; 32 as the CUDA backend does), its\n"
     "KV cache per token of the full layers and for the sliding windows, and the\n"
     "collectives of one denoising step over --tokens positions (default: one\n"
     "canvas) with self-conditioning, activations reduced at --act-bytes per\n"
@@ -31,8 +34,9 @@ static double mib(uint64_t b)
 /* Whether a is one of this command's options (each takes a value). */
 static int takes_value(const char *a)
 {
-    static const char *const opts[] = {"--model", "--preset", "--experts", "--tp", "--tokens",
-                                       "--weight-bytes", "--act-bytes"};
+    static const char *const opts[] = {"--model",        "--preset",       "--experts",
+                                       "--tp",           "--tokens",       "--weight-bytes",
+                                       "--act-bytes",    "--width-align"};
     for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++)
         if (!strcmp(a, opts[k]))
             return 1;
@@ -42,7 +46,7 @@ static int takes_value(const char *a)
 int cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *preset = NULL;
-    int tps[16], n_tp = 0, weight_bytes = 2, act_bytes = 2;
+    int tps[16], n_tp = 0, weight_bytes = 2, act_bytes = 2, width_align = 1;
     int64_t tokens = 0;
     enum dg_expert_split experts = DG_EXPERTS_ACROSS;
     struct dg_model_config cfg;
@@ -95,6 +99,12 @@ int cmd_plan(int argc, char **argv)
             tps[n_tp++] = (int)x;
         } else if (!strcmp(a, "--tokens")) {
             tokens = x;
+        } else if (!strcmp(a, "--width-align")) {
+            if (x > 4096) {
+                eval_errorf("plan: --width-align: at most 4096 columns, not '%s'", val);
+                return 2;
+            }
+            width_align = (int)x;
         } else if (!strcmp(a, "--weight-bytes") && (x == 1 || x == 2 || x == 4)) {
             weight_bytes = (int)x;
         } else if (!strcmp(a, "--act-bytes") && (x == 2 || x == 4 || x == 8)) {
@@ -130,16 +140,16 @@ int cmd_plan(int argc, char **argv)
         tokens = cfg.canvas_length;
 
     printf("vocabulary %lld, hidden %d, %d layers, %d experts (top %d); weights at %d "
-           "byte(s) per element, experts %s\n",
+           "byte(s) per element, experts %s, widths split in units of %d column(s)\n",
            (long long)cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_experts,
-           cfg.top_k_experts, weight_bytes, experts == DG_EXPERTS_ACROSS ? "across ranks"
-                                                                         : "along their width");
+           cfg.top_k_experts, weight_bytes,
+           experts == DG_EXPERTS_ACROSS ? "across ranks" : "along their width", width_align);
     printf("\n%-3s %12s %12s %12s %12s %12s %12s %12s %12s\n", "T", "embed MiB", "attn MiB",
            "mlp MiB", "experts MiB", "repl MiB", "total MiB", "KV B/token", "KV window MiB");
     for (int k = 0; k < n_tp; k++) {
         struct dg_tp_plan plan;
         struct dg_tp_bytes worst, b;
-        if (dg_tp_plan_build(&cfg, tps[k], experts, 1, &plan, &err) != 0) {
+        if (dg_tp_plan_build_aligned(&cfg, tps[k], experts, 1, width_align, &plan, &err) != 0) {
             printf("%-3d %s\n", tps[k], err.msg);
             continue;
         }
@@ -164,7 +174,7 @@ int cmd_plan(int argc, char **argv)
         struct dg_tp_plan plan;
         struct dg_tp_comm c;
         uint64_t mine, gather;
-        if (dg_tp_plan_build(&cfg, tps[k], experts, 1, &plan, &err) != 0)
+        if (dg_tp_plan_build_aligned(&cfg, tps[k], experts, 1, width_align, &plan, &err) != 0)
             continue;
         dg_tp_comm_denoise(&cfg, &plan, tokens, 1, 0, act_bytes, &c);
         /* a sampler that gathers the logits instead: every rank sends its
