@@ -129,7 +129,7 @@ EVAL_SRC   := $(wildcard tools/eval/*.c)
 EVAL_OBJ   := $(EVAL_SRC:%.c=$(BUILD)/%.o)
 EVAL_BIN   := $(BUILD)/bin/dgemma-eval
 
-HARNESS_OBJ := $(BUILD)/tests/harness.o $(BUILD)/tests/sql-peek.o
+HARNESS_OBJ := $(BUILD)/tests/harness.o $(BUILD)/tests/sql-peek.o $(BUILD)/tests/json-alloc.o
 UNIT_SRC   := $(wildcard tests/unit/t-*.c)
 UNIT_BIN   := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/unit/%)
 CLI_TESTS  := $(wildcard tests/cli/t-*.sh)

@@ -26,6 +26,7 @@
 
 #include "client/dgemma.h"
 #include "tests/harness.h"
+#include "tests/json-alloc.h"
 #include "tests/integration/fixture.h"
 
 #define WAIT_MS FIXTURE_WAIT_MS
@@ -575,21 +576,12 @@ static int overlong_line(void)
     return 0;
 }
 
-/* A failing allocator for jansson: every allocation fails while armed. */
-static int alloc_armed;
-static void *refusing_malloc(size_t n)
-{
-    return alloc_armed ? NULL : malloc(n);
-}
-
 /* An event that cannot be read for lack of memory is DGEMMA_E_NOMEM, and it
  * is kept: the next call, with memory again, returns it (then the next). */
 static int event_out_of_memory(void)
 {
     static const char lines[] = "{\"v\":1,\"event\":\"status\",\"running\":7}\n"
                                 "{\"v\":1,\"event\":\"status\",\"running\":8}\n";
-    json_malloc_t old_m;
-    json_free_t old_f;
     dgemma_t *c = dgemma_new();
     dgemma_event_t ev;
     int sfd, rc;
@@ -597,12 +589,10 @@ static int event_out_of_memory(void)
 
     CHECK(fake_accept("fake-nomem.sock", c, &sfd) == 0);
     CHECK(write_all(sfd, lines, sizeof lines - 1) == 0);
-    json_get_alloc_funcs(&old_m, &old_f);
-    json_set_alloc_funcs(refusing_malloc, free);
-    alloc_armed = 1;
+    tj_alloc_hold();
+    tj_alloc_arm(0, 1); /* every allocation fails */
     rc = dgemma_next_event(c, &ev, WAIT_MS);
-    alloc_armed = 0;
-    json_set_alloc_funcs(old_m, old_f);
+    tj_alloc_release();
     CHECKF(rc == DGEMMA_E_NOMEM && strstr(dgemma_errmsg(c), "out of memory"), "%d: %s", rc,
            dgemma_errmsg(c));
     for (int want = 7; want <= 8; want++) {
@@ -624,8 +614,6 @@ static int event_out_of_memory(void)
 static int attach_out_of_memory(void)
 {
     static const char line[] = "{\"v\":1,\"event\":\"shm_attached\",\"version\":1}\n";
-    json_malloc_t old_m;
-    json_free_t old_f;
     dgemma_t *c = dgemma_new();
     dgemma_ring_t *ring = NULL;
     int sfd, rc;
@@ -633,12 +621,10 @@ static int attach_out_of_memory(void)
     CHECK(fake_accept("fake-attach-nomem.sock", c, &sfd) == 0);
     CHECK(write_all(sfd, line, sizeof line - 1) == 0);
     shutdown(sfd, SHUT_WR);
-    json_get_alloc_funcs(&old_m, &old_f);
-    json_set_alloc_funcs(refusing_malloc, free);
-    alloc_armed = 1;
+    tj_alloc_hold();
+    tj_alloc_arm(0, 1);
     rc = dgemma_ring_attach(c, NULL, &ring);
-    alloc_armed = 0;
-    json_set_alloc_funcs(old_m, old_f);
+    tj_alloc_release();
     CHECKF(rc == DGEMMA_E_NOMEM && !ring && strstr(dgemma_errmsg(c), "out of memory"), "%d: %s",
            rc, dgemma_errmsg(c));
     close(sfd);

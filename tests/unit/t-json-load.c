@@ -16,6 +16,7 @@
 
 #include "lib/json-util.h"
 #include "tests/harness.h"
+#include "tests/json-alloc.h"
 
 #define DOC_MAX 16384
 
@@ -249,15 +250,6 @@ static int case_same_as_jansson(void)
 
 /* ---- failed allocations ------------------------------------------------------ */
 
-static long calls, fail_at = -1;
-
-static void *failing_malloc(size_t n)
-{
-    if (calls++ == fail_at)
-        return NULL;
-    return malloc(n);
-}
-
 static int case_failed_allocations(void)
 {
     /* the first key's closing quote lands on jansson's buffer boundary
@@ -269,28 +261,24 @@ static int case_failed_allocations(void)
         "[\"" "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\", {\"a\": {\"b\": {\"c\": [[[]]]}}}]",
     };
-    json_malloc_t old_m;
-    json_free_t old_f;
     int bad = 0;
 
-    json_get_alloc_funcs(&old_m, &old_f);
-    json_set_alloc_funcs(failing_malloc, free);
+    tj_alloc_hold();
     for (size_t i = 0; i < sizeof texts / sizeof texts[0] && !bad; i++) {
         const size_t n = strlen(texts[i]);
         struct dg_error err = {0};
         json_t *whole, *v;
         long total;
-        fail_at = -1;
-        calls = 0;
+        tj_alloc_arm(-1, 0);
         whole = dg_json_parse(texts[i], n, "t", &err);
-        total = calls;
+        total = tj_alloc_calls();
         if (!whole || total < 3) {
             bad = test_fail(__FILE__, __LINE__, "text %zu: %s, %ld allocations", i, err.msg,
                             total);
             break;
         }
-        for (fail_at = 0; fail_at < total && !bad; fail_at++) {
-            calls = 0;
+        for (long fail_at = 0; fail_at < total && !bad; fail_at++) {
+            tj_alloc_arm(fail_at, 0);
             dg_error_clear(&err);
             v = dg_json_parse(texts[i], n, "t", &err);
             if (v || err.code != DG_E_NOMEM || !strstr(err.msg, "t: out of memory parsing JSON"))
@@ -300,8 +288,7 @@ static int case_failed_allocations(void)
         }
         json_decref(whole);
     }
-    fail_at = -1;
-    json_set_alloc_funcs(old_m, old_f);
+    tj_alloc_release();
     return bad;
 }
 

@@ -17,6 +17,7 @@
 #include "lib/model-config.h"
 #include "lib/settings-flags.h"
 #include "tests/harness.h"
+#include "tests/json-alloc.h"
 
 /* every flag, with a value the settings take */
 static const char *const FLAG_VALUES[][2] = {
@@ -120,12 +121,6 @@ static int malformed_values_are_refused(void)
     return 0;
 }
 
-static long fail_at = -1, calls;
-
-static void *failing_malloc(size_t n)
-{
-    return calls++ == fail_at ? NULL : malloc(n);
-}
 
 static int allocation_failures(void)
 {
@@ -137,12 +132,9 @@ static int allocation_failures(void)
         {"--stop-id", "7", "{\"stop_token_ids\": [1, 2]}"},
         {"--stop", "a long enough string to need its own allocation", "{\"stop\": []}"},
     };
-    json_malloc_t old_m;
-    json_free_t old_f;
     int bad = 0;
 
-    json_get_alloc_funcs(&old_m, &old_f);
-    json_set_alloc_funcs(failing_malloc, free);
+    tj_alloc_hold();
     for (size_t k = 0; k < sizeof cases / sizeof cases[0] && !bad; k++) {
         json_t *before = json_loads(cases[k][2], 0, NULL), *o;
         struct dg_error err = {0};
@@ -153,10 +145,9 @@ static int allocation_failures(void)
             bad = test_fail(__FILE__, __LINE__, "case %zu: no object", k);
             break;
         }
-        fail_at = -1;
-        calls = 0;
+        tj_alloc_arm(-1, 0);
         rc = dg_settings_flag_set(o, cases[k][0], cases[k][1], &err);
-        total = calls;
+        total = tj_alloc_calls();
         json_decref(o);
         if (rc < 0 || total < 1) {
             bad = test_fail(__FILE__, __LINE__, "case %zu: %s, %ld allocations", k, err.msg,
@@ -165,17 +156,16 @@ static int allocation_failures(void)
             break;
         }
         for (long at = 0; at < total && !bad; at++) {
-            fail_at = -1;
+            tj_alloc_arm(-1, 0);
             o = json_deep_copy(before);
             if (!o) {
                 bad = test_fail(__FILE__, __LINE__, "case %zu: no copy", k);
                 break;
             }
-            calls = 0;
-            fail_at = at;
+            tj_alloc_arm(at, 0);
             dg_error_clear(&err);
             rc = dg_settings_flag_set(o, cases[k][0], cases[k][1], &err);
-            fail_at = -1;
+            tj_alloc_arm(-1, 0);
             if (rc != -DG_E_NOMEM || strcmp(err.msg, "out of memory") || !json_equal(o, before))
                 bad = test_fail(__FILE__, __LINE__, "case %zu, allocation %ld failed: %d %s%s",
                                 k, at, rc, err.msg,
@@ -184,8 +174,7 @@ static int allocation_failures(void)
         }
         json_decref(before);
     }
-    fail_at = -1;
-    json_set_alloc_funcs(old_m, old_f);
+    tj_alloc_release();
     return bad;
 }
 
