@@ -170,8 +170,9 @@ int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, in
  * (deterministic).  Each pick's output down_e(...) is kept in fp32, but
  * bf16 where Hopper's one launch computes every pick (as a bf16 product
  * stores it: half the bytes written and read again; fp32 models and the
- * batched GEMMs keep fp32).  Nothing waits for the device: the launches depend on
- * the shapes only, so the sequence can be captured in a CUDA graph.
+ * batched GEMMs keep fp32).  Nothing waits for the device: the launches
+ * depend on the shapes only, so the sequence can be captured in a CUDA
+ * graph.
  * n_exp <= 1024.  b must be bound to stream.  scratch:
  * dg_cuda_moe_scratch bytes. */
 size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp);

@@ -948,8 +948,8 @@ static int experts_one_launch(void)
     struct dg_error err = {0};
     if (!dg_cuda_experts_wgmma_fits(0, 64, 256)) {
         printf("# the experts' one launch: not on this device, skipped\n");
-        CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8,
-                                          64, 256, 16, NULL, 0, &err),
+        CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                          8, 64, 256, 16, NULL, 0, &err),
                     &err, DG_E_INVAL, "experts' wgmma");
         return 0;
     }
@@ -1056,11 +1056,11 @@ static int experts_one_launch(void)
         groups_free(&g);
     }
     CHECK(!dg_cuda_experts_wgmma_fits(0, 96, 256) && !dg_cuda_experts_wgmma_fits(0, 64, 200));
-    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 96,
-                                      256, 16, NULL, 0, &err),
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8,
+                                      96, 256, 16, NULL, 0, &err),
                 &err, DG_E_INVAL, "experts' wgmma");
-    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8, 64,
-                                      256, 16, NULL, 0, &err),
+    CHECK_FAILS(dg_cuda_experts_wgmma(NULL, NULL, 1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 8,
+                                      64, 256, 16, NULL, 0, &err),
                 &err, DG_E_INVAL, "experts' wgmma");
     return 0;
 }
