@@ -615,8 +615,10 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int64_t Te, int64_t T,
     const dg_stream_t st = cx->stream;
     const int dev = cx->dev;
     /* the experts' output right after the dense MLP's (this batch's T
-     * rows each), so one all-reduce sums both */
+     * rows each), so one all-reduce sums both; partial: each pick's
+     * output a partial sum here (the experts split along their width) */
     float *moe = cx->dense + T * H;
+    const int partial = Im < c->moe_intermediate_size;
     const struct lane on = main_lane(cx);
     /* the dense MLP beside the router and the experts, on the side stream
      * (it reads a, writes gu, act and dense, and with FP8 qa and sa: none
@@ -757,11 +759,12 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int64_t Te, int64_t T,
     if (L->exp_gu_s)
         TRY(dg_cuda_moe_q(cx->blas, moe, (const uint16_t *)cx->a_experts, T, H, cx->ridx, cx->rw, K,
                           cm->e0, cm->n_exp, Im, (const uint8_t *)L->exp_gu, L->exp_gu_s,
-                          (const uint8_t *)L->exp_down, L->exp_down_s, cx->moe_scratch, st,
-                          err));
+                          (const uint8_t *)L->exp_down, L->exp_down_s, partial, cx->moe_scratch,
+                          st, err));
     else
-        TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a_experts, T, H, cx->ridx, cx->rw, K, cm->e0, cm->n_exp,
-                          Im, L->exp_gu, L->exp_down, cx->moe_scratch, st, err));
+        TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a_experts, T, H, cx->ridx, cx->rw, K, cm->e0,
+                          cm->n_exp, Im, L->exp_gu, L->exp_down, partial, cx->moe_scratch, st,
+                          err));
     MARK("experts");
     if (fork) /* the dense MLP's output is in */
         TRY(dg_cuda_stream_after(st, dn.st, cx->join, dev, err));

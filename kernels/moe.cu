@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "kernels/cuda-check.h"
+#include "kernels/elt.cuh"
 #include "kernels/fp8-gemm.h"
 #include "kernels/fp8-wgmma.h"
 #include "kernels/moe-gemm.h"
@@ -73,8 +74,9 @@ struct moe_layout {
     size_t q2, qs2;              /* FP8, the one launch: the hidden rows quantized (I bytes) */
 };
 
-/* esz: bytes of one element of the gathered rows and the intermediates;
- * fp8: room for the rows quantized to E4M3 */
+/* esz: bytes of one element of the gathered rows and the intermediates
+ * (the outputs ys have room for fp32 whatever esz: partial sums stay
+ * fp32); fp8: room for the rows quantized to E4M3 */
 static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_t esz, int fp8)
 {
     const int64_t S = T * K;
@@ -132,6 +134,7 @@ extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
  *   tile t of expert j's k-th ts rows (t = offsets[j] / ts + k):
  *     A1[t] = xs + (offsets[j] + k ts) H,  B1[t] = W_gu_j,    C1[t] = gu + (...) 2I
  *     A2[t] = hh + (offsets[j] + k ts) I,  B2[t] = W_down_j,  C2[t] = ys + (...) H
+ *   (byte offsets: elements of esz bytes, ys's of ysz)
  *   tiles past the last used one compute into the dummies (the batched
  *   GEMMs have a fixed count: the host's bound);
  *   the rows from row rb on (rb: the batched GEMMs' tiles, times ts),
@@ -152,7 +155,7 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
                                     unsigned char *gu, unsigned char *hh, unsigned char *ys,
                                     const unsigned char *wgu, const unsigned char *wdn,
                                     unsigned char *dummy_gu, unsigned char *dummy_ys, int H,
-                                    int I, int esz)
+                                    int I, int esz, int ysz)
 {
     extern __shared__ int32_t s_route[]; /* counts, then offsets [n_exp + 1] */
     __shared__ int32_t s_warp[32];
@@ -227,7 +230,7 @@ __global__ static void route_kernel(int32_t *counts, int32_t *offsets, int32_t *
             C1[t] = gu + row * I2 * esz;
             A2[t] = hh + row * I * esz;
             B2[t] = (void *)(wdn + (int64_t)j * H * I * esz);
-            C2[t] = ys + row * H * 4;
+            C2[t] = ys + row * H * ysz;
         }
     }
     used = s_off[n_exp] / ts;
@@ -282,8 +285,10 @@ __global__ static void gather16_kernel(uint4 *xs, const uint4 *x, const int32_t 
     }
 }
 
-/* grid (T, ceil(H / 256)): out[t, i] = sum over k, in order, of w[t,k] ys[slot, i] */
-__global__ static void combine_kernel(float *out, const float *ys, const int32_t *slot_of,
+/* grid (T, ceil(H / 256)): out[t, i] = sum over k, in order, of w[t,k] ys[slot, i]
+ * (ys fp32 or bf16, each value as float) */
+template <typename Y>
+__global__ static void combine_kernel(float *out, const Y *ys, const int32_t *slot_of,
                                       const float *w, int K, int H)
 {
     const int64_t t = blockIdx.x;
@@ -294,7 +299,7 @@ __global__ static void combine_kernel(float *out, const float *ys, const int32_t
     for (int k = 0; k < K; k++) {
         const int32_t s = slot_of[t * K + k];
         if (s >= 0)
-            acc += w[t * K + k] * ys[(int64_t)s * H + i];
+            acc += w[t * K + k] * dg_ld(ys + (int64_t)s * H + i);
     }
     out[t * H + i] = acc;
 }
@@ -357,28 +362,12 @@ __global__ static void combine8_bf16_kernel(float4 *out, const uint4 *ys, const 
     out[(t * n8 + i) * 2 + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
 }
 
-/* grid (T, ceil(H / 256)): combine_kernel over bf16 ys (the fallback of
- * the eight-column form) */
-__global__ static void combine_bf16_kernel(float *out, const __nv_bfloat16 *ys,
-                                           const int32_t *slot_of, const float *w, int K, int H)
-{
-    const int64_t t = blockIdx.x;
-    const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    float acc = 0.0f;
-    if (i >= H)
-        return;
-    for (int k = 0; k < K; k++) {
-        const int32_t s = slot_of[t * K + k];
-        if (s >= 0)
-            acc += w[t * K + k] * __bfloat162float(ys[(int64_t)s * H + i]);
-    }
-    out[t * H + i] = acc;
-}
-
 /* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
  * l: the counts, the tile schedule and each pick's slot (one launch),
- * then with gather the gathered rows.  Nothing waits for the device. */
-static int route(enum dg_elt e, const struct moe_layout *l, int64_t batched, const void *x,
+ * then with gather the gathered rows.  ys_f32: the outputs' tiles in fp32
+ * (else of type e).  Nothing waits for the device. */
+static int route(enum dg_elt e, int ys_f32, const struct moe_layout *l, int64_t batched,
+                 const void *x,
                  int64_t T, int H, const int32_t *idx, int K, int e0, int n_exp, int I,
                  const void *W_gu, const void *W_down, unsigned char *sc, int gather,
                  cudaStream_t st, int dev, struct dg_error *err)
@@ -394,7 +383,7 @@ static int route(enum dg_elt e, const struct moe_layout *l, int64_t batched, con
         (void **)(sc + l->ptrs), idx, picks,
         e0, n_exp, l->ts, l->tiles, sc + l->xs, sc + l->gu, sc + l->hh, sc + l->ys,
         (const unsigned char *)W_gu, (const unsigned char *)W_down, sc + l->dummy_gu,
-        sc + l->dummy_ys, H, I, (int)esz);
+        sc + l->dummy_ys, H, I, (int)esz, ys_f32 ? 4 : (int)esz);
     DG_LAUNCH_CHECK();
     if (!gather)
         goto out;
@@ -464,8 +453,8 @@ extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int 
         .sync = (int32_t *)(sc + l.sync), .batched = batched_of(e, &l, H, I, dev),
         .ov_offsets = (int32_t *)(sc + l.ov_offsets),
         .ov_counts = (int32_t *)(sc + l.ov_counts), .ov_any = (int32_t *)(sc + l.ov_any)};
-    return route(e, &l, view->batched, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, 1,
-                 (cudaStream_t)stream, dev, err);
+    return route(e, e == DG_ELT_F32, &l, view->batched, x, T, H, idx, K, e0, n_exp, I, W_gu,
+                 W_down, sc, 1, (cudaStream_t)stream, dev, err);
 }
 
 /* out[T, H] from the experts' outputs ys (fp32 where ys_f32, else bf16)
@@ -479,7 +468,7 @@ static int combine(float *out, const void *ys, int ys_f32, const int32_t *slot_o
         combine8_bf16_kernel<<<dim3((unsigned)T, (unsigned)((H / 8 + 255) / 256)), 256, 0,
                                st>>>((float4 *)out, (const uint4 *)ys, slot_of, w, K, H / 8);
     else if (!ys_f32)
-        combine_bf16_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
+        combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
             out, (const __nv_bfloat16 *)ys, slot_of, w, K, H);
     else if (H % 4 == 0 && !((uintptr_t)out & 15) && !((uintptr_t)ys & 15))
         combine4_kernel<<<dim3((unsigned)T, (unsigned)((H / 4 + 255) / 256)), 256, 0, st>>>(
@@ -510,7 +499,7 @@ extern "C" int dg_cuda_moe_combine(float *out, const void *ys, int ys_f32,
 static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
                const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
                const void *W_gu, const float *S_gu, const void *W_down, const float *S_down,
-               void *scratch, dg_stream_t stream, struct dg_error *err)
+               int partial, void *scratch, dg_stream_t stream, struct dg_error *err)
 {
     const int dev = dg_blas_device(b);
     const int64_t esz = dg_elt_size(e);
@@ -522,10 +511,12 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     void **ptrs;
     int64_t batched;
     int at, direct, rc = 0;
-    /* the experts' outputs: bf16 from Hopper's one launch alone (as a
-     * bf16 product stores them; half the bytes to write and to read
-     * again), else fp32 */
-    int ys_f32 = 1;
+    /* the experts' outputs in the element type (bf16 as a bf16 product
+     * stores them: half fp32's bytes to write and to read again), but
+     * partial sums (experts split along their width) in fp32: rounded
+     * before the all-reduce adds them they cost FP8 at TP=4 argmax 250 ->
+     * 241 of 256 against TP=1 (run 272) */
+    const int ys_f32 = e == DG_ELT_F32 || partial;
 
     if ((e != DG_ELT_BF16 && e != DG_ELT_F32) || (S_gu && e != DG_ELT_BF16) || !S_gu != !S_down)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: element type %d%s", dev, (int)e,
@@ -552,8 +543,8 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     at = S_gu && dg_cuda_fp8_quantize_rows_at_fits(H, sc + l.xs, sc + l.q) &&
          dg_cuda_fp8_quantize_rows_at_fits(I, sc + l.gu, sc + l.q);
     direct = at && dg_cuda_fp8_quantize_rows_at_fits(H, x, sc + l.q);
-    if ((rc = route(e, &l, batched, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc, !direct, st,
-                    dev, err)) < 0)
+    if ((rc = route(e, ys_f32, &l, batched, x, T, H, idx, K, e0, n_exp, I, W_gu, W_down, sc,
+                    !direct, st, dev, err)) < 0)
         goto out;
     if (S_gu) {
         /* FP8 (W8A8): each expert's rows quantized per row, the grouped
@@ -575,7 +566,6 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                              : dg_cuda_fp8_quantize_rows_at(e, q, qs, sc + l.xs, slot_of, picks,
                                                             H, 0, stream, dev, err)) < 0)
                 goto out;
-            ys_f32 = 0;
             rc = dg_cuda_fp8_experts_wgmma(sc + l.gu, sc + l.q2, (float *)(sc + l.qs2),
                                            sc + l.ys, ys_f32, q, qs, (const uint8_t *)W_gu, S_gu,
                                            (const uint8_t *)W_down, S_down, offsets, counts,
@@ -608,8 +598,9 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                                                    err)) < 0) {
             goto out;
         }
-        if ((rc = dg_cuda_fp8_gemm(sc + l.ys, 1, q, qs, (const uint8_t *)W_down, S_down, offsets,
-                                   counts, n_exp, l.rows, H, I, hint, stream, dev, err)) < 0)
+        if ((rc = dg_cuda_fp8_gemm(sc + l.ys, ys_f32, q, qs, (const uint8_t *)W_down, S_down,
+                                   offsets, counts, n_exp, l.rows, H, I, hint, stream, dev,
+                                   err)) < 0)
             goto out;
     } else if (e == DG_ELT_BF16 && picks <= 128 * (int64_t)n_exp &&
                dg_cuda_grouped_gemm_gelu_fits(I, H) && dg_cuda_grouped_gemm_fits(H, I)) {
@@ -620,21 +611,20 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
         if (dg_cuda_experts_wgmma_fits(dev, I, H)) {
             /* Hopper: both in one launch, each expert's down tiles
              * starting once its gate/up tiles are stored */
-            ys_f32 = 0;
             if ((rc = dg_cuda_experts_wgmma(sc + l.hh, sc + l.ys, ys_f32, sc + l.xs, W_gu, W_down,
                                             offsets, counts, (int32_t *)(sc + l.sync), NULL,
                                             n_exp, I, H, hint, stream, dev, err)) < 0)
                 goto out;
         } else if ((rc = dg_cuda_grouped_gemm_gelu(sc + l.hh, 0, sc + l.xs, W_gu, offsets, counts,
                                                    n_exp, I, H, hint, stream, dev, err)) < 0 ||
-                   (rc = dg_cuda_grouped_gemm(sc + l.ys, 1, sc + l.hh, W_down, offsets, counts,
+                   (rc = dg_cuda_grouped_gemm(sc + l.ys, ys_f32, sc + l.hh, W_down, offsets, counts,
                                               n_exp, H, I, hint, stream, dev, err)) < 0) {
             goto out;
         }
     } else {
         const int64_t I2 = 2 * (int64_t)I, nt = l.tiles;
-        /* gu = xs W_gu^T (type e), hh = gelu(gate) * up (type e) over every
-         * padded row, ys = hh W_down^T (fp32): tile by tile, each with its
+        /* gu = xs W_gu^T, hh = gelu(gate) * up over every padded row, ys =
+         * hh W_down^T (all three of type e): tile by tile, each with its
          * expert's weights, over the first `batched` tiles (pointer arrays
          * of nt); the rows past them, if any, through the one launch
          * (hh and ys alike, the bits of the grouped kernels, not cuBLAS's;
@@ -644,13 +634,13 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                                          batched, err)) < 0 ||
             (rc = dg_cuda_gelu_mul_e(e, sc + l.hh, I, sc + l.gu, I2, sc + l.gu + I * esz, I2,
                                      batched * l.ts, I, stream, dev, err)) < 0 ||
-            (rc = dg_blas_gemm_batched_e(b, e, ptrs + 5 * nt, 1,
+            (rc = dg_blas_gemm_batched_e(b, e, ptrs + 5 * nt, ys_f32,
                                          (const void *const *)(ptrs + 3 * nt), l.ts,
                                          (const void *const *)(ptrs + 4 * nt), H, I, I, batched,
                                          err)) < 0)
             goto out;
         if (batched < nt &&
-            (rc = dg_cuda_experts_wgmma(sc + l.hh, sc + l.ys, 1, sc + l.xs, W_gu, W_down,
+            (rc = dg_cuda_experts_wgmma(sc + l.hh, sc + l.ys, ys_f32, sc + l.xs, W_gu, W_down,
                                         (const int32_t *)(sc + l.ov_offsets),
                                         (const int32_t *)(sc + l.ov_counts),
                                         (int32_t *)(sc + l.sync),
@@ -666,24 +656,24 @@ out:
 
 extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x,
                              int64_t T, int H, const int32_t *idx, const float *w, int K, int e0,
-                             int n_exp, int I, const void *W_gu, const void *W_down,
+                             int n_exp, int I, const void *W_gu, const void *W_down, int partial,
                              void *scratch, dg_stream_t stream, struct dg_error *err)
 {
-    return moe(b, e, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, NULL, W_down, NULL, scratch,
-               stream, err);
+    return moe(b, e, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, NULL, W_down, NULL, partial,
+               scratch, stream, err);
 }
 
 extern "C" int dg_cuda_moe_q(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
                              const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
                              const uint8_t *W_gu, const float *S_gu, const uint8_t *W_down,
-                             const float *S_down, void *scratch, dg_stream_t stream,
-                             struct dg_error *err)
+                             const float *S_down, int partial, void *scratch,
+                             dg_stream_t stream, struct dg_error *err)
 {
     if (!S_gu || !S_down)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: FP8 experts without their scales",
                             dg_blas_device(b));
     return moe(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, S_gu, W_down, S_down,
-               scratch, stream, err);
+               partial, scratch, stream, err);
 }
 
 extern "C" int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
@@ -691,6 +681,6 @@ extern "C" int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int
                            const uint16_t *W_gu, const uint16_t *W_down, void *scratch,
                            dg_stream_t stream, struct dg_error *err)
 {
-    return dg_cuda_moe_e(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, W_down,
+    return dg_cuda_moe_e(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, W_down, 0,
                          scratch, stream, err);
 }

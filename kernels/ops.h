@@ -167,12 +167,13 @@ int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, in
  * on the device, whose fixed count covers the tiles routing needs all but
  * never: on Hopper the rows of the tiles past it, if any, go through the
  * one-launch kernel of moe-wgmma.h), and each token sums its picks in k order
- * (deterministic).  Each pick's output down_e(...) is kept in fp32, but
- * bf16 where Hopper's one launch computes every pick (as a bf16 product
- * stores it: half the bytes written and read again; fp32 models and the
- * batched GEMMs keep fp32).  Nothing waits for the device: the launches
- * depend on the shapes only, so the sequence can be captured in a CUDA
- * graph.
+ * (deterministic, in fp32).  Each pick's output down_e(...) is stored in
+ * the element type first (bf16: rounded once, as a bf16 product stores
+ * it; half fp32's bytes to write and read again), but in fp32 where
+ * `partial` says the experts are split along their width over ranks (each
+ * rank's outputs are then partial sums, added by an all-reduce).  Nothing
+ * waits for the device: the launches depend on the shapes only, so the
+ * sequence can be captured in a CUDA graph.
  * n_exp <= 1024.  b must be bound to stream.  scratch:
  * dg_cuda_moe_scratch bytes. */
 size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp);
@@ -411,11 +412,12 @@ size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp);
 int dg_cuda_moe_q(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
                   const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
                   const uint8_t *W_gu, const float *S_gu, const uint8_t *W_down,
-                  const float *S_down, void *scratch, dg_stream_t stream, struct dg_error *err);
+                  const float *S_down, int partial, void *scratch, dg_stream_t stream,
+                  struct dg_error *err);
 int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
                   const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
-                  const void *W_gu, const void *W_down, void *scratch, dg_stream_t stream,
-                  struct dg_error *err);
+                  const void *W_gu, const void *W_down, int partial, void *scratch,
+                  dg_stream_t stream, struct dg_error *err);
 
 /* The experts' routing and their sum, the first and last stages of
  * dg_cuda_moe_e (which runs them itself), on their own for the tests
@@ -433,7 +435,7 @@ int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, i
  *   ptrs: six arrays of tiles pointers, A1 B1 C1 A2 B2 C2: tile t = r / ts
  *         of expert j's padded rows r reads xs + r H, W_gu + j 2I H and
  *         writes gu + r 2I (first GEMM), reads hh + r I, W_down + j H I and
- *         writes ys + r H, fp32 (second; element offsets, ys in floats);
+ *         writes ys + r H (second; element offsets, ys of type e too);
  *         tiles from offsets[n_exp] / ts on read xs, W_gu, hh, W_down and
  *         write dummy_gu, dummy_ys;
  *   sync[0 .. 2 n_exp] = 0: the words of the experts' one launch

@@ -16,7 +16,11 @@
  * weights and intermediates; the reference reading fp32 weights).  Output
  * poisoned before, guard words after; bound ||out - ref|| / ||ref|| <=
  * 1e-2 with bf16 elements (bf16 intermediates), 1e-5 with fp32 ones, never
- * a NaN.  An unknown element type refused before anything is written.
+ * a NaN.  Every shape again with bf16 elements and partial sums (the
+ * experts split along their width: dg_cuda_moe_e, partial 1), whose
+ * outputs must stay fp32 in the scratch (some not bf16 values, out their
+ * sum within 1e-6).  An unknown element type refused before anything is
+ * written.
  * The grouped GEMM alone in each of its configurations (K step, pipeline
  * depth, warp grid) against dg_ref_matmul_f64 per group, at means of 16,
  * 35 and 85 rows a group (passes of 2, 4 and 8 m-tiles), fp32 outputs
@@ -118,15 +122,58 @@ static int craft_picks(int32_t *idx, int64_t T, int K, int e0, int n_exp)
     return 0;
 }
 
-/* bf16 elements: dg_cuda_moe and its scratch; fp32: the _e forms */
-static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
+/* The outputs of a call with partial sums (dg_cuda_moe_e, partial 1) as
+ * they lie in its scratch: fp32 rows (view's ys, by view's slot_of), from
+ * which dg_ref_moe_combine gives the call's out got [T, H] within 1e-6,
+ * and not all of them bf16 values (the low 16 bits of some set: they were
+ * not rounded to bf16).  0 or 1. */
+static int ys_kept_f32(const struct shape *s, const struct dg_moe_route_view *v, const float *w,
+                       const float *got)
+{
+    const int64_t T = s->T, picks = T * s->K, n = v->rows * s->H;
+    float *ys = malloc(sizeof(float) * (size_t)n);
+    float *ref = malloc(sizeof(float) * (size_t)(T * s->H));
+    int32_t *slot = malloc(sizeof(int32_t) * (size_t)picks);
+    struct dg_error err = {0};
+    int64_t unrounded = 0, used = 0;
+    double worst = 0;
+
+    CHECK(ys && ref && slot);
+    CHECK_OK(dg_cuda_download(ys, v->ys, sizeof(float) * (size_t)n, 0, &err), &err);
+    CHECK_OK(dg_cuda_download(slot, v->slot_of, sizeof(int32_t) * (size_t)picks, 0, &err), &err);
+    dg_ref_moe_combine(ref, ys, slot, w, T, s->K, s->H);
+    for (int64_t p = 0; p < picks; p++) {
+        used += slot[p] >= 0;
+        for (int i = 0; slot[p] >= 0 && i < s->H; i++) {
+            uint32_t u;
+            memcpy(&u, &ys[(int64_t)slot[p] * s->H + i], 4);
+            unrounded += (u & 0xffffu) != 0;
+        }
+    }
+    for (int64_t i = 0; i < T * s->H; i++) {
+        const double d = fabs((double)got[i] - ref[i]) / (1.0 + fabs(ref[i]));
+        worst = d > worst ? d : worst;
+    }
+    printf("# moe partial %s: %lld outputs not bf16 values; out within %.1e of their sum\n",
+           s->what, (long long)unrounded, worst);
+    CHECKF(worst <= 1e-6, "moe partial %s: out %.3e from the sum of the fp32 outputs", s->what,
+           worst);
+    CHECKF(unrounded > 0 || used == 0, "moe partial %s: every output a bf16 value", s->what);
+    free(ys), free(ref), free(slot);
+    return 0;
+}
+
+/* bf16 elements: dg_cuda_moe and its scratch; fp32: the _e forms;
+ * partial (bf16 elements): dg_cuda_moe_e with partial sums, whose outputs
+ * stay fp32 (ys_kept_f32) */
+static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt, int partial)
 {
     const int64_t T = s->T;
     const int H = s->H, I = s->I, K = s->K, n_exp = s->n_exp;
     const size_t ngu = (size_t)n_exp * 2 * I * H, ndn = (size_t)n_exp * H * I;
     const int f32 = elt == DG_ELT_F32;
     const size_t esz = (size_t)dg_elt_size(elt);
-    const char *tn = f32 ? " f32" : "";
+    const char *tn = f32 ? " f32" : partial ? " partial" : "";
     struct dg_error err = {0};
     void *hx = NULL, *hgu = NULL, *hdn = NULL;
     float *fx = NULL, *fgu = NULL, *fdn = NULL;
@@ -135,6 +182,7 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
     int32_t *idx = malloc((size_t)(T * K) * 4);
     struct dg_weight *wgu = calloc((size_t)n_exp, sizeof *wgu), *wdn = calloc((size_t)n_exp, sizeof *wdn);
     void *dx, *dgu, *ddn, *didx, *dw, *dout = NULL, *scratch = NULL;
+    struct dg_moe_route_view view;
     double num = 0, den = 0;
 
     CHECK(w && ref && got && idx && wgu && wdn &&
@@ -190,9 +238,17 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
                s->what, (long long)v.batched, (long long)v.tiles);
         free(ov);
     }
-    if (f32)
+    if (partial) {
+        /* (where the outputs lie: the routing's view of the same scratch) */
+        CHECK_OK(dg_cuda_moe_route_e(elt, dx, T, H, didx, K, s->e0, n_exp, I, dgu, ddn, scratch,
+                                     &view, NULL, 0, &err),
+                 &err);
         CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
-                               scratch, NULL, &err),
+                               1, scratch, NULL, &err),
+                 &err);
+    } else if (f32)
+        CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
+                               0, scratch, NULL, &err),
                  &err);
     else
         CHECK_OK(dg_cuda_moe(blas, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
@@ -216,6 +272,8 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt)
         printf("# moe%s %s: relative error %.2e\n", tn, s->what, r);
         CHECKF(r <= (f32 ? BOUND_F32 : BOUND), "moe%s %s: %.3e", tn, s->what, r);
     }
+    if (partial && ys_kept_f32(s, &view, w, got))
+        return 1;
     dg_cuda_free(dx);
     dg_cuda_free(dgu);
     dg_cuda_free(ddn);
@@ -265,9 +323,9 @@ static int moe(void)
     struct dg_blas *blas = NULL;
     struct dg_error err = {0};
     CHECK_OK(dg_blas_create(0, NULL, &blas, &err), &err);
-    for (int f = 0; f < 2; f++)
+    for (int f = 0; f < 3; f++)
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
-            if (one(blas, &shapes[k], f ? DG_ELT_F32 : DG_ELT_BF16)) {
+            if (one(blas, &shapes[k], f == 1 ? DG_ELT_F32 : DG_ELT_BF16, f == 2)) {
                 dg_blas_destroy(blas);
                 return 1;
             }
@@ -275,9 +333,9 @@ static int moe(void)
                       &err) == -DG_E_INVAL);
     /* (the fp32 form keeps the checks; no tokens: nothing to do) */
     CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 3, 0, NULL, NULL, 2, 0, 4, 8, NULL, NULL,
-                        NULL, NULL, &err) == -DG_E_INVAL);
+                        0, NULL, NULL, &err) == -DG_E_INVAL);
     CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 0, 8, NULL, NULL, 2, 0, 4, 8, NULL, NULL,
-                        NULL, NULL, &err) == 0);
+                        0, NULL, NULL, &err) == 0);
     /* the scratch: the bf16 name is the bf16 size; fp32 elements need more */
     CHECK(dg_cuda_moe_scratch_e(DG_ELT_BF16, 37, 2, 256, 64, 8) ==
           dg_cuda_moe_scratch(37, 2, 256, 64, 8));
@@ -317,7 +375,7 @@ static int elt_refused(void)
                dg_cuda_alloc(&scratch, dg_cuda_moe_scratch_e(DG_ELT_F32, T, K, H, I, NE), 0,
                              &err) == 0,
            "%s", err.msg);
-    CHECK_FAILS(dg_cuda_moe_e(blas, bad, dout, dx, T, H, didx, dw, K, 0, NE, I, dgu, ddn,
+    CHECK_FAILS(dg_cuda_moe_e(blas, bad, dout, dx, T, H, didx, dw, K, 0, NE, I, dgu, ddn, 0,
                               scratch, NULL, &err),
                 &err, DG_E_INVAL, "element type");
     CHECK_OK(dg_cuda_sync(0, &err), &err);
@@ -456,7 +514,7 @@ static int route_one(const struct route_shape *s)
             want[2] = gu + r * 2 * I * (int64_t)esz;
             want[3] = hh + r * I * (int64_t)esz;
             want[4] = wdn + (int64_t)j * H * I * (int64_t)esz;
-            want[5] = ys + r * H * 4;
+            want[5] = ys + r * H * (int64_t)esz;
         } else {
             want[0] = xs, want[1] = wgu, want[2] = v.dummy_gu;
             want[3] = hh, want[4] = wdn, want[5] = v.dummy_ys;
