@@ -304,62 +304,40 @@ __global__ static void combine_kernel(float *out, const Y *ys, const int32_t *sl
     out[t * H + i] = acc;
 }
 
-/* The same sum four columns a thread (the same products added in the
- * same order: the same bits): grid (T, ceil(n4 / 256)), rows of n4
- * 16-byte pieces, 16-byte aligned; the picks' loads unrolled so that
- * several are in flight at once. */
-__global__ static void combine4_kernel(float4 *out, const float4 *ys, const int32_t *slot_of,
-                                       const float *w, int K, int n4)
+/* The same sum a 16-byte piece of ys a thread, N = 16 / sizeof(Y) columns
+ * (4 fp32 or 8 bf16, each value as float: the same products added in the
+ * same order as combine_kernel, so the same bits): grid (T, ceil(n16 /
+ * 256)), rows of n16 pieces of ys, ys 16-byte and out 4N-byte aligned; the
+ * picks' loads unrolled so that several are in flight at once. */
+template <typename Y>
+__global__ static void combine16_kernel(float4 *out, const uint4 *ys, const int32_t *slot_of,
+                                        const float *w, int K, int n16)
 {
+    constexpr int N = 16 / (int)sizeof(Y);
     const int64_t t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (i >= n4)
+    float acc[N];
+    if (i >= n16)
         return;
-#pragma unroll 4
-    for (int k = 0; k < K; k++) {
-        const int32_t s = slot_of[t * K + k];
-        if (s >= 0) {
-            const float wk = w[t * K + k];
-            const float4 y = ys[(int64_t)s * n4 + i];
-            acc.x += wk * y.x;
-            acc.y += wk * y.y;
-            acc.z += wk * y.z;
-            acc.w += wk * y.w;
-        }
-    }
-    out[t * n4 + i] = acc;
-}
-
-/* The same sum over bf16 ys, eight columns a thread (y_i as float: the
- * same products added in the same order as combine_kernel over those
- * values): grid (T, ceil(n8 / 256)), rows of n8 16-byte pieces of ys,
- * ys 16-byte and out 32-byte aligned. */
-__global__ static void combine8_bf16_kernel(float4 *out, const uint4 *ys, const int32_t *slot_of,
-                                            const float *w, int K, int n8)
-{
-    const int64_t t = blockIdx.x;
-    const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    if (i >= n8)
-        return;
-#pragma unroll 4
-    for (int k = 0; k < K; k++) {
-        const int32_t s = slot_of[t * K + k];
-        if (s >= 0) {
-            const float wk = w[t * K + k];
-            const uint4 y = ys[(int64_t)s * n8 + i];
-            const __nv_bfloat162 *p = (const __nv_bfloat162 *)&y;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const float2 f = __bfloat1622float2(p[u]);
-                acc[2 * u] += wk * f.x;
-                acc[2 * u + 1] += wk * f.y;
-            }
+    for (int u = 0; u < N; u++)
+        acc[u] = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < K; k++) {
+        const int32_t s = slot_of[t * K + k];
+        if (s >= 0) {
+            const float wk = w[t * K + k];
+            const uint4 y = ys[(int64_t)s * n16 + i];
+            const Y *v = (const Y *)&y;
+#pragma unroll
+            for (int u = 0; u < N; u++)
+                acc[u] += wk * dg_ld(v + u);
         }
     }
-    out[(t * n8 + i) * 2] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    out[(t * n8 + i) * 2 + 1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+#pragma unroll
+    for (int u = 0; u < N / 4; u++)
+        out[(t * n16 + i) * (N / 4) + u] =
+            make_float4(acc[4 * u], acc[4 * u + 1], acc[4 * u + 2], acc[4 * u + 3]);
 }
 
 /* The routing stages (ops.h, dg_cuda_moe_route_e) into scratch laid out as
@@ -464,18 +442,22 @@ static int combine(float *out, const void *ys, int ys_f32, const int32_t *slot_o
                    struct dg_error *err)
 {
     int rc = 0;
-    if (!ys_f32 && H % 8 == 0 && !((uintptr_t)out & 31) && !((uintptr_t)ys & 15))
-        combine8_bf16_kernel<<<dim3((unsigned)T, (unsigned)((H / 8 + 255) / 256)), 256, 0,
-                               st>>>((float4 *)out, (const uint4 *)ys, slot_of, w, K, H / 8);
-    else if (!ys_f32)
-        combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
-            out, (const __nv_bfloat16 *)ys, slot_of, w, K, H);
-    else if (H % 4 == 0 && !((uintptr_t)out & 15) && !((uintptr_t)ys & 15))
-        combine4_kernel<<<dim3((unsigned)T, (unsigned)((H / 4 + 255) / 256)), 256, 0, st>>>(
-            (float4 *)out, (const float4 *)ys, slot_of, w, K, H / 4);
-    else
+    const int vec = H % (ys_f32 ? 4 : 8) == 0 && !((uintptr_t)ys & 15) &&
+                    !((uintptr_t)out & (ys_f32 ? 15 : 31));
+    const int n16 = H / (ys_f32 ? 4 : 8);
+    if (vec && ys_f32)
+        combine16_kernel<float><<<dim3((unsigned)T, (unsigned)((n16 + 255) / 256)), 256, 0,
+                                  st>>>((float4 *)out, (const uint4 *)ys, slot_of, w, K, n16);
+    else if (vec)
+        combine16_kernel<__nv_bfloat16><<<dim3((unsigned)T, (unsigned)((n16 + 255) / 256)), 256,
+                                          0, st>>>((float4 *)out, (const uint4 *)ys, slot_of, w,
+                                                   K, n16);
+    else if (ys_f32)
         combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
             out, (const float *)ys, slot_of, w, K, H);
+    else
+        combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
+            out, (const __nv_bfloat16 *)ys, slot_of, w, K, H);
     DG_LAUNCH_CHECK();
 out:
     return rc;
