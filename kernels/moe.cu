@@ -345,9 +345,8 @@ __global__ static void combine16_kernel(float4 *out, const uint4 *ys, const int3
  * then with gather the gathered rows.  ys_f32: the outputs' tiles in fp32
  * (else of type e).  Nothing waits for the device. */
 static int route(enum dg_elt e, int ys_f32, const struct moe_layout *l, int64_t batched,
-                 const void *x,
-                 int64_t T, int H, const int32_t *idx, int K, int e0, int n_exp, int I,
-                 const void *W_gu, const void *W_down, unsigned char *sc, int gather,
+                 const void *x, int64_t T, int H, const int32_t *idx, int K, int e0, int n_exp,
+                 int I, const void *W_gu, const void *W_down, unsigned char *sc, int gather,
                  cudaStream_t st, int dev, struct dg_error *err)
 {
     const int64_t esz = dg_elt_size(e), picks = T * K;
