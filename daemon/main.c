@@ -26,6 +26,7 @@
 
 #include "daemon/access.h"
 #include "daemon/dlog.h"
+#include "daemon/gpu-need.h"
 #include "daemon/metrics.h"
 #include "daemon/protocol.h"
 #include "daemon/sched.h"
@@ -164,22 +165,15 @@ struct mp {
 _Static_assert(DG_CONFIG_ONE_GPU_MAX_TP == DG_NCCL_SHARED_MAX,
                "one_gpu's limit is the shared group's");
 
-/* The GPUs the tp ranks of this process need: one each, or one for all
- * with one_gpu (multi-process ranks take one each). */
-static int gpus_needed(const struct dg_config *cfg)
-{
-    return cfg->one_gpu ? 1 : cfg->tp;
-}
-
 /* devices, where it is set, lists a GPU for each of the tp ranks of this
- * process (multi-process ranks take one each; with one_gpu its first
- * entry takes them all). */
+ * process (gpu-need.h). */
 static int devices_cover_tp(const struct dg_config *cfg, const struct mp *mp,
                             struct dg_error *err)
 {
-    if (cfg->n_devices && cfg->n_devices < gpus_needed(cfg) && mp->rank < 0)
+    if (!dgpu_devices_cover(cfg->n_devices, cfg->tp, cfg->one_gpu, mp->rank))
         return dg_error_set(err, DG_E_CONFIG, "cuda: tp %d needs %d GPUs; devices lists %d",
-                            cfg->tp, gpus_needed(cfg), cfg->n_devices);
+                            cfg->tp, dgpu_needed(cfg->tp, cfg->one_gpu, mp->rank),
+                            cfg->n_devices);
     return 0;
 }
 #endif
@@ -191,6 +185,7 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
 #if DG_HAVE_CUDA
     {
         struct dg_cuda_backend_options o;
+        char why[128];
         int n = 0, rc;
         if (cfg->backend == DG_BACKEND_CPU)
             return 0;
@@ -201,9 +196,9 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                      probe.msg[0] ? probe.msg : "none visible");
                 return 0;
             }
-            if (n < gpus_needed(cfg) || (cfg->n_devices && cfg->n_devices < gpus_needed(cfg))) {
-                dlog(DG_LOG_INFO, "backend auto: tp %d but %d GPU(s): the CPU", cfg->tp,
-                     cfg->n_devices && cfg->n_devices < n ? cfg->n_devices : n);
+            if (!dgpu_auto_takes(n, cfg->n_devices, cfg->tp, cfg->one_gpu, mp->rank, why,
+                                 sizeof why)) {
+                dlog(DG_LOG_INFO, "backend auto: %s: the CPU", why);
                 return 0;
             }
         }
@@ -274,7 +269,7 @@ static int check_backend(const struct dg_config *cfg, const struct loaded *L,
 #if DG_HAVE_CUDA
     if (cfg->backend == DG_BACKEND_CUDA && mp->rank < 0) {
         struct dg_error probe = {0};
-        const int need = gpus_needed(cfg);
+        const int need = dgpu_needed(cfg->tp, cfg->one_gpu, mp->rank);
         int n = 0;
         if (dg_gpu_count(&n, &probe) < 0)
             n = 0;
