@@ -36,8 +36,9 @@ int dg_cuda_fp8_wgmma(void *Y, int y_f32, int accumulate, const uint8_t *qa, con
  * the groups' rows, and dg_cuda_fp8_wgmma into ys (of ys's type).  An
  * expert's down tiles start once its hidden rows are quantized.  sync:
  * 1 + 2 groups int32 in device memory, all zero when the launch starts
- * (the routing kernel zeroes them), left nonzero.  Fits where both products fit dg_cuda_fp8_wgmma_fits, I and H
- * multiples of 64, I at most 1,024. */
+ * (the routing kernel zeroes them), left nonzero.  Fits where both
+ * products fit dg_cuda_fp8_wgmma_fits, I and H multiples of 64, I at most
+ * 1,024. */
 int dg_cuda_fp8_experts_wgmma_fits(int dev, int64_t I, int64_t H);
 
 int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, void *ys, int ys_f32,

@@ -30,11 +30,12 @@ int dg_cuda_grouped_wgmma(void *Y, int y_f32, int gated, const void *X, const vo
 /* Both of the experts' products in one launch: hh = the gated product
  * of xs and W_gu ([2I, H] a group: dg_cuda_grouped_wgmma's gated = 1, bf16
  * hh rows of I), then ys = hh W_down^T (rows of H, fp32 where ys_f32 else
- * bf16; [H, I] a group), the same bits as those two calls.  An expert's down tiles start as soon
- * as its own gated tiles are stored, so the first product's last wave
- * shares the GPU with the second's first.  sync: 1 + groups int32 in
- * device memory, all zero when the launch starts (the routing kernel
- * zeroes them: dg_cuda_moe_route_e's view names them), left nonzero.
+ * bf16; [H, I] a group), the same bits as those two calls.  An expert's
+ * down tiles start as soon as its own gated tiles are stored, so the first
+ * product's last wave shares the GPU with the second's first.  sync: 1 +
+ * groups int32 in device memory, all zero when the launch starts (the
+ * routing kernel zeroes them: dg_cuda_moe_route_e's view names them), left
+ * nonzero.
  * active: NULL, or a word in device memory read as the launch runs: 0 and
  * every block returns at once (nothing written, sync untouched; the routing
  * sets such a word when it leaves the launch no rows).
