@@ -10,8 +10,7 @@ int dgpu_needed(int tp, int one_gpu, int process_rank)
 
 int dgpu_devices_cover(int n_devices, int tp, int one_gpu, int process_rank)
 {
-    return n_devices == 0 || process_rank >= 0 ||
-           n_devices >= dgpu_needed(tp, one_gpu, process_rank);
+    return n_devices == 0 || n_devices >= dgpu_needed(tp, one_gpu, process_rank);
 }
 
 int dgpu_auto_takes(int visible, int n_devices, int tp, int one_gpu, int process_rank, char *why,

@@ -19,9 +19,9 @@
 int dgpu_needed(int tp, int one_gpu, int process_rank);
 
 /* Whether a devices list of n_devices entries (0: not set) names enough
- * GPUs for this process's ranks: at least dgpu_needed of them in one
- * process; any list in a multi-process rank (one entry serves every
- * rank).  1 or 0. */
+ * GPUs for this process's ranks: at least dgpu_needed of them (so any
+ * list in a multi-process rank, where one entry serves every rank).  1 or
+ * 0. */
 int dgpu_devices_cover(int n_devices, int tp, int one_gpu, int process_rank);
 
 /* Whether backend auto takes the GPU backend with `visible` GPUs found:
