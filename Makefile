@@ -401,12 +401,13 @@ test-asan:
 	    tests/fuzz/t-fuzz-smoke.sh
 
 # The threaded tests under ThreadSanitizer (the rank threads, the
-# collectives, the backend's job dispatch, the metrics writer, the tokenizing thread), in
-# their quick form; the range-checked loops' race check (t-san-range); and
+# collectives, the backend's job dispatch, the metrics writer, the tokenizing thread, the
+# start-up group deadline), in their quick form; the range-checked loops' race check
+# (t-san-range); and
 # the whole daemon with its rank threads (t-daemon-tp: a race in the daemon
 # ends it, so the test fails).
 TSAN_BUILD := build-tsan
-TSAN_TESTS := t-coll t-tp t-metrics-writer t-prep t-san-range
+TSAN_TESTS := t-coll t-tp t-metrics-writer t-prep t-san-range t-group-deadline
 TSAN_INTEG := t-daemon-tp
 test-tsan:
 	$(Q)$(MAKE) --no-print-directory BUILD=$(TSAN_BUILD) SANITIZE=thread CFLAGS="$(SAN_CFLAGS)" \

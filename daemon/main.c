@@ -27,6 +27,7 @@
 #include "daemon/access.h"
 #include "daemon/dlog.h"
 #include "daemon/gpu-need.h"
+#include "daemon/group-deadline.h"
 #include "daemon/metrics.h"
 #include "daemon/protocol.h"
 #include "daemon/sched.h"
@@ -178,6 +179,31 @@ static int devices_cover_tp(const struct dg_config *cfg, const struct mp *mp,
 }
 #endif
 
+#if DG_HAVE_CUDA
+/* group_timeout passed with the NCCL group not formed: ncclCommInitRank
+ * cannot be called off, so say why and end the process (exit 1; nothing
+ * is served yet, no socket made), for the launcher to start it again. */
+struct group_late_ctx {
+    int rank; /* -1: one process */
+    int tp;
+};
+
+static void group_late(void *arg, int joined, int need, double seconds)
+{
+    const struct group_late_ctx *g = arg;
+    const char *at = getenv("NCCL_COMM_ID");
+    if (g->rank >= 0)
+        dlog(DG_LOG_ERROR, "rank %d: the NCCL group of %d ranks did not form within %g s "
+             "(group_timeout): is every rank started, with NCCL_COMM_ID (here %s) naming "
+             "rank 0's host and port? exiting 1", g->rank, g->tp, seconds, at ? at : "unset");
+    else
+        dlog(DG_LOG_ERROR, "the group of %d tensor-parallel ranks did not form within %g s "
+             "(group_timeout): %d of them joined; exiting 1", g->tp, seconds, joined);
+    (void)need;
+    _exit(1);
+}
+#endif
+
 static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
                           const struct mp *mp, struct dg_backend **b, struct dg_error *err)
 {
@@ -185,6 +211,8 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
 #if DG_HAVE_CUDA
     {
         struct dg_cuda_backend_options o;
+        struct dgroup_deadline *deadline = NULL;
+        static struct group_late_ctx late; /* (read by the deadline's thread) */
         char why[128];
         int n = 0, rc;
         if (cfg->backend == DG_BACKEND_CPU)
@@ -230,7 +258,24 @@ static int choose_backend(const struct dg_config *cfg, const struct loaded *L,
         }
         /* an fp32 checkpoint runs at its own precision; the others as bf16 */
         o.fp32 = L->m.embed.dtype == DG_DTYPE_F32;
-        if ((rc = dg_cuda_backend_create(&o, b, err)) < 0) {
+        /* the NCCL group's forming bounded by group_timeout (this
+         * process's ranks: one in multi-process mode) */
+        if (cfg->tp > 1) {
+            late.rank = mp->rank;
+            late.tp = cfg->tp;
+            if ((rc = dgroup_deadline_start(cfg->group_timeout, mp->rank >= 0 ? 1 : cfg->tp,
+                                            group_late, &late, &deadline, err)) < 0)
+                return rc;
+            o.joined = dgroup_deadline_joined;
+            o.joined_arg = deadline;
+        }
+        rc = dg_cuda_backend_create(&o, b, err);
+        if (rc >= 0 && deadline)
+            dlog(DG_LOG_INFO, "the group of %d tensor-parallel ranks formed: %d joined in this "
+                 "process (group_timeout %g s)", cfg->tp, dgroup_deadline_count(deadline),
+                 cfg->group_timeout);
+        dgroup_deadline_stop(deadline);
+        if (rc < 0) {
             dg_error_prefix(err, "cuda (tp %d)", cfg->tp);
             return rc;
         }

@@ -297,6 +297,8 @@ static int rank_init(struct grank *R, struct dg_error *err)
     if (R->cb->n > 1) {
         TRY(join(R, err));
         R->cx.nccl = R->nccl;
+        if (o->joined)
+            o->joined(o->joined_arg, R->index);
     }
     if (o->profile && R->index == 0)
         for (int i = 0; i < 2; i++)

@@ -73,7 +73,8 @@
  * ncclCommInitRank would wait for it for good.  Creation is not bounded by
  * the watchdog: a rank that fails inside ncclCommInitRank, or a process of
  * a multi-process group that never starts, still leaves the others
- * waiting there.
+ * waiting there; options.joined tells a caller which ranks got past it
+ * (dgemmad ends the process when they do not in time).
  */
 #ifndef DG_KERNELS_CUDA_BACKEND_H
 #define DG_KERNELS_CUDA_BACKEND_H
@@ -124,6 +125,12 @@ struct dg_cuda_backend_options {
      * same id */
     int process_rank;
     const struct dg_nccl_id *nccl_id;
+    /* called on each of this process's rank threads once the rank has
+     * joined the group at creation (not at a rebuild; not with n_ranks
+     * 1), with its rank: a caller bounding how long the group takes to
+     * form learns that it did (dgemmad's group_timeout); NULL: none */
+    void (*joined)(void *arg, int rank);
+    void *joined_arg;
 };
 
 /* Errors: DG_E_INVAL (options), DG_E_NOMEM, DG_E_CUDA, DG_E_CUBLAS,

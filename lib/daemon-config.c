@@ -85,6 +85,12 @@ static const struct opt opts[] = {
      .dmax = 86400, .def = "120",
      .help = "Seconds one step of the GPU workers may take before the watchdog aborts their "
              "NCCL group (a hung collective) and fails the step's requests. 0: no watchdog."},
+    {.name = "group_timeout", .type = T_DOUBLE, .off = OFF(group_timeout), .dmin = 0,
+     .dmax = 86400, .def = "300",
+     .help = "Seconds the tensor-parallel ranks (tp above 1 on GPUs) may take at start-up to "
+             "form their NCCL group; past it the daemon logs why and exits 1 (in multi-process "
+             "mode: a rank not started, or NCCL_COMM_ID naming the wrong host). 0: wait for "
+             "good."},
     {.name = "cuda_graphs", .type = T_BOOL, .off = OFF(cuda_graphs), .def = "true",
      .help = "Capture the GPU backend's denoising and commit steps in CUDA graphs and replay "
              "them (false: launch every kernel, for debugging; the results are the same)."},

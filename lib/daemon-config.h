@@ -36,6 +36,8 @@ struct dg_config {
     int experts_width;                   /* 0: across ranks, 1: along the expert width */
     int pin_workers;                     /* bool: pin each rank's worker thread to a CPU */
     double gpu_timeout;                  /* seconds a GPU call may take, 0 = no watchdog, default 120 */
+    double group_timeout;                /* seconds to form the NCCL group at start, 0 = no
+                                            bound, default 300 */
     int cuda_graphs;                     /* bool: capture GPU steps in CUDA graphs, default true */
     int one_gpu;                         /* bool: every tp rank on one GPU (cuda), default false */
     int max_batch;                       /* requests in flight, 1..1024, default 8 */

@@ -8,7 +8,8 @@
 # four are, at tp 4 too: the log names every rank's GPU and vocabulary
 # slice, and the metrics file holds a row for every request (dgemma-client
 # stats).  On any GPU, the same at tp 2 and 4 with one_gpu (every rank on
-# GPU 0, collectives without NCCL, no graphs).
+# GPU 0, collectives without NCCL, no graphs).  At tp above 1 the log says
+# that the group formed with every rank joined (group_timeout's count).
 # Exit 77 where there is no GPU or no daemon build.
 set -u
 # (CI runs as root; dgemmad refuses root unless told)
@@ -93,6 +94,8 @@ ranks_named() {
 for tp in 2 4; do
     serve cuda cuda $tp 1
     missing=$(ranks_named $tp "$tmp/cuda.$tp.one.log" 0)
+    grep -q "group of $tp tensor-parallel ranks formed: $tp joined" "$tmp/cuda.$tp.one.log" ||
+        missing="$missing (no line: the group of $tp formed)"
     if [ -z "$missing" ]; then
         ok "tp$tp-one-gpu/ranks"
         grep "rank [0-9] of $tp" "$tmp/cuda.$tp.one.log" | sed 's/^/# /'
@@ -109,6 +112,8 @@ for tp in 2 4; do
     serve cuda cuda $tp
     log=$tmp/cuda.$tp.log
     missing=$(ranks_named $tp "$log" $(seq 0 $((tp - 1))))
+    grep -q "group of $tp tensor-parallel ranks formed: $tp joined" "$log" ||
+        missing="$missing (no line: the group of $tp formed)"
     if [ -z "$missing" ] && grep -q 'worker pinned' "$log"; then
         ok "tp$tp/ranks"
         grep "rank [0-9] of $tp\|pinned" "$log" | sed 's/^/# /'

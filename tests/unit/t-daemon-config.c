@@ -30,7 +30,7 @@ static int defaults(void)
     dg_config_defaults(&c);
     CHECK(!strcmp(c.model, "") && c.backend == DG_BACKEND_AUTO && c.n_devices == 0);
     CHECK(c.tp == 1 && c.experts_width == 0 && c.pin_workers == 1 && c.gpu_timeout == 120 &&
-          c.cuda_graphs == 1 && c.one_gpu == 0);
+          c.group_timeout == 300 && c.cuda_graphs == 1 && c.one_gpu == 0);
     CHECK(c.max_batch == 8 && c.max_canvas_length == 0 && c.max_denoising_steps == 256);
     CHECK(c.max_tokens == 8192 && c.max_context == 0 && c.default_max_tokens == 0 &&
           c.parse_special == 1);
@@ -44,7 +44,7 @@ static int defaults(void)
     CHECK(c.metrics_queue == 4096 && c.metrics_flush == 1 && c.metrics_retention_days == 90);
     CHECK(c.metrics_max_mb == 1024);
     CHECK(c.shm_user_max_mb == 256);
-    CHECK(dg_config_n_options() == 42);
+    CHECK(dg_config_n_options() == 43);
     for (int i = 0; i < dg_config_n_options(); i++) {
         const char *name, *type, *def, *help;
         char assign[256];
