@@ -42,11 +42,11 @@ static char *big_line(const char *tag, int chat)
                                         "brown ", "fox ", "12345 ", "hello ", "world "};
     char *text = malloc(BIG_BYTES + 1), *line;
     size_t n = 0;
-    unsigned k = 7;
+    uint64_t k = 7;
     if (!text)
         return NULL;
     while (n + 8 < BIG_BYTES) {
-        const char *w = words[(k = k * 1103515245u + 12345u) >> 16 & 7];
+        const char *w = words[test_xorshift(&k) >> 16 & 7];
         memcpy(text + n, w, strlen(w));
         n += strlen(w);
     }

@@ -24,12 +24,12 @@
 #include "tests/harness.h"
 #include "tests/sql-peek.h"
 
-static unsigned rng_state = 12345;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
+/* 24 random bits (harness.h's stream) */
 static unsigned rnd(void)
 {
-    rng_state = rng_state * 1103515245u + 12345u;
-    return (rng_state >> 8) & 0xffffff;
+    return (unsigned)(test_xorshift(&rng_state) >> 40);
 }
 
 static double mono(void)

@@ -222,7 +222,7 @@ static int case_matmul_bf16_widths(void)
     float wf[R * CMAX], x[T * CMAX], y[T * R], want[T * R], row[CMAX];
     uint64_t st = 0x9e3779b97f4a7c15ull;
     for (int i = 0; i < R * CMAX; i++) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        test_xorshift(&st);
         wb[i] = dg_f32_to_bf16((float)((int)(st >> 40) % 2001 - 1000) / 137.0f);
         wf[i] = dg_bf16_to_f32(wb[i]);
     }

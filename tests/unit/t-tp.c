@@ -338,7 +338,7 @@ static int soft_embedding(void)
         for (int64_t t = 0; t < CL; t++) {
             double z = 0;
             for (int64_t v = 0; v < V; v++) {
-                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                test_xorshift(&s);
                 P[t * V + v] = (float)((s >> 40) % 1000) + (t == 2 && v % 3 ? 0.0f : 1.0f);
                 z += P[t * V + v];
             }
