@@ -543,7 +543,9 @@ static int serve_rank(const struct dg_config *cfg, const struct loaded *L, const
         return 1;
     }
     dlog(DG_LOG_INFO, "rank %d of %d: serving rank 0's calls", mp->rank, cfg->tp);
+    sd_notify_send("READY=1\nSTATUS=serving rank 0's calls");
     rc = dg_cuda_backend_serve(b, &stop_requested, &err);
+    sd_notify_send("STOPPING=1");
     if (rc < 0 && !stop_requested)
         dlog(DG_LOG_ERROR, "rank %d: the group failed: %s", mp->rank, err.msg);
     else
@@ -732,6 +734,9 @@ int main(int argc, char **argv)
         dlog(DG_LOG_ERROR, "%s", err.msg);
         goto out;
     }
+    /* (what `systemctl status` shows while a start takes long) */
+    if (!check_config)
+        sd_notify_send("STATUS=loading the model");
     if (load_model(model_dir, &L, &err) < 0) {
         dlog(DG_LOG_ERROR, "model %s: %s", model_dir, err.msg);
         goto out;
@@ -771,6 +776,9 @@ int main(int argc, char **argv)
         status = serve_rank(&cfg, &L, &mp);
         goto out;
     }
+    sd_notify_send(cfg.tp > 1 ? "STATUS=starting the backend (its ranks joining, then the "
+                                "weights uploaded)"
+                              : "STATUS=starting the backend (the weights uploaded)");
     if (choose_backend(&cfg, &L, &mp, &backend, &err) < 0) {
         dlog(DG_LOG_ERROR, "backend: %s", err.msg);
         goto out;

@@ -6,11 +6,11 @@
  * mid-request, a client that vanishes mid-stream, a half-closed client,
  * every kind of bad input (the connection stays usable), a full queue,
  * too many connections, a second daemon refused on a live socket, a stale
- * socket replaced, readiness sent to $NOTIFY_SOCKET, the log reopened on
- * SIGHUP, SIGTERM during generation ending cleanly, a done line longer
- * than max_output_bytes reaching a client that keeps up, and thousands of
- * requests written at once answered, whether the client reads at once or
- * later.
+ * socket replaced, the start's status lines and then readiness sent to
+ * $NOTIFY_SOCKET, the log reopened on SIGHUP, SIGTERM during generation
+ * ending cleanly, a done line longer than max_output_bytes reaching a
+ * client that keeps up, and thousands of requests written at once
+ * answered, whether the client reads at once or later.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -151,14 +151,28 @@ static int start(void)
     /* (the socket answers a moment before the line that says so) */
     CHECK(log_soon(log_path, "ready: socket"));
     {
+        /* the start's status lines (loading the model, then the backend),
+         * then READY=1 */
         char msg[256];
-        struct pollfd p = {notify_fd, POLLIN, 0};
-        ssize_t n;
-        CHECK(poll(&p, 1, 5000) == 1);
-        n = recv(notify_fd, msg, sizeof msg - 1, 0);
-        CHECK(n > 0);
-        msg[n] = '\0';
-        CHECKF(strstr(msg, "READY=1"), "notification '%s'", msg);
+        int loading = 0, backend = 0, ready = 0;
+        while (!ready) {
+            struct pollfd p = {notify_fd, POLLIN, 0};
+            ssize_t n;
+            CHECKF(poll(&p, 1, 5000) == 1, "no READY=1 within 5 s (loading %d, backend %d)",
+                   loading, backend);
+            n = recv(notify_fd, msg, sizeof msg - 1, 0);
+            CHECK(n > 0);
+            msg[n] = '\0';
+            if (strstr(msg, "STATUS=loading the model"))
+                loading = 1;
+            else if (strstr(msg, "STATUS=starting the backend"))
+                backend = loading;
+            else
+                ready = strstr(msg, "READY=1") != NULL;
+            CHECKF(ready || loading, "notification '%s' before the loading status", msg);
+        }
+        CHECKF(loading && backend, "READY=1 without the start's status lines (%d, %d)", loading,
+               backend);
     }
     return 0;
 }
