@@ -2,12 +2,12 @@
 # Description: `make install DESTDIR=... PREFIX=/usr` puts every file in
 # place (binaries, libdgemma shared and static, dgemma.h, dgemma.pc, manual
 # pages, dgemmad.yaml, the systemd unit (Type=notify, a start of up to 15
-# minutes), the sysusers file, the cron example); a program written
-# against the installed header, built and linked through pkg-config
-# (shared, then static), runs against the installed daemon serving the
-# installed default model; the shared library exports only dgemma_*
-# symbols; a second install keeps an edited dgemmad.yaml; uninstall
-# removes what install put there.
+# minutes, the socket families NCCL's bootstrap needs), the sysusers file,
+# the cron example); a program written against the installed header,
+# built and linked through pkg-config (shared, then static), runs against
+# the installed daemon serving the installed default model; the shared
+# library exports only dgemma_* symbols; a second install keeps an edited
+# dgemmad.yaml; uninstall removes what install put there.
 set -u
 # (CI runs as root; dgemmad refuses root unless told)
 ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
@@ -37,7 +37,9 @@ if [ -z "$missing" ] && grep -q '^ExecStart=/usr/bin/dgemmad -c /etc/dgemma/dgem
        "$root/etc/systemd/system/dgemmad.service" &&
    grep -q '^Type=notify' "$root/etc/systemd/system/dgemmad.service" &&
    grep -q '^StateDirectory=dgemma' "$root/etc/systemd/system/dgemmad.service" &&
-   grep -q '^TimeoutStartSec=15min' "$root/etc/systemd/system/dgemmad.service"
+   grep -q '^TimeoutStartSec=15min' "$root/etc/systemd/system/dgemmad.service" &&
+   grep -q '^RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6$' \
+       "$root/etc/systemd/system/dgemmad.service"
 then ok files; else bad files "missing:$missing $(cat "$tmp/install.log")"; fi
 
 extra=$(nm -D --defined-only "$root/usr/lib/libdgemma.so" | awk '{print $3}' | grep -v '^dgemma_' | grep -v '^DGEMMA_0$')
