@@ -776,9 +776,8 @@ int main(int argc, char **argv)
         status = serve_rank(&cfg, &L, &mp);
         goto out;
     }
-    sd_notify_send(cfg.tp > 1 ? "STATUS=starting the backend (its ranks joining, then the "
-                                "weights uploaded)"
-                              : "STATUS=starting the backend (the weights uploaded)");
+    sd_notify_send("STATUS=starting the backend (on GPUs: the ranks joining, the weights "
+                   "uploaded)");
     if (choose_backend(&cfg, &L, &mp, &backend, &err) < 0) {
         dlog(DG_LOG_ERROR, "backend: %s", err.msg);
         goto out;
