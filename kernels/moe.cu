@@ -434,6 +434,22 @@ extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int 
                  W_down, sc, 1, (cudaStream_t)stream, dev, err);
 }
 
+/* The combine's launch for outputs ys of type Y: a 16-byte piece a
+ * thread (combine16_kernel) where H, ys and out allow it, else a column a
+ * thread (combine_kernel). */
+template <typename Y>
+static void launch_combine(float *out, const Y *ys, const int32_t *slot_of, const float *w,
+                           int64_t T, int K, int H, cudaStream_t st)
+{
+    constexpr int N = 16 / (int)sizeof(Y);
+    if (H % N == 0 && !((uintptr_t)ys & 15) && !((uintptr_t)out & (4 * N - 1)))
+        combine16_kernel<Y><<<dim3((unsigned)T, (unsigned)((H / N + 255) / 256)), 256, 0, st>>>(
+            (float4 *)out, (const uint4 *)ys, slot_of, w, K, H / N);
+    else
+        combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
+            out, ys, slot_of, w, K, H);
+}
+
 /* out[T, H] from the experts' outputs ys (fp32 where ys_f32, else bf16)
  * by the picks' slots (ops.h) */
 static int combine(float *out, const void *ys, int ys_f32, const int32_t *slot_of,
@@ -441,22 +457,10 @@ static int combine(float *out, const void *ys, int ys_f32, const int32_t *slot_o
                    struct dg_error *err)
 {
     int rc = 0;
-    const int vec = H % (ys_f32 ? 4 : 8) == 0 && !((uintptr_t)ys & 15) &&
-                    !((uintptr_t)out & (ys_f32 ? 15 : 31));
-    const int n16 = H / (ys_f32 ? 4 : 8);
-    if (vec && ys_f32)
-        combine16_kernel<float><<<dim3((unsigned)T, (unsigned)((n16 + 255) / 256)), 256, 0,
-                                  st>>>((float4 *)out, (const uint4 *)ys, slot_of, w, K, n16);
-    else if (vec)
-        combine16_kernel<__nv_bfloat16><<<dim3((unsigned)T, (unsigned)((n16 + 255) / 256)), 256,
-                                          0, st>>>((float4 *)out, (const uint4 *)ys, slot_of, w,
-                                                   K, n16);
-    else if (ys_f32)
-        combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
-            out, (const float *)ys, slot_of, w, K, H);
+    if (ys_f32)
+        launch_combine(out, (const float *)ys, slot_of, w, T, K, H, st);
     else
-        combine_kernel<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, st>>>(
-            out, (const __nv_bfloat16 *)ys, slot_of, w, K, H);
+        launch_combine(out, (const __nv_bfloat16 *)ys, slot_of, w, T, K, H, st);
     DG_LAUNCH_CHECK();
 out:
     return rc;
