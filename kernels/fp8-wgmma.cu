@@ -146,7 +146,15 @@ __global__ static void __launch_bounds__(128)
  * gelu_tanh(gate) * up, a warp a row, into q2 and qs2 (the bytes
  * dg_cuda_fp8_quantize_rows_at with gelu gives) and then sets sync[1 +
  * groups + j]; a down tile of group j waits for that.  Every block a down
- * tile waits on holds an earlier ticket, so it is running or done. */
+ * tile waits on holds an earlier ticket, so it is running or done.
+ *
+ * nz > 1 splits every tile's passes over nz blocks (block z of a tile the
+ * passes z, z + nz, ...; its tickets adjacent, so the nz blocks of one
+ * weight tile run together and read its bytes from the DRAM about once:
+ * one block walking every pass re-reads the tile, 180-360 KB, once a
+ * pass, and the tiles of the blocks a GPU holds are past its L2).  A
+ * group's gate/up is done when all nb1 nz of its blocks are.  Each output
+ * is the same products in the same order whatever nz is: the same bytes. */
 template <int NT, int ST, int WGS, typename YOut>
 /* (the blocks a multiprocessor holds: at 32 rows a pass 6, as many as
  * the stages' shared memory allows, in 78 registers without spills where
@@ -163,7 +171,8 @@ __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2
     fp8_experts_kernel(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, YOut *ys, const uint8_t *q,
                        const float *qs, const uint8_t *W_gu, const float *S_gu,
                        const uint8_t *W_down, const float *S_down, const int32_t *offsets,
-                       const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H)
+                       const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H,
+                       int nz)
 {
     uint32_t base;
     unsigned char *smem = dg_wgmma_stages(&base);
@@ -174,12 +183,12 @@ __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2
     const int nb1 = (int)(2 * I / (FW_BM * WGS)), nb2 = (int)(H / (FW_BM * WGS));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31; /* (warp: of the block) */
     const int t = dg_block_ticket(&sync[0], s_word);
-    if (t < nb1 * groups) {
-        const int j = t / nb1, count = counts[j];
+    if (t < nb1 * nz * groups) {
+        const int j = t / (nb1 * nz), tz = t % (nb1 * nz), count = counts[j];
         const int64_t row0 = offsets[j];
-        fp8_tile<NT, ST, WGS>(gu, q, qs, W_gu, S_gu, row0, count, t % nb1, j, 2 * I, H, 0, 0, 1,
-                              smem, base);
-        if (dg_block_done(&sync[1 + j], s_word) != nb1 - 1)
+        fp8_tile<NT, ST, WGS>(gu, q, qs, W_gu, S_gu, row0, count, tz / nz, j, 2 * I, H, 0,
+                              tz % nz, nz, smem, base);
+        if (dg_block_done(&sync[1 + j], s_word) != nb1 * nz - 1)
             return;
         /* the group's last gate/up tile: its hidden rows, read through
          * the L2 (the other tiles' columns) */
@@ -188,12 +197,13 @@ __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2
                 q2 + (row0 + r) * I, qs2 + row0 + r, gu + (row0 + r) * 2 * I, (int)I, lane);
         dg_block_release(&sync[1 + groups + j]);
     } else {
-        const int u = t - nb1 * groups, j = u / nb2, count = counts[j];
-        if (count == 0)
+        const int u = t - nb1 * nz * groups, j = u / (nb2 * nz), uz = u % (nb2 * nz);
+        const int count = counts[j];
+        if ((int64_t)(uz % nz) * NT >= count) /* no pass of this block's */
             return;
         dg_block_wait(&sync[1 + groups + j], 1);
-        fp8_tile<NT, ST, WGS>(ys, q2, qs2, W_down, S_down, offsets[j], count, u % nb2, j, H, I, 0,
-                              0, 1, smem, base);
+        fp8_tile<NT, ST, WGS>(ys, q2, qs2, W_down, S_down, offsets[j], count, uz / nz, j, H, I, 0,
+                              uz % nz, nz, smem, base);
     }
 }
 
@@ -247,27 +257,46 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
                       dev, err);
 }
 
+/* The blocks a tile's passes are split over (fp8_experts_kernel's nz):
+ * as many as the passes of a group of rows_hint rows, NT a pass, at most
+ * FW_NZ_MAX and as the ticket count allows (tiles: the launch's tiles at
+ * nz = 1). */
+#define FW_NZ_MAX 32
+
+static int split_passes(int rows_hint, int NT, int64_t tiles)
+{
+    int nz = rows_hint > NT ? (int)(((int64_t)rows_hint + NT - 1) / NT) : 1;
+    if (nz > FW_NZ_MAX)
+        nz = FW_NZ_MAX;
+    while (nz > 1 && tiles * nz > 0x7fffffff)
+        nz--;
+    return nz;
+}
+
 /* both products in one launch, NT rows a pass, WGS warpgroups a block
  * (fp8_experts_kernel; 2 only where 2I and H are multiples of 128), ys
- * of type YOut */
+ * of type YOut; each tile's passes split over the blocks split_passes
+ * gives for rows_hint */
 template <int NT, int WGS, typename YOut>
 static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, YOut *ys, const uint8_t *q,
                           const float *qs, const uint8_t *W_gu, const float *S_gu,
                           const uint8_t *W_down, const float *S_down, const int32_t *offsets,
                           const int32_t *counts, int32_t *sync, int groups, int64_t I, int64_t H,
-                          cudaStream_t st, int dev, struct dg_error *err)
+                          int rows_hint, cudaStream_t st, int dev, struct dg_error *err)
 {
     constexpr int ST = 3; /* as launch's */
     constexpr int BM = FW_BM * WGS;
     const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
-    const int64_t blocks = (2 * I / BM + H / BM) * (int64_t)groups;
+    const int64_t tiles = (2 * I / BM + H / BM) * (int64_t)groups;
+    const int nz = split_passes(rows_hint, NT, tiles);
+    const int64_t blocks = tiles * nz;
     auto kernel = fp8_experts_kernel<NT, ST, WGS, YOut>;
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
     kernel<<<(unsigned)blocks, 128 * WGS, shared, st>>>(gu, q2, qs2, ys, q, qs, W_gu, S_gu,
                                                          W_down, S_down, offsets, counts, sync,
-                                                         groups, I, H);
+                                                         groups, I, H, nz);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -292,7 +321,10 @@ static int experts_pick(__nv_bfloat16 *g, uint8_t *q2, float *qs2, YOut *ys, con
     /* from 17 rows an expert on, passes of 64 rows with two warpgroups a
      * block where the widths allow (the rows' tile read once for 128
      * weight rows, as moe-wgmma.cu; run 149, batch 4: 27.63, 27.72 ->
-     * 27.30, 27.28 ms), more rows an expert taking more passes.  Not
+     * 27.30, 27.28 ms), more rows an expert taking more passes, split
+     * over as many blocks (split_passes; run 290, FP8 step at batch 8
+     * 54.08, 53.99 -> 50.26, 50.04 ms, 16 101.92, 102.08 -> 94.74, 94.60,
+     * 32 199.41, 198.21 -> 182.15, 180.88; batch 4, one pass, unchanged).  Not
      * passes of 128: there the two accumulator sets leave room for one
      * such block a multiprocessor, not two of one warpgroup (run 149,
      * batch 16: 102.79, 102.40 -> 103.19, 103.29 ms), and passes of 64
@@ -300,16 +332,16 @@ static int experts_pick(__nv_bfloat16 *g, uint8_t *q2, float *qs2, YOut *ys, con
      * batch 16: 100.59, 100.98 -> 96.94, 96.83 ms) */
     if (rows_hint <= 16)
         return launch_experts<32, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                     counts, sync, groups, I, H, st, dev, err);
+                                     counts, sync, groups, I, H, rows_hint, st, dev, err);
     if (H % 128 == 0)
         return launch_experts<64, 2>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                     counts, sync, groups, I, H, st, dev, err);
+                                     counts, sync, groups, I, H, rows_hint, st, dev, err);
     /* (H an odd multiple of 64: one warpgroup a block) */
     if (rows_hint > 64)
         return launch_experts<128, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                      counts, sync, groups, I, H, st, dev, err);
+                                      counts, sync, groups, I, H, rows_hint, st, dev, err);
     return launch_experts<64, 1>(g, q2, qs2, ys, q, qs, W_gu, S_gu, W_down, S_down, offsets,
-                                 counts, sync, groups, I, H, st, dev, err);
+                                 counts, sync, groups, I, H, rows_hint, st, dev, err);
 }
 
 extern "C" int dg_cuda_fp8_experts_wgmma(void *gu, uint8_t *q2, float *qs2, void *ys, int ys_f32,

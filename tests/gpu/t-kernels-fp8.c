@@ -772,32 +772,37 @@ static int rows_equal(const unsigned char *a, const unsigned char *b, int64_t ro
  * outputs the same bytes on every row of a group; rows in no group still
  * poisoned; guard bytes intact; with bf16 outputs, the bytes of the
  * third launch's bf16 ones.  Eight groups of 0, 1, 17, 33, 64, 150, 3
- * and 16 rows with gaps, I 64, at rows hints 16, 24 and 85: H 256 (the
- * one launch in passes of 32, then of 64 with two warpgroups a block)
- * and H 192 (an odd multiple of 64: one warpgroup a block, passes of 64
- * and 128); the 26B-A4B's experts (I 704, H 2816) at 16 rows a group and
- * at 64 to 130 (passes of 64, two warpgroups); each launch with its sync
- * words zeroed, twice on the same buffers.  Shapes it does not take and
- * a NULL sync refused. */
+ * and 16 rows with gaps, I 64, at rows hints 16, 24, 85 and 150: H 256
+ * (the one launch in passes of 32, then of 64 with two warpgroups a
+ * block, each tile's passes split over 2 and 3 blocks at hints 85 and
+ * 150) and H 192 (an odd multiple of 64: one warpgroup a block, passes of
+ * 64 and 128; split over 3 blocks at hint 300); the 26B-A4B's experts (I
+ * 704, H 2816) at 16 rows a group, at 64 to 130 (passes of 64, two
+ * warpgroups) and at 0 to 300 with hint 256 (passes split over 4 blocks,
+ * a group of 5 passes among them); each launch with its sync words
+ * zeroed, twice on the same buffers.  Shapes it does not take and a NULL
+ * sync refused. */
 static int experts_one_launch(void)
 {
     static const int32_t counts_a[8] = {0, 1, 17, 33, 64, 150, 3, 16};
     static const int32_t counts_b[8] = {16, 16, 16, 16, 16, 16, 16, 16};
     static const int32_t counts_d[8] = {96, 64, 80, 130, 72, 88, 65, 100};
+    static const int32_t counts_e[8] = {256, 300, 0, 210, 280, 1, 260, 193};
     static const struct {
         const int32_t *counts;
         int64_t I, H;
         int hint;
-    } shapes[7] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
-                   {counts_a, 64, 256, 85}, {counts_a, 64, 192, 24},
-                   {counts_a, 64, 192, 85}, {counts_b, 704, 2816, 16},
-                   {counts_d, 704, 2816, 48}};
+    } shapes[10] = {{counts_a, 64, 256, 16},    {counts_a, 64, 256, 24},
+                    {counts_a, 64, 256, 85},    {counts_a, 64, 256, 150},
+                    {counts_a, 64, 192, 24},    {counts_a, 64, 192, 85},
+                    {counts_a, 64, 192, 300},   {counts_b, 704, 2816, 16},
+                    {counts_d, 704, 2816, 48},  {counts_e, 704, 2816, 256}};
     struct dg_error err = {0};
     if (!dg_cuda_fp8_experts_wgmma_fits(0, 64, 256)) {
         printf("# the FP8 experts' one launch: not on this device, skipped\n");
         return 0;
     }
-    for (int si = 0; si < 7; si++) {
+    for (int si = 0; si < 10; si++) {
         const int64_t I = shapes[si].I, H = shapes[si].H;
         const int hint = shapes[si].hint;
         int32_t offsets[8], *at = NULL;
