@@ -333,29 +333,8 @@ __global__ static void __launch_bounds__(128)
         };
 
         dg_cp_kloop<ST>(ksteps, load, [&](int s, int) {
-            const unsigned char *ws = Ws + s * F8_BN * LD, *xs = Xs + s * MT * 16 * LD;
-#pragma unroll
-            for (int kk = 0; kk < BK; kk += 32) {
-                uint32_t b[NW / 2][4];
-                /* the warp's columns, two n-tiles a load, k bytes kk .. kk+31 */
-#pragma unroll
-                for (int h = 0; h < NW / 2; h++)
-                    dg_ldsm4(b[h], ws + (wn * WC + h * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
-                                       kk + ((lane >> 3) & 1) * 16);
-#pragma unroll
-                for (int m = 0; m < MW; m++) {
-                    const int mt = wm * MW + m; /* the m-tile of the pass */
-                    uint32_t a[4];
-                    if (mt * 16 >= rows)
-                        break;
-                    dg_ldsm4(a, xs + (mt * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 16);
-#pragma unroll
-                    for (int h = 0; h < NW / 2; h++) {
-                        dg_mma_e4m3(acc[m][2 * h], a, b[h][0], b[h][1]);
-                        dg_mma_e4m3(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
-                    }
-                }
-            }
+            dg_warp_stage<MW, NW, BK, LD>(acc, Ws + s * F8_BN * LD, Xs + s * MT * 16 * LD,
+                                          wn * WC, wm * MW, rows, lane, dg_mma_e4m3_op());
         });
 #pragma unroll
         for (int m = 0; m < MW; m++)

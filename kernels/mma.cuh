@@ -1,7 +1,7 @@
 /*
  * mma.cuh - the tensor-core and async-copy instructions the hand-written
  * kernels share (attention-tc.cu, moe-gemm.cu, fp8-gemm.cu), as PTX, and
- * the two grouped GEMMs' pipeline-stage load and warp grid.
+ * the two grouped GEMMs' pipeline-stage load, warp products and warp grid.
  *
  * Fragments of mma.sync m16n8kK (K = 16 for bf16, 32 for e4m3), lane l,
  * gid = l / 4, tig = l % 4:
@@ -59,6 +59,56 @@ __device__ static inline void dg_mma_e4m3(float d[4], const uint32_t a[4], uint3
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The two products as functors, for dg_warp_stage */
+struct dg_mma_bf16_op {
+    __device__ void operator()(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) const
+    {
+        dg_mma_bf16(d, a, b0, b1);
+    }
+};
+
+struct dg_mma_e4m3_op {
+    __device__ void operator()(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) const
+    {
+        dg_mma_e4m3(d, a, b0, b1);
+    }
+};
+
+/* One warp's products over one pipeline stage of the grouped GEMMs
+ * (moe-gemm.cu: bf16, fp8-gemm.cu: e4m3), counted in bytes: SB bytes of
+ * K a stage in 32-byte steps (one mma: K 16 bf16 or 32 e4m3), shared rows
+ * LDB bytes apart.  acc[m][n] += A_m B_n, with B_n the weight rows of the
+ * warp's n-tile n (ws rows wc0 + 8 n on, one column of B a row: two
+ * n-tiles an ldmatrix) and A_m the rows of m-tile mt0 + m (xs rows 16 (mt0
+ * + m) on); m-tiles from row `rows` on are skipped (their outputs are not
+ * stored).  Mma: dg_mma_bf16_op or dg_mma_e4m3_op. */
+template <int MW, int NW, int SB, int LDB, typename Mma>
+__device__ static inline void dg_warp_stage(float (&acc)[MW][NW][4], const unsigned char *ws,
+                                            const unsigned char *xs, int wc0, int mt0, int rows,
+                                            int lane, Mma mma)
+{
+#pragma unroll
+    for (int kb = 0; kb < SB; kb += 32) {
+        uint32_t b[NW / 2][4];
+#pragma unroll
+        for (int h = 0; h < NW / 2; h++)
+            dg_ldsm4(b[h], ws + (wc0 + h * 16 + (lane & 7) + (lane >> 4) * 8) * LDB + kb +
+                               ((lane >> 3) & 1) * 16);
+#pragma unroll
+        for (int m = 0; m < MW; m++) {
+            uint32_t a[4];
+            if ((mt0 + m) * 16 >= rows)
+                break;
+            dg_ldsm4(a, xs + ((mt0 + m) * 16 + (lane & 15)) * LDB + kb + (lane >> 4) * 16);
+#pragma unroll
+            for (int h = 0; h < NW / 2; h++) {
+                mma(acc[m][2 * h], a, b[h][0], b[h][1]);
+                mma(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
+            }
+        }
+    }
 }
 
 /* 16 bytes global -> shared, asynchronously; zeros when !valid */

@@ -112,28 +112,10 @@ __global__ static void __launch_bounds__(128)
         };
 
         dg_cp_kloop<ST>(ksteps, load, [&](int s, int) {
-            const __nv_bfloat16 *ws = Ws + s * BN * LD, *xs = Xs + s * MT * 16 * LD;
-#pragma unroll
-            for (int kk = 0; kk < BK; kk += 16) {
-                uint32_t b[NW / 2][4];
-#pragma unroll
-                for (int h = 0; h < NW / 2; h++)
-                    dg_ldsm4(b[h], ws + (wn * WC + h * 16 + (lane & 7) + (lane >> 4) * 8) * LD +
-                                       kk + ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int m = 0; m < MW; m++) {
-                    const int mt = wm * MW + m; /* the m-tile of the pass */
-                    uint32_t a[4];
-                    if (mt * 16 >= rows)
-                        break;
-                    dg_ldsm4(a, xs + (mt * 16 + (lane & 15)) * LD + kk + (lane >> 4) * 8);
-#pragma unroll
-                    for (int h = 0; h < NW / 2; h++) {
-                        dg_mma_bf16(acc[m][2 * h], a, b[h][0], b[h][1]);
-                        dg_mma_bf16(acc[m][2 * h + 1], a, b[h][2], b[h][3]);
-                    }
-                }
-            }
+            dg_warp_stage<MW, NW, 2 * BK, 2 * LD>(
+                acc, (const unsigned char *)(Ws + s * BN * LD),
+                (const unsigned char *)(Xs + s * MT * 16 * LD), wn * WC, wm * MW, rows, lane,
+                dg_mma_bf16_op());
         });
         if constexpr (GATED) {
             /* n-tile 2q: the gate sums of Y's columns n0 + (wn WC + 16 q) / 2
