@@ -197,9 +197,10 @@ static int reserve_tokens(struct dg_cuda_ctx *cx, int64_t T, struct dg_error *er
             {(void **)&cx->soft_src, (size_t)T * sizeof(void *)},
             {(void **)&cx->pos, (size_t)T * 8},
             {(void **)&cx->moe_scratch,
-             fp8 ? dg_cuda_moe_scratch_q(T, (int)K, (int)H, cx->cm->exp_w, cx->cm->n_exp)
+             fp8 ? dg_cuda_moe_scratch_q(T, (int)K, (int)H, cx->cm->exp_w, cx->cm->n_exp,
+                                         (int)E)
                  : dg_cuda_moe_scratch_e(cx->cm->elt, T, (int)K, (int)H, cx->cm->exp_w,
-                                         cx->cm->n_exp)},
+                                         cx->cm->n_exp, (int)E)},
             /* FP8: a projection's input rows quantized */
             {(void **)&cx->qa, fp8 ? (size_t)(T * kmax) : 0},
             {(void **)&cx->sa, fp8 ? (size_t)T * 4 : 0},
@@ -758,12 +759,12 @@ static int layer_forward(struct dg_cuda_ctx *cx, int l, int64_t Te, int64_t T,
     /* experts on v = rms(h), then x' = (h + rms(rms(d) + rms(m))) * s */
     if (L->exp_gu_s)
         TRY(dg_cuda_moe_q(cx->blas, moe, (const uint16_t *)cx->a_experts, T, H, cx->ridx, cx->rw, K,
-                          cm->e0, cm->n_exp, Im, (const uint8_t *)L->exp_gu, L->exp_gu_s,
+                          cm->e0, cm->n_exp, E, Im, (const uint8_t *)L->exp_gu, L->exp_gu_s,
                           (const uint8_t *)L->exp_down, L->exp_down_s, partial, cx->moe_scratch,
                           st, err));
     else
         TRY(dg_cuda_moe_e(cx->blas, e, moe, cx->a_experts, T, H, cx->ridx, cx->rw, K, cm->e0,
-                          cm->n_exp, Im, L->exp_gu, L->exp_down, partial, cx->moe_scratch, st,
+                          cm->n_exp, E, Im, L->exp_gu, L->exp_down, partial, cx->moe_scratch, st,
                           err));
     MARK("experts");
     if (fork) /* the dense MLP's output is in */

@@ -15,51 +15,23 @@
 #include "kernels/fp8-wgmma.h"
 #include "kernels/moe-gemm.h"
 #include "kernels/moe-wgmma.h"
+#include "lib/moe-plan.h"
 
 #define ALIGN(x) (((x) + 255) & ~(size_t)255)
 
-/* Rows per tile of the batched expert GEMMs: each expert's run of rows is
- * padded to whole tiles, so a tile belongs to one expert, and each tile
- * reads its expert's weights.  A function of the shapes alone (the host
- * knows it before any count exists): the smallest power of two, 16 ..
- * 128, above what an expert gets with near certainty under even routing,
- * mean + 4 sqrt(mean) (mean = picks / experts), so that while the
- * experts' rows are few (small batches: the pass streams the weights)
- * each expert's weights are read once; the padding rows cost arithmetic
- * the pass has to spare there. */
-static int tile_rows(int64_t picks, int n_exp)
-{
-    const double mean = (double)picks / n_exp, want = mean + 4.0 * sqrt(mean);
-    int ts = 16;
-    while (ts < 128 && ts < want)
-        ts *= 2;
-    return ts;
-}
-
-/* Tiles the counts can need at most: sum ceil(c_j / ts) <= picks / ts + n_exp. */
-static int64_t max_tiles(int64_t picks, int n_exp, int ts)
-{
-    return (picks + ts - 1) / ts + n_exp;
-}
-
-/* Tiles the batched GEMMs run (a count fixed by the shapes, so that the
- * launches can be captured), where the tiles past it go to the grouped
- * one-launch kernel (moe-wgmma.h) instead: the counts need
- *   sum_j ceil(c_j / ts) = picks / ts + sum_j (1 - f_j),  f_j = frac(c_j / ts)
- * over the experts whose run ends in a part-filled tile, so beyond picks /
- * ts each expert adds between 0 and 1 tile: n_exp / 2 when the f_j are
- * spread, with a spread of at most sqrt(n_exp) / 2 for independent ones.
- * The bound is that mean and 4 of those: picks / ts + n_exp / 2 +
- * 2 sqrt(n_exp) (at most max_tiles).  Every tile up to max_tiles is one
- * the batched GEMMs compute, a dummy's as dear as a real one's: at top-8
- * of 128, ts 128, batch 16 (32,768 picks) 384 tiles run where about 320
- * hold rows. */
-static int64_t batched_tiles(int64_t picks, int n_exp, int ts)
-{
-    const int64_t b = (picks + ts - 1) / ts + n_exp / 2 + (int64_t)ceil(2.0 * sqrt((double)n_exp)),
-                  m = max_tiles(picks, n_exp, ts);
-    return b < m ? b : m;
-}
+/* The tiles (lib/moe-plan.h): each expert's run of rows is padded to
+ * whole tiles of ts rows, so a tile belongs to one expert and reads its
+ * expert's weights; ts is what an expert gets with near certainty under
+ * even routing, so that while the experts' rows are few (small batches:
+ * the pass streams the weights) each expert's weights are read once, the
+ * padding rows costing arithmetic the pass has to spare there.  The
+ * batched GEMMs run the plan's `batched` tiles (a count fixed by the
+ * shapes, so that the launches can be captured), a dummy's as dear as a
+ * real one's: at top-8 of 128, ts 128, batch 16 (32,768 picks) 384 tiles
+ * run where about 320 hold rows; the tiles past them go to the grouped
+ * one-launch kernel (moe-wgmma.h).  A rank holding a share of the experts
+ * expects that share of the picks, and the counts are planned from it
+ * (the bound, tiles, from all of them). */
 
 /* the scratch's pieces, in order */
 struct moe_layout {
@@ -77,13 +49,14 @@ struct moe_layout {
 /* esz: bytes of one element of the gathered rows and the intermediates
  * (the outputs ys have room for fp32 whatever esz: partial sums stay
  * fp32); fp8: room for the rows quantized to E4M3 */
-static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_t esz, int fp8)
+static struct moe_layout layout(const struct dg_moe_plan *p, int64_t T, int K, int H, int I,
+                                int n_exp, size_t esz, int fp8)
 {
     const int64_t S = T * K;
     struct moe_layout l;
-    l.ts = tile_rows(S, n_exp);
-    l.tiles = max_tiles(S, n_exp, l.ts);
-    l.batched = batched_tiles(S, n_exp, l.ts);
+    l.ts = p->ts;
+    l.tiles = p->tiles;
+    l.batched = p->batched;
     l.rows = l.tiles * l.ts;
     l.counts = 0;
     l.offsets = l.counts + ALIGN(sizeof(int32_t) * (size_t)n_exp);
@@ -107,22 +80,33 @@ static struct moe_layout layout(int64_t T, int K, int H, int I, int n_exp, size_
     return l;
 }
 
+/* The scratch for the plan of (T, K, n_exp, n_all) with elements of esz
+ * bytes: 0 for shapes the calls refuse. */
+static size_t scratch_bytes(int64_t T, int K, int H, int I, int n_exp, int n_all, size_t esz,
+                            int fp8)
+{
+    struct dg_moe_plan p;
+    if (dg_moe_plan_make(T > 0 ? T : 1, K, n_exp, n_all, &p, NULL) < 0)
+        return 0;
+    return layout(&p, T > 0 ? T : 1, K, H, I, n_exp, esz, fp8).total;
+}
+
 /* (an element type other than the two: sized as bf16; dg_cuda_moe_e
  * refuses it) */
 extern "C" size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I,
-                                        int n_exp)
+                                        int n_exp, int n_all)
 {
-    return layout(T > 0 ? T : 1, K, H, I, n_exp, (size_t)dg_elt_size(e), 0).total;
+    return scratch_bytes(T, K, H, I, n_exp, n_all, (size_t)dg_elt_size(e), 0);
 }
 
-extern "C" size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp)
+extern "C" size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp, int n_all)
 {
-    return layout(T > 0 ? T : 1, K, H, I, n_exp, 2, 1).total;
+    return scratch_bytes(T, K, H, I, n_exp, n_all, 2, 1);
 }
 
-extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp)
+extern "C" size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp, int n_all)
 {
-    return dg_cuda_moe_scratch_e(DG_ELT_BF16, T, K, H, I, n_exp);
+    return dg_cuda_moe_scratch_e(DG_ELT_BF16, T, K, H, I, n_exp, n_all);
 }
 
 /* counts[e] = picks of expert e0 + e */
@@ -383,13 +367,16 @@ out:
     return rc;
 }
 
-/* the shapes dg_cuda_moe_e and dg_cuda_moe_route_e take, or DG_E_INVAL */
-static int check_shapes(int64_t T, int H, int K, int I, int e0, int n_exp, int dev,
-                        struct dg_error *err)
+/* the shapes dg_cuda_moe_e and dg_cuda_moe_route_e take, or DG_E_INVAL;
+ * their plan (lib/moe-plan.h) into *p */
+static int check_shapes(int64_t T, int H, int K, int I, int e0, int n_exp, int n_all,
+                        struct dg_moe_plan *p, int dev, struct dg_error *err)
 {
-    if (H < 1 || I < 1 || K < 1 || n_exp < 1 || n_exp > 1024 || e0 < 0 || T * K > 0x7fffffff)
+    if (H < 1 || I < 1 || K < 1 || n_exp < 1 || e0 < 0 || e0 > n_all - n_exp ||
+        dg_moe_plan_make(T, K, n_exp, n_all, p, NULL) < 0)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: %lld tokens x top-%d, H %d, I %d, "
-                            "%d experts", dev, (long long)T, K, H, I, n_exp);
+                            "experts %d .. %d of %d", dev, (long long)T, K, H, I, e0,
+                            e0 + n_exp - 1, n_all);
     return 0;
 }
 
@@ -404,12 +391,13 @@ static int64_t batched_of(enum dg_elt e, const struct moe_layout *l, int H, int 
 }
 
 extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H,
-                                   const int32_t *idx, int K, int e0, int n_exp, int I,
-                                   const void *W_gu, const void *W_down, void *scratch,
+                                   const int32_t *idx, int K, int e0, int n_exp, int n_all,
+                                   int I, const void *W_gu, const void *W_down, void *scratch,
                                    struct dg_moe_route_view *view, dg_stream_t stream, int dev,
                                    struct dg_error *err)
 {
     unsigned char *sc = (unsigned char *)scratch;
+    struct dg_moe_plan p;
     struct moe_layout l;
     int rc;
 
@@ -418,9 +406,9 @@ extern "C" int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int 
     if (T < 1)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: routing of %lld tokens", dev,
                             (long long)T);
-    if ((rc = check_shapes(T, H, K, I, e0, n_exp, dev, err)) < 0)
+    if ((rc = check_shapes(T, H, K, I, e0, n_exp, n_all, &p, dev, err)) < 0)
         return rc;
-    l = layout(T, K, H, I, n_exp, (size_t)dg_elt_size(e), 0);
+    l = layout(&p, T, K, H, I, n_exp, (size_t)dg_elt_size(e), 0);
     *view = (struct dg_moe_route_view){
         .ts = l.ts, .tiles = l.tiles, .rows = l.rows,
         .counts = (int32_t *)(sc + l.counts), .offsets = (int32_t *)(sc + l.offsets),
@@ -482,7 +470,7 @@ extern "C" int dg_cuda_moe_combine(float *out, const void *ys, int ys_f32,
  * are a function of (T, K, H, I, n_exp) alone, so the sequence can be
  * captured in a CUDA graph. */
 static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
-               const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+               const int32_t *idx, const float *w, int K, int e0, int n_exp, int n_all, int I,
                const void *W_gu, const float *S_gu, const void *W_down, const float *S_down,
                int partial, void *scratch, dg_stream_t stream, struct dg_error *err)
 {
@@ -491,6 +479,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
     const int64_t picks = T * K;
     const cudaStream_t st = (cudaStream_t)stream;
     unsigned char *sc = (unsigned char *)scratch;
+    struct dg_moe_plan p;
     struct moe_layout l;
     int32_t *counts, *offsets, *slot_of;
     void **ptrs;
@@ -512,9 +501,9 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                             H);
     if (T <= 0)
         return 0;
-    if ((rc = check_shapes(T, H, K, I, e0, n_exp, dev, err)) < 0)
+    if ((rc = check_shapes(T, H, K, I, e0, n_exp, n_all, &p, dev, err)) < 0)
         return rc;
-    l = layout(T, K, H, I, n_exp, (size_t)esz, S_gu != NULL);
+    l = layout(&p, T, K, H, I, n_exp, (size_t)esz, S_gu != NULL);
     counts = (int32_t *)(sc + l.counts);
     offsets = (int32_t *)(sc + l.offsets);
     slot_of = (int32_t *)(sc + l.slot_of);
@@ -535,7 +524,7 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
         /* FP8 (W8A8): each expert's rows quantized per row, the grouped
          * E4M3 GEMM with the weights' row scales, the gelu output quantized
          * again for the down projection (fp8-gemm.h) */
-        const int hint = (int)((picks + n_exp - 1) / n_exp);
+        const int hint = p.hint;
         uint8_t *q = (uint8_t *)(sc + l.q);
         float *qs = (float *)(sc + l.qs);
         /* at: only the picks' rows (slot_of: a third of the padded rows
@@ -587,12 +576,12 @@ static int moe(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int6
                                    offsets, counts, n_exp, l.rows, H, I, hint, stream, dev,
                                    err)) < 0)
             goto out;
-    } else if (e == DG_ELT_BF16 && picks <= 128 * (int64_t)n_exp &&
+    } else if (e == DG_ELT_BF16 && p.hint <= 128 &&
                dg_cuda_grouped_gemm_gelu_fits(I, H) && dg_cuda_grouped_gemm_fits(H, I)) {
         /* few rows an expert: one grouped GEMM each, every weight read
          * once, the first with the gelu in its epilogue (moe-gemm.h: the
          * same bits as the GEMM into [gate | up] and dg_cuda_gelu_mul_e) */
-        const int hint = (int)((picks + n_exp - 1) / n_exp);
+        const int hint = p.hint;
         if (dg_cuda_experts_wgmma_fits(dev, I, H)) {
             /* Hopper: both in one launch, each expert's down tiles
              * starting once its gate/up tiles are stored */
@@ -641,31 +630,31 @@ out:
 
 extern "C" int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x,
                              int64_t T, int H, const int32_t *idx, const float *w, int K, int e0,
-                             int n_exp, int I, const void *W_gu, const void *W_down, int partial,
-                             void *scratch, dg_stream_t stream, struct dg_error *err)
+                             int n_exp, int n_all, int I, const void *W_gu, const void *W_down,
+                             int partial, void *scratch, dg_stream_t stream, struct dg_error *err)
 {
-    return moe(b, e, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, NULL, W_down, NULL, partial,
-               scratch, stream, err);
+    return moe(b, e, out, x, T, H, idx, w, K, e0, n_exp, n_all, I, W_gu, NULL, W_down, NULL,
+               partial, scratch, stream, err);
 }
 
 extern "C" int dg_cuda_moe_q(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
-                             const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
-                             const uint8_t *W_gu, const float *S_gu, const uint8_t *W_down,
-                             const float *S_down, int partial, void *scratch,
-                             dg_stream_t stream, struct dg_error *err)
+                             const int32_t *idx, const float *w, int K, int e0, int n_exp,
+                             int n_all, int I, const uint8_t *W_gu, const float *S_gu,
+                             const uint8_t *W_down, const float *S_down, int partial,
+                             void *scratch, dg_stream_t stream, struct dg_error *err)
 {
     if (!S_gu || !S_down)
         return dg_error_set(err, DG_E_INVAL, "GPU %d: moe: FP8 experts without their scales",
                             dg_blas_device(b));
-    return moe(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, S_gu, W_down, S_down,
-               partial, scratch, stream, err);
+    return moe(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, n_all, I, W_gu, S_gu, W_down,
+               S_down, partial, scratch, stream, err);
 }
 
 extern "C" int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
-                           const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
-                           const uint16_t *W_gu, const uint16_t *W_down, void *scratch,
-                           dg_stream_t stream, struct dg_error *err)
+                           const int32_t *idx, const float *w, int K, int e0, int n_exp,
+                           int n_all, int I, const uint16_t *W_gu, const uint16_t *W_down,
+                           void *scratch, dg_stream_t stream, struct dg_error *err)
 {
-    return dg_cuda_moe_e(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, I, W_gu, W_down, 0,
-                         scratch, stream, err);
+    return dg_cuda_moe_e(b, DG_ELT_BF16, out, x, T, H, idx, w, K, e0, n_exp, n_all, I, W_gu,
+                         W_down, 0, scratch, stream, err);
 }

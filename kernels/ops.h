@@ -174,11 +174,15 @@ int dg_cuda_attention(uint16_t *out, const uint16_t *q, const int64_t *q_pos, in
  * rank's outputs are then partial sums, added by an all-reduce).  Nothing
  * waits for the device: the launches depend on the shapes only, so the
  * sequence can be captured in a CUDA graph.
- * n_exp <= 1024.  b must be bound to stream.  scratch:
- * dg_cuda_moe_scratch bytes. */
-size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp);
+ * n_exp <= 1024, of the model's n_all experts (e0 + n_exp <= n_all):
+ * n_exp < n_all where the experts are split across ranks, and the tiles
+ * are planned for the rank's share of the picks under even routing
+ * (lib/moe-plan.h; any routing is computed, the plan only sizes the
+ * launches).  b must be bound to stream.  scratch: dg_cuda_moe_scratch
+ * bytes (for the same n_exp and n_all). */
+size_t dg_cuda_moe_scratch(int64_t T, int K, int H, int I, int n_exp, int n_all);
 int dg_cuda_moe(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
-                const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+                const int32_t *idx, const float *w, int K, int e0, int n_exp, int n_all, int I,
                 const uint16_t *W_gu, const uint16_t *W_down, void *scratch, dg_stream_t stream,
                 struct dg_error *err);
 
@@ -401,21 +405,22 @@ int dg_blas_gemm_batched_e(struct dg_blas *b, enum dg_elt e, void *const *y, int
                            const void *const *x, int64_t m, const void *const *W, int64_t N,
                            int64_t K, int64_t ldw, int64_t count, struct dg_error *err);
 /* x, W_gu, W_down and the intermediates of type e. */
-size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I, int n_exp);
+size_t dg_cuda_moe_scratch_e(enum dg_elt e, int64_t T, int K, int H, int I, int n_exp,
+                             int n_all);
 /* FP8 experts (W8A8, fp8-gemm.h): W_gu [n_exp, 2I, H] and W_down
  * [n_exp, H, I] E4M3 bytes with fp32 scales per row, S_gu [n_exp * 2I] and
  * S_down [n_exp * H]; each expert's gathered rows, then the gelu output,
  * quantized per row; bf16 x; otherwise as dg_cuda_moe_e, with the scratch
  * dg_cuda_moe_scratch_q gives.  [2I, H] and [H, I] must fit the FP8 GEMM
  * (DG_E_INVAL). */
-size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp);
+size_t dg_cuda_moe_scratch_q(int64_t T, int K, int H, int I, int n_exp, int n_all);
 int dg_cuda_moe_q(struct dg_blas *b, float *out, const uint16_t *x, int64_t T, int H,
-                  const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+                  const int32_t *idx, const float *w, int K, int e0, int n_exp, int n_all, int I,
                   const uint8_t *W_gu, const float *S_gu, const uint8_t *W_down,
                   const float *S_down, int partial, void *scratch, dg_stream_t stream,
                   struct dg_error *err);
 int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, int64_t T, int H,
-                  const int32_t *idx, const float *w, int K, int e0, int n_exp, int I,
+                  const int32_t *idx, const float *w, int K, int e0, int n_exp, int n_all, int I,
                   const void *W_gu, const void *W_down, int partial, void *scratch,
                   dg_stream_t stream, struct dg_error *err);
 
@@ -424,7 +429,7 @@ int dg_cuda_moe_e(struct dg_blas *b, enum dg_elt e, float *out, const void *x, i
  * (reference: dg_ref_moe_route, dg_ref_moe_combine).
  *
  * dg_cuda_moe_route_e writes into scratch (dg_cuda_moe_scratch_e bytes for
- * e, T, K, H, I, n_exp) and fills view with where its pieces lie:
+ * e, T, K, H, I, n_exp, n_all) and fills view with where its pieces lie:
  *   counts[j]     = picks p < T K with idx[p] = e0 + j;
  *   offsets[j]    = sum_{i<j} ceil(counts[i] / ts) ts, offsets[n_exp] the
  *                   padded total (ts: the tile rows, 16 .. 128);
@@ -464,9 +469,9 @@ struct dg_moe_route_view {
     int32_t *ov_any;                    /* 1 if any, else 0 */
 };
 int dg_cuda_moe_route_e(enum dg_elt e, const void *x, int64_t T, int H, const int32_t *idx, int K,
-                        int e0, int n_exp, int I, const void *W_gu, const void *W_down,
-                        void *scratch, struct dg_moe_route_view *view, dg_stream_t stream, int dev,
-                        struct dg_error *err);
+                        int e0, int n_exp, int n_all, int I, const void *W_gu,
+                        const void *W_down, void *scratch, struct dg_moe_route_view *view,
+                        dg_stream_t stream, int dev, struct dg_error *err);
 int dg_cuda_moe_combine(float *out, const void *ys, int ys_f32, const int32_t *slot_of,
                         const float *w, int64_t T, int K, int H, dg_stream_t stream, int dev,
                         struct dg_error *err);

@@ -85,6 +85,14 @@ static void *out_buf(size_t n, struct dg_error *err)
     return d;
 }
 
+/* The model's experts for a shape whose picks are drawn from its first E:
+ * E, or e0 + n_exp where the rank's slice lies past them (a slice no pick
+ * reaches). */
+static int n_all_of(int E, int e0, int n_exp)
+{
+    return e0 + n_exp > E ? e0 + n_exp : E;
+}
+
 /* Router picks for T tokens: K distinct experts of E per token, or every
  * pick on expert one (K = 1), into idx [T, K]. */
 static void draw_picks(int32_t *idx, int64_t T, int K, int E, int one)
@@ -170,6 +178,7 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt, int
 {
     const int64_t T = s->T;
     const int H = s->H, I = s->I, K = s->K, n_exp = s->n_exp;
+    const int n_all = n_all_of(s->E, s->e0, n_exp);
     const size_t ngu = (size_t)n_exp * 2 * I * H, ndn = (size_t)n_exp * H * I;
     const int f32 = elt == DG_ELT_F32;
     const size_t esz = (size_t)dg_elt_size(elt);
@@ -214,8 +223,8 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt, int
     dw = gt_upload(w, (size_t)(T * K) * 4, &err);
     CHECKF(dx && dgu && ddn && didx && dw && (dout = out_buf((size_t)(T * H), &err)) &&
                dg_cuda_alloc(&scratch,
-                             f32 ? dg_cuda_moe_scratch_e(elt, T, K, H, I, n_exp)
-                                 : dg_cuda_moe_scratch(T, K, H, I, n_exp),
+                             f32 ? dg_cuda_moe_scratch_e(elt, T, K, H, I, n_exp, n_all)
+                                 : dg_cuda_moe_scratch(T, K, H, I, n_exp, n_all),
                              0, &err) == 0,
            "%s", err.msg);
     if (s->runs_257 && !f32 && dg_cuda_experts_wgmma_fits(0, I, H)) {
@@ -224,8 +233,8 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt, int
         int32_t *ov = malloc(sizeof(int32_t) * (size_t)n_exp);
         int64_t past = 0;
         CHECK(ov);
-        CHECK_OK(dg_cuda_moe_route_e(elt, dx, T, H, didx, K, s->e0, n_exp, I, dgu, ddn, scratch,
-                                     &v, NULL, 0, &err),
+        CHECK_OK(dg_cuda_moe_route_e(elt, dx, T, H, didx, K, s->e0, n_exp, n_all, I, dgu, ddn,
+                                     scratch, &v, NULL, 0, &err),
                  &err);
         CHECK_OK(dg_cuda_sync(0, &err), &err);
         CHECK_OK(dg_cuda_download(ov, v.ov_counts, sizeof(int32_t) * (size_t)n_exp, 0, &err),
@@ -240,18 +249,18 @@ static int one(struct dg_blas *blas, const struct shape *s, enum dg_elt elt, int
     }
     if (partial) {
         /* (where the outputs lie: the routing's view of the same scratch) */
-        CHECK_OK(dg_cuda_moe_route_e(elt, dx, T, H, didx, K, s->e0, n_exp, I, dgu, ddn, scratch,
-                                     &view, NULL, 0, &err),
+        CHECK_OK(dg_cuda_moe_route_e(elt, dx, T, H, didx, K, s->e0, n_exp, n_all, I, dgu, ddn,
+                                     scratch, &view, NULL, 0, &err),
                  &err);
-        CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
-                               1, scratch, NULL, &err),
+        CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, n_all, I,
+                               dgu, ddn, 1, scratch, NULL, &err),
                  &err);
     } else if (f32)
-        CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
-                               0, scratch, NULL, &err),
+        CHECK_OK(dg_cuda_moe_e(blas, elt, dout, dx, T, H, didx, dw, K, s->e0, n_exp, n_all, I,
+                               dgu, ddn, 0, scratch, NULL, &err),
                  &err);
     else
-        CHECK_OK(dg_cuda_moe(blas, dout, dx, T, H, didx, dw, K, s->e0, n_exp, I, dgu, ddn,
+        CHECK_OK(dg_cuda_moe(blas, dout, dx, T, H, didx, dw, K, s->e0, n_exp, n_all, I, dgu, ddn,
                              scratch, NULL, &err),
                  &err);
     CHECK_OK(dg_cuda_sync(0, &err), &err);
@@ -315,6 +324,10 @@ static int moe(void)
         {"1024 tokens, top-8 of 32, H 256, I 128", 1024, 256, 128, 32, 8, 0, 32, 0, 0},
         {"1024 tokens, top-8 of 32, runs of 257 rows, H 256, I 128", 1024, 256, 128, 32, 8, 0,
          32, 0, 1},
+        /* a rank holding half the experts (planned for half the picks)
+         * and given all of them: 35 tiles past the batched GEMMs' 60 */
+        {"1024 tokens, top-8, experts 32..63 of 64 given every pick, runs of 257 rows, H 256, "
+         "I 128", 1024, 256, 128, 64, 8, 32, 32, 0, 1},
         /* rows that are not a multiple of 16 bytes: the element-wise gather
          * (H 100 in bf16, H 70 in both) */
         {"21 tokens, top-2 of 8, all, H 100, I 48", 21, 100, 48, 8, 2, 0, 8, 0, 0},
@@ -329,18 +342,27 @@ static int moe(void)
                 dg_blas_destroy(blas);
                 return 1;
             }
-    CHECK(dg_cuda_moe(blas, NULL, NULL, 3, 0, NULL, NULL, 2, 0, 4, 8, NULL, NULL, NULL, NULL,
-                      &err) == -DG_E_INVAL);
+    CHECK(dg_cuda_moe(blas, NULL, NULL, 3, 0, NULL, NULL, 2, 0, 4, 4, 8, NULL, NULL, NULL,
+                      NULL, &err) == -DG_E_INVAL);
+    /* a slice past the model's experts, or of more than it has */
+    CHECK_FAILS(dg_cuda_moe(blas, NULL, NULL, 3, 64, NULL, NULL, 2, 6, 4, 8, 8, NULL, NULL,
+                            NULL, NULL, &err),
+                &err, DG_E_INVAL, "experts 6 .. 9 of 8");
+    CHECK_FAILS(dg_cuda_moe(blas, NULL, NULL, 3, 64, NULL, NULL, 2, 0, 8, 4, 8, NULL, NULL,
+                            NULL, NULL, &err),
+                &err, DG_E_INVAL, "experts 0 .. 7 of 4");
     /* (the fp32 form keeps the checks; no tokens: nothing to do) */
-    CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 3, 0, NULL, NULL, 2, 0, 4, 8, NULL, NULL,
-                        0, NULL, NULL, &err) == -DG_E_INVAL);
-    CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 0, 8, NULL, NULL, 2, 0, 4, 8, NULL, NULL,
-                        0, NULL, NULL, &err) == 0);
-    /* the scratch: the bf16 name is the bf16 size; fp32 elements need more */
-    CHECK(dg_cuda_moe_scratch_e(DG_ELT_BF16, 37, 2, 256, 64, 8) ==
-          dg_cuda_moe_scratch(37, 2, 256, 64, 8));
-    CHECK(dg_cuda_moe_scratch_e(DG_ELT_F32, 37, 2, 256, 64, 8) >
-          dg_cuda_moe_scratch(37, 2, 256, 64, 8));
+    CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 3, 0, NULL, NULL, 2, 0, 4, 4, 8, NULL,
+                        NULL, 0, NULL, NULL, &err) == -DG_E_INVAL);
+    CHECK(dg_cuda_moe_e(blas, DG_ELT_F32, NULL, NULL, 0, 8, NULL, NULL, 2, 0, 4, 4, 8, NULL,
+                        NULL, 0, NULL, NULL, &err) == 0);
+    /* the scratch: the bf16 name is the bf16 size; fp32 elements need more;
+     * a shape the calls refuse: none */
+    CHECK(dg_cuda_moe_scratch_e(DG_ELT_BF16, 37, 2, 256, 64, 8, 8) ==
+          dg_cuda_moe_scratch(37, 2, 256, 64, 8, 8));
+    CHECK(dg_cuda_moe_scratch_e(DG_ELT_F32, 37, 2, 256, 64, 8, 8) >
+          dg_cuda_moe_scratch(37, 2, 256, 64, 8, 8));
+    CHECK(dg_cuda_moe_scratch(37, 2, 256, 64, 8, 4) == 0);
     dg_blas_destroy(blas);
     return 0;
 }
@@ -372,11 +394,11 @@ static int elt_refused(void)
     ddn = gt_upload(wdn, sizeof wdn, &err);
     dout = out_buf(T * H, &err);
     CHECKF(dx && didx && dw && dgu && ddn && dout &&
-               dg_cuda_alloc(&scratch, dg_cuda_moe_scratch_e(DG_ELT_F32, T, K, H, I, NE), 0,
+               dg_cuda_alloc(&scratch, dg_cuda_moe_scratch_e(DG_ELT_F32, T, K, H, I, NE, NE), 0,
                              &err) == 0,
            "%s", err.msg);
-    CHECK_FAILS(dg_cuda_moe_e(blas, bad, dout, dx, T, H, didx, dw, K, 0, NE, I, dgu, ddn, 0,
-                              scratch, NULL, &err),
+    CHECK_FAILS(dg_cuda_moe_e(blas, bad, dout, dx, T, H, didx, dw, K, 0, NE, NE, I, dgu, ddn,
+                              0, scratch, NULL, &err),
                 &err, DG_E_INVAL, "element type");
     CHECK_OK(dg_cuda_sync(0, &err), &err);
     CHECK_OK(dg_cuda_download(got, dout, sizeof got, 0, &err), &err);
@@ -414,8 +436,9 @@ static int route_one(const struct route_shape *s)
 {
     const int64_t T = s->T, picks = T * s->K;
     const int H = s->H, I = s->I, K = s->K, n_exp = s->n_exp;
+    const int n_all = n_all_of(s->E, s->e0, n_exp);
     const size_t esz = (size_t)dg_elt_size(s->elt);
-    const size_t sbytes = dg_cuda_moe_scratch_e(s->elt, T, K, H, I, n_exp);
+    const size_t sbytes = dg_cuda_moe_scratch_e(s->elt, T, K, H, I, n_exp, n_all);
     struct dg_error err = {0};
     struct dg_moe_route_view v;
     void *hx = NULL;
@@ -444,7 +467,8 @@ static int route_one(const struct route_shape *s)
     ddn = gt_out_alloc((size_t)n_exp * H * I * esz, 0, 0, &err);
     scratch = gt_out_alloc(sbytes, GUARD, 0x5a, &err);
     CHECKF(dx && didx && dgu && ddn && scratch, "%s", err.msg);
-    CHECK_OK(dg_cuda_moe_route_e(s->elt, dx, T, H, didx, K, s->e0, n_exp, I, dgu, ddn, scratch,
+    CHECK_OK(dg_cuda_moe_route_e(s->elt, dx, T, H, didx, K, s->e0, n_exp, n_all, I, dgu, ddn,
+                                 scratch,
                                  &v, NULL, 0, &err),
              &err);
     CHECK_OK(dg_cuda_sync(0, &err), &err);
@@ -638,19 +662,25 @@ static int route_combine(void)
          0, DG_ELT_BF16, 1},
         {"1024 tokens, top-8 of 32, runs of 257 rows, H 256 fp32", 1024, 256, 128, 32, 8, 0, 32,
          0, DG_ELT_F32, 1},
+        /* a rank's half of the experts given every pick */
+        {"1024 tokens, top-8, experts 32..63 of 64 given every pick, H 256 bf16", 1024, 256, 128,
+         64, 8, 32, 32, 0, DG_ELT_BF16, 1},
     };
     struct dg_moe_route_view v;
     struct dg_error err = {0};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
         if (route_one(&shapes[k]))
             return 1;
-    CHECK_FAILS(dg_cuda_moe_route_e(DG_ELT_BF16, NULL, 0, 64, NULL, 2, 0, 8, 32, NULL, NULL,
+    CHECK_FAILS(dg_cuda_moe_route_e(DG_ELT_BF16, NULL, 0, 64, NULL, 2, 0, 8, 8, 32, NULL, NULL,
                                     NULL, &v, NULL, 0, &err),
                 &err, DG_E_INVAL, "routing of 0 tokens");
-    CHECK_FAILS(dg_cuda_moe_route_e(DG_ELT_BF16, NULL, 3, 64, NULL, 2, 0, 1025, 32, NULL, NULL,
+    CHECK_FAILS(dg_cuda_moe_route_e(DG_ELT_BF16, NULL, 3, 64, NULL, 2, 0, 1025, 1025, 32, NULL,
+                                    NULL, NULL, &v, NULL, 0, &err),
+                &err, DG_E_INVAL, "experts 0 .. 1024 of 1025");
+    CHECK_FAILS(dg_cuda_moe_route_e(DG_ELT_BF16, NULL, 3, 64, NULL, 2, 4, 8, 8, 32, NULL, NULL,
                                     NULL, &v, NULL, 0, &err),
-                &err, DG_E_INVAL, "1025 experts");
-    CHECK_FAILS(dg_cuda_moe_route_e((enum dg_elt)7, NULL, 3, 64, NULL, 2, 0, 8, 32, NULL, NULL,
+                &err, DG_E_INVAL, "experts 4 .. 11 of 8");
+    CHECK_FAILS(dg_cuda_moe_route_e((enum dg_elt)7, NULL, 3, 64, NULL, 2, 0, 8, 8, 32, NULL, NULL,
                                     NULL, &v, NULL, 0, &err),
                 &err, DG_E_INVAL, "element type");
     CHECK(dg_cuda_moe_combine(NULL, NULL, 1, NULL, NULL, 0, 2, 64, NULL, 0, &err) == 0);
