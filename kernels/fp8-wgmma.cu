@@ -23,6 +23,7 @@
 #include "kernels/fp8-wgmma.h"
 
 #include <cuda_bf16.h>
+#include <math.h>
 
 #include "kernels/block-sync.cuh"
 #include "kernels/cuda-check.h"
@@ -259,14 +260,17 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
 }
 
 /* The blocks a tile's passes are split over (fp8_experts_kernel's nz):
- * as many as the passes of a group of rows_hint rows, NT a pass, at most
- * FW_NZ_MAX and as the ticket count allows (tiles: the launch's tiles at
- * nz = 1). */
+ * as many as the passes of the fullest group under even routing, whose
+ * rows are with near certainty at most rows_hint + 4 sqrt(rows_hint) (the
+ * mean and four spreads; a block with no pass returns at once), NT a
+ * pass, at most FW_NZ_MAX and as the ticket count allows (tiles: the
+ * launch's tiles at nz = 1). */
 #define FW_NZ_MAX 32
 
 static int split_passes(int rows_hint, int NT, int64_t tiles)
 {
-    int nz = rows_hint > NT ? (int)(((int64_t)rows_hint + NT - 1) / NT) : 1;
+    const double most = rows_hint + 4.0 * sqrt((double)rows_hint);
+    int nz = most > NT ? (int)ceil(most / NT) : 1;
     if (nz > FW_NZ_MAX)
         nz = FW_NZ_MAX;
     while (nz > 1 && tiles * nz > 0x7fffffff)
@@ -325,7 +329,11 @@ static int experts_pick(__nv_bfloat16 *g, uint8_t *q2, float *qs2, YOut *ys, con
      * 27.30, 27.28 ms), more rows an expert taking more passes, split
      * over as many blocks (split_passes; run 290, FP8 step at batch 8
      * 54.08, 53.99 -> 50.26, 50.04 ms, 16 101.92, 102.08 -> 94.74, 94.60,
-     * 32 199.41, 198.21 -> 182.15, 180.88; batch 4, one pass, unchanged).  Not
+     * 32 199.41, 198.21 -> 182.15, 180.88), as many as the fullest
+     * expert's passes (runs 299-300: at batch 4, 64 rows an expert on
+     * average, the experts past 64 had run their second pass in the same
+     * block; the step 29.60-29.67 -> 27.45-27.72 ms, a layer's experts
+     * 0.490 -> 0.407 ms; batch 1 level).  Not
      * passes of 128: there the two accumulator sets leave room for one
      * such block a multiprocessor, not two of one warpgroup (run 149,
      * batch 16: 102.79, 102.40 -> 103.19, 103.29 ms), and passes of 64

@@ -36,7 +36,8 @@ int dg_cuda_fp8_wgmma(void *Y, int y_f32, int accumulate, const uint8_t *qa, con
  * the groups' rows, and dg_cuda_fp8_wgmma into ys (of ys's type).  An
  * expert's down tiles start once its hidden rows are quantized.
  * rows_hint (the mean rows a group) picks the rows a pass and how many
- * blocks share a weight tile's passes (the same bytes whatever it is).  sync:
+ * blocks share a weight tile's passes (as many as the fullest group under
+ * even routing needs; the same bytes whatever it is).  sync:
  * 1 + 2 groups int32 in device memory, all zero when the launch starts
  * (the routing kernel zeroes them), left nonzero.  Fits where both
  * products fit dg_cuda_fp8_wgmma_fits, I and H multiples of 64, I at most
