@@ -23,13 +23,13 @@
 #include "kernels/fp8-wgmma.h"
 
 #include <cuda_bf16.h>
-#include <math.h>
 
 #include "kernels/block-sync.cuh"
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
 #include "kernels/fp8-quant.cuh"
 #include "kernels/wgmma.cuh"
+#include "lib/moe-plan.h"
 
 #define FW_BM 64  /* weight rows a block */
 #define FW_BK 128 /* K bytes a stage */
@@ -259,29 +259,10 @@ static int pick(Out *Y, const uint8_t *QA, const float *SA, const uint8_t *QW, c
                       dev, err);
 }
 
-/* The blocks a tile's passes are split over (fp8_experts_kernel's nz):
- * as many as the passes of the fullest group under even routing, whose
- * rows are with near certainty at most rows_hint + 4 sqrt(rows_hint) (the
- * mean and four spreads; a block with no pass returns at once), NT a
- * pass, at most FW_NZ_MAX and as the ticket count allows (tiles: the
- * launch's tiles at nz = 1). */
-#define FW_NZ_MAX 32
-
-static int split_passes(int rows_hint, int NT, int64_t tiles)
-{
-    const double most = rows_hint + 4.0 * sqrt((double)rows_hint);
-    int nz = most > NT ? (int)ceil(most / NT) : 1;
-    if (nz > FW_NZ_MAX)
-        nz = FW_NZ_MAX;
-    while (nz > 1 && tiles * nz > 0x7fffffff)
-        nz--;
-    return nz;
-}
-
 /* both products in one launch, NT rows a pass, WGS warpgroups a block
  * (fp8_experts_kernel; 2 only where 2I and H are multiples of 128), ys
- * of type YOut; each tile's passes split over the blocks split_passes
- * gives for rows_hint */
+ * of type YOut; each tile's passes split over the blocks
+ * dg_moe_plan_split gives for rows_hint (lib/moe-plan.h) */
 template <int NT, int WGS, typename YOut>
 static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, YOut *ys, const uint8_t *q,
                           const float *qs, const uint8_t *W_gu, const float *S_gu,
@@ -293,7 +274,7 @@ static int launch_experts(__nv_bfloat16 *gu, uint8_t *q2, float *qs2, YOut *ys, 
     constexpr int BM = FW_BM * WGS;
     const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
     const int64_t tiles = (2 * I / BM + H / BM) * (int64_t)groups;
-    const int nz = split_passes(rows_hint, NT, tiles);
+    const int nz = dg_moe_plan_split(rows_hint, NT, tiles);
     const int64_t blocks = tiles * nz;
     auto kernel = fp8_experts_kernel<NT, ST, WGS, YOut>;
     int rc = 0;
@@ -327,7 +308,7 @@ static int experts_pick(__nv_bfloat16 *g, uint8_t *q2, float *qs2, YOut *ys, con
      * block where the widths allow (the rows' tile read once for 128
      * weight rows, as moe-wgmma.cu; run 149, batch 4: 27.63, 27.72 ->
      * 27.30, 27.28 ms), more rows an expert taking more passes, split
-     * over as many blocks (split_passes; run 290, FP8 step at batch 8
+     * over as many blocks (dg_moe_plan_split; run 290, FP8 step at batch 8
      * 54.08, 53.99 -> 50.26, 50.04 ms, 16 101.92, 102.08 -> 94.74, 94.60,
      * 32 199.41, 198.21 -> 182.15, 180.88), as many as the fullest
      * expert's passes (runs 299-300: at batch 4, 64 rows an expert on

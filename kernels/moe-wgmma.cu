@@ -30,20 +30,22 @@
 #include "kernels/cuda-check.h"
 #include "kernels/elt.cuh"
 #include "kernels/wgmma.cuh"
+#include "lib/moe-plan.h"
 
 #define WG_BM 64  /* weight rows a block */
 #define WG_BK 64  /* K a stage: one 128-byte swizzled row */
 
 /* One block's work: 64 WGS of group j's weight rows, the bx-th 64 WGS
  * (GATED: the gate and up rows of Y's columns 32 WGS bx .. 32 WGS (bx +
- * 1) - 1), against all of the group's rows, NT at a time; 128 WGS threads
+ * 1) - 1), against the group's rows, NT at a time: the passes z, z + nz,
+ * ... (all of them where nz is 1); 128 WGS threads
  * (WGS warpgroups, warpgroup w the block's weight rows 64 w .. 64 w + 63);
  * smem: ST stages of [64 WGS weight rows][128 B] then [NT rows][128 B],
  * swizzled, at shared address base (1,024-aligned) */
 template <int NT, int ST, bool GATED, int WGS, typename Out>
 __device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                                  int64_t row0, int count, int bx, int j, int64_t N,
-                                 int64_t K, unsigned char *smem, uint32_t base)
+                                 int64_t K, int z, int nz, unsigned char *smem, uint32_t base)
 {
     constexpr int BM = WG_BM * WGS, WB = BM * 128, STAGE = WB + NT * 128, THREADS = 128 * WGS;
     const int wgi = WGS > 1 ? (int)threadIdx.x >> 7 : 0;
@@ -55,7 +57,7 @@ __device__ static void tile_rows(Out *Y, const __nv_bfloat16 *X, const __nv_bflo
     const __nv_bfloat16 *Wj = W + (int64_t)j * N * K + n0 * K;
     const int ksteps = (int)(K / WG_BK);
 
-    for (int p0 = 0; p0 < count; p0 += NT) {
+    for (int p0 = z * NT; p0 < count; p0 += nz * NT) {
         const int rows = min(NT, count - p0);
         const __nv_bfloat16 *Xp = X + (row0 + p0) * K;
         float d[NT / 2];
@@ -127,8 +129,8 @@ __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? 2 : 1)
     uint32_t base;
     unsigned char *smem = dg_wgmma_stages(&base);
     const int j = blockIdx.y;
-    tile_rows<NT, ST, GATED, WGS>(Y, X, W, offsets[j], counts[j], (int)blockIdx.x, j, N, K, smem,
-                                  base);
+    tile_rows<NT, ST, GATED, WGS>(Y, X, W, offsets[j], counts[j], (int)blockIdx.x, j, N, K, 0, 1,
+                                  smem, base);
 }
 
 /* warpgroups a block at NT rows a pass: two from 64 rows on (see the top) */
@@ -149,7 +151,15 @@ struct wgs_of {
  * belongs to a block that is running or done: no block waits on one not
  * yet placed, whatever order the hardware places blocks in.  The gated
  * tiles' tail on the multiprocessors is filled with down tiles of the
- * groups already done. */
+ * groups already done.
+ *
+ * nz > 1 splits every tile's passes over nz blocks (block z of a tile the
+ * passes z, z + nz, ...; their tickets adjacent, so the nz blocks of one
+ * weight tile run together and read it from the DRAM about once), as
+ * fp8-wgmma.cu's one launch does: a group's gated tiles are done when all
+ * nb1 nz of their blocks are, and a down block with no pass returns
+ * before waiting.  Each output is the same products in the same order
+ * whatever nz is: the same bits. */
 template <int NT, int ST, int WGS, typename YOut>
 /* (the blocks a multiprocessor holds by shared memory, as the two
  * kernels it replaces: left free, ptxas gives it registers for fewer) */
@@ -158,7 +168,7 @@ __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2
     experts_wgmma_kernel(__nv_bfloat16 *hh, YOut *ys, const __nv_bfloat16 *xs,
                          const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
                          const int32_t *offsets, const int32_t *counts, int32_t *sync,
-                         const int32_t *active, int groups, int64_t I, int64_t H)
+                         const int32_t *active, int groups, int64_t I, int64_t H, int nz)
 {
     uint32_t base;
     if (active && !*active)
@@ -171,20 +181,20 @@ __global__ static void __launch_bounds__(128 * WGS, WGS == 2 ? (NT == 64 ? 3 : 2
     int *s_word = (int *)(smem + ST * (WG_BM * WGS + NT) * 128);
     const int nb1 = (int)(2 * I / (WG_BM * WGS)), nb2 = (int)(H / (WG_BM * WGS));
     const int t = dg_block_ticket(&sync[0], s_word);
-    if (t < nb1 * groups) {
-        const int j = t / nb1;
-        tile_rows<NT, ST, true, WGS>(hh, xs, W_gu, offsets[j], counts[j], t % nb1, j, 2 * I, H,
-                                     smem, base);
+    if (t < nb1 * nz * groups) {
+        const int j = t / (nb1 * nz), tz = t % (nb1 * nz);
+        tile_rows<NT, ST, true, WGS>(hh, xs, W_gu, offsets[j], counts[j], tz / nz, j, 2 * I, H,
+                                     tz % nz, nz, smem, base);
         dg_block_done(&sync[1 + j], s_word);
     } else {
-        const int u = t - nb1 * groups, j = u / nb2;
+        const int u = t - nb1 * nz * groups, j = u / (nb2 * nz), uz = u % (nb2 * nz);
         const int count = counts[j];
-        if (count == 0)
+        if ((int64_t)(uz % nz) * NT >= count) /* no pass of this block's */
             return;
         /* every column of the group's hidden rows stored */
-        dg_block_wait(&sync[1 + j], nb1);
-        tile_rows<NT, ST, false, WGS>(ys, hh, W_down, offsets[j], count, u % nb2, j, H, I, smem,
-                                      base);
+        dg_block_wait(&sync[1 + j], nb1 * nz);
+        tile_rows<NT, ST, false, WGS>(ys, hh, W_down, offsets[j], count, uz / nz, j, H, I,
+                                      uz % nz, nz, smem, base);
     }
 }
 
@@ -222,24 +232,31 @@ static int pick(Out *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, const in
 }
 
 /* both products in one launch, NT rows a pass (experts_wgmma_kernel),
- * ys of type YOut */
+ * ys of type YOut; each tile's passes split over the blocks
+ * dg_moe_plan_split gives for rows_hint (lib/moe-plan.h): at batch 8,
+ * 128 rows an expert on average in passes of 128, the experts past 128
+ * had run their second pass after the first in one block (run 303: a
+ * layer's experts 0.981, 0.983 -> 0.843, 0.849 ms, the step 62.19, 62.36
+ * -> 60.77, 60.74 ms; batch 1, 4 and 16 level) */
 template <int NT, typename YOut>
 static int launch_experts(__nv_bfloat16 *hh, YOut *ys, const __nv_bfloat16 *xs,
                           const __nv_bfloat16 *W_gu, const __nv_bfloat16 *W_down,
                           const int32_t *offsets, const int32_t *counts, int32_t *sync,
-                          const int32_t *active, int groups, int64_t I, int64_t H,
+                          const int32_t *active, int groups, int64_t I, int64_t H, int rows_hint,
                           cudaStream_t st, int dev, struct dg_error *err)
 {
     constexpr int ST = 3, WGS = wgs_of<NT>::value; /* as launch's */
     constexpr int BM = WG_BM * WGS;
     const size_t shared = (size_t)ST * (BM + NT) * 128 + 1024;
-    const int64_t blocks = (2 * I / BM + H / BM) * (int64_t)groups;
+    const int64_t tiles = (2 * I / BM + H / BM) * (int64_t)groups;
+    const int nz = dg_moe_plan_split(rows_hint, NT, tiles);
+    const int64_t blocks = tiles * nz;
     auto kernel = experts_wgmma_kernel<NT, ST, WGS, YOut>;
     int rc = 0;
     DG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)shared));
     kernel<<<(unsigned)blocks, 128 * WGS, shared, st>>>(hh, ys, xs, W_gu, W_down, offsets,
-                                                         counts, sync, active, groups, I, H);
+                                                         counts, sync, active, groups, I, H, nz);
     DG_LAUNCH_CHECK();
 out:
     return rc;
@@ -261,12 +278,12 @@ static int experts_pick(__nv_bfloat16 *h, YOut *ys, const __nv_bfloat16 *x,
 {
     if (rows_hint > 32)
         return launch_experts<128>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
-                                   st, dev, err);
+                                   rows_hint, st, dev, err);
     if (rows_hint > 16)
         return launch_experts<64>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
-                                  st, dev, err);
-    return launch_experts<32>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H, st,
-                              dev, err);
+                                  rows_hint, st, dev, err);
+    return launch_experts<32>(h, ys, x, wg, wd, offsets, counts, sync, active, groups, I, H,
+                              rows_hint, st, dev, err);
 }
 
 extern "C" int dg_cuda_experts_wgmma(void *hh, void *ys, int ys_f32, const void *xs,

@@ -35,7 +35,9 @@ int dg_cuda_grouped_wgmma(void *Y, int y_f32, int gated, const void *X, const vo
  * product's last wave shares the GPU with the second's first.  sync: 1 +
  * groups int32 in device memory, all zero when the launch starts (the
  * routing kernel zeroes them: dg_cuda_moe_route_e's view names them), left
- * nonzero.
+ * nonzero.  rows_hint (the mean rows a group) picks the rows a pass and
+ * how many blocks share a weight tile's passes (lib/moe-plan.h's
+ * dg_moe_plan_split; the same bits whatever it is).
  * active: NULL, or a word in device memory read as the launch runs: 0 and
  * every block returns at once (nothing written, sync untouched; the routing
  * sets such a word when it leaves the launch no rows).

@@ -30,3 +30,14 @@ int dg_moe_plan_make(int64_t T, int K, int n_exp, int n_all, struct dg_moe_plan 
     p->hint = (int)((p->expect + n_exp - 1) / n_exp);
     return 0;
 }
+
+int dg_moe_plan_split(int rows_hint, int NT, int64_t tiles)
+{
+    const double most = rows_hint > 0 ? rows_hint + 4.0 * sqrt((double)rows_hint) : 0.0;
+    int nz = NT > 0 && most > NT ? (int)ceil(most / NT) : 1;
+    if (nz > DG_MOE_SPLIT_MAX)
+        nz = DG_MOE_SPLIT_MAX;
+    while (nz > 1 && (tiles < 1 || tiles * nz > 0x7fffffff))
+        nz--;
+    return nz;
+}

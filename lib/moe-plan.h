@@ -55,6 +55,16 @@ struct dg_moe_plan {
 int dg_moe_plan_make(int64_t T, int K, int n_exp, int n_all, struct dg_moe_plan *p,
                      struct dg_error *err);
 
+/* The blocks a weight tile's passes of NT rows are split over in the
+ * experts' one-launch kernels (block z of a tile takes the passes z, z +
+ * nz, ...): as many as the fullest expert needs under even routing, whose
+ * rows are with near certainty at most rows_hint + 4 sqrt(rows_hint) (a
+ * block with no pass returns at once), at most DG_MOE_SPLIT_MAX, and
+ * fewer where tiles nz would pass 2^31 - 1 tickets (tiles: the launch's
+ * tiles at nz = 1).  1 where NT < 1 or tiles < 1. */
+#define DG_MOE_SPLIT_MAX 32
+int dg_moe_plan_split(int rows_hint, int NT, int64_t tiles);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1014,7 +1014,10 @@ static int experts_bf16_out(const struct groups *g, int64_t I, int64_t H, int hi
  * and 16 rows with gaps at I 64, H 256, with a pass of 32, 64 and 128
  * rows (groups longer than a pass take several; from 64 rows a pass two
  * warpgroups a block), and the 26B-A4B's experts (I 704, H 2816) at 16
- * rows a group and at 64 to 130 (passes of 128); each launch with its sync
+ * rows a group and at 64 to 130 (passes of 128); with hints whose split
+ * (lib/moe-plan.h) puts a tile's passes on 2 and 3 blocks (the 150- and
+ * 130-row groups' second pass on a block of its own; at 3 a block with
+ * no pass in any group); each launch with its sync
  * words zeroed first, twice on the same buffers (the second launch's
  * tickets start again from zero), without an active word and with one of
  * 1; with one of 0 first, nothing written (outputs poisoned, sync words
@@ -1030,9 +1033,10 @@ static int experts_one_launch(void)
         const int32_t *counts;
         int64_t I, H;
         int hint;
-    } shapes[5] = {{counts_a, 64, 256, 16}, {counts_a, 64, 256, 24},
-                   {counts_a, 64, 256, 85}, {counts_b, 704, 2816, 16},
-                   {counts_d, 704, 2816, 87}};
+    } shapes[8] = {{counts_a, 64, 256, 16},    {counts_a, 64, 256, 24},
+                   {counts_a, 64, 256, 85},    {counts_b, 704, 2816, 16},
+                   {counts_d, 704, 2816, 87},  {counts_a, 64, 256, 150},
+                   {counts_a, 64, 256, 300},   {counts_d, 704, 2816, 128}};
     struct dg_error err = {0};
     if (!dg_cuda_experts_wgmma_fits(0, 64, 256)) {
         printf("# the experts' one launch: not on this device, skipped\n");
@@ -1041,7 +1045,7 @@ static int experts_one_launch(void)
                     &err, DG_E_INVAL, "experts' wgmma");
         return 0;
     }
-    for (int si = 0; si < 5; si++) {
+    for (int si = 0; si < 8; si++) {
         const int64_t I = shapes[si].I, H = shapes[si].H;
         const int hint = shapes[si].hint;
         struct groups g;

@@ -6,7 +6,8 @@
  * tiles; the batched tiles covering simulated even routings (top-K of the
  * model's experts, uniformly drawn) of a rank holding all, half or a
  * quarter of the experts, and exceeding what those need by no more than
- * the plan's margin (not by the other ranks' share); refused shapes.
+ * the plan's margin (not by the other ranks' share); the split of a
+ * tile's passes over blocks covering the fullest expert; refused shapes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -163,6 +164,38 @@ static int case_batched_fits_even_routing(void)
     return 0;
 }
 
+/* The split of a tile's passes: nz NT rows cover the fullest expert's
+ * rows (mean + 4 sqrt(mean)) and nz - 1 do not, at most DG_MOE_SPLIT_MAX
+ * and within 2^31 - 1 tickets; 1 where nothing needs a second pass. */
+static int case_split(void)
+{
+    static const int hints[] = {1, 16, 17, 24, 64, 87, 90, 91, 128, 256, 512, 4096, 100000};
+    static const int NTs[] = {32, 64, 128};
+    for (size_t h = 0; h < sizeof hints / sizeof hints[0]; h++)
+        for (size_t n = 0; n < sizeof NTs / sizeof NTs[0]; n++) {
+            const int hint = hints[h], NT = NTs[n];
+            const double most = hint + 4.0 * sqrt((double)hint);
+            const int nz = dg_moe_plan_split(hint, NT, 8448);
+            CHECKF(nz >= 1 && nz <= DG_MOE_SPLIT_MAX, "hint %d, NT %d: nz %d", hint, NT, nz);
+            CHECKF(nz == DG_MOE_SPLIT_MAX || (double)nz * NT >= most,
+                   "hint %d, NT %d: %d blocks of %d rows short of %.1f", hint, NT, nz, NT, most);
+            CHECKF(nz == 1 || (double)(nz - 1) * NT < most, "hint %d, NT %d: %d blocks, one spare",
+                   hint, NT, nz);
+        }
+    /* the batch sizes' hints on the FP8 kernel's passes: batch 1 one
+     * block, batch 4 (64 rows an expert, passes of 64) two, batch 8 three */
+    CHECK(dg_moe_plan_split(16, 32, 8448) == 1);
+    CHECK(dg_moe_plan_split(64, 64, 4224) == 2);
+    CHECK(dg_moe_plan_split(128, 64, 4224) == 3);
+    /* tickets: tiles nz stays within int */
+    CHECK((int64_t)dg_moe_plan_split(512, 32, 0x7fffffff / 10) * (0x7fffffff / 10) <=
+          0x7fffffff);
+    CHECK(dg_moe_plan_split(512, 32, 0x7fffffff) == 1);
+    CHECK(dg_moe_plan_split(512, 0, 100) == 1 && dg_moe_plan_split(0, 32, 100) == 1 &&
+          dg_moe_plan_split(-5, 32, 100) == 1 && dg_moe_plan_split(512, 32, 0) == 1);
+    return 0;
+}
+
 static int case_refused(void)
 {
     struct dg_moe_plan p;
@@ -185,6 +218,7 @@ int main(void)
     TEST_CASE(case_tp1_shapes);
     TEST_CASE(case_bound_holds_for_any_routing);
     TEST_CASE(case_batched_fits_even_routing);
+    TEST_CASE(case_split);
     TEST_CASE(case_refused);
     return test_finish();
 }
