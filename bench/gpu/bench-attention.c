@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/gpu/bench-time.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/attention-tc.h"
 #include "kernels/ceilings.h"
@@ -71,26 +72,21 @@ struct operands {
     size_t scratch_bytes;
 };
 
-/* REPS device times (ms) of one attention launch into t; the median */
-static double time_attention(struct dg_prof *prof, const struct operands *o,
-                             enum dg_attn_tc_form form, const struct kind *k, int64_t Tq,
-                             int reps, double *t, struct dg_error *err)
+/* one attention launch: form, kind k, Tq query rows */
+struct launch {
+    const struct operands *o;
+    enum dg_attn_tc_form form;
+    const struct kind *k;
+    int64_t Tq;
+};
+
+static int launch(void *ctx, struct dg_error *err)
 {
-    struct dg_prof_total tot[DG_PROF_MAX_LABELS];
-    double before = 0.0;
-    for (int r = -1; r < reps; r++) {
-        if (dg_prof_begin(prof, NULL, err) < 0 ||
-            dg_cuda_attention_tc_form(form, o->out, o->q, o->q_pos, o->q_seq, Tq, o->seqs, NH,
-                                      k->nkv, k->hd, 0, WINDOW, o->scratch, o->scratch_bytes,
-                                      NULL, 0, err) < 0 ||
-            dg_prof_mark(prof, "attention", NULL, err) < 0 || dg_cuda_sync(0, err) < 0 ||
-            dg_prof_collect(prof, err) < 0 || dg_prof_totals(prof, tot, DG_PROF_MAX_LABELS) < 1)
-            return -1.0;
-        if (r >= 0)
-            t[r] = tot[0].ms - before;
-        before = tot[0].ms;
-    }
-    return bench_median(t, reps);
+    const struct launch *l = ctx;
+    const struct operands *o = l->o;
+    return dg_cuda_attention_tc_form(l->form, o->out, o->q, o->q_pos, o->q_seq, l->Tq, o->seqs,
+                                     NH, l->k->nkv, l->k->hd, 0, WINDOW, o->scratch,
+                                     o->scratch_bytes, NULL, 0, err);
 }
 
 /* FNV-1a over the n bytes at device p (host staging h, n bytes at least) */
@@ -207,6 +203,7 @@ int main(int argc, char **argv)
                 const double ops = 4.0 * (double)Tq * NH * (double)keys * k->hd;
                 const double bytes = 2.0 * ((double)Tq * NH * k->hd * 2.0 +
                                             (double)B * keys * k->nkv * k->hd * 2.0);
+                const struct launch l = {&o, form, k, Tq};
                 double floor_us, us;
                 size_t part;
                 uint32_t hash;
@@ -223,7 +220,7 @@ int main(int argc, char **argv)
                 }
                 if (dg_cuda_upload(o.seqs, seqs, sizeof seqs[0] * (size_t)B, 0, &err) < 0)
                     goto fail;
-                us = 1e3 * time_attention(prof, &o, form, k, Tq, reps, t, &err);
+                us = 1e3 * bench_time_device(prof, reps, t, launch, (void *)&l, &err);
                 if (us < 0 || hash_out(o.out, h, sizeof(uint16_t) * (size_t)Tq * NH * (size_t)k->hd,
                                        &hash, &err) < 0)
                     goto fail;

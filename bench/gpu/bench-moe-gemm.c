@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/gpu/bench-time.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/ceilings.h"
 #include "kernels/devmem.h"
@@ -50,31 +51,14 @@ static void route(int32_t *counts, int32_t *offsets, int64_t T)
     int32_t acc = 0;
     memset(counts, 0, sizeof(int32_t) * N_EXP);
     for (int64_t t = 0; t < T; t++) {
-        int picked[TOPK];
-        for (int k = 0; k < TOPK; k++) {
-            int e, dup;
-            do {
-                e = bench_rand_id(&rng, N_EXP);
-                dup = 0;
-                for (int i = 0; i < k; i++)
-                    dup |= picked[i] == e;
-            } while (dup);
-            picked[k] = e;
-            counts[e]++;
-        }
+        int32_t picked[TOPK];
+        bench_distinct_ids(&rng, picked, TOPK, N_EXP);
+        for (int k = 0; k < TOPK; k++)
+            counts[picked[k]]++;
     }
     for (int j = 0; j < N_EXP; j++) {
         offsets[j] = acc;
         acc += counts[j];
-    }
-}
-
-/* n random bytes that are finite E4M3 numbers (not 0x7f / 0xff) */
-static void fill_e4m3(uint8_t *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint8_t b = (uint8_t)bench_rand_id(&rng, 256);
-        p[i] = (b & 0x7f) == 0x7f ? 0x38 : b;
     }
 }
 
@@ -86,34 +70,24 @@ struct operands {
     void *y, *y0;                /* device fp32 rows x N: the output, configuration 0's */
 };
 
-/* One timed product: REPS device times (ms) into t, the median returned.
- * The FP8 kernel (fp8) or the bf16 grouped GEMM in configuration config. */
-static double time_product(struct dg_prof *prof, const struct operands *o, int fp8, int config,
-                           int64_t rows, int64_t N, int64_t K, int hint, int reps, double *t,
-                           struct dg_error *err)
+/* one product: the FP8 kernel (fp8) or the bf16 grouped GEMM in
+ * configuration config */
+struct product {
+    const struct operands *o;
+    int fp8, config, hint;
+    int64_t rows, N, K;
+};
+
+static int product(void *ctx, struct dg_error *err)
 {
-    struct dg_prof_total tot[DG_PROF_MAX_LABELS];
-    double before = 0.0;
-    for (int r = -1; r < reps; r++) {
-        int rc, n;
-        if (dg_prof_begin(prof, NULL, err) < 0)
-            return -1.0;
-        rc = fp8 ? dg_cuda_fp8_gemm_config(config, o->y, 1, 0, o->qa, o->sa, o->qw, o->sw,
-                                           o->offsets, o->counts, N_EXP, rows, N, K, hint, NULL,
-                                           0, err)
-                 : dg_cuda_grouped_gemm_config(config, o->y, 1, o->xa, o->xw, o->offsets,
-                                               o->counts, N_EXP, N, K, hint, NULL, 0, err);
-        if (rc < 0 || dg_prof_mark(prof, "product", NULL, err) < 0 || dg_cuda_sync(0, err) < 0 ||
-            dg_prof_collect(prof, err) < 0)
-            return -1.0;
-        n = dg_prof_totals(prof, tot, DG_PROF_MAX_LABELS);
-        if (n < 1)
-            return -1.0;
-        if (r >= 0)
-            t[r] = tot[0].ms - before;
-        before = tot[0].ms;
-    }
-    return bench_median(t, reps);
+    const struct product *p = ctx;
+    const struct operands *o = p->o;
+    return p->fp8 ? dg_cuda_fp8_gemm_config(p->config, o->y, 1, 0, o->qa, o->sa, o->qw, o->sw,
+                                            o->offsets, o->counts, N_EXP, p->rows, p->N, p->K,
+                                            p->hint, NULL, 0, err)
+                  : dg_cuda_grouped_gemm_config(p->config, o->y, 1, o->xa, o->xw, o->offsets,
+                                                o->counts, N_EXP, p->N, p->K, p->hint, NULL, 0,
+                                                err);
 }
 
 /* Whether the device outputs a and b (rows x N fp32) are equal to the bit. */
@@ -187,7 +161,7 @@ int main(int argc, char **argv)
         goto fail;
     /* random operands, made once at the largest shapes (each product reads
      * its prefix) */
-    fill_e4m3(h8, (size_t)(N_EXP * max_nk));
+    bench_fill_e4m3(&rng, h8, (size_t)(N_EXP * max_nk));
     for (int64_t i = 0; i < N_EXP * max_nk; i++)
         /* bf16 of |x| in [1, 2), either sign */
         h16[i] = (uint16_t)(0x3f80u ^ (uint16_t)(bench_rand_id(&rng, 0x10000) & 0x807f));
@@ -227,11 +201,12 @@ int main(int argc, char **argv)
                 const int fp8 = k < n8, c = fp8 ? k : k - n8;
                 const double bytes = (double)N_EXP * (double)(N * K) * (fp8 ? 1.0 : 2.0);
                 const double floor_ms = bytes / (ce.copy_gbps * 1e9) * 1e3;
+                const struct product pr = {&o, fp8, c, hint, rows, N, K};
                 double ms;
                 int same = -1;
                 if (dg_cuda_memset(o.y, 0xff, ybytes, 0, &err) < 0)
                     goto fail;
-                ms = time_product(prof, &o, fp8, c, rows, N, K, hint, reps, t, &err);
+                ms = bench_time_device(prof, reps, t, product, (void *)&pr, &err);
                 if (ms < 0)
                     goto fail;
                 if (c == 0 && dg_cuda_copy_async(o.y0, o.y, ybytes, NULL, 0, &err) < 0)

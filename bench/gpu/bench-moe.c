@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/gpu/bench-time.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/ceilings.h"
 #include "kernels/devmem.h"
@@ -58,58 +59,34 @@ static void route(int32_t *idx, int64_t T, int n_exp, int *touched)
 {
     static int32_t seen[N_EXP];
     memset(seen, 0, sizeof seen);
-    for (int64_t t = 0; t < T; t++)
-        for (int k = 0; k < TOPK; k++) {
-            int e, dup;
-            do {
-                e = bench_rand_id(&rng, N_EXP);
-                dup = 0;
-                for (int i = 0; i < k; i++)
-                    dup |= idx[t * TOPK + i] == e;
-            } while (dup);
-            idx[t * TOPK + k] = e;
-            seen[e] = 1;
-        }
+    for (int64_t t = 0; t < T; t++) {
+        bench_distinct_ids(&rng, idx + t * TOPK, TOPK, N_EXP);
+        for (int k = 0; k < TOPK; k++)
+            seen[idx[t * TOPK + k]] = 1;
+    }
     *touched = 0;
     for (int j = 0; j < n_exp; j++)
         *touched += seen[j];
 }
 
-/* One configuration's median device ms over reps (t: scratch), or -1. */
-static double time_moe(struct dg_blas *blas, struct dg_prof *prof, const struct operands *o,
-                       int fp8, int64_t T, int n_exp, int n_all, int reps, double *t,
-                       struct dg_error *err)
-{
-    struct dg_prof_total tot[DG_PROF_MAX_LABELS];
-    double before = 0.0;
-    for (int r = -1; r < reps; r++) {
-        int rc, n;
-        if (dg_prof_begin(prof, NULL, err) < 0)
-            return -1.0;
-        rc = fp8 ? dg_cuda_moe_q(blas, o->out, o->x, T, HID, o->idx, o->w, TOPK, 0, n_exp, n_all,
-                                 INTER, o->qgu, o->sgu, o->qdn, o->sdn, 0, o->scratch, NULL, err)
-                 : dg_cuda_moe_e(blas, DG_ELT_BF16, o->out, o->x, T, HID, o->idx, o->w, TOPK, 0,
-                                 n_exp, n_all, INTER, o->wgu, o->wdn, 0, o->scratch, NULL, err);
-        if (rc < 0 || dg_prof_mark(prof, "moe", NULL, err) < 0 || dg_cuda_sync(0, err) < 0 ||
-            dg_prof_collect(prof, err) < 0)
-            return -1.0;
-        n = dg_prof_totals(prof, tot, DG_PROF_MAX_LABELS);
-        if (n < 1)
-            return -1.0;
-        if (r >= 0)
-            t[r] = tot[0].ms - before;
-        before = tot[0].ms;
-    }
-    return bench_median(t, reps);
-}
+/* one call of the experts' stage: fp8 or bf16, the rank's n_exp of n_all */
+struct moe_call {
+    struct dg_blas *blas;
+    const struct operands *o;
+    int fp8, n_exp, n_all;
+    int64_t T;
+};
 
-/* n random bytes that are finite E4M3 numbers (not 0x7f / 0xff) */
-static void fill_e4m3(uint8_t *p, size_t n)
+static int moe_call(void *ctx, struct dg_error *err)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint8_t b = (uint8_t)bench_rand_id(&rng, 256);
-        p[i] = (b & 0x7f) == 0x7f ? 0x38 : b;
-    }
+    const struct moe_call *c = ctx;
+    const struct operands *o = c->o;
+    return c->fp8 ? dg_cuda_moe_q(c->blas, o->out, o->x, c->T, HID, o->idx, o->w, TOPK, 0,
+                                  c->n_exp, c->n_all, INTER, o->qgu, o->sgu, o->qdn, o->sdn, 0,
+                                  o->scratch, NULL, err)
+                  : dg_cuda_moe_e(c->blas, DG_ELT_BF16, o->out, o->x, c->T, HID, o->idx, o->w,
+                                  TOPK, 0, c->n_exp, c->n_all, INTER, o->wgu, o->wdn, 0,
+                                  o->scratch, NULL, err);
 }
 
 /* n bf16 values of |v| in [2^-5, 2^-4), either sign */
@@ -196,7 +173,7 @@ int main(int argc, char **argv)
     fill_bf16((uint16_t *)h, ndn);
     if (dg_cuda_upload(o.wdn, h, 2 * ndn, 0, &err) < 0)
         goto fail;
-    fill_e4m3(h, ngu);
+    bench_fill_e4m3(&rng, h, ngu);
     if (dg_cuda_upload(o.qgu, h, ngu, 0, &err) < 0 || dg_cuda_upload(o.qdn, h, ndn, 0, &err) < 0)
         goto fail;
     for (int64_t i = 0; i < 256 * maxb * TOPK || i < N_EXP * HID; i++)
@@ -229,11 +206,12 @@ int main(int argc, char **argv)
                 /* the share's plan (n_all 128), then all picks' (n_all n_exp) */
                 for (int all = 0; all < (shares[s] > 1 ? 2 : 1); all++) {
                     const int n_all = all ? n_exp : N_EXP;
+                    struct moe_call c = {blas, &o, fp8, n_exp, n_all, T};
                     struct dg_moe_plan p;
                     double ms;
                     if (dg_moe_plan_make(T, TOPK, n_exp, n_all, &p, &err) < 0)
                         goto fail;
-                    ms = time_moe(blas, prof, &o, fp8, T, n_exp, n_all, reps, t, &err);
+                    ms = bench_time_device(prof, reps, t, moe_call, &c, &err);
                     if (ms < 0)
                         goto fail;
                     if (!all)
