@@ -38,6 +38,7 @@ struct gslot {
 struct last_item {
     int slot, cl;
     int64_t off;                    /* first row in the batch buffers */
+    int ahead;                      /* its condition's work queued by the denoise call */
 };
 
 enum step_kind { STEP_ENCODE = 1, STEP_DENOISE = 2 };
@@ -89,6 +90,7 @@ struct grank {
     float *T_h, *tau_h;
     struct dg_rand_site *sites_h;
     struct dg_row_stats *stats_h;
+    dg_cuda_event_t results;        /* the sampler's results on the host (condition ahead) */
     int skip;                       /* fault injection: skip the next job */
     /* captured steps (cuda-backend.h: graphs) */
     struct step_graph graphs[MAX_GRAPHS];
@@ -241,6 +243,9 @@ static int reserve_seqs(struct grank *R, int n, struct dg_error *err)
 static void close_slot(struct grank *R, int slot)
 {
     struct gslot *s = &R->slots[slot];
+    struct dg_error ignored;
+    /* (a condition queued ahead may still be writing its soft input) */
+    (void)dg_cuda_stream_sync(R->cx.stream, R->dev, &ignored);
     dg_cuda_kv_free(&s->kv);
     dg_cuda_free(s->soft);
     memset(s, 0, sizeof *s);
@@ -303,6 +308,7 @@ static int rank_init(struct grank *R, struct dg_error *err)
     if (o->profile && R->index == 0)
         for (int i = 0; i < 2; i++)
             TRY(dg_prof_create(&R->prof[i], PROF_MARKS, R->dev, err));
+    TRY(dg_cuda_event_create(&R->results, R->dev, err));
     rc = o->model ? dg_cuda_model_upload_rank(&R->model, o->model,
                                               o->fp32 ? DG_ELT_F32 : DG_ELT_BF16, plan, R->index,
                                               R->dev, err)
@@ -570,6 +576,65 @@ static int denoise_seqs(struct grank *R, const struct dg_denoise_item *items, in
     return 0;
 }
 
+/* Item li of the last denoise batch: its self-conditioning input queued
+ * on the rank's stream into its slot's soft: p = softmax over the kept ids
+ * of this rank's columns (the whole row's max and sum), then this rank's
+ * (p E) c, summed over ranks.  It reads the batch's logits, temperatures,
+ * thresholds and statistics, which stay until the next denoise call. */
+static int queue_condition(struct grank *R, const struct last_item *li, struct dg_error *err)
+{
+    const int64_t nv = R->model.nv, H = R->cb->base.cfg->hidden_size;
+    struct gslot *s = &R->slots[li->slot];
+    int rc;
+    TRY(dg_cuda_row_probs_e(R->model.elt, R->probs, R->logits + li->off * nv, li->cl, nv,
+                            R->T_d + li->off, R->tau_d + li->off, R->stats_d + li->off,
+                            R->cx.stream, R->dev, err));
+    TRY(prof_mark(R, "sampler probabilities"));
+    TRY(dg_blas_gemm_e(R->cx.blas, R->model.elt, s->soft, 0, R->probs, li->cl, R->model.embed,
+                       1, H, nv, H, R->model.embed_scale, 0.0f, err));
+    TRY(prof_mark(R, "self-conditioning P.E"));
+    if (R->nccl) {
+        TRY(dg_nccl_all_reduce(R->nccl, s->soft, (size_t)(li->cl * H),
+                               R->model.elt == DG_ELT_F32 ? DG_NCCL_F32 : DG_NCCL_BF16,
+                               DG_COLL_SUM, err));
+        TRY(prof_mark(R, "all-reduce"));
+    }
+    return 0;
+}
+
+/* Whether this denoise call queues conditions ahead (cuda-backend.h): one
+ * rank, not profiling (the condition call's stages are timed apart), the
+ * option not set, and an item marked condition_ahead. */
+static int conditions_ahead(const struct grank *R, const struct dg_denoise_item *items, int n)
+{
+    if (R->cb->opt.condition_apart || R->cb->n > 1 || R->cx.prof)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (items[i].condition_ahead)
+            return 1;
+    return 0;
+}
+
+/* The conditions of the items marked condition_ahead, queued (behind the
+ * step's results) and noted in the last batch's items for rank_condition. */
+static int queue_ahead(struct grank *R, const struct dg_denoise_item *items, int n,
+                       struct dg_error *err)
+{
+    struct cuda_backend *cb = R->cb;
+    int64_t most = 0;
+    int rc;
+    for (int i = 0; i < n; i++)
+        if (items[i].condition_ahead && items[i].cl > most)
+            most = items[i].cl;
+    TRY(reserve_probs(R, most, err));
+    for (int i = 0; i < n; i++)
+        if (items[i].condition_ahead) {
+            TRY(queue_condition(R, &cb->last[i], err));
+            cb->last[i].ahead = 1;
+        }
+    return 0;
+}
+
 /* A denoising step of the items (and the tokens they append first): the
  * appended tokens and the canvases as one pass (their encoder rows, then
  * the decoder rows), or with option commit_apart an encoder pass first;
@@ -644,7 +709,15 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
     }
     TRY(dg_cuda_copy_async(R->stats_h, R->stats_d, sizeof *R->stats_h * (size_t)rows, st, R->dev,
                            err));
-    TRY(dg_cuda_stream_sync(st, R->dev, err));
+    if (conditions_ahead(R, items, n)) {
+        /* the results marked, the self-conditioning of the items expected
+         * to go on queued behind them, and only the results waited for */
+        TRY(dg_cuda_event_record(R->results, st, R->dev, err));
+        TRY(queue_ahead(R, items, n, err));
+        TRY(dg_cuda_event_sync(R->results, R->dev, err));
+    } else {
+        TRY(dg_cuda_stream_sync(st, R->dev, err));
+    }
     dg_cuda_pass_finish(R->seqs, n_app, 0);
     if (R->cx.prof) {
         /* (the wait for the results, as the host sees it) */
@@ -662,38 +735,29 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
 static int rank_condition(struct grank *R, struct dg_error *err)
 {
     struct cuda_backend *cb = R->cb;
-    const struct dg_model_config *c = cb->base.cfg;
-    const int64_t nv = R->model.nv, H = c->hidden_size;
-    const dg_stream_t st = R->cx.stream;
     int64_t most = 0;
     int rc;
 
-    for (int i = 0; i < cb->n_items; i++)
-        if (cb->last[cb->which[i]].cl > most)
-            most = cb->last[cb->which[i]].cl;
+    /* the items whose work the denoise call queued: kept as they are */
+    for (int i = 0; i < cb->n_items; i++) {
+        const struct last_item *li = &cb->last[cb->which[i]];
+        if (li->ahead)
+            R->slots[li->slot].has_soft = 1;
+        else if (li->cl > most)
+            most = li->cl;
+    }
+    if (most == 0)
+        return 0;
     TRY(reserve_probs(R, most, err));
     TRY(prof_begin(R, 1, err));
     for (int i = 0; i < cb->n_items; i++) {
         const struct last_item *li = &cb->last[cb->which[i]];
-        struct gslot *s = &R->slots[li->slot];
-        /* p = softmax over the kept ids of this rank's columns (the whole
-         * row's max and sum), then this rank's (p E) c, summed over ranks */
-        TRY(dg_cuda_row_probs_e(R->model.elt, R->probs, R->logits + li->off * nv, li->cl, nv,
-                                R->T_d + li->off, R->tau_d + li->off, R->stats_d + li->off, st,
-                                R->dev, err));
-        TRY(prof_mark(R, "sampler probabilities"));
-        TRY(dg_blas_gemm_e(R->cx.blas, R->model.elt, s->soft, 0, R->probs, li->cl,
-                           R->model.embed, 1, H, nv, H, R->model.embed_scale, 0.0f, err));
-        TRY(prof_mark(R, "self-conditioning P.E"));
-        if (R->nccl) {
-            TRY(dg_nccl_all_reduce(R->nccl, s->soft, (size_t)(li->cl * H),
-                                   R->model.elt == DG_ELT_F32 ? DG_NCCL_F32 : DG_NCCL_BF16,
-                                   DG_COLL_SUM, err));
-            TRY(prof_mark(R, "all-reduce"));
-        }
-        s->has_soft = 1;
+        if (li->ahead)
+            continue;
+        TRY(queue_condition(R, li, err));
+        R->slots[li->slot].has_soft = 1;
     }
-    TRY(dg_cuda_stream_sync(st, R->dev, err));
+    TRY(dg_cuda_stream_sync(R->cx.stream, R->dev, err));
     return prof_collect(R, err);
 }
 
@@ -711,6 +775,8 @@ static void rank_free(struct grank *R)
         R->prof[i] = NULL;
     }
     R->cx.prof = NULL;
+    dg_cuda_event_destroy(R->results);
+    R->results = NULL;
     /* the communicator before the stream it enqueues on */
     if (R->nccl)
         dg_nccl_free(R->nccl);
@@ -908,7 +974,7 @@ static int rank_serve(struct grank *R, struct dg_error *err)
                 if ((jrc = reserve_last(cb, j.n, err)) < 0)
                     break;
                 for (int i = 0; i < j.n; i++) {
-                    cb->last[i] = (struct last_item){j.den[i].slot, j.den[i].cl, off};
+                    cb->last[i] = (struct last_item){j.den[i].slot, j.den[i].cl, off, 0};
                     off += j.den[i].cl;
                 }
                 cb->items = j.den;
@@ -1335,7 +1401,7 @@ static int cuda_denoise(struct dg_backend *b, struct dg_denoise_item *items, int
     }
     TRY(reserve_last(cb, n, err));
     for (int i = 0; i < n; i++) {
-        cb->last[i] = (struct last_item){items[i].slot, items[i].cl, off};
+        cb->last[i] = (struct last_item){items[i].slot, items[i].cl, off, 0};
         off += items[i].cl;
     }
     cb->items = items;

@@ -51,6 +51,17 @@
  * graphs the same kernels run eagerly on the same padded shapes, so both
  * give the same bits.
  *
+ * Self-conditioning ahead (one rank, not profiling, unless option
+ * condition_apart): a denoise call queues the probabilities and P E of
+ * its items marked condition_ahead on the stream right after the
+ * sampler's results, and waits for the results alone (an event), so the
+ * engine's decisions, the condition call and the next step's uploads run
+ * on the host while the GPU computes it; condition then only marks those
+ * items' soft inputs as kept.  The same kernels on the same inputs in
+ * the same stream order as the condition call's: the same bits.  An item
+ * that ends its canvas at the step anyway (it converged) has had one
+ * product computed for nothing.
+ *
  * Multi-process mode: each process holds one rank (options process_rank,
  * nccl_id); the engine runs in the rank-0 process, whose worker sends
  * every call to the others (one NCCL broadcast of the call's bytes,
@@ -110,6 +121,8 @@ struct dg_cuda_backend_options {
     int commit_apart;                    /* a denoising step's appended tokens (a commit)
                                             in an encoder pass of their own before it,
                                             not in the step's pass: to compare */
+    int condition_apart;                 /* self-conditioning only in the condition call,
+                                            never ahead of it (see above): to compare */
     /* for fault tests: 1 + the rank whose start fails after its stream
      * is made and before it joins the NCCL group (0: none), to show that
      * the others do not wait for it; with it set a GPU may be named for

@@ -124,6 +124,23 @@ out:
     return rc;
 }
 
+extern "C" int dg_cuda_event_record(dg_cuda_event_t ev, dg_stream_t s, int dev,
+                                    struct dg_error *err)
+{
+    int rc = 0;
+    DG_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)s));
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_event_sync(dg_cuda_event_t ev, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    DG_CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
+out:
+    return rc;
+}
+
 extern "C" int dg_cuda_copy_async(void *dst, const void *src, size_t bytes, dg_stream_t s,
                                   int dev, struct dg_error *err)
 {

@@ -50,6 +50,10 @@ int dg_cuda_event_create(dg_cuda_event_t *ev, int dev, struct dg_error *err);
 void dg_cuda_event_destroy(dg_cuda_event_t ev);
 int dg_cuda_stream_after(dg_stream_t b, dg_stream_t a, dg_cuda_event_t ev, int dev,
                          struct dg_error *err);
+/* ev marks what s has queued so far; dg_cuda_event_sync waits on the host
+ * until that is done (what s queued after it may still run). */
+int dg_cuda_event_record(dg_cuda_event_t ev, dg_stream_t s, int dev, struct dg_error *err);
+int dg_cuda_event_sync(dg_cuda_event_t ev, int dev, struct dg_error *err);
 
 /* Copies and fills queued on stream s (either direction; host memory that
  * is not page-locked makes the copy synchronous with the host). */

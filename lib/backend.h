@@ -18,7 +18,16 @@
  *             values are written before the canvas attends to them).
  *   condition for items of the last denoise batch that will take another
  *             step: keep softmax(processed logits) E c as the slot's
- *             self-conditioning input for its next denoise.
+ *             self-conditioning input for its next denoise.  A denoise
+ *             item's condition_ahead says the engine expects to ask this
+ *             for it (the canvas is not at its step cap): a backend may
+ *             start that work at once, beside the engine's decisions, and
+ *             have it ready when condition comes.  Only a hint: condition
+ *             still names the items that go on, and the results are the
+ *             same bits either way; but the slot's kept input may then
+ *             change for an item that condition leaves out, so the caller
+ *             denoises such an item next without self_cond (a canvas's
+ *             first step) or not at all, as the engine does.
  *
  * Errors: a batch is checked before anything runs (open slots, ids inside
  * the vocabulary, room in the caches for the appended tokens and the
@@ -53,6 +62,7 @@ struct dg_denoise_item {
     const int32_t *canvas;   /* [cl] */
     int cl;
     int self_cond;           /* 1: add the slot's kept soft embedding */
+    int condition_ahead;     /* 1: condition is expected to follow (see above) */
     float temperature;
     int top_k;               /* 0: off */
     float top_p;             /* 1: off */

@@ -84,4 +84,12 @@ static inline int dg_canvas_run_first_step(const struct dg_canvas_run *r)
     return r->step == 0;
 }
 
+/* Whether step r->step (the next one) is its canvas's last whatever its
+ * results: the step cap.  Before it a canvas goes on unless the step's
+ * results make it converge. */
+static inline int dg_canvas_run_last_step(const struct dg_canvas_run *r)
+{
+    return r->step + 1 >= r->p.max_steps;
+}
+
 #endif

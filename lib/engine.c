@@ -539,6 +539,7 @@ int dg_engine_step(struct dg_engine *e)
             it->canvas = r->run.canvas;
             it->cl = r->s.canvas_length;
             it->self_cond = !dg_canvas_run_first_step(&r->run);
+            it->condition_ahead = !dg_canvas_run_last_step(&r->run);
             it->temperature = dg_temperature(r->s.t_min, r->s.t_max, r->s.max_denoising_steps,
                                              r->run.step);
             it->top_k = r->s.top_k;

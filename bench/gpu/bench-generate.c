@@ -4,7 +4,8 @@
  * on the GPU: the workload of the performance harness (bench/perf/).
  *
  * usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] [--no-ceilings]
- *                       [--commit-apart] [--prompt-apart] [--json FILE] [--prompt P]
+ *                       [--commit-apart] [--prompt-apart] [--condition-apart]
+ *                       [--json FILE] [--prompt P]
  *                       [--canvases C]
  *                       [--steps S] [--reps R] [--preset NAME] BATCH...
  *   (defaults: tp 1, CUDA graphs on, prompt 512, 4 canvases, 16 steps, 1
@@ -25,7 +26,12 @@
  * ("commit ms") is the median of those steps less the median of the
  * others.  "step ms" is a denoising step whole, the denoise call's median
  * and the condition call's (what transformers' decoder forward does in
- * one call), and is what the roofline is held against.  The prefill
+ * one call), and is what the roofline is held against.  On one GPU the
+ * denoise call queues the condition's work for the step to come behind
+ * its results (cuda-backend.h: self-conditioning ahead), so the condition
+ * call holds only the host's part, and the next denoise call waits for
+ * that work before its own; --condition-apart keeps it in the condition
+ * call, to compare (the split between the calls then means what it says).  The prefill
  * is the encoder calls before the first denoising step; a prompt's last
  * part of at most a canvas rides in that step (engine.h; with a prompt of
  * at most a canvas, all of it: no prefill call), which is then timed
@@ -246,6 +252,7 @@ struct run_cfg {
     int fp8_own;      /* FP8 projections on the own GEMM, not cuBLASLt */
     int commit_apart; /* commits in encoder passes of their own (backend option) */
     int prompt_apart; /* every prompt token in encoder passes (engine option) */
+    int condition_apart; /* self-conditioning in the condition call alone (backend option) */
 };
 
 struct batch_result {
@@ -516,6 +523,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
     json_object_set_new(o, "host_between_calls_ms_per_step", json_real(r->between_ms));
     json_object_set_new(o, "commit_apart", json_boolean(rc->commit_apart));
     json_object_set_new(o, "prompt_apart", json_boolean(rc->prompt_apart));
+    json_object_set_new(o, "condition_apart", json_boolean(rc->condition_apart));
     json_object_set_new(o, "tail_step_ms", json_real(r->tail_ms));
     json_object_set_new(o, "graphs_made_recorded", json_integer(r->captures));
     if (rc->fp8)
@@ -537,7 +545,7 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
 static int usage(void)
 {
     fprintf(stderr, "usage: bench-generate [--tp N] [--fp8 | --fp8-own] [--eager] [--profile] "
-                    "[--no-ceilings] [--commit-apart] [--prompt-apart] "
+                    "[--no-ceilings] [--commit-apart] [--prompt-apart] [--condition-apart] "
                     "[--json FILE] [--prompt P] [--canvases C] [--steps S] [--reps R] "
                     "[--preset NAME] BATCH...\n");
     return 2;
@@ -545,7 +553,7 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0, 0, 0, 0};
+    struct run_cfg rc = {1, 1, 0, 4, 16, 1, 512, 0, 0, 0, 0, 0};
     const char *json_path = NULL, *preset = "26b";
     int ceilings = 1, batches[16], nb = 0, maxb = 1, status = 0;
     struct dg_model_config cfg;
@@ -576,6 +584,8 @@ int main(int argc, char **argv)
             rc.commit_apart = 1;
         } else if (!strcmp(a, "--prompt-apart")) {
             rc.prompt_apart = 1;
+        } else if (!strcmp(a, "--condition-apart")) {
+            rc.condition_apart = 1;
         } else if (v && !strcmp(a, "--tp")) {
             rc.tp = atoi(v), i++;
         } else if (v && !strcmp(a, "--json")) {
@@ -638,6 +648,7 @@ int main(int argc, char **argv)
     o.fp8 = rc.fp8;
     o.fp8_own_gemm = rc.fp8_own;
     o.commit_apart = rc.commit_apart;
+    o.condition_apart = rc.condition_apart;
     o.max_slots = maxb;
     o.cfg = &cfg;
     o.seed = 1;
@@ -646,13 +657,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-generate: %s\n", err.msg);
         return 1;
     }
-    printf("tp %d, CUDA graphs %s%s, commits %s, the prompt's rest %s; preset %s, random %s "
+    printf("tp %d, CUDA graphs %s%s, commits %s, the prompt's rest %s, self-conditioning %s; "
+           "preset %s, random %s "
            "weights made in %.0f "
            "ms; prompt %lld, %d canvases of %d, %d steps each; %d rep(s) after one "
            "unrecorded\n\n",
            rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
            rc.commit_apart ? "apart" : "in the next step's pass",
            rc.prompt_apart ? "apart" : "in the first step's pass",
+           rc.condition_apart || rc.tp > 1 || rc.profile ? "in the condition call"
+                                                          : "queued ahead by the denoise call",
            preset, !rc.fp8 ? "bf16" : rc.fp8_own ? "FP8 (W8A8, own GEMM)" : "FP8 (W8A8)",
            bench_now_ms() - t0, (long long)rc.prompt,
            rc.canvases, cfg.canvas_length,

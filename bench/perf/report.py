@@ -8,7 +8,9 @@ profile.json (and profile-tp2.json, profile-tp4.json if there) and hf.json;
 prints one table (per engine, TP and batch: the denoising step and
 the commit -- for dgemma the step is its denoise call and its
 self-conditioning call (the probabilities and P E for the next step),
-which transformers' decoder forward does within itself, and the commit
+which transformers' decoder forward does within itself (on one GPU the
+denoise call queues that work behind its results and the next denoise
+call waits for it: the two calls' sum is the step either way), and the commit
 what a step that commits the canvas before it takes beyond one that does
 not, the two being one pass; for transformers its encoder pass --, the
 roofline of the denoising step measured in the same run,

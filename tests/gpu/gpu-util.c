@@ -163,6 +163,13 @@ int gt_generate(struct dg_backend *b, const struct dg_checkpoint *ck, const stru
                 const int *plen, int first, int n, int max_tokens, int steps,
                 struct gt_sink *sink)
 {
+    return gt_generate_with(b, ck, m, plen, first, n, max_tokens, steps, NULL, sink);
+}
+
+int gt_generate_with(struct dg_backend *b, const struct dg_checkpoint *ck,
+                     const struct dg_model *m, const int *plen, int first, int n, int max_tokens,
+                     int steps, void (*adjust)(struct dg_gen_settings *), struct gt_sink *sink)
+{
     struct dg_engine *e = NULL;
     struct dg_engine_config ec;
     struct dg_error err = {0};
@@ -187,6 +194,8 @@ int gt_generate(struct dg_backend *b, const struct dg_checkpoint *ck, const stru
         s.seed_set = 1;
         s.max_tokens = max_tokens;
         s.max_denoising_steps = steps;
+        if (adjust)
+            adjust(&s);
         rc = dg_engine_submit(e, prompt, plen[r], &s, NULL, &sink->out[i].id, &err);
         if (rc < 0) {
             dg_engine_destroy(e);

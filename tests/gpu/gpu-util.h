@@ -88,6 +88,12 @@ int gt_generate(struct dg_backend *b, const struct dg_checkpoint *ck, const stru
                 const int *plen, int first, int n, int max_tokens, int steps,
                 struct gt_sink *sink);
 
+/* gt_generate with each request's settings passed through adjust (NULL:
+ * as they are) before it is submitted. */
+int gt_generate_with(struct dg_backend *b, const struct dg_checkpoint *ck,
+                     const struct dg_model *m, const int *plen, int first, int n, int max_tokens,
+                     int steps, void (*adjust)(struct dg_gen_settings *), struct gt_sink *sink);
+
 /* Compare two sinks' first n outcomes, printing each request's verdict
  * (equal, or the first id that differs).  Returns the number that differ. */
 int gt_compare(const char *what, const struct gt_sink *a, const struct gt_sink *b, int n);

@@ -16,6 +16,10 @@
  *     canvas (top-p, top-k): samples and argmax equal and entropies within 1e-3 where no
  *     chain is involved (first steps, a condition of a first step); deeper
  *     in a chain, shown.
+ *   condition ahead (bf16 and fp32, graphs and eager): the self-conditioning
+ *     queued by the denoise call against the condition call's own (option
+ *     condition_apart): every id of four batched requests equal, six steps
+ *     a canvas and every canvas converging at its first step.
  *   generations, four requests in one engine (batched prefill chunks,
  *     self-conditioning, commits, two canvases), fp32 elements, two
  *     denoising steps a canvas: every id equal to the CPU backend's; the
@@ -49,6 +53,9 @@
 
 enum which { CPU, GPU_F32, GPU_BF16 };
 
+/* the GPU backends' options beyond the defaults (case_condition_ahead) */
+static int opt_condition_apart, opt_graphs;
+
 static int make_backend(enum which w, const struct dg_model *m, int slots, struct dg_backend **b,
                         struct dg_error *err)
 {
@@ -65,6 +72,8 @@ static int make_backend(enum which w, const struct dg_model *m, int slots, struc
         o.max_slots = slots;
         o.model = m;
         o.fp32 = w == GPU_F32;
+        o.condition_apart = opt_condition_apart;
+        o.graphs = opt_graphs;
         return dg_cuda_backend_create(&o, b, err);
     }
 }
@@ -651,6 +660,64 @@ static int case_small(void)
     return run_model(dir, "small-bf16");
 }
 
+/* every canvas converged at its first step: stable without a history
+ * (stability 0) and confident whatever its entropy */
+static void converge_at_once(struct dg_gen_settings *s)
+{
+    s->stability_threshold = 0;
+    s->confidence_threshold = 1e30;
+}
+
+/* The self-conditioning queued by the denoise call ahead of the condition
+ * call (cuda-backend.h; the default on one GPU) against the condition
+ * call's own (option condition_apart): the same kernels on the same
+ * inputs, so every id of the four requests equal, bf16 and fp32, with
+ * graphs and without.  Six steps a canvas: chains of self-conditioning
+ * that part on any rounding (case_sc_chain), requests at different steps
+ * in one batch (some items marked ahead, the ones at their step cap not);
+ * and every canvas converging at its first step, each condition queued
+ * ahead and never asked for (the next canvas's first step reads none). */
+static int case_condition_ahead(void)
+{
+    static const int plen[NREQ] = {21, 70, 5, 130};
+    const char *dir = "tests/golden/golden-a/checkpoint";
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct gt_sink *sink[2] = {calloc(1, sizeof(struct gt_sink)),
+                               calloc(1, sizeof(struct gt_sink))};
+    const enum which kinds[2] = {GPU_BF16, GPU_F32};
+    int bad = 0;
+
+    CHECK(sink[0] && sink[1]);
+    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
+    for (int k = 0; k < 2; k++)
+        for (int graphs = 0; graphs < 2; graphs++)
+            for (int at_once = 0; at_once < 2; at_once++) {
+                char what[160];
+                opt_graphs = graphs;
+                for (int apart = 0; apart < 2; apart++) {
+                    struct dg_backend *b = NULL;
+                    opt_condition_apart = apart;
+                    CHECK_OK(make_backend(kinds[k], &m, NREQ, &b, &err), &err);
+                    CHECK(gt_generate_with(b, &ck, &m, plen, 0, NREQ, 3 * m.cfg.canvas_length,
+                                           6, at_once ? converge_at_once : NULL,
+                                           sink[apart]) == 0);
+                }
+                snprintf(what, sizeof what, "golden-a %s%s%s: conditions ahead vs apart",
+                         k ? "f32" : "bf16", graphs ? ", graphs" : "",
+                         at_once ? ", converged at once" : ", 6 steps a canvas");
+                bad += gt_compare(what, sink[0], sink[1], NREQ);
+            }
+    opt_condition_apart = opt_graphs = 0;
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    free(sink[0]);
+    free(sink[1]);
+    CHECKF(bad == 0, "%d generations differ with the conditions queued ahead", bad);
+    return 0;
+}
+
 int main(void)
 {
     int rc = gt_setup("t-cuda-engine");
@@ -659,6 +726,7 @@ int main(void)
     TEST_CASE(case_sc_chain);
     TEST_CASE(case_filters);
     TEST_CASE(case_backend_steps);
+    TEST_CASE(case_condition_ahead);
     TEST_CASE(case_golden_a);
     TEST_CASE(case_golden_b);
     TEST_CASE(case_small);

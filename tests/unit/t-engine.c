@@ -782,6 +782,11 @@ struct scripted {
                                     and every canvas before theirs */
     int refusals, retried_appends; /* batches refused; appends in a batch of one after */
     int engine_steps;
+    /* condition_ahead (backend.h): the requests' step cap; the last
+     * denoise batch's marks; items marked, conditions asked, marks not
+     * "before the step cap", conditions of unmarked items */
+    int max_steps, hint[2];
+    int hints, conditions, bad_hints, unhinted;
 };
 
 /* the argmax of position p of canvas c: 100 + 10 c + p, or the stop id */
@@ -879,6 +884,10 @@ static int s_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, st
                 sb->bad_appends++;
         }
         sb->bad_lengths += sb->length[it[i].slot] != want;
+        if (i < 2)
+            sb->hint[i] = it[i].condition_ahead;
+        sb->hints += it[i].condition_ahead;
+        sb->bad_hints += it[i].condition_ahead != ((int)it[i].step + 1 < sb->max_steps);
         for (int p = 0; p < it[i].cl; p++) {
             it[i].argmax[p] = it[i].sample[p] = script_token(sb, it[i].canvas_index, p);
             it[i].entropy[p] = 0.0f; /* certain */
@@ -889,10 +898,12 @@ static int s_denoise(struct dg_backend *b, struct dg_denoise_item *it, int n, st
 }
 static int s_condition(struct dg_backend *b, const int *which, int n, struct dg_error *err)
 {
-    (void)b;
-    (void)which;
-    (void)n;
+    struct scripted *sb = (struct scripted *)b;
     (void)err;
+    for (int i = 0; i < n; i++) {
+        sb->conditions++;
+        sb->unhinted += which[i] < 0 || which[i] >= 2 || !sb->hint[which[i]];
+    }
     return 0;
 }
 static void s_destroy(struct dg_backend *b)
@@ -934,6 +945,7 @@ static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability
     sb->encodes = sb->commits_of_full_canvas = sb->bad_encodes = 0;
     sb->canvas_starts = sb->appends = sb->tails = sb->bad_appends = sb->bad_lengths = 0;
     sb->refusals = sb->retried_appends = sb->engine_steps = 0;
+    sb->hints = sb->conditions = sb->bad_hints = sb->unhinted = 0;
     dg_engine_config_default(&ec, &sb->cfg);
     ec.max_batch = n_req;
     ec.prefill_chunk = sb->chunk;
@@ -947,6 +959,7 @@ static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability
     s.seed_set = 1;
     s.n_stop_ids = 1;
     s.stop_ids[0] = 1;
+    sb->max_steps = s.max_denoising_steps;
     for (int k = 0; k < n_req; k++)
         CHECK_OK(submit(e, &sink, sb->prompt, sb->n_prompt, &s, &o[k], &err), &err);
     while (sb->engine_steps < 10000 && dg_engine_step(e) > 0)
@@ -975,6 +988,11 @@ static int scripted_run_n(struct scripted *sb, int64_t max_tokens, int stability
     CHECKF(sb->encodes == n_req * chunks && sb->commits_of_full_canvas == 0,
            "%d encode items (want %d chunks a prompt), %d of them a canvas", sb->encodes, chunks,
            sb->commits_of_full_canvas);
+    /* condition_ahead on every step before the cap and no other; no
+     * condition of an item not so marked */
+    CHECKF(sb->bad_hints == 0 && sb->unhinted == 0,
+           "%d items marked condition_ahead at the step cap or not marked before it, %d "
+           "conditions of unmarked items", sb->bad_hints, sb->unhinted);
     return 0;
 }
 
@@ -1036,6 +1054,17 @@ static int scripted_canvases(void)
         /* five canvases: four commits */
         CHECK(scripted_run(&sb, 40, 1, &o) == 0);
         CHECK(o.n_ids == 40 && o.stats.canvases == 5 && sb.canvas_starts == 4);
+        /* never stable: every canvas to its step cap, a condition after
+         * each of its steps but the last, each one marked ahead */
+        CHECK(scripted_run(&sb, 13, 65535, &o) == 0);
+        CHECK(o.stats.canvases == 2 && sb.max_steps > 1 &&
+              o.stats.decoder_steps == 2 * sb.max_steps);
+        CHECKF(sb.hints == sb.conditions && sb.conditions == 2 * (sb.max_steps - 1),
+               "%d items marked condition_ahead, %d conditions, want %d", sb.hints,
+               sb.conditions, 2 * (sb.max_steps - 1));
+        /* converging at a canvas's second step: marked, not conditioned */
+        CHECK(scripted_run(&sb, 13, 1, &o) == 0);
+        CHECK(sb.hints == 4 && sb.conditions == 2);
     }
     script_prompt(&sb, 3, 512, 0);
 
