@@ -31,7 +31,12 @@
  * its results (cuda-backend.h: self-conditioning ahead), so the condition
  * call holds only the host's part, and the next denoise call waits for
  * that work before its own; --condition-apart keeps it in the condition
- * call, to compare (the split between the calls then means what it says).  The prefill
+ * call, to compare (the split between the calls then means what it says).
+ * A step that commits follows a canvas's last step, which queues none:
+ * it carries no self-conditioning work where the others carry the one
+ * before them, so with the work queued ahead "commit ms" is understated
+ * by that work's part the engine's turn does not hide; --condition-apart
+ * measures a commit as before.  The prefill
  * is the encoder calls before the first denoising step; a prompt's last
  * part of at most a canvas rides in that step (engine.h; with a prompt of
  * at most a canvas, all of it: no prefill call), which is then timed
