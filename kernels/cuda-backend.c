@@ -91,6 +91,10 @@ struct grank {
     struct dg_rand_site *sites_h;
     struct dg_row_stats *stats_h;
     dg_cuda_event_t results;        /* the sampler's results on the host (condition ahead) */
+    /* option time_steps, rank 0 of the group: a denoise call's own work
+     * on the stream, from before its first upload to its results */
+    dg_cuda_event_t step_start, step_end;
+    double step_ms;                 /* the last denoise call's; -1: none */
     int skip;                       /* fault injection: skip the next job */
     /* captured steps (cuda-backend.h: graphs) */
     struct step_graph graphs[MAX_GRAPHS];
@@ -309,6 +313,11 @@ static int rank_init(struct grank *R, struct dg_error *err)
         for (int i = 0; i < 2; i++)
             TRY(dg_prof_create(&R->prof[i], PROF_MARKS, R->dev, err));
     TRY(dg_cuda_event_create(&R->results, R->dev, err));
+    R->step_ms = -1;
+    if (o->time_steps && R->index == 0) {
+        TRY(dg_cuda_event_create_timed(&R->step_start, R->dev, err));
+        TRY(dg_cuda_event_create_timed(&R->step_end, R->dev, err));
+    }
     rc = o->model ? dg_cuda_model_upload_rank(&R->model, o->model,
                                               o->fp32 ? DG_ELT_F32 : DG_ELT_BF16, plan, R->index,
                                               R->dev, err)
@@ -655,6 +664,11 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
         any_filtered |= filtered(&items[i], V);
     }
     Td = dg_cuda_bucket(rows);
+    R->step_ms = -1;
+    if (R->step_start)
+        /* (behind any work queued before the call: what it waits for is
+         * not the call's own) */
+        TRY(dg_cuda_event_record(R->step_start, st, R->dev, err));
     TRY(denoise_seqs(R, items, n, &n_app, &dec, err));
     /* (a step that commits first is timed with the encoder passes) */
     TRY(prof_begin(R, n_app > 0 ? 0 : 1, err));
@@ -709,6 +723,8 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
     }
     TRY(dg_cuda_copy_async(R->stats_h, R->stats_d, sizeof *R->stats_h * (size_t)rows, st, R->dev,
                            err));
+    if (R->step_end)
+        TRY(dg_cuda_event_record(R->step_end, st, R->dev, err));
     if (conditions_ahead(R, items, n)) {
         /* the results marked, the self-conditioning of the items expected
          * to go on queued behind them, and only the results waited for */
@@ -719,6 +735,8 @@ static int rank_denoise(struct grank *R, struct dg_error *err)
         TRY(dg_cuda_stream_sync(st, R->dev, err));
     }
     dg_cuda_pass_finish(R->seqs, n_app, 0);
+    if (R->step_end)
+        TRY(dg_cuda_event_ms(R->step_start, R->step_end, &R->step_ms, R->dev, err));
     if (R->cx.prof) {
         /* (the wait for the results, as the host sees it) */
         TRY(prof_mark(R, "results to the host"));
@@ -776,7 +794,9 @@ static void rank_free(struct grank *R)
     }
     R->cx.prof = NULL;
     dg_cuda_event_destroy(R->results);
-    R->results = NULL;
+    dg_cuda_event_destroy(R->step_start);
+    dg_cuda_event_destroy(R->step_end);
+    R->results = R->step_start = R->step_end = NULL;
     /* the communicator before the stream it enqueues on */
     if (R->nccl)
         dg_nccl_free(R->nccl);
@@ -1538,6 +1558,14 @@ int dg_cuda_backend_profile(struct dg_backend *b, int which, struct dg_prof_tota
     if (reset)
         dg_prof_reset(p);
     return n;
+}
+
+double dg_cuda_backend_step_ms(const struct dg_backend *b)
+{
+    const struct cuda_backend *cb = (const struct cuda_backend *)b;
+    if (!cb->nl || cb->ranks[0].index != 0)
+        return -1;
+    return cb->ranks[0].step_ms;
 }
 
 int dg_cuda_backend_ranks(const struct dg_backend *b)

@@ -123,6 +123,8 @@ struct dg_cuda_backend_options {
                                             not in the step's pass: to compare */
     int condition_apart;                 /* self-conditioning only in the condition call,
                                             never ahead of it (see above): to compare */
+    int time_steps;                      /* rank 0 times each denoise call's own work
+                                            on its GPU (dg_cuda_backend_step_ms) */
     /* for fault tests: 1 + the rank whose start fails after its stream
      * is made and before it joins the NCCL group (0: none), to show that
      * the others do not wait for it; with it set a GPU may be named for
@@ -189,6 +191,16 @@ int dg_cuda_backend_serve(struct dg_backend *b, volatile const int *stop, struct
  * "attention (full)", ...) and the sampler's.  Call between calls. */
 int dg_cuda_backend_profile(struct dg_backend *b, int which, struct dg_prof_total *out, int max,
                             int reset);
+
+/* With option time_steps, in the process of rank 0, between calls: the
+ * milliseconds from when rank 0's stream reached the last denoise call's
+ * first work (its uploads) to when it reached its results' copy's end,
+ * as the device timed them.  Work an earlier call queued, which the call
+ * starts behind (the self-conditioning queued ahead), is not counted,
+ * nor is what the call queues ahead itself; time the device waits there
+ * for the host's launches is.  -1 without the option, before a denoise
+ * call, or after one that failed. */
+double dg_cuda_backend_step_ms(const struct dg_backend *b);
 
 /* Ranks of the backend in this process. */
 int dg_cuda_backend_ranks(const struct dg_backend *b);

@@ -108,6 +108,34 @@ out:
     return rc;
 }
 
+extern "C" int dg_cuda_event_create_timed(dg_cuda_event_t *ev, int dev, struct dg_error *err)
+{
+    int rc = 0;
+    cudaEvent_t e = NULL;
+    *ev = NULL;
+    DG_CUDA_CHECK(cudaEventCreate(&e));
+    *ev = (dg_cuda_event_t)e;
+out:
+    return rc;
+}
+
+extern "C" int dg_cuda_event_ms(dg_cuda_event_t a, dg_cuda_event_t b, double *ms, int dev,
+                                struct dg_error *err)
+{
+    int rc = 0;
+    float f = 0;
+    cudaError_t e = cudaEventElapsedTime(&f, (cudaEvent_t)a, (cudaEvent_t)b);
+    *ms = -1;
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* (not sticky: not a failure of the device) */
+        return 0;
+    }
+    DG_CUDA_CHECK(e);
+    *ms = f;
+out:
+    return rc;
+}
+
 extern "C" void dg_cuda_event_destroy(dg_cuda_event_t ev)
 {
     if (ev)

@@ -54,6 +54,13 @@ int dg_cuda_stream_after(dg_stream_t b, dg_stream_t a, dg_cuda_event_t ev, int d
  * until that is done (what s queued after it may still run). */
 int dg_cuda_event_record(dg_cuda_event_t ev, dg_stream_t s, int dev, struct dg_error *err);
 int dg_cuda_event_sync(dg_cuda_event_t ev, int dev, struct dg_error *err);
+/* An event that also keeps the time the device reached it (the others
+ * do not: timing costs them), and the device milliseconds from a to b,
+ * two such events both recorded (*ms -1 while either is not yet
+ * reached). */
+int dg_cuda_event_create_timed(dg_cuda_event_t *ev, int dev, struct dg_error *err);
+int dg_cuda_event_ms(dg_cuda_event_t a, dg_cuda_event_t b, double *ms, int dev,
+                     struct dg_error *err);
 
 /* Copies and fills queued on stream s (either direction; host memory that
  * is not page-locked makes the copy synchronous with the host). */

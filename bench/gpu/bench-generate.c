@@ -22,9 +22,13 @@
  * and their product with the embedding, for a step to come) and the steps
  * that commit the canvas before theirs first (one pass of the commit's
  * encoder rows and the canvas's decoder rows; with --commit-apart an
- * encoder pass and then the step's, to compare); a commit's own cost
+ * encoder pass and then the step's, to compare).  A commit's own cost
  * ("commit ms") is the median of those steps less the median of the
- * others.  "step ms" is a denoising step whole, the denoise call's median
+ * others, both as rank 0's GPU timed the call's own work (the backend's
+ * option time_steps: from its first upload to its results, not what it
+ * waited for behind an earlier call; the second table's "own" columns),
+ * so that it does not depend on what was queued before the step (below).
+ * "step ms" is a denoising step whole, the denoise call's median
  * and the condition call's (what transformers' decoder forward does in
  * one call), and is what the roofline is held against.  On one GPU the
  * denoise call queues the condition's work for the step to come behind
@@ -33,18 +37,19 @@
  * that work before its own; --condition-apart keeps it in the condition
  * call, to compare (the split between the calls then means what it says).
  * A step that commits follows a canvas's last step, which queues none:
- * it carries no self-conditioning work where the others carry the one
- * before them, so with the work queued ahead "commit ms" is understated
- * by that work's part the engine's turn does not hide; --condition-apart
- * measures a commit as before.  The prefill
+ * its call waits for no self-conditioning work where the others wait for
+ * the one queued before them, so the calls' host times ("step with
+ * commit ms" against "denoise ms") understate a commit by that work's
+ * part the engine's turn does not hide; the own times do not.  The prefill
  * is the encoder calls before the first denoising step; a prompt's last
  * part of at most a canvas rides in that step (engine.h; with a prompt of
  * at most a canvas, all of it: no prefill call), which is then timed
  * apart ("first step with the prompt's rest ms"); --prompt-apart encodes
  * every prompt token in the prefill's calls, to compare.  Tokens/s count
  * committed (emitted) tokens over the generation's wall time without and
- * with the prefill.  A second table gives the medians of the slots'
- * openings and closings, the wall time past the prefill that no call
+ * with the prefill.  A second table gives the medians of the denoise
+ * calls' own GPU times (steps that commit nothing, and steps that commit
+ * first), of the slots' openings and closings, the wall time past the prefill that no call
  * took (the engine's own work between calls), per step, and the CUDA
  * graphs rank 0 made in the recorded rounds (a bucket that comes once a
  * round is captured in the first of them).
@@ -114,6 +119,8 @@ static struct {
     double first_denoise_ms;      /* when it came */
     struct call_times prefill, denoise, condition, commit; /* commit: steps that commit */
     struct call_times tail; /* first steps that append the prompt's rest */
+    /* rank 0's GPU time of the call's own work (option time_steps) */
+    struct call_times own_denoise, own_commit;
     struct call_times open, close; /* slots opened and closed */
 } tm;
 
@@ -147,6 +154,11 @@ static int timed_denoise(struct dg_backend *b, struct dg_denoise_item *items, in
     }
     rc = tm.orig->denoise(b, items, n, err);
     add_time(tails ? &tm.tail : commits ? &tm.commit : &tm.denoise, bench_now_ms() - t0);
+    if (rc >= 0 && !tails) {
+        const double own = dg_cuda_backend_step_ms(b);
+        if (own >= 0)
+            add_time(commits ? &tm.own_commit : &tm.own_denoise, own);
+    }
     return rc;
 }
 
@@ -265,6 +277,7 @@ struct batch_result {
     int64_t tokens;
     double wall_ms, prefill_ms, den_ms, cond_ms, commit_ms, prefill_call_ms;
     double den_commit_ms;         /* a step that commits first, whole */
+    double den_own_ms, commit_own_ms; /* the two kinds of denoise call's own GPU time */
     double open_ms, close_ms;     /* a slot's opening and closing */
     double tail_ms;               /* a first step that appends the prompt's rest (0: none) */
     double between_ms;            /* host time outside the calls after the prefill, a step */
@@ -348,6 +361,7 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
         if (rep == 0) {
             /* the timings and profiles of the recorded rounds only */
             tm.prefill.n = tm.denoise.n = tm.condition.n = tm.commit.n = tm.tail.n = 0;
+            tm.own_denoise.n = tm.own_commit.n = 0;
             tm.open.n = tm.close.n = 0;
             if (dg_cuda_backend_rank_usage(b, 0, &u0) == 0)
                 captures0 = u0.captures;
@@ -392,7 +406,12 @@ static int run_batch(struct dg_backend *b, const struct run_cfg *rc, int B,
     r->den_ms = bench_median(tm.denoise.v, tm.denoise.n);
     r->cond_ms = bench_median(tm.condition.v, tm.condition.n);
     r->den_commit_ms = bench_median(tm.commit.v, tm.commit.n);
-    r->commit_ms = tm.commit.n ? r->den_commit_ms - r->den_ms : 0;
+    r->den_own_ms = bench_median(tm.own_denoise.v, tm.own_denoise.n);
+    r->commit_own_ms = bench_median(tm.own_commit.v, tm.own_commit.n);
+    /* (the calls' host times where the GPU's are missing: not expected) */
+    r->commit_ms = tm.own_commit.n && tm.own_denoise.n ? r->commit_own_ms - r->den_own_ms
+                   : tm.commit.n                       ? r->den_commit_ms - r->den_ms
+                                                       : 0;
     r->tail_ms = bench_median(tm.tail.v, tm.tail.n);
     r->open_ms = bench_median(tm.open.v, tm.open.n);
     r->close_ms = bench_median(tm.close.v, tm.close.n);
@@ -523,6 +542,8 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
     json_object_set_new(o, "roofline_denoise_call_ms", json_real(r->roof_den_call_ms));
     json_object_set_new(o, "roofline_condition_ms", json_real(r->roof_cond_ms));
     json_object_set_new(o, "denoise_commit_ms", json_real(r->den_commit_ms));
+    json_object_set_new(o, "denoise_own_gpu_ms", json_real(r->den_own_ms));
+    json_object_set_new(o, "denoise_commit_own_gpu_ms", json_real(r->commit_own_ms));
     json_object_set_new(o, "slot_open_ms", json_real(r->open_ms));
     json_object_set_new(o, "slot_close_ms", json_real(r->close_ms));
     json_object_set_new(o, "host_between_calls_ms_per_step", json_real(r->between_ms));
@@ -654,6 +675,7 @@ int main(int argc, char **argv)
     o.fp8_own_gemm = rc.fp8_own;
     o.commit_apart = rc.commit_apart;
     o.condition_apart = rc.condition_apart;
+    o.time_steps = 1;
     o.max_slots = maxb;
     o.cfg = &cfg;
     o.seed = 1;
@@ -715,12 +737,14 @@ int main(int argc, char **argv)
                    r->commit_ms, r->roof_commit_ms, r->prefill_ms, r->tps_excl, r->tps_incl,
                    r->gib_rank[0]);
         }
-        printf("\n| B | slot open ms | slot close ms | host ms between calls, a step | first "
-               "step with the prompt's rest ms | graphs made in the recorded rounds |\n"
-               "|---|---:|---:|---:|---:|---:|\n");
+        printf("\n| B | denoise own GPU ms | step with commit own GPU ms | slot open ms | "
+               "slot close ms | host ms between calls, a step | first step with the prompt's "
+               "rest ms | graphs made in the recorded rounds |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
-            printf("| %d | %.2f | %.2f | %.3f | %.2f | %lld |\n", res[i].B, res[i].open_ms,
-                   res[i].close_ms, res[i].between_ms, res[i].tail_ms, res[i].captures);
+            printf("| %d | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %lld |\n", res[i].B,
+                   res[i].den_own_ms, res[i].commit_own_ms, res[i].open_ms, res[i].close_ms,
+                   res[i].between_ms, res[i].tail_ms, res[i].captures);
         if (rc.profile)
             for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
                 print_profile(&cfg, &rc, &res[i], ceilings ? &ce : NULL);

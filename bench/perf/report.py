@@ -12,7 +12,9 @@ which transformers' decoder forward does within itself (on one GPU the
 denoise call queues that work behind its results and the next denoise
 call waits for it: the two calls' sum is the step either way), and the commit
 what a step that commits the canvas before it takes beyond one that does
-not, the two being one pass; for transformers its encoder pass --, the
+not, the two being one pass (as rank 0's GPU timed each call's own work,
+bench-generate's option time_steps: not what a call waited for behind the
+one before it); for transformers its encoder pass --, the
 roofline of the denoising step measured in the same run,
 committed tokens/s without and with the prefill, GPU memory per rank, the
 ratio to Hugging Face at the same batch, FP8's to bf16 and TP=N's to TP=1

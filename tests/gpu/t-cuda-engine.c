@@ -20,6 +20,10 @@
  *     queued by the denoise call against the condition call's own (option
  *     condition_apart): every id of four batched requests equal, six steps
  *     a canvas and every canvas converging at its first step.
+ *   step time (option time_steps, bf16, graphs and eager, conditions
+ *     ahead and apart): after every denoise call the GPU's time of its
+ *     own work is there, above 0 and within the call's host time; without
+ *     the option it is -1.
  *   generations, four requests in one engine (batched prefill chunks,
  *     self-conditioning, commits, two canvases), fp32 elements, two
  *     denoising steps a canvas: every id equal to the CPU backend's; the
@@ -35,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cuda-backend.h"
 #include "lib/checkpoint.h"
@@ -53,8 +58,9 @@
 
 enum which { CPU, GPU_F32, GPU_BF16 };
 
-/* the GPU backends' options beyond the defaults (case_condition_ahead) */
-static int opt_condition_apart, opt_graphs;
+/* the GPU backends' options beyond the defaults (case_condition_ahead,
+ * case_step_time) */
+static int opt_condition_apart, opt_graphs, opt_time_steps;
 
 static int make_backend(enum which w, const struct dg_model *m, int slots, struct dg_backend **b,
                         struct dg_error *err)
@@ -74,6 +80,7 @@ static int make_backend(enum which w, const struct dg_model *m, int slots, struc
         o.fp32 = w == GPU_F32;
         o.condition_apart = opt_condition_apart;
         o.graphs = opt_graphs;
+        o.time_steps = opt_time_steps;
         return dg_cuda_backend_create(&o, b, err);
     }
 }
@@ -718,6 +725,86 @@ static int case_condition_ahead(void)
     return 0;
 }
 
+/* ---- the denoise calls' own GPU time (option time_steps) ----------------------- */
+
+static struct {
+    const struct dg_backend_ops *orig;
+    int with;                    /* the backend has option time_steps */
+    long calls, outside;         /* denoise calls; those whose time broke the contract */
+    double worst_over;           /* the most a GPU time exceeded its call's host time */
+} st;
+
+static double mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+static int st_denoise(struct dg_backend *b, struct dg_denoise_item *items, int n,
+                      struct dg_error *err)
+{
+    const double t0 = mono_ms();
+    const int rc = st.orig->denoise(b, items, n, err);
+    const double host = mono_ms() - t0, own = dg_cuda_backend_step_ms(b);
+    if (rc < 0)
+        return rc;
+    st.calls++;
+    /* (the events' clock resolves about half a microsecond) */
+    if (st.with ? !(own > 0 && own <= host + 0.002) : own != -1) {
+        if (st.outside++ < 3)
+            fprintf(stderr, "  denoise call %ld: own GPU time %.4f ms, the call %.4f ms on "
+                    "the host (time_steps %d)\n", st.calls, own, host, st.with);
+        if (own - host > st.worst_over)
+            st.worst_over = own - host;
+    }
+    return rc;
+}
+
+static int case_step_time(void)
+{
+    static const int plen[NREQ] = {21, 70, 5, 130};
+    const char *dir = "tests/golden/golden-a/checkpoint";
+    struct dg_checkpoint ck;
+    struct dg_model m;
+    struct dg_error err = {0};
+    struct gt_sink *sink = calloc(1, sizeof(struct gt_sink));
+
+    CHECK(sink);
+    CHECK_OK(dg_model_load(dir, &ck, &m, &err), &err);
+    for (int with = 0; with < 2; with++)
+        for (int graphs = 0; graphs < 2; graphs++)
+            for (int apart = 0; apart < 2; apart++) {
+                struct dg_backend *b = NULL;
+                struct dg_backend_ops ops;
+                opt_time_steps = with, opt_graphs = graphs, opt_condition_apart = apart;
+                CHECK_OK(make_backend(GPU_BF16, &m, NREQ, &b, &err), &err);
+                CHECK(dg_cuda_backend_step_ms(b) == -1);
+                st.orig = b->ops;
+                st.with = with;
+                st.calls = st.outside = 0;
+                st.worst_over = 0;
+                ops = *b->ops;
+                ops.denoise = st_denoise;
+                b->ops = &ops;
+                /* (gt_generate_with destroys the backend through its ops:
+                 * the wrapper's destroy is the backend's own) */
+                CHECK(gt_generate_with(b, &ck, &m, plen, 0, NREQ, 2 * m.cfg.canvas_length, 4,
+                                       NULL, sink) == 0);
+                printf("  time_steps %d, graphs %d, conditions %s: %ld denoise calls, %ld "
+                       "outside the contract\n", with, graphs, apart ? "apart" : "ahead",
+                       st.calls, st.outside);
+                CHECKF(st.calls > 0 && st.outside == 0,
+                       "%ld of %ld denoise calls' own GPU times outside the contract (worst "
+                       "%.4f ms past its call)", st.outside, st.calls, st.worst_over);
+            }
+    opt_time_steps = opt_graphs = opt_condition_apart = 0;
+    dg_model_free(&m);
+    dg_checkpoint_close(&ck);
+    free(sink);
+    return 0;
+}
+
 int main(void)
 {
     int rc = gt_setup("t-cuda-engine");
@@ -727,6 +814,7 @@ int main(void)
     TEST_CASE(case_filters);
     TEST_CASE(case_backend_steps);
     TEST_CASE(case_condition_ahead);
+    TEST_CASE(case_step_time);
     TEST_CASE(case_golden_a);
     TEST_CASE(case_golden_b);
     TEST_CASE(case_small);
