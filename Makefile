@@ -190,8 +190,9 @@ $(LIBCUDA): $(KERNEL_OBJ)
 	$(call say,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-# (bench-linear calls cuBLASLt's own API)
-$(BUILD)/bench/gpu/bench-linear.o: ALL_CFLAGS += -isystem $(CUDA_HOME)/include
+# (bench-linear and bench-ksplit call cuBLASLt's own API)
+$(BUILD)/bench/gpu/bench-linear.o $(BUILD)/bench/gpu/bench-ksplit.o: \
+    ALL_CFLAGS += -isystem $(CUDA_HOME)/include
 
 # the daemon's modules as a library (tests link them), its main() apart
 # the installed default model's place, for a dgemmad outside a build tree
