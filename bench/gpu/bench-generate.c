@@ -49,10 +49,10 @@
  * committed (emitted) tokens over the generation's wall time without and
  * with the prefill.  A second table gives the medians of the denoise
  * calls' own GPU times (steps that commit nothing, and steps that commit
- * first), of the slots' openings and closings, the wall time past the prefill that no call
- * took (the engine's own work between calls), per step, and the CUDA
- * graphs rank 0 made in the recorded rounds (a bucket that comes once a
- * round is captured in the first of them).
+ * first), of the slots' openings and closings, the wall time past the
+ * prefill that no call took (the engine's own work between calls), per
+ * step, and the CUDA graphs rank 0 made in the recorded rounds (a bucket
+ * that comes once a round is captured in the first of them).
  *
  * Roofline of one step (the METHOD's two numbers, measured first in
  * the same run unless --no-ceilings): the fewest bytes the step must move
