@@ -19,13 +19,25 @@ roofline of the denoising step measured in the same run,
 committed tokens/s without and with the prefill, GPU memory per rank, the
 ratio to Hugging Face at the same batch, FP8's to bf16 and TP=N's to TP=1
 with the same weights) and the sampler + self-conditioning share of a
-batch-1 denoising step at each TP profiled; writes
-OUTDIR/perf.json (all of it) and OUTDIR/tokens_per_s.png (tokens/s against
-batch size, when matplotlib is there).
+batch-1 denoising step at each TP profiled; and, from OUTDIR/gpu.txt and
+OUTDIR/clocks.csv (run.sh's), which GPU ran it and its clocks, power and
+temperature while it was busy: the same code reads apart on two starts of
+the same kind when those differ.  Writes OUTDIR/perf.json (all of it) and
+OUTDIR/tokens_per_s.png (tokens/s against batch size, when matplotlib is
+there).
 """
 import json
 import os
+import statistics
 import sys
+
+# nvidia-smi's clock event reasons (a bit mask) that say why a clock is
+# below its most; idle (0x1) is not one while the GPU is busy
+REASONS = ((0x2, "applications clocks setting"), (0x4, "SW power cap"),
+           (0x8, "HW slowdown"), (0x10, "sync boost"), (0x20, "SW thermal slowdown"),
+           (0x40, "HW thermal slowdown"), (0x80, "HW power brake slowdown"),
+           (0x100, "display clock setting"))
+BUSY_PCT = 50  # a sample counts as busy at this utilization or more
 
 
 def load(path):
@@ -36,8 +48,104 @@ def load(path):
         return None
 
 
+def gpu_conditions(out):
+    """Which GPU ran the harness and its clocks while busy, or None.
+
+    gpu.txt: nvidia-smi's CSV lines, one a GPU, the name first.
+    clocks.csv: a first line "# field,field,..." naming the columns that
+    follow (nvidia-smi --query-gpu=those --format=csv,noheader,nounits, one
+    line a GPU a second); lines that do not parse (nvidia-smi's own
+    messages, "[N/A]") are passed over.  The samples counted are those at
+    utilization.gpu >= BUSY_PCT: the medians, least and most of the SM and
+    memory clocks and the power, the hottest temperature, and (where the
+    reasons were recorded) for each clock event reason how many busy
+    samples had it."""
+    try:
+        with open(os.path.join(out, "gpu.txt")) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        lines = []
+    names = [ln.split(",")[0].strip() for ln in lines if "," in ln]
+    if not names:
+        return None
+    g = dict(name=names[0], count=len(names), busy_samples=0)
+    try:
+        with open(os.path.join(out, "clocks.csv")) as f:
+            text = f.read().splitlines()
+    except FileNotFoundError:
+        return g
+    if not text or not text[0].startswith("# "):
+        return g
+    fields = [x.strip() for x in text[0][2:].split(",")]
+    busy = []
+    for ln in text[1:]:
+        cells = [x.strip() for x in ln.split(",")]
+        if len(cells) != len(fields):
+            continue
+        row = dict(zip(fields, cells))
+        try:
+            if float(row["utilization.gpu"]) >= BUSY_PCT:
+                busy.append(row)
+        except (KeyError, ValueError):
+            continue
+    g["busy_samples"] = len(busy)
+
+    def spread(key):
+        v = []
+        for row in busy:
+            try:
+                v.append(float(row[key]))
+            except (KeyError, ValueError):
+                pass
+        return dict(median=statistics.median(v), min=min(v), max=max(v)) if v else None
+    g["sm_mhz"], g["mem_mhz"] = spread("clocks.sm"), spread("clocks.mem")
+    g["power_w"], temp = spread("power.draw"), spread("temperature.gpu")
+    g["temp_c_max"] = temp["max"] if temp else None
+    # (older drivers call the reasons clocks_throttle_reasons)
+    key = next((k for k in ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+                if k in fields), None)
+    if key:
+        reasons = {}
+        for row in busy:
+            try:
+                mask = int(row[key], 16)
+            except ValueError:
+                continue
+            for bit, why in REASONS:
+                if mask & bit:
+                    reasons[why] = reasons.get(why, 0) + 1
+        g["reasons"] = reasons
+    return g
+
+
+def say_gpu(g):
+    """The line report.py prints about gpu_conditions' answer."""
+    if not g:
+        return "GPU: not recorded (no gpu.txt)"
+    s = f"GPU: {g['name']} x {g['count']}"
+    if not g["busy_samples"]:
+        return s + "; no clock samples while busy"
+    s += f"; while busy ({g['busy_samples']} samples at >= {BUSY_PCT}% utilization):"
+    if g["sm_mhz"]:
+        c = g["sm_mhz"]
+        s += f" SM clock median {c['median']:.0f} MHz ({c['min']:.0f}-{c['max']:.0f}),"
+    if g["mem_mhz"]:
+        c = g["mem_mhz"]
+        s += f" memory {c['median']:.0f} MHz ({c['min']:.0f}-{c['max']:.0f}),"
+    if g["power_w"]:
+        s += f" power median {g['power_w']['median']:.0f} W (most {g['power_w']['max']:.0f}),"
+    if g["temp_c_max"] is not None:
+        s += f" hottest {g['temp_c_max']:.0f} C,"
+    if "reasons" in g:
+        s += " clock event reasons: " + (", ".join(
+            f"{why} ({g['reasons'][why]})" for _, why in REASONS if why in g["reasons"])
+            or "none")
+    return s.rstrip(",")
+
+
 def main():
     out = sys.argv[1]
+    gpu = gpu_conditions(out)
     runs = {}  # (tp, weights) -> bench-generate's JSON
     for tp in (1, 2, 4):
         for w, suffix in (("bf16", ""), ("fp8", "-fp8")):
@@ -55,6 +163,7 @@ def main():
     tps = {(tp, w, r["batch"]): r["tokens_per_s"] for (tp, w), d in runs.items()
            for r in d["runs"]}
     print()
+    print(say_gpu(gpu))
     print(f"ceilings: copy {ceil.get('copy_gbps', 0):.0f} GB/s, bf16 GEMM "
           f"{ceil.get('gemm_tflops', 0):.0f} TFLOP/s; prompt 512, 4 canvases of 256, 16 steps")
     print()
@@ -114,7 +223,7 @@ def main():
         print(f"sampler + self-conditioning reduce: {part:.3f} of {total:.3f} ms per batch-1 "
               f"denoising step at TP={tp} (profiled, eager, rank 0): {shares[tp]:.1f}%")
     with open(os.path.join(out, "perf.json"), "w") as f:
-        json.dump(dict(ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=shares.get(1),
+        json.dump(dict(gpu=gpu, ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=shares.get(1),
                        sampler_share_pct_b1={str(tp): v for tp, v in shares.items()},
                        profile=profs.get(1),
                        profiles={str(tp): d for tp, d in profs.items()}), f, indent=1)
@@ -138,7 +247,9 @@ def main():
     ax.set_yscale("log")
     ax.set_xlabel("batch (requests)")
     ax.set_ylabel("committed tokens/s (excluding prefill)")
-    ax.set_title("DiffusionGemma 26B-A4B, random weights, H200")
+    ax.set_title("DiffusionGemma 26B-A4B, random weights, "
+                 + (f"{gpu['name']} x {gpu['count']}" if gpu else "GPU not recorded"),
+                 fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -16,7 +16,11 @@
 #   - Hugging Face transformers on the same workload (bench/perf/hf_generate.py;
 #     the best of 3 generates at batch 1 and 4, where its pace varies most;
 #     where it fails, say out of GPU memory, the table goes without it);
-# then bench/perf/report.py prints the table, with the ratios to Hugging
+# while dgemma runs, nvidia-smi samples every GPU's clocks, power,
+# temperature, utilization and clock event reasons once a second
+# (OUTDIR/clocks.csv: the same code reads apart on two starts of the same
+# kind when those differ); then bench/perf/report.py prints the GPU's name
+# and its conditions while busy and the table, with the ratios to Hugging
 # Face, and writes OUTDIR/perf.json and OUTDIR/tokens_per_s.png.
 # Keep NCCL's NVLink multicast off (the lent machines require it).
 set -o pipefail
@@ -31,6 +35,19 @@ mkdir -p "$out" || exit 1
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader \
     > "$out/gpu.txt" 2>&1
+# the samples (clocks.csv's first line names its columns; the reasons'
+# field has another name on older drivers, and none on the oldest)
+q=index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu
+for r in clocks_event_reasons.active clocks_throttle_reasons.active; do
+    if nvidia-smi --query-gpu=$q,$r --format=csv,noheader,nounits >/dev/null 2>&1; then
+        q=$q,$r
+        break
+    fi
+done
+echo "# $q" > "$out/clocks.csv"
+nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -l 1 >> "$out/clocks.csv" 2>&1 &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
 "$bin" --json "$out/tp1.json" $batches 2>&1 | tee "$out/tp1.log" || exit 1
 "$bin" --fp8 --json "$out/tp1-fp8.json" $batches 2>&1 | tee "$out/tp1-fp8.log" ||
     exit 1
@@ -44,6 +61,8 @@ for tp in 2 4; do
     "$bin" --tp $tp --profile --json "$out/profile-tp$tp.json" 1 2>&1 |
         tee "$out/profile-tp$tp.log" || exit 1
 done
+kill $smi 2>/dev/null
+wait $smi 2>/dev/null
 # (on an 80 GB H100 transformers holds the model but not batch 16's
 # activations: hf_generate.py keeps the batches before the one that ran out
 # of memory; if it fails outright the table is printed without its rows)

@@ -9,7 +9,14 @@
 # rows no bf16 ratio; the sampler + self-conditioning share is printed
 # for each TP profiled and no other, and perf.json holds the same values.
 # Where hf.json says transformers stopped at a batch (out of memory) the
-# report says where, and not otherwise.  Skips (77) without python3.
+# report says where, and not otherwise.  The GPU's line: its name and
+# count from gpu.txt, and from clocks.csv the busy samples' (utilization
+# >= 50%) count, SM clock, memory clock and power (median, least, most),
+# the hottest temperature and how many busy samples had each clock event
+# reason, as sort and awk find them in the same samples (lines that do not
+# parse passed over); without clocks.csv it says there are no samples,
+# without gpu.txt that the GPU was not recorded.  Skips (77) without
+# python3.
 set -u
 command -v python3 >/dev/null 2>&1 || { echo "skip t-perf-report: no python3"; exit 77; }
 . "${0%/*}/cli-lib.sh" t-perf-report
@@ -59,6 +66,27 @@ prof() { # sampler_stats sampler_probs sc_pe experts attention
 prof 0.62 0.11 0.34 11.9 1.3 > "$tmp/profile.json"
 prof 0.40 0.07 0.21 6.1 0.8 > "$tmp/profile-tp2.json"
 
+# the GPU: four, and a sample a GPU a second, with the clock event reasons
+# drawn from masks whose bits the test names itself (0x4 SW power cap, 0x8
+# HW slowdown, 0x40 HW thermal slowdown; 0x1 idle is not a reason)
+for i in 0 1 2 3; do echo "NVIDIA H100 80GB HBM3, 1980 MHz, 2619 MHz, 71.20 W, 33"; done \
+    > "$tmp/gpu.txt"
+F=index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+samples() { # index util sm mem power temp mask, a line a GPU a second
+    awk 'BEGIN {
+        split("0x0000000000000000 0x0000000000000004 0x000000000000000C 0x0000000000000001 0x0000000000000044", m, " ")
+        for (s = 0; s < 15; s++) for (i = 0; i < 4; i++) {
+            u = (s < 3 || (s == 13 && i == 3)) ? 0 : 60 + 9 * i
+            if (s == 14) u = 49
+            pw = (s == 7 && i == 1) ? "[N/A]" : sprintf("%.2f", 300 + 23 * ((s * 5 + i) % 17) + 0.25)
+            printf "%d, %d, %d, %d, %s, %d, %s\n", i, u, 1980 - 15 * ((s * 7 + i * 3) % 11),
+                   (s == 9 && i == 2) ? 1593 : 2619, pw, 40 + s + 2 * i, m[(s + i) % 5 + 1]
+        }
+    }'
+}
+{ echo "# $F"; samples | sed '17a\
+Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error'; } > "$tmp/clocks.csv"
+
 run report 0 python3 "$S" "$tmp" || { [ $fails -eq 0 ]; exit; }
 o=$tmp/report.out
 
@@ -105,10 +133,36 @@ else
     bad shares "TP=1 '$s1', TP=2 '$s2'; $(grep -c 'profiled' "$o") share lines"
 fi
 
+# the GPU's line, from the same samples
+busy() { samples | awk -F', ' '$2 >= 50'; }
+stat() { # column: median (middle of an odd count, else the two's mean), least, most
+    busy | awk -F', ' -v c="$1" '$c ~ /^[0-9.]+$/ { print $c }' | sort -n |
+        awk '{ v[NR] = $1 } END {
+            md = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+            printf "%.0f %.0f %.0f", md, v[1], v[NR] }'
+}
+read -r sm_md sm_lo sm_hi < <(stat 3)
+read -r mem_md mem_lo mem_hi < <(stat 4)
+read -r pw_md _ pw_hi < <(stat 5)
+read -r _ _ hot < <(stat 6)
+nb=$(busy | wc -l)
+sw=$(busy | grep -c -e '0x0000000000000004$' -e '0x000000000000000C$')
+hw=$(busy | grep -c '0x000000000000000C$')
+th=$(busy | grep -c '0x0000000000000044$')
+sw=$((sw + th))
+want="GPU: NVIDIA H100 80GB HBM3 x 4; while busy ($nb samples at >= 50% utilization): SM clock median $sm_md MHz ($sm_lo-$sm_hi), memory $mem_md MHz ($mem_lo-$mem_hi), power median $pw_md W (most $pw_hi), hottest $hot C, clock event reasons: SW power cap ($sw), HW slowdown ($hw), HW thermal slowdown ($th)"
+got=$(grep '^GPU:' "$o")
+[ "$got" = "$want" ] && ok gpu_line || bad gpu_line "'$got' want '$want'"
+
 # perf.json: the same ratios and shares
-if python3 - "$tmp" <<'PY'
+if python3 - "$tmp" "$nb $sm_md $sm_lo $sm_hi $hot $sw" <<'PY'
 import json, os, sys
 d = json.load(open(os.path.join(sys.argv[1], "perf.json")))
+g, want = d["gpu"], [float(x) for x in sys.argv[2].split()]
+assert (g["name"], g["count"]) == ("NVIDIA H100 80GB HBM3", 4), g
+got = [g["busy_samples"], round(g["sm_mhz"]["median"]), g["sm_mhz"]["min"], g["sm_mhz"]["max"],
+       g["temp_c_max"], g["reasons"]["SW power cap"]]
+assert got == want, (got, want)
 rows = {(r["tp"], r["weights"], r["batch"]): r for r in d["rows"] if r["engine"] == "dgemma"}
 r2, r1 = rows[(2, "bf16", 16)], rows[(1, "bf16", 16)]
 assert abs(r1["step_ms"] - (95.2 + 4.1)) < 1e-9 and r1["denoise_ms"] == 95.2, r1
@@ -135,5 +189,17 @@ if run stopped 0 python3 "$S" "$tmp"; then
         [ "$(grep -c '^| transformers' "$tmp/stopped.out")" = 1 ] && ok hf_stopped_said ||
         bad hf_stopped_said "$(grep -e stopped -e '^| transformers' "$tmp/stopped.out" "$o")"
 fi
+
+# no samples, then no GPU recorded
+rm "$tmp/clocks.csv"
+run noclocks 0 python3 "$S" "$tmp" &&
+    { [ "$(grep '^GPU:' "$tmp/noclocks.out")" = "GPU: NVIDIA H100 80GB HBM3 x 4; no clock samples while busy" ] &&
+          ok gpu_no_samples || bad gpu_no_samples "$(grep '^GPU:' "$tmp/noclocks.out")"; }
+rm "$tmp/gpu.txt"
+run nogpu 0 python3 "$S" "$tmp" &&
+    { [ "$(grep '^GPU:' "$tmp/nogpu.out")" = "GPU: not recorded (no gpu.txt)" ] &&
+          python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["gpu"] is None' \
+              "$tmp/perf.json" && ok gpu_not_recorded ||
+          bad gpu_not_recorded "$(grep '^GPU:' "$tmp/nogpu.out")"; }
 
 [ $fails -eq 0 ]
