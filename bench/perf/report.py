@@ -231,6 +231,7 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import LogFormatterSciNotation
     except ImportError:
         print("report.py: no matplotlib: no plot", file=sys.stderr)
         return 0
@@ -245,6 +246,9 @@ def main():
             label="transformers 5.17 (TP=1)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    # (the values between the decades labelled whatever matplotlib's defaults)
+    ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False,
+                                                         minor_thresholds=(2, 1)))
     ax.set_xlabel("batch (requests)")
     ax.set_ylabel("committed tokens/s (excluding prefill)")
     ax.set_title("DiffusionGemma 26B-A4B, random weights, "
