@@ -106,10 +106,11 @@ for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_thr
     esac
 done
 # the table's one dgemma row, and no transformers rows where it cannot run
-if grep -q '^| dgemma | bf16 | 1 | 1 | 22.70 |' "$tmp/new.out" && ! grep -q '^| transformers' "$tmp/new.out"; then
+if grep -q '^| dgemma | bf16 | 1 | 1 | 22.70 |' "$tmp/new.out" && ! grep -q '^| transformers' "$tmp/new.out" &&
+   has new err "the table has no transformers rows"; then
     ok table
 else
-    bad table "$(grep '^|' "$tmp/new.out" | head -5)"
+    bad table "$(grep '^|' "$tmp/new.out" | head -5); stderr: $(head -c 300 "$tmp/new.err")"
 fi
 
 [ $fails -eq 0 ]
