@@ -35,6 +35,7 @@
 
 #include "client/batch-input.h"
 #include "client/client.h"
+#include "lib/grow.h"
 #include "lib/json-util.h"
 
 static const char usage[] =
@@ -193,14 +194,10 @@ static int load_output(struct batch *b, const char *path)
 
 static int add_item(struct batch *b, int line, json_t *obj, char *key)
 {
-    if (b->n_items == b->cap_items) {
-        size_t cap = b->cap_items ? 2 * b->cap_items : 64;
-        struct item *it = realloc(b->items, cap * sizeof *it);
-        if (!it)
-            return -1;
-        b->items = it;
-        b->cap_items = cap;
-    }
+    struct item *it = dg_grow(b->items, &b->cap_items, b->n_items + 1, sizeof *it, 64);
+    if (!it)
+        return -1;
+    b->items = it;
     memset(&b->items[b->n_items], 0, sizeof b->items[0]);
     b->items[b->n_items].line = line;
     b->items[b->n_items].obj = obj;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "lib/grow.h"
 
 static const char usage[] =
     "usage: dgemma-client chat [-s|--socket SOCKET] [--wait SECONDS] [--system TEXT]\n"
@@ -32,14 +33,10 @@ struct history {
 
 static int push(struct history *h, const char *role, const char *content, size_t len)
 {
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 16;
-        struct turn *t = realloc(h->t, cap * sizeof *t);
-        if (!t)
-            return -1;
-        h->t = t;
-        h->cap = cap;
-    }
+    struct turn *t = dg_grow(h->t, &h->cap, h->n + 1, sizeof *t, 16);
+    if (!t)
+        return -1;
+    h->t = t;
     h->t[h->n].role = strdup(role);
     h->t[h->n].content = strndup(content, len);
     if (!h->t[h->n].role || !h->t[h->n].content) {

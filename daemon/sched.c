@@ -257,20 +257,10 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
                  (unsigned long long)r->id);
             r->short_output = 1;
         }
-        for (int i = 0; i < ev->n_ids; i++) {
-            if (r->out_ids.n == r->out_ids.cap) {
-                size_t cap = r->out_ids.cap ? 2 * r->out_ids.cap : 256;
-                int32_t *v = realloc(r->out_ids.v, cap * sizeof *v);
-                if (!v) {
-                    dlog(DG_LOG_ERROR, "req=%llu: out of memory collecting ids",
-                         (unsigned long long)r->id);
-                    r->short_output = 1;
-                    break;
-                }
-                r->out_ids.v = v;
-                r->out_ids.cap = cap;
-            }
-            r->out_ids.v[r->out_ids.n++] = ev->ids[i];
+        if (ev->n_ids > 0 && dg_ids_append(&r->out_ids, ev->ids, (size_t)ev->n_ids) < 0) {
+            dlog(DG_LOG_ERROR, "req=%llu: out of memory collecting ids",
+                 (unsigned long long)r->id);
+            r->short_output = 1;
         }
         return;
     }

@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "lib/cpu-forward.h"
 #include "lib/dtype.h"
+#include "lib/grow.h"
 #include "lib/ref-ops.h"
 
 #define ALIGN 256
@@ -48,9 +49,11 @@ struct entry {
 
 struct plan {
     struct entry *e;
-    int n, cap;
+    int n;
+    size_t cap;
     struct rect *rects;
-    int n_rects, rects_cap;
+    int n_rects;
+    size_t rects_cap;
     uint64_t bytes;
     int elt_size;                     /* bytes of one (non-fp32) element */
     int fp8_all;                      /* no checkpoint: every matrix Q8 marks is FP8 */
@@ -59,15 +62,10 @@ struct plan {
 static int add(struct plan *p, void **slot, int64_t R, int64_t C, int f32, int ones,
                struct dg_error *err)
 {
-    struct entry *e;
-    if (p->n == p->cap) {
-        int cap = p->cap ? 2 * p->cap : 64;
-        struct entry *ne = realloc(p->e, sizeof *ne * (size_t)cap);
-        if (!ne)
-            return dg_error_set(err, DG_E_NOMEM, "cuda model: out of memory");
-        p->e = ne;
-        p->cap = cap;
-    }
+    struct entry *e = dg_grow(p->e, &p->cap, (size_t)p->n + 1, sizeof *e, 64);
+    if (!e)
+        return dg_error_set(err, DG_E_NOMEM, "cuda model: out of memory");
+    p->e = e;
     e = &p->e[p->n++];
     memset(e, 0, sizeof *e);
     e->slot = slot;
@@ -82,14 +80,10 @@ static int add(struct plan *p, void **slot, int64_t R, int64_t C, int f32, int o
 /* Append a rectangle to the pool. */
 static int push_rect(struct plan *p, struct rect r, struct dg_error *err)
 {
-    if (p->n_rects == p->rects_cap) {
-        int cap = p->rects_cap ? 2 * p->rects_cap : 256;
-        struct rect *nr = realloc(p->rects, sizeof *nr * (size_t)cap);
-        if (!nr)
-            return dg_error_set(err, DG_E_NOMEM, "cuda model: out of memory");
-        p->rects = nr;
-        p->rects_cap = cap;
-    }
+    struct rect *nr = dg_grow(p->rects, &p->rects_cap, (size_t)p->n_rects + 1, sizeof *nr, 256);
+    if (!nr)
+        return dg_error_set(err, DG_E_NOMEM, "cuda model: out of memory");
+    p->rects = nr;
     p->rects[p->n_rects++] = r;
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/grow.h"
 #include "lib/utf8.h"
 
 enum dg_chat_format dg_chat_detect(const struct dg_tokenizer *t)
@@ -65,14 +66,10 @@ static int put_span(struct dg_buf *out, struct dg_chat_spans *sp, const char *s,
         sp->v[sp->n - 1].len += n; /* a part right after the last */
         return 0;
     }
-    if (sp->n == sp->cap) {
-        size_t cap = sp->cap ? 2 * sp->cap : 8;
-        struct dg_text_span *v = realloc(sp->v, cap * sizeof *v);
-        if (!v)
-            return -1;
-        sp->v = v;
-        sp->cap = cap;
-    }
+    struct dg_text_span *v = dg_grow(sp->v, &sp->cap, sp->n + 1, sizeof *v, 8);
+    if (!v)
+        return -1;
+    sp->v = v;
     sp->v[sp->n].start = at;
     sp->v[sp->n].len = n;
     sp->n++;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "lib/fileio.h"
+#include "lib/grow.h"
 #include "lib/safetensors-write.h"
 
 void dg_synth_options_default(struct dg_synth_options *o)
@@ -26,16 +27,11 @@ void dg_synth_options_default(struct dg_synth_options *o)
 int dg_synth_plan_add(struct dg_synth_plan *plan, const char *name, enum dg_dtype dtype, int ndim,
                       const int64_t *shape, struct dg_error *err)
 {
-    struct dg_synth_tensor *t;
+    struct dg_synth_tensor *t = dg_grow(plan->t, &plan->cap, (size_t)plan->n + 1, sizeof *t, 256);
 
-    if (plan->n == plan->cap) {
-        int cap = plan->cap ? 2 * plan->cap : 256;
-        void *p = realloc(plan->t, (size_t)cap * sizeof *plan->t);
-        if (!p)
-            return dg_error_set(err, DG_E_NOMEM, "out of memory");
-        plan->t = p;
-        plan->cap = cap;
-    }
+    if (!t)
+        return dg_error_set(err, DG_E_NOMEM, "out of memory");
+    plan->t = t;
     t = &plan->t[plan->n++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);

@@ -39,7 +39,8 @@ struct dg_synth_tensor {
 };
 
 struct dg_synth_plan {
-    int n, cap;
+    int n;
+    size_t cap;
     struct dg_synth_tensor *t;
 };
 

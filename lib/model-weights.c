@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "lib/checkpoint.h"
+#include "lib/grow.h"
 
 #define DEC "model.decoder."
 #define ENC "model.encoder.language_model."
@@ -20,7 +21,7 @@ int dg_tensor_name_ignored(const char *name)
 
 struct cat_builder {
     struct dg_catalog *cat;
-    int cap;
+    size_t cap;
     int failed;
 };
 
@@ -37,16 +38,12 @@ static struct dg_cat_entry *add(struct cat_builder *b, struct dg_weight *dst, en
 
     if (b->failed)
         return NULL;
-    if (b->cat->n == b->cap) {
-        int cap = b->cap ? 2 * b->cap : 256;
-        void *p = realloc(b->cat->entries, (size_t)cap * sizeof *e);
-        if (!p) {
-            b->failed = 1;
-            return NULL;
-        }
-        b->cat->entries = p;
-        b->cap = cap;
+    e = dg_grow(b->cat->entries, &b->cap, (size_t)b->cat->n + 1, sizeof *e, 256);
+    if (!e) {
+        b->failed = 1;
+        return NULL;
     }
+    b->cat->entries = e;
     e = &b->cat->entries[b->cat->n++];
     memset(e, 0, sizeof *e);
     va_start(ap, fmt);

@@ -12,6 +12,7 @@
 #include "lib/checkpoint.h"
 #include "lib/fileio.h"
 #include "lib/fp8.h"
+#include "lib/grow.h"
 #include "lib/model-weights.h"
 #include "lib/safetensors-write.h"
 
@@ -32,14 +33,10 @@ struct qctx {
 static int add(struct qctx *q, enum out_kind kind, const struct dg_weight *w,
                const struct dg_st_tensor *src, const char *name)
 {
-    if (q->n == q->cap) {
-        size_t cap = q->cap ? 2 * q->cap : 256;
-        struct out_entry *e = realloc(q->e, cap * sizeof *e);
-        if (!e)
-            return -1;
-        q->e = e;
-        q->cap = cap;
-    }
+    struct out_entry *e = dg_grow(q->e, &q->cap, q->n + 1, sizeof *e, 256);
+    if (!e)
+        return -1;
+    q->e = e;
     memset(&q->e[q->n], 0, sizeof q->e[q->n]);
     q->e[q->n].kind = kind;
     q->e[q->n].w = w;

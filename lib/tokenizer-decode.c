@@ -276,15 +276,8 @@ int dg_tok_stream_push(struct dg_tok_stream *st, const int32_t *ids, size_t n,
             continue;
         if (st->skip_special && (t->flags[id] & TOK_F_SPECIAL))
             continue; /* dropped before decoding, so it does not end a byte run */
-        if (h->n == h->cap) {
-            size_t cap = h->cap ? 2 * h->cap : 64;
-            int32_t *v = realloc(h->v, cap * sizeof *v);
-            if (!v)
-                return dg_error_set(err, DG_E_NOMEM, "tokenizer: out of memory");
-            h->v = v;
-            h->cap = cap;
-        }
-        h->v[h->n++] = id;
+        if (dg_ids_append(h, &id, 1) < 0)
+            return dg_error_set(err, DG_E_NOMEM, "tokenizer: out of memory");
     }
     /* decode everything up to the trailing run of byte tokens */
     keep_from = h->n;

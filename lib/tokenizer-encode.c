@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/grow.h"
 #include "lib/utf8.h"
 
 /* Scratch reused across the words of one encode call. */
@@ -34,17 +35,7 @@ static int oom(struct enc *e)
 
 static int emit(struct enc *e, int32_t id)
 {
-    struct dg_ids *o = e->out;
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 256;
-        int32_t *v = realloc(o->v, cap * sizeof *v);
-        if (!v)
-            return oom(e);
-        o->v = v;
-        o->cap = cap;
-    }
-    o->v[o->n++] = id;
-    return 0;
+    return dg_ids_append(e->out, &id, 1) < 0 ? oom(e) : 0;
 }
 
 /* ---- the merge heap: min on (rank, pos) ---------------------------------- */
@@ -57,14 +48,10 @@ static int cand_less(const struct cand *a, const struct cand *b)
 static int heap_push(struct enc *e, uint32_t rank, int32_t pos, int32_t out)
 {
     size_t i;
-    if (e->heap_n == e->heap_cap) {
-        size_t cap = e->heap_cap ? 2 * e->heap_cap : 256;
-        struct cand *h = realloc(e->heap, cap * sizeof *h);
-        if (!h)
-            return oom(e);
-        e->heap = h;
-        e->heap_cap = cap;
-    }
+    struct cand *h = dg_grow(e->heap, &e->heap_cap, e->heap_n + 1, sizeof *h, 256);
+    if (!h)
+        return oom(e);
+    e->heap = h;
     i = e->heap_n++;
     e->heap[i] = (struct cand){rank, pos, out};
     while (i > 0) {
@@ -229,16 +216,12 @@ static int split_piece(const struct tok_pre_op *op, const char *text, size_t a, 
     size_t nv = 0, capv = 0, prev = a;
 #define PUSH(arr, n, c, val)                                                    \
     do {                                                                        \
-        if ((n) == (c)) {                                                       \
-            size_t nc_ = (c) ? 2 * (c) : 16;                                    \
-            struct span *p_ = realloc((arr), nc_ * sizeof *p_);                 \
-            if (!p_) {                                                          \
-                free(v);                                                        \
-                return -1;                                                      \
-            }                                                                   \
-            (arr) = p_;                                                         \
-            (c) = nc_;                                                          \
+        struct span *p_ = dg_grow((arr), &(c), (n) + 1, sizeof *p_, 16);      \
+        if (!p_) {                                                              \
+            free(v);                                                            \
+            return -1;                                                          \
         }                                                                       \
+        (arr) = p_;                                                             \
         (arr)[(n)++] = (val);                                                   \
     } while (0)
 

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include "lib/fileio.h"
+#include "lib/grow.h"
 #include "lib/json-scan.h"
 #include "lib/json-util.h"
 #include "lib/utf8.h"
@@ -48,19 +49,25 @@ void dg_buf_free(struct dg_buf *b)
     b->n = b->cap = 0;
 }
 
+int dg_ids_append(struct dg_ids *a, const int32_t *ids, size_t n)
+{
+    int32_t *v;
+    if (n == 0)
+        return 0;
+    if (n > SIZE_MAX - a->n || !(v = dg_grow(a->v, &a->cap, a->n + n, sizeof *v, 256)))
+        return -1;
+    a->v = v;
+    memcpy(v + a->n, ids, n * sizeof *v);
+    a->n += n;
+    return 0;
+}
+
 int dg_buf_append(struct dg_buf *b, const char *s, size_t n)
 {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        char *p;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        p = realloc(b->s, cap);
-        if (!p)
-            return -1;
-        b->s = p;
-        b->cap = cap;
-    }
+    char *p;
+    if (n > SIZE_MAX - b->n - 1 || !(p = dg_grow(b->s, &b->cap, b->n + n + 1, 1, 256)))
+        return -1;
+    b->s = p;
     memcpy(b->s + b->n, s, n);
     b->n += n;
     b->s[b->n] = '\0';

@@ -48,6 +48,9 @@ struct dg_buf {
 
 void dg_ids_free(struct dg_ids *a);
 void dg_buf_free(struct dg_buf *b);
+/* Append n ids to a, or n bytes to b (which stays NUL-terminated):
+ * 0, or -1 with a or b as it was when there is no memory. */
+int dg_ids_append(struct dg_ids *a, const int32_t *ids, size_t n);
 int dg_buf_append(struct dg_buf *b, const char *s, size_t n);
 
 #define DG_TOKENIZER_JSON_MAX (256u << 20)

@@ -62,18 +62,9 @@ static void on_event(void *ctx, const struct dg_gen_event *ev)
     struct result *res = ctx;
 
     if (ev->kind == DG_EVENT_CANVAS) {
-        for (int i = 0; i < ev->n_ids; i++) {
-            if (res->ids.n == res->ids.cap) {
-                size_t cap = res->ids.cap ? 2 * res->ids.cap : 256;
-                int32_t *v = realloc(res->ids.v, cap * sizeof *v);
-                if (!v) {
-                    res->oom = 1;
-                    return;
-                }
-                res->ids.v = v;
-                res->ids.cap = cap;
-            }
-            res->ids.v[res->ids.n++] = ev->ids[i];
+        if (ev->n_ids > 0 && dg_ids_append(&res->ids, ev->ids, (size_t)ev->n_ids) < 0) {
+            res->oom = 1;
+            return;
         }
         if (ev->text && dg_buf_append(&res->text, ev->text, ev->text_len) < 0)
             res->oom = 1;

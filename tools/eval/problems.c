@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/grow.h"
 #include "lib/json-util.h"
 #include "tools/eval/eval.h"
 
@@ -175,17 +176,13 @@ int eval_problems_read(FILE *f, const char *path, struct eval_problems *out)
         line++;
         if (is_blank(text, (size_t)n))
             continue;
-        if (ps.n == cap) {
-            size_t c = cap ? 2 * cap : 256;
-            struct eval_problem *v = realloc(ps.v, c * sizeof *v);
-            if (!v) {
-                snprintf(why, sizeof why, "%s: out of memory", path);
-                rc = -1;
-                break;
-            }
-            ps.v = v;
-            cap = c;
+        struct eval_problem *v = dg_grow(ps.v, &cap, ps.n + 1, sizeof *v, 256);
+        if (!v) {
+            snprintf(why, sizeof why, "%s: out of memory", path);
+            rc = -1;
+            break;
         }
+        ps.v = v;
         if (n > 0 && text[n - 1] == '\n')
             n--;
         if (parse_line(path, line, text, (size_t)n, &ps.v[ps.n], why, sizeof why) == 0)
