@@ -276,7 +276,9 @@ int dg_tok_stream_push(struct dg_tok_stream *st, const int32_t *ids, size_t n,
             continue;
         if (st->skip_special && (t->flags[id] & TOK_F_SPECIAL))
             continue; /* dropped before decoding, so it does not end a byte run */
-        if (dg_ids_append(h, &id, 1) < 0)
+        if (h->n < h->cap)
+            h->v[h->n++] = id;
+        else if (dg_ids_append(h, &id, 1) < 0)
             return dg_error_set(err, DG_E_NOMEM, "tokenizer: out of memory");
     }
     /* decode everything up to the trailing run of byte tokens */

@@ -35,7 +35,12 @@ static int oom(struct enc *e)
 
 static int emit(struct enc *e, int32_t id)
 {
-    return dg_ids_append(e->out, &id, 1) < 0 ? oom(e) : 0;
+    struct dg_ids *o = e->out;
+    if (o->n < o->cap) { /* (once a token: the common case stays inline) */
+        o->v[o->n++] = id;
+        return 0;
+    }
+    return dg_ids_append(o, &id, 1) < 0 ? oom(e) : 0;
 }
 
 /* ---- the merge heap: min on (rank, pos) ---------------------------------- */
@@ -48,10 +53,12 @@ static int cand_less(const struct cand *a, const struct cand *b)
 static int heap_push(struct enc *e, uint32_t rank, int32_t pos, int32_t out)
 {
     size_t i;
-    struct cand *h = dg_grow(e->heap, &e->heap_cap, e->heap_n + 1, sizeof *h, 256);
-    if (!h)
-        return oom(e);
-    e->heap = h;
+    if (e->heap_n == e->heap_cap) {
+        struct cand *h = dg_grow(e->heap, &e->heap_cap, e->heap_n + 1, sizeof *h, 256);
+        if (!h)
+            return oom(e);
+        e->heap = h;
+    }
     i = e->heap_n++;
     e->heap[i] = (struct cand){rank, pos, out};
     while (i > 0) {
@@ -216,12 +223,14 @@ static int split_piece(const struct tok_pre_op *op, const char *text, size_t a, 
     size_t nv = 0, capv = 0, prev = a;
 #define PUSH(arr, n, c, val)                                                    \
     do {                                                                        \
-        struct span *p_ = dg_grow((arr), &(c), (n) + 1, sizeof *p_, 16);      \
-        if (!p_) {                                                              \
-            free(v);                                                            \
-            return -1;                                                          \
+        if ((n) == (c)) {                                                       \
+            struct span *p_ = dg_grow((arr), &(c), (n) + 1, sizeof *p_, 16);    \
+            if (!p_) {                                                          \
+                free(v);                                                        \
+                return -1;                                                      \
+            }                                                                   \
+            (arr) = p_;                                                         \
         }                                                                       \
-        (arr) = p_;                                                             \
         (arr)[(n)++] = (val);                                                   \
     } while (0)
 

@@ -51,23 +51,31 @@ void dg_buf_free(struct dg_buf *b)
 
 int dg_ids_append(struct dg_ids *a, const int32_t *ids, size_t n)
 {
-    int32_t *v;
     if (n == 0)
         return 0;
-    if (n > SIZE_MAX - a->n || !(v = dg_grow(a->v, &a->cap, a->n + n, sizeof *v, 256)))
+    if (n > SIZE_MAX - a->n)
         return -1;
-    a->v = v;
-    memcpy(v + a->n, ids, n * sizeof *v);
+    if (a->n + n > a->cap) {
+        int32_t *v = dg_grow(a->v, &a->cap, a->n + n, sizeof *v, 256);
+        if (!v)
+            return -1;
+        a->v = v;
+    }
+    memcpy(a->v + a->n, ids, n * sizeof *ids);
     a->n += n;
     return 0;
 }
 
 int dg_buf_append(struct dg_buf *b, const char *s, size_t n)
 {
-    char *p;
-    if (n > SIZE_MAX - b->n - 1 || !(p = dg_grow(b->s, &b->cap, b->n + n + 1, 1, 256)))
+    if (n > SIZE_MAX - b->n - 1)
         return -1;
-    b->s = p;
+    if (b->n + n + 1 > b->cap) {
+        char *p = dg_grow(b->s, &b->cap, b->n + n + 1, 1, 256);
+        if (!p)
+            return -1;
+        b->s = p;
+    }
     memcpy(b->s + b->n, s, n);
     b->n += n;
     b->s[b->n] = '\0';
