@@ -854,21 +854,51 @@ static void conn_progress(struct conn *c)
     }
 }
 
-static int round_over(void)
+/* What round's end still waits on, written into buf (n bytes) and returned;
+ * NULL once the round is over. round_over and the timeout's message both use it,
+ * so the message names exactly the condition that held the round open. */
+static const char *round_open(char *buf, size_t n)
 {
-    if (L.sock_left > 0 || L.ring_left > 0 || L.vans_started < NVAN || !L.ring_van_done)
-        return 0;
+    static const char *const kinds[] = {"?", "regular", "pausing", "dropped",
+                                        "vanishing after acceptance", "vanishing mid-stream",
+                                        "vanishing at once"};
+    static const char *const stages[] = {"idle", "waiting for acceptances", "paused", "reading",
+                                         "finished"};
+    if (L.sock_left > 0 || L.ring_left > 0) {
+        snprintf(buf, n, "%d socket and %d ring requests not yet sent", L.sock_left, L.ring_left);
+        return buf;
+    }
+    if (L.vans_started < NVAN) {
+        snprintf(buf, n, "%d of %d vanishing clients started", L.vans_started, NVAN);
+        return buf;
+    }
+    if (!L.ring_van_done) {
+        snprintf(buf, n, "the ring's vanishing client not yet run");
+        return buf;
+    }
     for (int i = 0; i < L.nconns; i++) {
         const struct conn *c = &L.conns[i];
-        if (c->kind == C_REG && c->inflight > 0)
-            return 0;
-        if (c->kind != C_REG && c->stage != S_FINISHED && c->stage != S_IDLE)
-            return 0;
+        if ((c->kind == C_REG && c->inflight > 0) ||
+            (c->kind != C_REG && c->stage != S_FINISHED && c->stage != S_IDLE)) {
+            snprintf(buf, n, "connection %d (%s, %s): %d in flight, %d accepted, %d sent, "
+                     "status %d of %d seen (target %d), closed %d, eof %d, hup %d", i,
+                     kinds[c->kind], stages[c->stage], c->inflight, c->accepted, c->nsent,
+                     c->status_seen, c->status_sent, c->status_target, c->closed, c->eof, c->hup);
+            return buf;
+        }
     }
     for (int i = 0; i < L.nrr; i++)
-        if (L.rr[i].state == RQ_SENT)
-            return 0;
-    return 1;
+        if (L.rr[i].state == RQ_SENT) {
+            snprintf(buf, n, "ring request %d sent and not yet accepted or refused", i);
+            return buf;
+        }
+    return NULL;
+}
+
+static int round_over(void)
+{
+    char why[256];
+    return round_open(why, sizeof why) == NULL;
 }
 
 /* Drive round r until every client of it is done; 0, or -1 on a timeout. */
@@ -1097,8 +1127,9 @@ static int load(void)
     for (int r = 0; r < ROUNDS; r++) {
         const double t = now_ms();
         const long in_pause_before = L.done_in_pause;
-        CHECKF(run_round(r) == 0, "round %d not over after %d s (socket left %d, ring left %d); "
-               "first problem: %s", r, ROUND_LIMIT_S, L.sock_left, L.ring_left, L.err);
+        char why[256];
+        CHECKF(run_round(r) == 0, "round %d not over after %d s: still open: %s; first problem: %s",
+               r, ROUND_LIMIT_S, round_open(why, sizeof why), L.err[0] ? L.err : "none");
         CHECKF(L.nerr == 0, "round %d: %d problems; the first: %s", r, L.nerr, L.err);
         CHECKF(L.done_in_pause > in_pause_before,
                "round %d: no request finished while the slow readers were not reading", r);
