@@ -1128,8 +1128,11 @@ static int load(void)
         const double t = now_ms();
         const long in_pause_before = L.done_in_pause;
         char why[256];
-        CHECKF(run_round(r) == 0, "round %d not over after %d s: still open: %s; first problem: %s",
-               r, ROUND_LIMIT_S, round_open(why, sizeof why), L.err[0] ? L.err : "none");
+        const int late = run_round(r) != 0;
+        const char *open = late ? round_open(why, sizeof why) : NULL;
+        CHECKF(!late, "round %d not over after %d s: still open: %s; first problem: %s", r,
+               ROUND_LIMIT_S, open ? open : "nothing, as the time ran out",
+               L.err[0] ? L.err : "none");
         CHECKF(L.nerr == 0, "round %d: %d problems; the first: %s", r, L.nerr, L.err);
         CHECKF(L.done_in_pause > in_pause_before,
                "round %d: no request finished while the slow readers were not reading", r);
