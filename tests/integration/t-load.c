@@ -21,7 +21,11 @@
  *     their requests' streamed events take them past max_output_bytes: it
  *     drops them ("the client is too slow" in its log), their requests are
  *     cancelled, and what was sent before the drop (the accepted events
- *     first) is still there to read;
+ *     first) is still there to read.  The events alone must overflow the
+ *     kernel's socket buffer and max_output_bytes: where the daemon writes
+ *     them before the status answers have filled the buffer (a slow front
+ *     end), the answers stop at a quarter of the limit and only the events
+ *     are left to cross it;
  *   - clients that vanish: after their requests were accepted (most still
  *     queued), after the first canvas of a streamed request, or right after
  *     sending without reading anything; and a ring client that closes with
@@ -108,7 +112,10 @@ enum {
     BATCH_MS = 20,
     DROP_FLOOD = 4000,   /* status requests a dropped client sends after its requests */
     PAUSE_GEN = 4,       /* streamed requests of a slow reader */
-    DROP_GEN = 60,       /* streamed requests of a dropped client (84 KB of events) */
+    DROP_GEN = 60,       /* streamed requests of a dropped client, DROP_TOKENS each */
+    DROP_TOKENS = 128,   /* with nothing written before them, 60 requests of 32 tokens'
+                          * events were dropped and of 24 were not (a socket buffer of
+                          * 208 KiB, max_output_bytes 64 KiB): 128 leave four times that */
     RING_VAN_JOBS = 32,  /* jobs of the ring client that vanishes, per round */
     ROUND_LIMIT_S = 150,
     MAX_CONNS = NCONN + ROUNDS * (NVAN + NDROP) + 4,
@@ -776,9 +783,13 @@ static void round_start(int r)
         conn_events(c);
     }
     /* clients to be dropped: streamed requests, then status requests
-     * whose answers fill the socket and back the connection up before the
-     * requests stream, all in one go, and nothing read until the daemon
-     * hangs up (the accepted events are the first lines there) */
+     * whose answers back the connection up, all in one go, and nothing read
+     * until the daemon hangs up (the accepted events are the first lines
+     * there); the requests' events cross max_output_bytes whether the
+     * answers or the events fill the socket first (DROP_TOKENS) */
+    char drop_settings[96];
+    snprintf(drop_settings, sizeof drop_settings,
+             "\"max_tokens\":%d,\"canvas_length\":2,\"max_denoising_steps\":1", DROP_TOKENS);
     for (int i = 0; i < NDROP; i++) {
         struct conn *c = conn_new(C_DROP);
         if (!c)
@@ -786,7 +797,7 @@ static void round_start(int r)
         c->stage = S_PAUSED;
         c->reading = 0;
         for (int n = 0; n < DROP_GEN; n++)
-            submit(c, 'd', 1, "\"max_tokens\":12,\"canvas_length\":2,\"max_denoising_steps\":1");
+            submit(c, 'd', 1, drop_settings);
         send_status(c, DROP_FLOOD);
         conn_events(c);
     }
