@@ -22,7 +22,7 @@
  *     drops them ("the client is too slow" in its log), their requests are
  *     cancelled, and what was sent before the drop (the accepted events
  *     first) is still there to read.  The events alone must overflow the
- *     kernel's socket buffer and max_output_bytes: where the daemon writes
+ *     kernel's socket buffer and then max_output_bytes: where the daemon writes
  *     them before the status answers have filled the buffer (a slow front
  *     end), the answers stop at a quarter of the limit and only the events
  *     are left to cross it;
@@ -892,7 +892,7 @@ static const char *round_open(char *buf, size_t n)
         if ((c->kind == C_REG && c->inflight > 0) ||
             (c->kind != C_REG && c->stage != S_FINISHED && c->stage != S_IDLE)) {
             snprintf(buf, n, "connection %d (%s, %s): %d in flight, %d accepted, %d sent, "
-                     "status %d of %d seen (target %d), closed %d, eof %d, hup %d", i,
+                     "status answers %d seen of %d asked (target %d), closed %d, eof %d, hup %d", i,
                      kinds[c->kind], stages[c->stage], c->inflight, c->accepted, c->nsent,
                      c->status_seen, c->status_sent, c->status_target, c->closed, c->eof, c->hup);
             return buf;
@@ -900,7 +900,7 @@ static const char *round_open(char *buf, size_t n)
     }
     for (int i = 0; i < L.nrr; i++)
         if (L.rr[i].state == RQ_SENT) {
-            snprintf(buf, n, "ring request %d sent and not yet accepted or refused", i);
+            snprintf(buf, n, "ring request %d sent and not yet completed", i);
             return buf;
         }
     return NULL;
