@@ -186,7 +186,7 @@ struct conn {
     size_t rlen, rcap;
     char *wb;
     size_t woff, wlen, wcap;
-    int inflight, accepted, nsent;
+    int inflight, accepted, refused, nsent;
     int status_sent, status_seen, status_target;
     double next_batch, resume_at;
 };
@@ -555,6 +555,7 @@ static void on_line(struct conn *c, char *line, size_t len)
         q->state = RQ_REFUSED;
         q->finish = F_REJECTED;
         c->inflight--;
+        c->refused++;
         if (code && !strcmp(code, "busy"))
             L.busy++;
         else
@@ -774,7 +775,7 @@ static void round_start(int r)
         c->reading = 0;
         c->status_sent = c->status_seen = 0;
         c->status_target = PAUSE_STATUS;
-        c->nsent = c->accepted = 0;
+        c->nsent = c->accepted = c->refused = 0;
         for (int n = 0; n < PAUSE_GEN; n++)
             submit(c, 'p', 1, "\"max_tokens\":8,\"canvas_length\":4,\"max_denoising_steps\":1");
         send_status(c, STATUS_BATCH);
@@ -846,8 +847,15 @@ static void round_timers(void)
 /* Per-connection progress after its events: stage changes. */
 static void conn_progress(struct conn *c)
 {
-    if (c->kind == C_VANQ && c->stage == S_WAIT_ACC && c->accepted == 3) {
+    /* (a refusal answers a request as an acceptance does: a vanisher whose
+     * request was refused goes too, and the round ends; the refusal fails
+     * the test at the end, as a busy one anywhere does) */
+    if (c->kind == C_VANQ && c->stage == S_WAIT_ACC && c->accepted + c->refused == 3) {
         conn_close(c); /* with its requests accepted, most of them still queued */
+        c->stage = S_FINISHED;
+    }
+    if (c->kind == C_VANM && c->stage == S_WAIT_ACC && c->refused > 0) {
+        conn_close(c); /* its one request refused: no canvas will come */
         c->stage = S_FINISHED;
     }
     if (c->kind == C_PAUSE && c->stage == S_READING && c->status_seen == c->status_target &&
@@ -892,9 +900,10 @@ static const char *round_open(char *buf, size_t n)
         if ((c->kind == C_REG && c->inflight > 0) ||
             (c->kind != C_REG && c->stage != S_FINISHED && c->stage != S_IDLE)) {
             snprintf(buf, n, "connection %d (%s, %s): %d in flight, %d accepted, %d sent, "
-                     "status answers %d seen of %d asked (target %d), closed %d, eof %d, hup %d", i,
-                     kinds[c->kind], stages[c->stage], c->inflight, c->accepted, c->nsent,
-                     c->status_seen, c->status_sent, c->status_target, c->closed, c->eof, c->hup);
+                     "%d refused, status answers %d seen of %d asked (target %d), closed %d, "
+                     "eof %d, hup %d", i, kinds[c->kind], stages[c->stage], c->inflight,
+                     c->accepted, c->nsent, c->refused, c->status_seen, c->status_sent,
+                     c->status_target, c->closed, c->eof, c->hup);
             return buf;
         }
     }
