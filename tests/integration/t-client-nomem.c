@@ -28,7 +28,13 @@
  * own).  The sanitizer runs fail every call too; there a run whose
  * standard error holds a sanitizer's report (a leak, a bad access) fails
  * the case, and nothing can be preloaded: chat_libc and batch_libc are
- * skipped.
+ * skipped.  There the sweeps fail every third call of theirs, not each:
+ * the leak check at a sanitized process's exit costs about 40 ms of CPU,
+ * and the sweeps made some 3,300 runs, nearly half the sanitizer
+ * suite's time.  Which third turns with the day (days since 1970, modulo
+ * 3; DG_NOMEM_OFFSET=0, 1 or 2 chooses one, and each sweep's line names
+ * its calls), so three days' runs fail every call under the sanitizers
+ * too; the plain build fails each every run.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -50,6 +57,11 @@ static pid_t daemon_pid;
 
 /* A call number past any run's last: nothing fails, the calls are counted. */
 #define NO_FAILURE 1000000000LL
+
+/* Under the sanitizers: every SAN_STRIDE-th call of a sweep fails, from
+ * san_offset (see the top). */
+#define SAN_STRIDE 3
+static int san_offset;
 
 
 /* Read path into buf (NUL-terminated, cut at cap - 1); its length, -1 if
@@ -253,12 +265,15 @@ struct slot {
 
 /* One command, every allocation call of it failing in turn (see the top),
  * WORKERS runs at a time: of its first first_n calls (0: all), every
- * step-th. */
+ * step-th (under the sanitizers, every SAN_STRIDE * step-th, from
+ * san_offset * step). */
 #define WORKERS 4
 static int sweep(const char *what, const char *const *args, const char *input, enum compare how,
                  enum calls calls_of, long long first_n, long step)
 {
     const int pre = calls_of == PRELOAD;
+    const long every = UNDER_ASAN ? SAN_STRIDE * step : step;
+    const long long from = UNDER_ASAN ? (long long)san_offset * step : 0;
     long long upto;
     const char *bin = pre ? fixture_bin("dgemma-client") : calls_of == RING ? ring_client : wrapped;
     static char want[1 << 16], got[1 << 16], err[4096];
@@ -287,11 +302,11 @@ static int sweep(const char *what, const char *const *args, const char *input, e
     calls = calls_counted(w[0].stats);
     CHECKF(calls > 10, "%s: %lld allocation calls counted", what, calls);
     upto = first_n > 0 && first_n < calls ? first_n : calls;
-    for (long long k0 = 0; k0 < upto; k0 += WORKERS * step) {
+    for (long long k0 = from; k0 < upto; k0 += WORKERS * every) {
         int n = 0;
-        for (; n < WORKERS && k0 + n * step < upto; n++) {
+        for (; n < WORKERS && k0 + n * every < upto; n++) {
             struct slot *s = &w[n];
-            s->k = k0 + n * step;
+            s->k = k0 + n * every;
             unlink(s->batch_out);
             s->pid = spawn(bin, s->k, pre, args, s->batch_out, s->in, s->out, s->err,
                            s->stats);
@@ -345,10 +360,10 @@ static int sweep(const char *what, const char *const *args, const char *input, e
                    "where the clean run's are\n%s", what, s->k, got, want);
         }
     }
-    printf("# %s%s: %lld allocation calls; calls 0, %ld, %ld, ... below %lld each failed alone "
-           "in a run: %d runs as the clean one, %d said out of memory (exit 1); %.1f s\n",
-           what, pre ? " (libc's calls too)" : "", calls, step, 2 * step, upto, n_ok, n_nomem,
-           (fixture_now_ms() - t0) / 1e3);
+    printf("# %s%s: %lld allocation calls; calls %lld, %lld, %lld, ... below %lld each failed "
+           "alone in a run: %d runs as the clean one, %d said out of memory (exit 1); %.1f s\n",
+           what, pre ? " (libc's calls too)" : "", calls, from, from + every, from + 2 * every,
+           upto, n_ok, n_nomem, (fixture_now_ms() - t0) / 1e3);
     CHECKF(n_nomem > 0, "%s: no run said out of memory", what);
     return 0;
 }
@@ -356,6 +371,17 @@ static int sweep(const char *what, const char *const *args, const char *input, e
 static int start(void)
 {
     const char *b = getenv("BUILD");
+    const char *o = getenv("DG_NOMEM_OFFSET");
+    if (o && *o) {
+        CHECKF(o[1] == '\0' && o[0] >= '0' && o[0] < '0' + SAN_STRIDE,
+               "DG_NOMEM_OFFSET=%s: 0 to %d", o, SAN_STRIDE - 1);
+        san_offset = o[0] - '0';
+    } else {
+        san_offset = (int)(time(NULL) / 86400 % SAN_STRIDE);
+    }
+    if (UNDER_ASAN)
+        printf("# under the sanitizers: 1 call in %d of each sweep fails, from offset %d "
+               "(DG_NOMEM_OFFSET=%d repeats it)\n", SAN_STRIDE, san_offset, san_offset);
     snprintf(wrapped, sizeof wrapped, "%s/tests/fault/dgemma-client", b && *b ? b : "build");
     CHECKF(access(wrapped, X_OK) == 0, "%s: not built", wrapped);
     snprintf(ring_client, sizeof ring_client, "%s/tests/fault/ring-client", b && *b ? b : "build");
