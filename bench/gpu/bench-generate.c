@@ -83,8 +83,10 @@
  * passes on the device (kernels/prof.h); a table per batch gives each
  * stage's milliseconds per denoising step beside its own floor.
  *
- * Prints a table; with --json, writes the numbers as JSON too.  Asserts
- * nothing about speed.
+ * Prints a table; with --json, writes the numbers as JSON too (each
+ * batch's row also holds started_unix_s and ended_unix_s, the wall clock
+ * around its runs, which bench/perf/report.py matches against the GPU's
+ * timed clock samples).  Asserts nothing about speed.
  */
 #include <jansson.h>
 #include <math.h>
@@ -285,12 +287,22 @@ struct batch_result {
     double roof_den_ms, roof_commit_ms; /* roof_den_ms: a step whole (both calls) */
     double roof_den_call_ms, roof_cond_ms; /* the denoise call's part, the condition call's */
     double gib_rank[8];
+    double started_s, ended_s;    /* wall clock (seconds since 1970) around the batch's runs */
     long long captures;           /* rank 0's graphs made in all the recorded rounds */
     int n_steps;
     int n_plain;                  /* of them, steps that commit nothing (the profile's) */
     struct dg_prof_total prof[DG_PROF_MAX_LABELS];
     int n_prof;
 };
+
+/* The wall clock, seconds since 1970: what the harness matches nvidia-smi's
+ * timed samples against. */
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 struct gen_count {
     int64_t tokens;
@@ -552,6 +564,8 @@ static json_t *result_json(const struct run_cfg *rc, const struct batch_result *
     json_object_set_new(o, "condition_apart", json_boolean(rc->condition_apart));
     json_object_set_new(o, "tail_step_ms", json_real(r->tail_ms));
     json_object_set_new(o, "graphs_made_recorded", json_integer(r->captures));
+    json_object_set_new(o, "started_unix_s", json_real(r->started_s));
+    json_object_set_new(o, "ended_unix_s", json_real(r->ended_s));
     if (rc->fp8)
         json_object_set_new(o, "fp8_projections",
                             json_string(rc->fp8_own ? "own GEMM" : "cuBLASLt"));
@@ -712,10 +726,13 @@ int main(int argc, char **argv)
         if (!res)
             return 1;
         for (int i = 0; i < nb; i++) {
+            const double started = wall_s();
             if (run_batch(b, &rc, batches[i], ceilings ? &ce : NULL, &res[i]) < 0) {
                 status = 1;
                 break;
             }
+            res[i].started_s = started;
+            res[i].ended_s = wall_s();
             json_array_append_new(rows, result_json(&rc, &res[i], rc.tp));
         }
         printf("%s weights\n", !rc.fp8      ? "bf16"

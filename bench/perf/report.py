@@ -22,7 +22,11 @@ with the same weights) and the sampler + self-conditioning share of a
 batch-1 denoising step at each TP profiled; and, from OUTDIR/gpu.txt and
 OUTDIR/clocks.csv (run.sh's), which GPU ran it and its clocks, power and
 temperature while it was busy: the same code reads apart on two starts of
-the same kind when those differ.  Writes OUTDIR/perf.json (all of it) and
+the same kind when those differ; where the samples are timed (nvidia-smi's
+timestamp field) and the runs' JSON rows say when they ran
+(started_unix_s, ended_unix_s), a second table gives the same for the
+samples within each dgemma run, so that a row read with the clock held
+down (the power cap) can be told.  Writes OUTDIR/perf.json (all of it) and
 OUTDIR/tokens_per_s.png (tokens/s against batch size, when matplotlib is
 there).
 """
@@ -30,6 +34,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 # nvidia-smi's clock event reasons (a bit mask) that say why a clock is
 # below its most; idle (0x1) is not one while the GPU is busy
@@ -48,34 +53,32 @@ def load(path):
         return None
 
 
-def gpu_conditions(out):
-    """Which GPU ran the harness and its clocks while busy, or None.
+def sample_time(stamp):
+    """nvidia-smi's timestamp ("2026/12/07 06:41:18.882", the machine's local
+    time) as seconds since 1970, or None if it does not parse."""
+    try:
+        whole, _, frac = stamp.partition(".")
+        return time.mktime(time.strptime(whole, "%Y/%m/%d %H:%M:%S")) + float("0." + (frac or "0"))
+    except (ValueError, OverflowError):
+        return None
 
-    gpu.txt: nvidia-smi's CSV lines, one a GPU, the name first.
+
+def busy_samples(out):
+    """clocks.csv's samples at utilization.gpu >= BUSY_PCT, each a dict of
+    its fields (and "t", seconds since 1970, where the samples are timed),
+    or None without clocks.csv or its first line.
+
     clocks.csv: a first line "# field,field,..." naming the columns that
     follow (nvidia-smi --query-gpu=those --format=csv,noheader,nounits, one
     line a GPU a second); lines that do not parse (nvidia-smi's own
-    messages, "[N/A]") are passed over.  The samples counted are those at
-    utilization.gpu >= BUSY_PCT: the medians, least and most of the SM and
-    memory clocks and the power, the hottest temperature, and (where the
-    reasons were recorded) for each clock event reason how many busy
-    samples had it."""
-    try:
-        with open(os.path.join(out, "gpu.txt")) as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
-    except FileNotFoundError:
-        lines = []
-    names = [ln.split(",")[0].strip() for ln in lines if "," in ln]
-    if not names:
-        return None
-    g = dict(name=names[0], count=len(names), busy_samples=0)
+    messages, "[N/A]") are passed over."""
     try:
         with open(os.path.join(out, "clocks.csv")) as f:
             text = f.read().splitlines()
     except FileNotFoundError:
-        return g
+        return None
     if not text or not text[0].startswith("# "):
-        return g
+        return None
     fields = [x.strip() for x in text[0][2:].split(",")]
     busy = []
     for ln in text[1:]:
@@ -84,11 +87,22 @@ def gpu_conditions(out):
             continue
         row = dict(zip(fields, cells))
         try:
-            if float(row["utilization.gpu"]) >= BUSY_PCT:
-                busy.append(row)
+            if float(row["utilization.gpu"]) < BUSY_PCT:
+                continue
         except (KeyError, ValueError):
             continue
-    g["busy_samples"] = len(busy)
+        if "timestamp" in row:
+            row["t"] = sample_time(row["timestamp"])
+        busy.append(row)
+    return busy
+
+
+def conditions(busy):
+    """Over the samples busy (busy_samples' rows): their count, the medians,
+    least and most of the SM and memory clocks and the power, the hottest
+    temperature, and (where the reasons were recorded) for each clock event
+    reason how many samples had it."""
+    g = dict(busy_samples=len(busy))
 
     def spread(key):
         v = []
@@ -103,7 +117,7 @@ def gpu_conditions(out):
     g["temp_c_max"] = temp["max"] if temp else None
     # (older drivers call the reasons clocks_throttle_reasons)
     key = next((k for k in ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
-                if k in fields), None)
+                if busy and k in busy[0]), None)
     if key:
         reasons = {}
         for row in busy:
@@ -116,6 +130,34 @@ def gpu_conditions(out):
                     reasons[why] = reasons.get(why, 0) + 1
         g["reasons"] = reasons
     return g
+
+
+def gpu_conditions(out):
+    """Which GPU ran the harness and its clocks while busy (conditions over
+    every busy sample), or None.  gpu.txt: nvidia-smi's CSV lines, one a
+    GPU, the name first."""
+    try:
+        with open(os.path.join(out, "gpu.txt")) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        lines = []
+    names = [ln.split(",")[0].strip() for ln in lines if "," in ln]
+    if not names:
+        return None
+    g = dict(name=names[0], count=len(names), busy_samples=0)
+    busy = busy_samples(out)
+    if busy is not None:
+        g.update(conditions(busy))
+    return g
+
+
+def during(busy, run):
+    """conditions() over the busy samples timed within a run's started_unix_s
+    and ended_unix_s, or None where the samples or the run are not timed."""
+    t0, t1 = run.get("started_unix_s"), run.get("ended_unix_s")
+    if not busy or t0 is None or t1 is None or busy[0].get("t") is None:
+        return None
+    return conditions([r for r in busy if r.get("t") is not None and t0 <= r["t"] <= t1])
 
 
 def say_gpu(g):
@@ -146,6 +188,7 @@ def say_gpu(g):
 def main():
     out = sys.argv[1]
     gpu = gpu_conditions(out)
+    busy = busy_samples(out)
     runs = {}  # (tp, weights) -> bench-generate's JSON
     for tp in (1, 2, 4):
         for w, suffix in (("bf16", ""), ("fp8", "-fp8")):
@@ -188,7 +231,8 @@ def main():
                        tokens_per_s_with_prefill=r["tokens_per_s_with_prefill"],
                        gib_per_rank=max(r["gpu_gib_per_rank"]), ratio_hf=ratio,
                        ratio_bf16=r["tokens_per_s"] / base if base else None,
-                       ratio_tp1=r["tokens_per_s"] / one if one else None)
+                       ratio_tp1=r["tokens_per_s"] / one if one else None,
+                       gpu_while_running=during(busy, r))
             table.append(row)
             print(f"| dgemma | {w} | {tp} | {r['batch']} | {step:.2f} | "
                   f"{r['roofline_denoise_ms']:.2f} | {row['pct_roofline']:.0f}% | "
@@ -210,6 +254,29 @@ def main():
     if hf.get("stopped"):
         print(f"(transformers stopped at batch {hf['stopped']['batch']}: "
               f"{hf['stopped']['why']})")
+    # the clocks within each run, where the samples and the runs are timed
+    timed = [(f"{r['weights']}", r["tp"], r["batch"], r["gpu_while_running"]) for r in table
+             if r.get("gpu_while_running") is not None]
+    prof_gpu = {}
+    for tp, prof in sorted(profs.items()):
+        c = during(busy, prof["runs"][0]) if prof["runs"] else None
+        if c is not None:
+            prof_gpu[str(tp)] = c
+            timed.append(("bf16, profiled", tp, prof["runs"][0]["batch"], c))
+    if timed:
+        print()
+        print(f"clocks while each dgemma run ran (its samples at >= {BUSY_PCT}% utilization):")
+        print("| weights | TP | B | samples | SM clock MHz, median (least-most) | "
+              "power W, median (most) | clock event reasons |")
+        print("|---|---|---|---:|---|---|---|")
+        for w, tp, b, c in timed:
+            sm, pw = c.get("sm_mhz"), c.get("power_w")
+            print(f"| {w} | {tp} | {b} | {c['busy_samples']} | "
+                  + (f"{sm['median']:.0f} ({sm['min']:.0f}-{sm['max']:.0f})" if sm else "")
+                  + " | " + (f"{pw['median']:.0f} ({pw['max']:.0f})" if pw else "") + " | "
+                  + (", ".join(f"{why} ({c['reasons'][why]})" for _, why in REASONS
+                               if why in c["reasons"]) or "none" if "reasons" in c else "")
+                  + " |")
     shares = {}  # tp -> sampler + self-conditioning % of a batch-1 step
     for tp, prof in sorted(profs.items()):
         if not prof["runs"] or "profile_ms_per_step" not in prof["runs"][0]:
@@ -225,7 +292,7 @@ def main():
     with open(os.path.join(out, "perf.json"), "w") as f:
         json.dump(dict(gpu=gpu, ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=shares.get(1),
                        sampler_share_pct_b1={str(tp): v for tp, v in shares.items()},
-                       profile=profs.get(1),
+                       profile=profs.get(1), gpu_while_profiled=prof_gpu,
                        profiles={str(tp): d for tp, d in profs.items()}), f, indent=1)
     try:
         import matplotlib

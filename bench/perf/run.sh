@@ -17,11 +17,13 @@
 #     the best of 3 generates at batch 1 and 4, where its pace varies most;
 #     where it fails, say out of GPU memory, the table goes without it);
 # while dgemma runs, nvidia-smi samples every GPU's clocks, power,
-# temperature, utilization and clock event reasons once a second
-# (OUTDIR/clocks.csv: the same code reads apart on two starts of the same
-# kind when those differ); then bench/perf/report.py prints the GPU's name
-# and its conditions while busy and the table, with the ratios to Hugging
-# Face, and writes OUTDIR/perf.json and OUTDIR/tokens_per_s.png.
+# temperature, utilization and clock event reasons once a second, each
+# sample timed (OUTDIR/clocks.csv: the same code reads apart on two starts
+# of the same kind when those differ); then bench/perf/report.py prints the
+# GPU's name and its conditions while busy, the table, with the ratios to
+# Hugging Face, and the conditions within each dgemma run (bench-generate's
+# rows say when each ran), and writes OUTDIR/perf.json and
+# OUTDIR/tokens_per_s.png.
 # Keep NCCL's NVLink multicast off (the lent machines require it).
 set -o pipefail
 out=${1:?usage: bench/perf/run.sh OUTDIR [BATCHES...]}
@@ -37,7 +39,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
     > "$out/gpu.txt" 2>&1
 # the samples (clocks.csv's first line names its columns; the reasons'
 # field has another name on older drivers, and none on the oldest)
-q=index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu
+q=timestamp,index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu
 for r in clocks_event_reasons.active clocks_throttle_reasons.active; do
     if nvidia-smi --query-gpu=$q,$r --format=csv,noheader,nounits >/dev/null 2>&1; then
         q=$q,$r

@@ -15,7 +15,8 @@
 # the hottest temperature and how many busy samples had each clock event
 # reason, as sort and awk find them in the same samples (lines that do not
 # parse passed over); without clocks.csv it says there are no samples,
-# without gpu.txt that the GPU was not recorded.  Skips (77) without
+# without gpu.txt that the GPU was not recorded; with samples and runs
+# not timed, no table of the clocks within each run.  Skips (77) without
 # python3.
 set -u
 command -v python3 >/dev/null 2>&1 || { echo "skip t-perf-report: no python3"; exit 77; }
@@ -174,6 +175,11 @@ assert d["sampler_share_pct_tp1_b1"] == d["sampler_share_pct_b1"]["1"]
 assert set(d["profiles"]) == {"1", "2"}
 PY
 then ok perf_json; else bad perf_json "see above"; fi
+
+# untimed samples (no timestamp field) and untimed runs: no table of the
+# clocks within each run
+! grep -q "clocks while each" "$o" && ok untimed_no_per_run ||
+    bad untimed_no_per_run "$(grep -A3 "clocks while each" "$o")"
 
 # transformers stopped at batch 16 (hf_generate.py's "stopped"), batch 1 kept
 python3 - "$tmp/hf.json" <<'PY'

@@ -6,9 +6,11 @@
 # moment.  The harness must write clocks.csv with a first line naming the
 # fields it asked for (clock event reasons under their newer name, or the
 # older where nvidia-smi refuses the newer, or none where it refuses
-# both), the stand-in's samples after it, stop its sampler before it
-# returns (no nvidia-smi left looping), and print the report with the
-# GPU's line from those samples; where transformers cannot run here the
+# both, and the samples' time first), the stand-in's samples after it,
+# stop its sampler before it returns (no nvidia-smi left looping), and
+# print the report with the GPU's line from those samples and a table of
+# the samples within each run (the stand-in bench-generate says when it
+# ran, as the real one does); where transformers cannot run here the
 # table comes without its rows and the harness says so.  Skips (77)
 # without python3.
 set -u
@@ -32,7 +34,8 @@ case "$*" in
     n=0
     while :; do
         r=; case "$*" in *reasons*) r=", 0x0000000000000004" ;; esac
-        echo "0, $((n % 3 ? 97 : 12)), $((1980 - n % 4 * 15)), 2619, 650.5, $((50 + n % 7))$r"
+        t=; case "$*" in *timestamp*) t="$(date '+%Y/%m/%d %H:%M:%S.%3N'), " ;; esac
+        echo "${t}0, $((n % 3 ? 97 : 12)), $((1980 - n % 4 * 15)), 2619, 650.5, $((50 + n % 7))$r"
         n=$((n + 1))
         sleep 0.05
     done ;;
@@ -40,7 +43,8 @@ case "$*" in
 *) echo "0, 0, 1980, 2619, 70.1, 33, 0x0000000000000001" ;;
 esac
 EOF
-# the stand-in bench-generate: --json FILE gets one batch-1 run
+# the stand-in bench-generate: --json FILE gets one batch-1 run, with the
+# wall clock around its moment
 cat > "$tmp/build/bench/gpu/bench-generate" <<'EOF'
 #!/usr/bin/env bash
 json=
@@ -48,11 +52,13 @@ while [ $# -gt 0 ]; do
     case "$1" in --json) json=$2; shift ;; esac
     shift
 done
+t0=$(date +%s.%N)
 sleep 0.4
-cat > "$json" <<'J'
+t1=$(date +%s.%N)
+cat > "$json" <<J
 {"ceilings": {"copy_gbps": 3000, "gemm_tflops": 790}, "runs": [{"batch": 1, "denoise_ms": 22.0,
  "roofline_denoise_ms": 17.7, "commit_ms": 3.0, "tokens_per_s": 700, "tokens_per_s_with_prefill": 690,
- "gpu_gib_per_rank": [48.5], "condition_ms": 0.7,
+ "gpu_gib_per_rank": [48.5], "condition_ms": 0.7, "started_unix_s": $t0, "ended_unix_s": $t1,
  "profile_ms_per_step": {"sampler statistics": 0.4, "experts": 17.0}}]}
 J
 echo "| bench-generate stand-in |"
@@ -64,7 +70,7 @@ harness() { # name REFUSE: runs the harness; its output in $tmp/name.out
     (cd "$root" && PATH="$tmp/bin:$PATH" REFUSE="$2" SMI_PID="$tmp/$name.smi" \
         BUILD="$tmp/build" bash bench/perf/run.sh "$tmp/$name" 1 >"$tmp/$name.out" 2>"$tmp/$name.err")
 }
-base=index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu
+base=timestamp,index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu
 for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_throttle_reasons"; do
     name=${c%%|*} refuse=${c#*|}
     harness "$name" "$refuse"
@@ -76,7 +82,7 @@ for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_thr
     none) want="# $base" ;;
     esac
     head1=$(head -n 1 "$d/clocks.csv" 2>/dev/null)
-    ns=$(grep -c '^0, ' "$d/clocks.csv" 2>/dev/null)
+    ns=$(grep -c '^[0-9/]* [0-9:.]*, 0, ' "$d/clocks.csv" 2>/dev/null)
     if [ $st -eq 0 ] && [ "$head1" = "$want" ] && [ "${ns:-0}" -ge 3 ]; then
         ok "$name/clocks_csv"
     else
@@ -91,7 +97,7 @@ for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_thr
         [ -n "$pid" ] && kill "$pid" 2>/dev/null
     fi
     # the report's GPU line counts the busy samples clocks.csv holds
-    nb=$(awk -F', ' 'NR > 1 && $2 >= 50' "$d/clocks.csv" | wc -l)
+    nb=$(awk -F', ' 'NR > 1 && $3 >= 50' "$d/clocks.csv" | wc -l)
     line=$(grep '^GPU:' "$tmp/$name.out")
     case $line in
     "GPU: NVIDIA H100 80GB HBM3 x 1; while busy ($nb samples at >= 50% utilization): SM clock median"*)
@@ -105,6 +111,34 @@ for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_thr
     *) bad "$name/reasons" "'$line'" ;;
     esac
 done
+# the clocks within each run: each row of the second table counts the busy
+# samples timed within its run's start and end and gives their median SM
+# clock, as python finds them in clocks.csv and the runs' JSON
+for name in new none; do
+    if want=$(python3 - "$tmp/$name" <<'PY'
+import json, os, statistics, sys, time
+d = sys.argv[1]
+lines = open(os.path.join(d, "clocks.csv")).read().splitlines()[1:]
+s = []
+for ln in lines:
+    c = ln.split(", ")
+    w, _, f = c[0].partition(".")
+    s.append((time.mktime(time.strptime(w, "%Y/%m/%d %H:%M:%S")) + float("0." + f), int(c[2]),
+              int(c[3])))
+for label, fn in (("bf16", "tp1.json"), ("fp8", "tp1-fp8.json"), ("bf16, profiled", "profile.json")):
+    r = json.load(open(os.path.join(d, fn)))["runs"][0]
+    v = [sm for t, u, sm in s if u >= 50 and r["started_unix_s"] <= t <= r["ended_unix_s"]]
+    assert v, (label, "no samples within the run")
+    print(f"| {label} | 1 | 1 | {len(v)} | {statistics.median(v):.0f} ")
+PY
+    ) && got=$(grep -e '^| bf16 | 1 | 1 |' -e '^| fp8 | 1 | 1 |' -e '^| bf16, profiled | 1 | 1 |' "$tmp/$name.out" |
+                   cut -d'(' -f1) && [ "$got" = "$want" ]; then
+        ok "$name/clocks_per_run"
+    else
+        bad "$name/clocks_per_run" "got '$got' want '$want'"
+    fi
+done
+
 # the table's one dgemma row, and no transformers rows where it cannot run
 if grep -q '^| dgemma | bf16 | 1 | 1 | 22.70 |' "$tmp/new.out" && ! grep -q '^| transformers' "$tmp/new.out" &&
    has new err "the table has no transformers rows"; then
