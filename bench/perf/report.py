@@ -132,10 +132,10 @@ def conditions(busy):
     return g
 
 
-def gpu_conditions(out):
+def gpu_conditions(out, busy):
     """Which GPU ran the harness and its clocks while busy (conditions over
-    every busy sample), or None.  gpu.txt: nvidia-smi's CSV lines, one a
-    GPU, the name first."""
+    busy, busy_samples' answer), or None.  gpu.txt: nvidia-smi's CSV lines,
+    one a GPU, the name first."""
     try:
         with open(os.path.join(out, "gpu.txt")) as f:
             lines = [ln.strip() for ln in f if ln.strip()]
@@ -145,7 +145,6 @@ def gpu_conditions(out):
     if not names:
         return None
     g = dict(name=names[0], count=len(names), busy_samples=0)
-    busy = busy_samples(out)
     if busy is not None:
         g.update(conditions(busy))
     return g
@@ -187,8 +186,8 @@ def say_gpu(g):
 
 def main():
     out = sys.argv[1]
-    gpu = gpu_conditions(out)
     busy = busy_samples(out)
+    gpu = gpu_conditions(out, busy)
     runs = {}  # (tp, weights) -> bench-generate's JSON
     for tp in (1, 2, 4):
         for w, suffix in (("bf16", ""), ("fp8", "-fp8")):
@@ -255,7 +254,7 @@ def main():
         print(f"(transformers stopped at batch {hf['stopped']['batch']}: "
               f"{hf['stopped']['why']})")
     # the clocks within each run, where the samples and the runs are timed
-    timed = [(f"{r['weights']}", r["tp"], r["batch"], r["gpu_while_running"]) for r in table
+    timed = [(r["weights"], r["tp"], r["batch"], r["gpu_while_running"]) for r in table
              if r.get("gpu_while_running") is not None]
     prof_gpu = {}
     for tp, prof in sorted(profs.items()):
