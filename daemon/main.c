@@ -869,6 +869,7 @@ int main(int argc, char **argv)
     so.shm_user_max_bytes = (uint64_t)cfg.shm_user_max_mb << 20;
     so.max_line_bytes = (size_t)cfg.max_line_bytes;
     so.max_output_bytes = (size_t)cfg.max_output_bytes;
+    so.send_buffer_bytes = cfg.send_buffer_bytes;
     so.tick = cfg.tick;
     so.shutdown_grace = cfg.shutdown_grace;
     so.info = info;

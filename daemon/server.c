@@ -22,6 +22,7 @@
 #include "daemon/dlog.h"
 #include "daemon/prep.h"
 #include "daemon/sdnotify.h"
+#include "daemon/send-buffer.h"
 #include "daemon/shm-ring.h"
 #include "lib/fileio.h"
 #include "lib/json-util.h"
@@ -901,6 +902,12 @@ static void on_accept(struct dserver *srv, int res)
             return;
         }
     }
+    if (srv->o.send_buffer_bytes > 0) {
+        const int e = dsend_buffer_set(res, srv->o.send_buffer_bytes);
+        if (e != 0) /* (served with the system's size, as without the option) */
+            dlog(DG_LOG_WARN, "conn %u: send_buffer_bytes %d: SO_SNDBUF: %s", slot_of(srv, c),
+                 srv->o.send_buffer_bytes, strerror(-e));
+    }
     c->in_use = 1;
     c->fd = res;
     c->pending = 0;
@@ -1376,6 +1383,21 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
         int e = errno;
         dserver_destroy(srv);
         return dg_error_set(err, DG_E_IO, "signalfd: %s", strerror(e));
+    }
+    if (o->send_buffer_bytes > 0) {
+        /* what each client socket will get, said once (the kernel takes
+         * twice what it is asked where net.core.wmem_max allows it) */
+        int got;
+        if ((rc = dsend_buffer_probe(o->send_buffer_bytes, &got, err)) < 0) {
+            dserver_destroy(srv);
+            return rc;
+        }
+        if (got / 2 < o->send_buffer_bytes)
+            dlog(DG_LOG_WARN, "send_buffer_bytes %d: the kernel gives client sockets %d bytes, "
+                 "not twice that: net.core.wmem_max holds it", o->send_buffer_bytes, got);
+        else
+            dlog(DG_LOG_INFO, "client sockets' send buffer: %d bytes (send_buffer_bytes %d)",
+                 got, o->send_buffer_bytes);
     }
     {
         struct stat bound;

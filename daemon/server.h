@@ -22,7 +22,9 @@
  *   Output is a queue of blocks, sent one
  *   send at a time; while more than max_output_bytes / 4 is unsent the
  *   connection is not read (backpressure), and beyond max_output_bytes the
- *   client is too slow: its requests are cancelled and it is dropped.  A
+ *   client is too slow: its requests are cancelled and it is dropped
+ *   (what the kernel's send buffer holds comes first: send_buffer_bytes,
+ *   send-buffer.h).  A
  *   half-closed client (EOF on its side) still gets its events; a hung-up
  *   one (poll: POLLHUP) is gone at once and its requests are cancelled.
  *   Shutdown.  The first SIGTERM or SIGINT stops accepting, removes the
@@ -55,6 +57,7 @@ struct dserver_options {
     int max_connections;
     size_t max_line_bytes;
     size_t max_output_bytes;
+    int send_buffer_bytes;        /* SO_SNDBUF of each accepted socket; 0: the system's */
     double tick;                  /* housekeeping period, seconds */
     double shutdown_grace;        /* seconds running requests get at shutdown */
     json_t *info;                 /* what status reports about the model and backend (borrowed) */

@@ -138,6 +138,11 @@ static const struct opt opts[] = {
      .max = 4294967296LL, .def = "67108864",
      .help = "Unsent output bytes a connection may hold; a client that lets more pile up is "
              "dropped."},
+    {.name = "send_buffer_bytes", .type = T_INT, .off = OFF(send_buffer_bytes), .min = 4096,
+     .max = 67108864, .zero_ok = 1, .def = "0",
+     .help = "The kernel's send buffer of each client socket (SO_SNDBUF), which takes a "
+             "connection's output before max_output_bytes counts any. Linux doubles it and holds "
+             "it to twice net.core.wmem_max. 0: the system's (net.core.wmem_default)."},
     {.name = "socket", .type = T_STRING, .off = OFF(socket), .size = SIZE(socket),
      .def = "/run/dgemma/dgemmad.sock",
      .help = "Path of the Unix socket clients connect to (a socket address holds 107 bytes)."},

@@ -53,6 +53,8 @@ struct dg_config {
     long long max_line_bytes;            /* one request line, 1024..268435456, default 1048576 */
     long long max_output_bytes;          /* unsent bytes per connection before it is dropped,
                                             65536..4294967296, default 67108864 */
+    int send_buffer_bytes;               /* SO_SNDBUF of client sockets, 0 (the system's) or
+                                            4096..67108864, default 0 */
     char socket[DG_CONFIG_PATH_MAX];     /* default "/run/dgemma/dgemmad.sock" */
     int socket_mode;                     /* octal, 0..0777, default 0660 */
     char socket_group[256];              /* "" = leave the group as is */

@@ -9,8 +9,10 @@
  * socket replaced, the start's status lines and then readiness sent to
  * $NOTIFY_SOCKET, the log reopened on SIGHUP, SIGTERM during generation
  * ending cleanly, a done line longer than max_output_bytes reaching a
- * client that keeps up, and thousands of requests written at once
- * answered, whether the client reads at once or later.
+ * client that keeps up, thousands of requests written at once answered,
+ * whether the client reads at once or later, and a client that reads
+ * nothing dropped with no more than send_buffer_bytes' worth held in the
+ * kernel for it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -850,6 +852,71 @@ static int requests_at_once(void)
     return 0;
 }
 
+/* send_buffer_bytes on each client socket.  A client that writes streamed
+ * requests and reads nothing is dropped once its events fill the kernel's
+ * send buffer and then pass max_output_bytes (64 KiB) in the daemon's own
+ * queue.  What it finds to read after the drop is what the kernel's buffer
+ * held: at send_buffer_bytes 8 KiB (the kernel doubles it, and a send may
+ * pass it by about half again) within 4 times that, where the system's
+ * size (net.core.wmem_default, printed; 208 KiB on many machines) holds
+ * many times more.  Not dropped within 60 s, or more than that to read:
+ * the size was not applied. */
+enum { SNDBUF = 8192 };
+
+static int send_buffer(void)
+{
+    char o_sndbuf[64], sock2[600], log8[600], req[256], buf[65536];
+    const char *opts[] = {"max_output_bytes=65536", o_sndbuf, "pin_workers=false", NULL};
+    long long wmem_default = -1;
+    size_t held = 0;
+    int st = -1, up, fd = -1, hup = 0, n;
+    FILE *f;
+    pid_t p;
+
+    if ((f = fopen("/proc/sys/net/core/wmem_default", "r"))) {
+        if (fscanf(f, "%lld", &wmem_default) != 1)
+            wmem_default = -1;
+        fclose(f);
+    }
+    snprintf(o_sndbuf, sizeof o_sndbuf, "send_buffer_bytes=%d", SNDBUF);
+    snprintf(sock2, sizeof sock2, "%s", test_path("sndbuf.sock"));
+    snprintf(log8, sizeof log8, "%s", test_path("sndbuf.log"));
+    n = snprintf(req, sizeof req,
+                 "{\"v\":1,\"op\":\"generate\",\"prompt_ids\":[2,3],\"stream\":true,"
+                 "\"max_tokens\":128,\"canvas_length\":2,\"max_denoising_steps\":1}\n");
+    p = spawn(sock2, log8, opts);
+    CHECK(p > 0);
+    if ((up = wait_ready(p, sock2) == 0) && (fd = try_connect(sock2)) >= 0) {
+        const double end = now_ms() + 60000;
+        for (int i = 0; i < 60; i++)
+            if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n)
+                break;
+        /* read nothing until the daemon closes the connection */
+        while (!hup && now_ms() < end) {
+            struct pollfd pf = {fd, 0, 0};
+            if (poll(&pf, 1, 100) > 0 && (pf.revents & (POLLHUP | POLLERR)))
+                hup = 1;
+        }
+        for (ssize_t k; hup && (k = recv(fd, buf, sizeof buf, MSG_DONTWAIT)) > 0;)
+            held += (size_t)k;
+    }
+    if (fd >= 0)
+        close(fd);
+    kill(p, SIGTERM);
+    if (wait_exit(p, &st) != 0) /* (killed there) */
+        st = -1;
+    CHECKF(up, "the daemon did not come up; log %s", log8);
+    printf("# send_buffer: send_buffer_bytes %d: %zu bytes left to read after the drop "
+           "(net.core.wmem_default %lld)\n", SNDBUF, held, wmem_default);
+    CHECKF(file_has(log8, "client sockets' send buffer"), "no send buffer line (log %s)", log8);
+    CHECKF(hup, "the client was not dropped within 60 s (log %s)", log8);
+    CHECKF(file_has(log8, "too slow"), "no drop logged (log %s)", log8);
+    CHECKF(held > 0 && held <= 4 * SNDBUF, "%zu bytes were left to read, against a send buffer "
+           "of %d (log %s)", held, SNDBUF, log8);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return 0;
+}
+
 /* shutdown_grace shorter than the tick (0.5 s against 5): a request still
  * running at SIGTERM is cancelled at the grace's end, not at the next tick
  * (which ended it 4.3 s after the signal), and the log says 0.5 s. */
@@ -1037,6 +1104,7 @@ int main(void)
         TEST_CASE(sigterm_during_start);
         TEST_CASE(requests_at_once);
         TEST_CASE(grace_shorter_than_tick);
+        TEST_CASE(send_buffer);
     }
     for (int i = 0; i < 2; i++) {
         const pid_t left = i ? over_b : over_a;

@@ -22,7 +22,8 @@
  *     drops them ("the client is too slow" in its log), their requests are
  *     cancelled, and what was sent before the drop (the accepted events
  *     first) is still there to read.  The events alone must overflow the
- *     kernel's socket buffer and then max_output_bytes: where the daemon writes
+ *     kernel's socket buffer (set to 208 KiB: send_buffer_bytes) and then
+ *     max_output_bytes: where the daemon writes
  *     them before the status answers have filled the buffer (a slow front
  *     end), the answers stop at a quarter of the limit and only the events
  *     are left to cross it;
@@ -115,7 +116,10 @@ enum {
     DROP_GEN = 60,       /* streamed requests of a dropped client, DROP_TOKENS each */
     DROP_TOKENS = 128,   /* with nothing written before them, 60 requests of 32 tokens'
                           * events were dropped and of 24 were not (a socket buffer of
-                          * 208 KiB, max_output_bytes 64 KiB): 128 leave four times that */
+                          * 208 KiB, max_output_bytes 64 KiB): 128 leave four times that.
+                          * The daemon is given that buffer (send_buffer_bytes), so
+                          * that neither this margin nor the slow readers' rests on
+                          * the machine's net.core.wmem_default */
     RING_VAN_JOBS = 32,  /* jobs of the ring client that vanishes, per round */
     ROUND_LIMIT_S = 150,
     MAX_CONNS = NCONN + ROUNDS * (NVAN + NDROP) + 4,
@@ -242,8 +246,8 @@ static int start_daemon(void)
     static char o_db[700];
     const char *opts[] = {
         "pin_workers=false", "tick=0.05", "max_batch=16", "queue_max=4000",
-        "max_connections=1200", "max_output_bytes=65536", "shutdown_grace=5",
-        "metrics_flush=0.25", "metrics_queue=200000", o_db, NULL,
+        "max_connections=1200", "max_output_bytes=65536", "send_buffer_bytes=212992",
+        "shutdown_grace=5", "metrics_flush=0.25", "metrics_queue=200000", o_db, NULL,
     };
     snprintf(o_db, sizeof o_db, "metrics=%s", db_path);
     daemon_pid = fixture_spawn(sock_path, log_path, opts);

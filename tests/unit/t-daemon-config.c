@@ -35,7 +35,8 @@ static int defaults(void)
     CHECK(c.max_tokens == 8192 && c.max_context == 0 && c.default_max_tokens == 0 &&
           c.parse_special == 1);
     CHECK(c.prefill_chunk == 512 && c.queue_max == 64 && c.max_connections == 256);
-    CHECK(c.max_line_bytes == 1048576 && c.max_output_bytes == 67108864);
+    CHECK(c.max_line_bytes == 1048576 && c.max_output_bytes == 67108864 &&
+          c.send_buffer_bytes == 0);
     CHECK(!strcmp(c.socket, "/run/dgemma/dgemmad.sock") && c.socket_mode == 0660);
     CHECK(!strcmp(c.socket_group, "") && !strcmp(c.metrics, "") && !strcmp(c.log_file, ""));
     CHECK(c.log_level == DG_LOG_INFO && c.shutdown_grace == 30 && c.tick == 1);
@@ -44,7 +45,7 @@ static int defaults(void)
     CHECK(c.metrics_queue == 4096 && c.metrics_flush == 1 && c.metrics_retention_days == 90);
     CHECK(c.metrics_max_mb == 1024);
     CHECK(c.shm_user_max_mb == 256);
-    CHECK(dg_config_n_options() == 43);
+    CHECK(dg_config_n_options() == 44);
     for (int i = 0; i < dg_config_n_options(); i++) {
         const char *name, *type, *def, *help;
         char assign[256];
@@ -91,6 +92,7 @@ static int every_key(void)
                   "max_connections: 65536\n"
                   "max_line_bytes: 1024\n"
                   "max_output_bytes: 4294967296\n"
+                  "send_buffer_bytes: 67108864\n"
                   "socket: '/tmp/d g.sock'\n"
                   "socket_mode: 0o600\n"
                   "socket_group: dgemma\n"
@@ -118,7 +120,8 @@ static int every_key(void)
     CHECK(c.max_tokens == 16777216 && c.max_context == 2 && c.default_max_tokens == 77);
     CHECK(c.parse_special == 0);
     CHECK(c.prefill_chunk == 1024 && c.queue_max == 0 && c.max_connections == 65536);
-    CHECK(c.max_line_bytes == 1024 && c.max_output_bytes == 4294967296LL);
+    CHECK(c.max_line_bytes == 1024 && c.max_output_bytes == 4294967296LL &&
+          c.send_buffer_bytes == 67108864);
     CHECK(!strcmp(c.socket, "/tmp/d g.sock") && c.socket_mode == 0600);
     CHECK(!strcmp(c.socket_group, "dgemma") && !strcmp(c.metrics, "/var/lib/dgemma/m.sqlite"));
     CHECK(c.log_level == DG_LOG_DEBUG && !strcmp(c.log_file, "/var/log/dgemma\xc3\xa9.log"));
@@ -235,6 +238,10 @@ static int bad_values(void)
         {"max_tokens: 16777217", "max_tokens"},
         {"max_output_bytes: 4294967297", "max_output_bytes"},
         {"max_line_bytes: 1023", "max_line_bytes"},
+        {"send_buffer_bytes: 4095",
+         "send_buffer_bytes: expected 0 or an integer in [4096, 67108864], got '4095'"},
+        {"send_buffer_bytes: 67108865", "send_buffer_bytes"},
+        {"send_buffer_bytes: -1", "send_buffer_bytes"},
         {"queue_max: 100001", "queue_max"},
         /* numbers */
         {"tick: 0", "tick: expected a number in [0.01, 60], got '0'"},
