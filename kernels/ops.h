@@ -476,6 +476,15 @@ int dg_cuda_moe_combine(float *out, const void *ys, int ys_f32, const int32_t *s
                         const float *w, int64_t T, int K, int H, dg_stream_t stream, int dev,
                         struct dg_error *err);
 
+/* A read of bytes [p, p + bytes), passes times over, for the L2's read
+ * bandwidth (the harness's ceilings): blocks blocks of 256 threads, each
+ * writing out[b], the sum mod 2^32 of the 32-bit words it read (every
+ * pass's); the blocks' sum is passes * dg_ref_word_sum (lib/ref-ops.h) of
+ * the buffer.  p and bytes multiples of 16, bytes > 0, passes >= 1,
+ * blocks in [1, 2,097,120]; out holds blocks words. */
+int dg_cuda_l2_read(const void *p, int64_t bytes, int passes, uint32_t *out, int blocks,
+                    dg_stream_t stream, int dev, struct dg_error *err);
+
 /* Bytes [p, p + bytes) of device memory fetched into the L2 for a kernel
  * that reads them later (launched on another stream, so the fetch runs
  * beside what the reader waits for): cp.async.bulk.prefetch on compute

@@ -194,4 +194,8 @@ void dg_ref_fill_normal(uint16_t *y, int64_t n, uint64_t seed, uint32_t tensor, 
 void dg_ref_fill_normal_rect(uint16_t *y, int64_t rows, int64_t cols, int64_t ld, int64_t first,
                              uint64_t seed, uint32_t tensor, float mean, float std);
 
+/* The sum of n 32-bit words, times times, mod 2^32 (the oracle of
+ * dg_cuda_l2_read, whose blocks' sums add up to it over `times` passes). */
+uint32_t dg_ref_word_sum(const uint32_t *w, int64_t n, uint32_t times);
+
 #endif

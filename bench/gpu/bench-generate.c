@@ -674,11 +674,12 @@ int main(int argc, char **argv)
             return 1;
         }
         printf("ceilings, GPU 0: device copy %.0f GB/s (read + write), bf16 GEMM %d^3 %.0f "
-               "TFLOP/s\n",
-               ce.copy_gbps, ce.gemm_n, ce.gemm_tflops);
+               "TFLOP/s; L2 read %.0f GB/s (%.0f MiB)\n",
+               ce.copy_gbps, ce.gemm_n, ce.gemm_tflops, ce.l2_read_gbps,
+               ce.l2_bytes / 1048576.0);
         json_object_set_new(out, "ceilings",
-                            json_pack("{s:f, s:f}", "copy_gbps", ce.copy_gbps, "gemm_tflops",
-                                      ce.gemm_tflops));
+                            json_pack("{s:f, s:f, s:f}", "copy_gbps", ce.copy_gbps, "gemm_tflops",
+                                      ce.gemm_tflops, "l2_read_gbps", ce.l2_read_gbps));
     }
     memset(&o, 0, sizeof o);
     o.n_ranks = rc.tp;

@@ -206,8 +206,10 @@ def main():
            for r in d["runs"]}
     print()
     print(say_gpu(gpu))
+    l2 = f", L2 read {ceil['l2_read_gbps']:.0f} GB/s" if "l2_read_gbps" in ceil else ""
     print(f"ceilings: copy {ceil.get('copy_gbps', 0):.0f} GB/s, bf16 GEMM "
-          f"{ceil.get('gemm_tflops', 0):.0f} TFLOP/s; prompt 512, 4 canvases of 256, 16 steps")
+          f"{ceil.get('gemm_tflops', 0):.0f} TFLOP/s{l2}; prompt 512, 4 canvases of 256, "
+          "16 steps")
     print()
     print("| engine | weights | TP | B | step ms | roofline ms | % of roofline | commit ms | "
           "tok/s | tok/s with prefill | GiB/rank | x HF tok/s | x bf16 tok/s | x TP=1 tok/s |")

@@ -5,7 +5,8 @@
 #   bench/perf/run.sh OUTDIR [BATCHES...]        (default batches 1 4 16 32)
 #
 # One run measures, in this order and on the same machine:
-#   - the ceilings (device copy bandwidth, bf16 GEMM rate) and dgemma's
+#   - the ceilings (device copy bandwidth, bf16 GEMM rate; beside them the
+#     L2's read rate) and dgemma's
 #     whole generations at TP=1 for every batch size (bench-generate:
 #     prompt 512, 4 canvases of 256, 16 denoising steps each, CUDA graphs);
 #   - the same with FP8 weights (W8A8: --fp8), TP=1;

@@ -196,6 +196,26 @@ if run stopped 0 python3 "$S" "$tmp"; then
         bad hf_stopped_said "$(grep -e stopped -e '^| transformers' "$tmp/stopped.out" "$o")"
 fi
 
+# the ceilings' line: the L2's read rate where bench-generate measured it
+# (since it does), none where its JSON has none
+want="ceilings: copy 4228 GB/s, bf16 GEMM 772 TFLOP/s; prompt 512, 4 canvases of 256, 16 steps"
+[ "$(grep '^ceilings:' "$o")" = "$want" ] && ok ceilings_no_l2 ||
+    bad ceilings_no_l2 "$(grep '^ceilings:' "$o")"
+for f in tp1 tp2 tp4 tp1-fp8; do
+    python3 - "$tmp/$f.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["ceilings"]["l2_read_gbps"] = 9876.4
+json.dump(d, open(sys.argv[1], "w"))
+PY
+done
+if run l2 0 python3 "$S" "$tmp"; then
+    want="ceilings: copy 4228 GB/s, bf16 GEMM 772 TFLOP/s, L2 read 9876 GB/s; prompt 512, 4 canvases of 256, 16 steps"
+    [ "$(grep '^ceilings:' "$tmp/l2.out")" = "$want" ] &&
+        python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["ceilings"]["l2_read_gbps"] == 9876.4' \
+            "$tmp/perf.json" && ok ceilings_l2 || bad ceilings_l2 "$(grep '^ceilings:' "$tmp/l2.out")"
+fi
+
 # no samples, then no GPU recorded
 rm "$tmp/clocks.csv"
 run noclocks 0 python3 "$S" "$tmp" &&
