@@ -19,8 +19,9 @@ roofline of the denoising step measured in the same run,
 committed tokens/s without and with the prefill, GPU memory per rank, the
 ratio to Hugging Face at the same batch, FP8's to bf16 and TP=N's to TP=1
 with the same weights) and the sampler + self-conditioning share of a
-batch-1 denoising step at each TP profiled; and, from OUTDIR/gpu.txt and
-OUTDIR/clocks.csv (run.sh's), which GPU ran it and its clocks, power and
+batch-1 denoising step at each TP profiled; and, from OUTDIR/gpu.txt,
+OUTDIR/board.csv and OUTDIR/clocks.csv (run.sh's), which GPU ran it (its
+board: VBIOS and InfoROM, and the driver) and its clocks, power and
 temperature while it was busy: the same code reads apart on two starts of
 the same kind when those differ; where the samples are timed (nvidia-smi's
 timestamp field) and the runs' JSON rows say when they ran
@@ -150,6 +151,40 @@ def gpu_conditions(out, busy):
     return g
 
 
+def gpu_boards(out):
+    """Which board each GPU is, from board.csv (run.sh's: nvidia-smi's
+    index, VBIOS, InfoROM image and driver, one line a GPU): a list of
+    dicts with those four, or None where the file is missing or holds no
+    such line (an nvidia-smi that refused the query)."""
+    try:
+        with open(os.path.join(out, "board.csv")) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return None
+    boards = []
+    for ln in lines:
+        parts = [p.strip() for p in ln.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            boards.append(dict(index=int(parts[0]), vbios=parts[1], inforom=parts[2],
+                               driver=parts[3]))
+    return boards or None
+
+
+def say_boards(boards):
+    """The line report.py prints about gpu_boards' answer: one board where
+    every GPU's is the same, else each GPU's."""
+    if not boards:
+        return "board: not recorded (no board.csv, or nvidia-smi refused its query)"
+    def one(b):
+        return f"VBIOS {b['vbios']}, InfoROM {b['inforom']}"
+    kinds = {one(b) for b in boards}
+    if len(kinds) == 1:
+        s = one(boards[0]) + (f" (all {len(boards)} GPUs)" if len(boards) > 1 else "")
+    else:
+        s = "; ".join(f"GPU {b['index']}: {one(b)}" for b in boards)
+    return f"board: {s}; driver {boards[0]['driver']}"
+
+
 def during(busy, run):
     """conditions() over the busy samples timed within a run's started_unix_s
     and ended_unix_s, or None where the samples or the run are not timed."""
@@ -206,6 +241,8 @@ def main():
            for r in d["runs"]}
     print()
     print(say_gpu(gpu))
+    boards = gpu_boards(out)
+    print(say_boards(boards))
     l2 = f", L2 read {ceil['l2_read_gbps']:.0f} GB/s" if "l2_read_gbps" in ceil else ""
     print(f"ceilings: copy {ceil.get('copy_gbps', 0):.0f} GB/s, bf16 GEMM "
           f"{ceil.get('gemm_tflops', 0):.0f} TFLOP/s{l2}; prompt 512, 4 canvases of 256, "
@@ -291,7 +328,7 @@ def main():
         print(f"sampler + self-conditioning reduce: {part:.3f} of {total:.3f} ms per batch-1 "
               f"denoising step at TP={tp} (profiled, eager, rank 0): {shares[tp]:.1f}%")
     with open(os.path.join(out, "perf.json"), "w") as f:
-        json.dump(dict(gpu=gpu, ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=shares.get(1),
+        json.dump(dict(gpu=gpu, boards=boards, ceilings=ceil, rows=table, sampler_share_pct_tp1_b1=shares.get(1),
                        sampler_share_pct_b1={str(tp): v for tp, v in shares.items()},
                        profile=profs.get(1), gpu_while_profiled=prof_gpu,
                        profiles={str(tp): d for tp, d in profs.items()}), f, indent=1)

@@ -17,7 +17,8 @@
 #   - Hugging Face transformers on the same workload (bench/perf/hf_generate.py;
 #     the best of 3 generates at batch 1 and 4, where its pace varies most;
 #     where it fails, say out of GPU memory, the table goes without it);
-# while dgemma runs, nvidia-smi samples every GPU's clocks, power,
+# which GPUs ran it (board.csv: each one's VBIOS and InfoROM, and the
+# driver); while dgemma runs, nvidia-smi samples every GPU's clocks, power,
 # temperature, utilization and clock event reasons once a second, each
 # sample timed (OUTDIR/clocks.csv: the same code reads apart on two starts
 # of the same kind when those differ); then bench/perf/report.py prints the
@@ -38,6 +39,10 @@ mkdir -p "$out" || exit 1
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader \
     > "$out/gpu.txt" 2>&1
+# which board each GPU is (its VBIOS and InfoROM) and the driver: H100s of
+# two boards read the experts' stage 0.8 ms apart (docs/notes.md)
+nvidia-smi --query-gpu=index,vbios_version,inforom.img,driver_version --format=csv,noheader \
+    > "$out/board.csv" 2>&1
 # the samples (clocks.csv's first line names its columns; the reasons'
 # field has another name on older drivers, and none on the oldest)
 q=timestamp,index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu

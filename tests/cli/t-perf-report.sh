@@ -16,7 +16,10 @@
 # reason, as sort and awk find them in the same samples (lines that do not
 # parse passed over); without clocks.csv it says there are no samples,
 # without gpu.txt that the GPU was not recorded; with samples and runs
-# not timed, no table of the clocks within each run.  Skips (77) without
+# not timed, no table of the clocks within each run.  The board line: one
+# VBIOS and InfoROM for GPUs alike, each GPU's where they differ, "not
+# recorded" where board.csv holds nvidia-smi's refusal.  The ceilings'
+# line with the L2's read rate where the JSON has it.  Skips (77) without
 # python3.
 set -u
 command -v python3 >/dev/null 2>&1 || { echo "skip t-perf-report: no python3"; exit 77; }
@@ -72,6 +75,7 @@ prof 0.40 0.07 0.21 6.1 0.8 > "$tmp/profile-tp2.json"
 # HW slowdown, 0x40 HW thermal slowdown; 0x1 idle is not a reason)
 for i in 0 1 2 3; do echo "NVIDIA H100 80GB HBM3, 1980 MHz, 2619 MHz, 71.20 W, 33"; done \
     > "$tmp/gpu.txt"
+for i in 0 1 2 3; do echo "$i, 96.00.99.00.0D, G520.0202.00.03, 580.159.04"; done > "$tmp/board.csv"
 F=index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
 samples() { # index util sm mem power temp mask, a line a GPU a second
     awk 'BEGIN {
@@ -194,6 +198,25 @@ if run stopped 0 python3 "$S" "$tmp"; then
         has stopped out "(transformers stopped at batch 16: out of GPU memory: CUDA out of memory)" &&
         [ "$(grep -c '^| transformers' "$tmp/stopped.out")" = 1 ] && ok hf_stopped_said ||
         bad hf_stopped_said "$(grep -e stopped -e '^| transformers' "$tmp/stopped.out" "$o")"
+fi
+
+# the board line: one board for four alike; each GPU's where they differ
+# (perf.json's boards as board.csv has them); none where the file holds
+# only nvidia-smi's refusal
+want="board: VBIOS 96.00.99.00.0D, InfoROM G520.0202.00.03 (all 4 GPUs); driver 580.159.04"
+[ "$(grep '^board:' "$o")" = "$want" ] && ok board_alike || bad board_alike "$(grep '^board:' "$o")"
+sed -i '3s/.*/2, 96.00.DA.00.0C, G520.0200.00.05, 580.159.04/' "$tmp/board.csv"
+if run boards 0 python3 "$S" "$tmp"; then
+    want="board: GPU 0: VBIOS 96.00.99.00.0D, InfoROM G520.0202.00.03; GPU 1: VBIOS 96.00.99.00.0D, InfoROM G520.0202.00.03; GPU 2: VBIOS 96.00.DA.00.0C, InfoROM G520.0200.00.05; GPU 3: VBIOS 96.00.99.00.0D, InfoROM G520.0202.00.03; driver 580.159.04"
+    [ "$(grep '^board:' "$tmp/boards.out")" = "$want" ] &&
+        python3 -c 'import json,sys; b = json.load(open(sys.argv[1]))["boards"]; assert [x["vbios"] for x in b] == ["96.00.99.00.0D"] * 2 + ["96.00.DA.00.0C", "96.00.99.00.0D"] and b[2] == dict(index=2, vbios="96.00.DA.00.0C", inforom="G520.0200.00.05", driver="580.159.04"), b' \
+            "$tmp/perf.json" && ok board_differs || bad board_differs "$(grep '^board:' "$tmp/boards.out")"
+fi
+echo 'Field "vbios_version" is not a valid field to query.' > "$tmp/board.csv"
+if run noboard 0 python3 "$S" "$tmp"; then
+    [ "$(grep '^board:' "$tmp/noboard.out")" = "board: not recorded (no board.csv, or nvidia-smi refused its query)" ] &&
+        python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["boards"] is None' "$tmp/perf.json" &&
+        ok board_refused || bad board_refused "$(grep '^board:' "$tmp/noboard.out")"
 fi
 
 # the ceilings' line: the L2's read rate where bench-generate measured it

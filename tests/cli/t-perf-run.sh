@@ -8,7 +8,9 @@
 # older where nvidia-smi refuses the newer, or none where it refuses
 # both, and the samples' time first), the stand-in's samples after it,
 # stop its sampler before it returns (no nvidia-smi left looping), and
-# print the report with the GPU's line from those samples and a table of
+# print the report with the GPU's line from those samples, its board's
+# (VBIOS, InfoROM and driver; not recorded where nvidia-smi refuses the
+# query), and a table of
 # the samples within each run (the stand-in bench-generate says when it
 # ran, as the real one does); where transformers cannot run here the
 # table comes without its rows and the harness says so.  Skips (77)
@@ -40,6 +42,7 @@ case "$*" in
         sleep 0.05
     done ;;
 *name,*) echo "NVIDIA H100 80GB HBM3, 1980 MHz, 2619 MHz, 70.1 W, 33" ;;
+*vbios_version*) echo "0, 96.00.99.00.0D, G520.0202.00.03, 580.159.04" ;;
 *) echo "0, 0, 1980, 2619, 70.1, 33, 0x0000000000000001" ;;
 esac
 EOF
@@ -71,7 +74,7 @@ harness() { # name REFUSE: runs the harness; its output in $tmp/name.out
         BUILD="$tmp/build" bash bench/perf/run.sh "$tmp/$name" 1 >"$tmp/$name.out" 2>"$tmp/$name.err")
 }
 base=timestamp,index,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu
-for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_throttle_reasons"; do
+for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_throttle_reasons vbios_version"; do
     name=${c%%|*} refuse=${c#*|}
     harness "$name" "$refuse"
     st=$?
@@ -109,6 +112,14 @@ for c in "new|" "old|clocks_event_reasons" "none|clocks_event_reasons clocks_thr
     none:*"clock event reasons"*) bad "$name/reasons" "'$line': none were recorded" ;;
     none:*) ok "$name/reasons" ;;
     *) bad "$name/reasons" "'$line'" ;;
+    esac
+    # the board line from board.csv (none where nvidia-smi refused its query)
+    line=$(grep '^board:' "$tmp/$name.out")
+    case "$name:$line" in
+    new:"board: VBIOS 96.00.99.00.0D, InfoROM G520.0202.00.03; driver 580.159.04"|\
+    old:"board: VBIOS 96.00.99.00.0D, InfoROM G520.0202.00.03; driver 580.159.04"|\
+    none:"board: not recorded"*) ok "$name/board" ;;
+    *) bad "$name/board" "'$line'" ;;
     esac
 done
 # the clocks within each run: each row of the second table counts the busy
