@@ -12,7 +12,8 @@
  * client that keeps up, thousands of requests written at once answered,
  * whether the client reads at once or later, and a client that reads
  * nothing dropped with no more than send_buffer_bytes' worth held in the
- * kernel for it.
+ * kernel for it, and a send_buffer_bytes past net.core.wmem_max warned of
+ * at start.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -917,6 +918,40 @@ static int send_buffer(void)
     return 0;
 }
 
+/* send_buffer_bytes past net.core.wmem_max: the kernel holds the size to
+ * twice wmem_max, and the daemon says so at start (a warning that names
+ * wmem_max) and serves.  Skipped where wmem_max is not below the most the
+ * option takes (64 MiB) or cannot be read. */
+static int send_buffer_past_wmem_max(void)
+{
+    const char *opts[] = {"send_buffer_bytes=67108864", "pin_workers=false", NULL};
+    char sock2[600], log9[600];
+    long long wmem_max = -1;
+    int st = -1, up;
+    FILE *f;
+    pid_t p;
+
+    if ((f = fopen("/proc/sys/net/core/wmem_max", "r"))) {
+        if (fscanf(f, "%lld", &wmem_max) != 1)
+            wmem_max = -1;
+        fclose(f);
+    }
+    if (wmem_max < 0 || wmem_max >= 67108864)
+        return test_skip("net.core.wmem_max %lld", wmem_max);
+    snprintf(sock2, sizeof sock2, "%s", test_path("wmem.sock"));
+    snprintf(log9, sizeof log9, "%s", test_path("wmem.log"));
+    p = spawn(sock2, log9, opts);
+    CHECK(p > 0);
+    up = wait_ready(p, sock2) == 0;
+    kill(p, SIGTERM);
+    if (wait_exit(p, &st) != 0) /* (killed there) */
+        st = -1;
+    CHECKF(up, "the daemon did not come up; log %s", log9);
+    CHECKF(file_has(log9, "net.core.wmem_max holds it"), "no warning (log %s)", log9);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return 0;
+}
+
 /* shutdown_grace shorter than the tick (0.5 s against 5): a request still
  * running at SIGTERM is cancelled at the grace's end, not at the next tick
  * (which ended it 4.3 s after the signal), and the log says 0.5 s. */
@@ -1105,6 +1140,7 @@ int main(void)
         TEST_CASE(requests_at_once);
         TEST_CASE(grace_shorter_than_tick);
         TEST_CASE(send_buffer);
+        TEST_CASE(send_buffer_past_wmem_max);
     }
     for (int i = 0; i < 2; i++) {
         const pid_t left = i ? over_b : over_a;
