@@ -142,3 +142,15 @@ const char *test_pathf(const char *fmt, ...)
     va_end(ap);
     return test_path(name);
 }
+
+long long test_read_ll(const char *path)
+{
+    long long v = -1;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fscanf(f, "%lld", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}

@@ -55,6 +55,10 @@ const char *test_path(const char *name);
 /* test_path of the name fmt makes (printf-style). */
 const char *test_pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* The integer a one-number file holds (a /proc/sys setting such as
+ * /proc/sys/net/core/wmem_max), or -1 where it cannot be opened or read. */
+long long test_read_ll(const char *path);
+
 #define TEST_CASE(fn) test_run(#fn, fn)
 
 #define CHECK(cond)                                                            \

@@ -868,17 +868,11 @@ static int send_buffer(void)
 {
     char o_sndbuf[64], sock2[600], log8[600], req[256], buf[65536];
     const char *opts[] = {"max_output_bytes=65536", o_sndbuf, "pin_workers=false", NULL};
-    long long wmem_default = -1;
+    const long long wmem_default = test_read_ll("/proc/sys/net/core/wmem_default");
     size_t held = 0;
     int st = -1, up, fd = -1, hup = 0, n;
-    FILE *f;
     pid_t p;
 
-    if ((f = fopen("/proc/sys/net/core/wmem_default", "r"))) {
-        if (fscanf(f, "%lld", &wmem_default) != 1)
-            wmem_default = -1;
-        fclose(f);
-    }
     snprintf(o_sndbuf, sizeof o_sndbuf, "send_buffer_bytes=%d", SNDBUF);
     snprintf(sock2, sizeof sock2, "%s", test_path("sndbuf.sock"));
     snprintf(log8, sizeof log8, "%s", test_path("sndbuf.log"));
@@ -926,16 +920,10 @@ static int send_buffer_past_wmem_max(void)
 {
     const char *opts[] = {"send_buffer_bytes=67108864", "pin_workers=false", NULL};
     char sock2[600], log9[600];
-    long long wmem_max = -1;
+    const long long wmem_max = test_read_ll("/proc/sys/net/core/wmem_max");
     int st = -1, up;
-    FILE *f;
     pid_t p;
 
-    if ((f = fopen("/proc/sys/net/core/wmem_max", "r"))) {
-        if (fscanf(f, "%lld", &wmem_max) != 1)
-            wmem_max = -1;
-        fclose(f);
-    }
     if (wmem_max < 0 || wmem_max >= 67108864)
         return test_skip("net.core.wmem_max %lld", wmem_max);
     snprintf(sock2, sizeof sock2, "%s", test_path("wmem.sock"));

@@ -7,7 +7,6 @@
  * bad descriptor is an error, not a silent success.
  */
 #include <errno.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,14 +17,7 @@
 /* net.core.wmem_max, or -1 where it cannot be read */
 static long long wmem_max(void)
 {
-    long long v = -1;
-    FILE *f = fopen("/proc/sys/net/core/wmem_max", "r");
-    if (f) {
-        if (fscanf(f, "%lld", &v) != 1)
-            v = -1;
-        fclose(f);
-    }
-    return v;
+    return test_read_ll("/proc/sys/net/core/wmem_max");
 }
 
 static int probe_doubles(void)
