@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Description: run every libFuzzer target in $FUZZ_DIR for $FUZZ_SECONDS
-# seconds from its committed seed corpus (tests/fuzz/corpus/NAME) with the
-# JSON dictionary; one "ok"/"not ok" line per target, in the targets'
+# seconds from its committed seed corpus (tests/fuzz/corpus/NAME; for
+# fuzz-daemon-config also etc/dgemmad.yaml as it is now) with the JSON
+# dictionary; one "ok"/"not ok" line per target, in the targets'
 # order.  A crash, leak, sanitizer report or property abort fails the
 # target; its log and the crashing input stay in $FUZZ_DIR.  FUZZ_JOBS
 # targets (default: the CPU count) run at once: each fuzzes for its own
@@ -28,6 +29,8 @@ fi
 fuzz() {
     local name=$1 rc=0
     rm -rf "$dir/work-$name"; mkdir -p "$dir/work-$name"
+    # the shipped configuration file seeds its parser's run as it is today
+    [ "$name" = fuzz-daemon-config ] && cp "$src/etc/dgemmad.yaml" "$dir/work-$name/"
     (cd "$dir" && DG_SOURCE_DIR="$src" "./$name" -max_total_time="$secs" -timeout=10 \
         -rss_limit_mb=2048 -dict="$here/json.dict" -print_final_stats=1 "work-$name" \
         "$here/corpus/$name") >"$dir/$name.log" 2>&1 || rc=$?
