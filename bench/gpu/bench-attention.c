@@ -176,9 +176,9 @@ int main(int argc, char **argv)
             fill_bf16(o.k[i], h, kv_elems, &err) < 0 || fill_bf16(o.v[i], h, kv_elems, &err) < 0)
             goto fail;
 
-    printf("ceilings, GPU 0: device copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s; prompt %d, canvases "
-           "of %d, window %d; %d heads; %d timed repeats a row, medians\n\n",
-           ce.copy_gbps, ce.gemm_tflops, PROMPT, CL, WINDOW, NH, reps);
+    printf("ceilings, GPU 0: device copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s, L2 read %.0f GB/s; "
+           "prompt %d, canvases of %d, window %d; %d heads; %d timed repeats a row, medians\n\n",
+           ce.copy_gbps, ce.gemm_tflops, ce.l2_read_gbps, PROMPT, CL, WINDOW, NH, reps);
     printf("| B | canvas | layer | KV heads x hd | keys a query | split | us | floor us | "
            "x floor | TFLOP/s | out |\n|---:|---:|---|---|---:|---|---:|---:|---:|---:|---|\n");
     for (int bi = 0; bi < nb; bi++) {

@@ -858,9 +858,9 @@ int main(int argc, char **argv)
         goto out;
 
     printf("ceilings, GPU 0: device copy %.0f GB/s (read + write), bf16 GEMM %.0f TFLOP/s "
-           "(%d^3); %d timed repeats a product, medians in us; L2 %s before each call; "
-           "cuBLASLt: up to %d heuristic algorithms, %zu MiB workspace\n",
-           b->ce.copy_gbps, b->ce.gemm_tflops, b->ce.gemm_n, b->reps,
+           "(%d^3), L2 read %.0f GB/s; %d timed repeats a product, medians in us; L2 %s before "
+           "each call; cuBLASLt: up to %d heuristic algorithms, %zu MiB workspace\n",
+           b->ce.copy_gbps, b->ce.gemm_tflops, b->ce.gemm_n, b->ce.l2_read_gbps, b->reps,
            b->flush_l2 ? "flushed" : "not flushed", MAX_ALGOS, LT_WORKSPACE >> 20);
     for (int t = 0; t < nT && search; t++)
         for (int i = 0; i < N_SHAPES; i++)

@@ -176,9 +176,9 @@ int main(int argc, char **argv)
         dg_cuda_upload(o.sa, hf, sizeof(float) * (size_t)max_rows, 0, &err) < 0)
         goto fail;
 
-    printf("ceilings, GPU 0: device copy %.0f GB/s (read + write); %d experts, top %d, "
-           "hidden %d, expert width %d; %d timed repeats a row, medians\n\n",
-           ce.copy_gbps, N_EXP, TOPK, HID, INTER, reps);
+    printf("ceilings, GPU 0: device copy %.0f GB/s (read + write), L2 read %.0f GB/s; %d "
+           "experts, top %d, hidden %d, expert width %d; %d timed repeats a row, medians\n\n",
+           ce.copy_gbps, ce.l2_read_gbps, N_EXP, TOPK, HID, INTER, reps);
     printf("| B | rows | rows an expert (min-max) | GEMM | kernel | ms | floor ms | x floor | "
            "GB/s | same |\n|---:|---:|---|---|---|---:|---:|---:|---:|---|\n");
     for (int bi = 0; bi < nb; bi++) {

@@ -183,10 +183,10 @@ int main(int argc, char **argv)
         dg_cuda_upload(o.w, h, sizeof(float) * (size_t)(256 * maxb * TOPK), 0, &err) < 0)
         goto fail;
 
-    printf("ceilings, GPU 0: device copy %.0f GB/s (read + write); %d experts, top %d, hidden %d, "
-           "expert width %d; a rank holds experts 0 .. n_exp - 1; %d timed repeats a row, "
-           "medians\n\n",
-           ce.copy_gbps, N_EXP, TOPK, HID, INTER, reps);
+    printf("ceilings, GPU 0: device copy %.0f GB/s (read + write), L2 read %.0f GB/s; %d "
+           "experts, top %d, hidden %d, expert width %d; a rank holds experts 0 .. n_exp - 1; "
+           "%d timed repeats a row, medians\n\n",
+           ce.copy_gbps, ce.l2_read_gbps, N_EXP, TOPK, HID, INTER, reps);
     printf("| B | weights | share (TP) | n_exp | planned for | ts | batched tiles | hint | ms | "
            "floor ms | x floor | x the share's plan |\n"
            "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
