@@ -59,6 +59,7 @@ extern "C" int dg_gpu_probe(int dev, struct dg_gpu_info *info, struct dg_error *
     DG_CUDA_CHECK(cudaRuntimeGetVersion(&info->runtime_version));
     DG_CUDA_CHECK(cudaDriverGetVersion(&info->driver_version));
     snprintf(info->name, sizeof info->name, "%s", prop.name);
+    DG_CUDA_CHECK(cudaDeviceGetPCIBusId(info->pci_bus_id, (int)sizeof info->pci_bus_id, dev));
     info->cc_major = prop.major;
     info->cc_minor = prop.minor;
     info->sm_count = prop.multiProcessorCount;

@@ -16,6 +16,7 @@ extern "C" {
 struct dg_gpu_info {
     int index;
     char name[256];
+    char pci_bus_id[32];                 /* "0000:18:00.0": the board nvidia-smi -i names */
     int cc_major, cc_minor;
     int sm_count;
     unsigned long long mem_total, mem_free;

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "bench/gpu/bench-time.h"
+#include "bench/gpu/bench-board.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/attention-tc.h"
 #include "kernels/ceilings.h"
@@ -161,7 +162,8 @@ int main(int argc, char **argv)
         batches[nb++] = 1;
         batches[nb++] = 4;
     }
-    if (dg_cuda_use(0, &err) < 0 || dg_measure_ceilings(0, &ce, &err) < 0 ||
+    if (dg_cuda_use(0, &err) < 0 || bench_print_board(0, &err) < 0 ||
+        dg_measure_ceilings(0, &ce, &err) < 0 ||
         dg_prof_create(&prof, 8, 0, &err) < 0 ||
         dg_cuda_alloc(&o.q, sizeof(uint16_t) * q_elems, 0, &err) < 0 ||
         dg_cuda_alloc(&o.out, sizeof(uint16_t) * q_elems, 0, &err) < 0 ||

@@ -72,6 +72,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/gpu/bench-board.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/ceilings.h"
 #include "kernels/devmem.h"
@@ -822,7 +823,8 @@ int main(int argc, char **argv)
     b->y_bytes = (size_t)max_y;
 
     /* the ceilings first, while the GPU is empty (they need ~2.4 GiB) */
-    if (dg_cuda_use(0, &err) < 0 || dg_measure_ceilings(0, &b->ce, &err) < 0 ||
+    if (dg_cuda_use(0, &err) < 0 || bench_print_board(0, &err) < 0 ||
+        dg_measure_ceilings(0, &b->ce, &err) < 0 ||
         dg_prof_create(&b->prof, 8, 0, &err) < 0 || dg_blas_create(0, NULL, &b->blas, &err) < 0)
         goto out;
     if (dg_cuda_alloc(&b->ws, LT_WORKSPACE, 0, &err) < 0 ||

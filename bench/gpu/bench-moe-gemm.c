@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "bench/gpu/bench-time.h"
+#include "bench/gpu/bench-board.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/ceilings.h"
 #include "kernels/devmem.h"
@@ -138,7 +139,8 @@ int main(int argc, char **argv)
         batches[nb++] = 4;
         batches[nb++] = 16;
     }
-    if (dg_cuda_use(0, &err) < 0 || dg_measure_ceilings(0, &ce, &err) < 0 ||
+    if (dg_cuda_use(0, &err) < 0 || bench_print_board(0, &err) < 0 ||
+        dg_measure_ceilings(0, &ce, &err) < 0 ||
         dg_prof_create(&prof, 8, 0, &err) < 0)
         goto fail;
     h8 = malloc((size_t)(N_EXP * max_nk));

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "bench/gpu/bench-time.h"
+#include "bench/gpu/bench-board.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/ceilings.h"
 #include "kernels/devmem.h"
@@ -144,7 +145,8 @@ int main(int argc, char **argv)
         sbytes = b > sbytes ? b : sbytes;
     }
     hbytes = 2 * ngu;
-    if (dg_cuda_use(0, &err) < 0 || dg_measure_ceilings(0, &ce, &err) < 0 ||
+    if (dg_cuda_use(0, &err) < 0 || bench_print_board(0, &err) < 0 ||
+        dg_measure_ceilings(0, &ce, &err) < 0 ||
         dg_prof_create(&prof, 8, 0, &err) < 0 || dg_blas_create(0, NULL, &blas, &err) < 0)
         goto fail;
     h = malloc(hbytes);

@@ -17,10 +17,15 @@ static int case_cublas_on_device(void)
     struct dg_gpu_info gi;
     struct dg_error err = {0};
 
+    unsigned dom, bus, slot, fn;
+    char end;
+
     CHECK_OK(dg_gpu_probe(cur_dev, &gi, &err), &err);
-    printf("# GPU %d: %s, compute %d.%d, %d SMs, %.1f GiB (%.1f free), runtime %d, driver %d, "
+    /* the PCI address, as nvidia-smi -i takes it: domain:bus:device.function */
+    CHECK(sscanf(gi.pci_bus_id, "%x:%x:%x.%x%c", &dom, &bus, &slot, &fn, &end) == 4);
+    printf("# GPU %d (%s): %s, compute %d.%d, %d SMs, %.1f GiB (%.1f free), runtime %d, driver %d, "
            "cuBLAS %d, bf16 GEMM rel err %.2e\n",
-           gi.index, gi.name, gi.cc_major, gi.cc_minor, gi.sm_count,
+           gi.index, gi.pci_bus_id, gi.name, gi.cc_major, gi.cc_minor, gi.sm_count,
            (double)gi.mem_total / (1 << 30), (double)gi.mem_free / (1 << 30), gi.runtime_version,
            gi.driver_version, gi.cublas_version, gi.gemm_rel_err);
     return 0;
