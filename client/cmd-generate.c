@@ -280,10 +280,11 @@ int cmd_generate(int argc, char **argv)
                 fflush(stdout);
                 if (!quiet)
                     fprintf(stderr, "dgemma-client: request %llu: %s%s%s; %lld prompt + %lld "
-                            "tokens in %d canvases, %lld steps, %.1f tokens/s\n",
+                            "tokens in %d canvas%s, %lld step%s, %.1f tokens/s\n",
                             (unsigned long long)ev.id, fin, ev.message ? ": " : "",
                             ev.message ? ev.message : "", ev.prompt_tokens, ev.completion_tokens,
-                            ev.canvases, ev.decoder_steps, ev.tokens_per_s);
+                            ev.canvases, ev.canvases == 1 ? "" : "es", ev.decoder_steps,
+                            ev.decoder_steps == 1 ? "" : "s", ev.tokens_per_s);
             }
             rc = !strcmp(fin, "stop") || !strcmp(fin, "length") ? EXIT_DONE : EXIT_FAILED;
             break;

@@ -18,7 +18,7 @@ fast=(--max-denoising-steps 4)
     "${fast[@]}" >"$tmp/text.out" 2>"$tmp/text.err"
 st=$?
 if [ $st -eq 0 ] && [ -s "$tmp/text.out" ] &&
-   grep -q '^dgemma-eval: generate: finish \(length\|stop\).* in [0-9]* canvases, .*seed 7$' "$tmp/text.err"
+   grep -q '^dgemma-eval: generate: finish \(length\|stop\).* in [0-9]* canvas\(es\)\?, .*seed 7$' "$tmp/text.err"
 then ok text; else bad text "exit $st: $(cat "$tmp/text.err")"; fi
 
 "$EVAL" generate --model "$MODEL" --prompt "Once upon a time" --seed 7 --max-tokens 40 \

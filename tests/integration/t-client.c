@@ -161,6 +161,8 @@ static int generate_plain_and_json(void)
     CHECK(strlen(OUT) > 1 && OUT[strlen(OUT) - 1] == '\n');
     CHECKF(strstr(ERR, "dgemma-client: request ") && strstr(ERR, ": length; ") &&
                strstr(ERR, " prompt + 20 tokens in "), "%s", ERR);
+    /* 20 tokens fit one canvas of the random model's 32: said in the singular */
+    CHECKF(strstr(ERR, " tokens in 1 canvas, "), "%s", ERR);
     /* --json: one event per line, the last the done, with the same text */
     {
         char plain_text[4096];

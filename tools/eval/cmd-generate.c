@@ -166,10 +166,11 @@ static void print_summary(const struct result *res, const struct dg_gen_settings
         fprintf(stderr, " (stop string)");
     if (res->finish == DG_FINISH_ERROR)
         fprintf(stderr, ": %s", res->error);
-    fprintf(stderr, "; %lld prompt + %lld tokens in %d canvases, %lld steps, %.2f tokens/step, "
+    fprintf(stderr, "; %lld prompt + %lld tokens in %d canvas%s, %lld step%s, %.2f tokens/step, "
             "%.1f tokens/s; seed %llu\n",
             (long long)st->prompt_tokens, (long long)st->completion_tokens, st->canvases,
-            (long long)st->decoder_steps, st->tokens_per_step, st->tokens_per_s,
+            st->canvases == 1 ? "" : "es", (long long)st->decoder_steps,
+            st->decoder_steps == 1 ? "" : "s", st->tokens_per_step, st->tokens_per_s,
             (unsigned long long)s->seed);
 }
 
