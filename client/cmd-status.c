@@ -28,6 +28,28 @@ static int wait_event(dgemma_t *c, dgemma_event_t *ev)
     return e;
 }
 
+/* How a status field reads in the table: a string as it is where every
+ * byte of it prints (else JSON-quoted, escapes and all), a real with one
+ * decimal (uptime_s), anything else as compact JSON.  Allocated; NULL
+ * when out of memory. */
+static char *status_text(const json_t *v)
+{
+    if (json_is_string(v)) {
+        const char *t = json_string_value(v);
+        const size_t n = json_string_length(v);
+        size_t i = 0;
+        while (i < n && (unsigned char)t[i] >= 0x20 && t[i] != 0x7f)
+            i++;
+        if (i == n && n > 0)
+            return strdup(t);
+    } else if (json_is_real(v)) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.1f", json_real_value(v));
+        return strdup(buf);
+    }
+    return dg_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+}
+
 /* The status event's fields, one "key value" line each; EXIT_FAILED
  * (after saying so) when out of memory, before anything is written. */
 static int print_status(const char *json)
@@ -55,7 +77,7 @@ static int print_status(const char *json)
     json_object_foreach(s, key, v) {
         if (!strcmp(key, "v") || !strcmp(key, "event"))
             continue;
-        if (!(rows[n].text = dg_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT))) {
+        if (!(rows[n].text = status_text(v))) {
             client_errorf("status: out of memory");
             rc = EXIT_FAILED;
             break;

@@ -242,6 +242,15 @@ static int exit_codes(void)
     CHECKF(rc == 3 && strstr(ERR, "/nonexistent/d.sock"), "%d: %s", rc, ERR);
     rc = run_client(status, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
     CHECKF(rc == 0 && strstr(OUT, "model") && strstr(OUT, "running"), "%d: %s", rc, ERR);
+    /* the table reads as text: a string bare, the uptime to a tenth */
+    {
+        const char *up = strstr(OUT, "\nuptime_s ");
+        unsigned whole, tenth;
+        char end;
+        CHECKF(strstr(OUT, "\nbackend            cpu\n"), "%s", OUT);
+        CHECKF(up && sscanf(up, " uptime_s %u.%1u%c", &whole, &tenth, &end) == 3 && end == '\n',
+               "%s", OUT);
+    }
     rc = run_client(cancel_none, NULL, OUT, sizeof OUT, ERR, sizeof ERR);
     CHECKF(rc == 1 && strstr(ERR, "not in flight"), "%d: %s", rc, ERR);
     /* the socket options may come before the command word */
