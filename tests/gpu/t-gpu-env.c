@@ -16,7 +16,6 @@ static int case_cublas_on_device(void)
 {
     struct dg_gpu_info gi;
     struct dg_error err = {0};
-
     unsigned dom, bus, slot, fn;
     char end;
 
