@@ -530,7 +530,7 @@ static void flag_refused(const char *setting, const char *msg)
     const char *name = strcmp(setting, "stop_token_ids") ? setting : "stop_id";
     char flag[64];
     size_t n = 0;
-    for (; name[n] && n < sizeof flag - 1; n++)
+    for (; n < sizeof flag - 1 && name[n]; n++)
         flag[n] = name[n] == '_' ? '-' : name[n];
     flag[n] = '\0';
     client_errorf("batch: the daemon refuses the setting %s given on the command line "
