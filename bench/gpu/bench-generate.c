@@ -54,6 +54,10 @@
  * step, and the CUDA graphs rank 0 made in the recorded rounds (a bucket
  * that comes once a round is captured in the first of them).
  *
+ * It first prints a board line for each rank's GPU (bench-board.h: the
+ * card, its PCI address, VBIOS, InfoROM and driver), since H100s of two
+ * boards read the same code's batch-1 step 0.9 ms apart.
+ *
  * Roofline of one step (the METHOD's two numbers, measured first in
  * the same run unless --no-ceilings): the fewest bytes the step must move
  * (every weight it uses read once: the experts the batch is expected to
@@ -96,6 +100,7 @@
 #include <time.h>
 
 #include "kernels/ceilings.h"
+#include "bench/gpu/bench-board.h"
 #include "bench/gpu/bench-util.h"
 #include "kernels/cuda-backend.h"
 #include "kernels/devmem.h"
@@ -668,6 +673,18 @@ int main(int argc, char **argv)
     }
     if (!out || !rows)
         return 1;
+    /* which cards run it: one line a rank's GPU (bench-board.h); each
+     * probe makes its GPU current, so GPU 0 is made current again after */
+    for (int d = 0; d < rc.tp; d++) {
+        if (bench_print_board(d, &err) < 0) {
+            fprintf(stderr, "bench-generate: GPU %d: %s\n", d, err.msg);
+            return 1;
+        }
+    }
+    if (dg_cuda_use(0, &err) < 0) {
+        fprintf(stderr, "bench-generate: %s\n", err.msg);
+        return 1;
+    }
     if (ceilings) {
         if (dg_measure_ceilings(0, &ce, &err) < 0) {
             fprintf(stderr, "bench-generate: ceilings: %s\n", err.msg);
