@@ -677,7 +677,7 @@ int main(int argc, char **argv)
      * probe makes its GPU current, so GPU 0 is made current again after */
     for (int d = 0; d < rc.tp; d++) {
         if (bench_print_board(d, &err) < 0) {
-            fprintf(stderr, "bench-generate: GPU %d: %s\n", d, err.msg);
+            fprintf(stderr, "bench-generate: --tp %d: %s\n", rc.tp, err.msg);
             return 1;
         }
     }
