@@ -719,7 +719,7 @@ int main(int argc, char **argv)
     printf("tp %d, CUDA graphs %s%s, commits %s, the prompt's rest %s, self-conditioning %s; "
            "preset %s, random %s "
            "weights made in %.0f "
-           "ms; prompt %lld, %d canvases of %d, %d steps each; %d rep(s) after one "
+           "ms; prompt %lld, %d canvas%s of %d, %d step%s each; %d rep(s) after one "
            "unrecorded\n\n",
            rc.tp, rc.graphs && !rc.profile ? "on" : "off", rc.profile ? ", profiled" : "",
            rc.commit_apart ? "apart" : "in the next step's pass",
@@ -728,8 +728,8 @@ int main(int argc, char **argv)
                                                           : "queued ahead by the denoise call",
            preset, !rc.fp8 ? "bf16" : rc.fp8_own ? "FP8 (W8A8, own GEMM)" : "FP8 (W8A8)",
            bench_now_ms() - t0, (long long)rc.prompt,
-           rc.canvases, cfg.canvas_length,
-           rc.steps, rc.reps);
+           rc.canvases, rc.canvases == 1 ? "" : "es", cfg.canvas_length,
+           rc.steps, rc.steps == 1 ? "" : "s", rc.reps);
     tm.orig = b->ops;
     ops = *b->ops;
     ops.encode = timed_encode;
