@@ -90,7 +90,9 @@
  * Prints a table; with --json, writes the numbers as JSON too (each
  * batch's row also holds started_unix_s and ended_unix_s, the wall clock
  * around its runs, which bench/perf/report.py matches against the GPU's
- * timed clock samples).  Asserts nothing about speed.
+ * timed clock samples).  A figure with nothing to measure (a step that
+ * commits, with one canvas; the first step's prompt rest, with none) is
+ * "-" in the tables and null in the JSON.  Asserts nothing about speed.
  */
 #include <jansson.h>
 #include <math.h>
@@ -279,6 +281,7 @@ struct run_cfg {
     int condition_apart; /* self-conditioning in the condition call alone (backend option) */
 };
 
+/* One batch size's figures (a median is NaN where it had no sample). */
 struct batch_result {
     int B;
     int64_t tokens;
@@ -286,7 +289,7 @@ struct batch_result {
     double den_commit_ms;         /* a step that commits first, whole */
     double den_own_ms, commit_own_ms; /* the two kinds of denoise call's own GPU time */
     double open_ms, close_ms;     /* a slot's opening and closing */
-    double tail_ms;               /* a first step that appends the prompt's rest (0: none) */
+    double tail_ms;               /* a first step that appends the prompt's rest */
     double between_ms;            /* host time outside the calls after the prefill, a step */
     double tps_excl, tps_incl;
     double roof_den_ms, roof_commit_ms; /* roof_den_ms: a step whole (both calls) */
@@ -541,45 +544,76 @@ static double step_ms(const struct batch_result *r)
     return r->den_ms + r->cond_ms;
 }
 
+/* A figure as JSON: null where there was nothing to measure (NaN), since
+ * jansson makes no value of a NaN. */
+static json_t *num(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+/* A figure as a table cell of prec decimals, written in b[n]: "-" for NaN. */
+static const char *cell(char *b, size_t n, double v, int prec)
+{
+    if (isfinite(v))
+        snprintf(b, n, "%.*f", prec, v);
+    else
+        snprintf(b, n, "-");
+    return b;
+}
+
+/* One batch size's row of the JSON: its settings and figures (null where
+ * there was no sample), memory per rank, and the profile's stages when
+ * profiled.  The caller owns it. */
 static json_t *result_json(const struct run_cfg *rc, const struct batch_result *r, int n_ranks)
 {
-    json_t *o = json_pack("{s:i, s:i, s:b, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-                          "s:f, s:i}",
-                          "tp", rc->tp, "batch", r->B, "graphs", rc->graphs, "prompt",
-                          (json_int_t)rc->prompt, "tokens", (json_int_t)r->tokens, "wall_ms",
-                          r->wall_ms, "prefill_ms", r->prefill_ms, "denoise_ms", r->den_ms,
-                          "condition_ms", r->cond_ms, "commit_ms", r->commit_ms,
-                          "roofline_denoise_ms", r->roof_den_ms, "roofline_commit_ms",
-                          r->roof_commit_ms, "tokens_per_s", r->tps_excl,
-                          "tokens_per_s_with_prefill", r->tps_incl, "steps_per_canvas",
-                          r->n_steps / (rc->canvases ? rc->canvases : 1));
+    const struct {
+        const char *key;
+        double v;
+    } figs[] = {
+        {"wall_ms", r->wall_ms},
+        {"prefill_ms", r->prefill_ms},
+        {"denoise_ms", r->den_ms},
+        {"condition_ms", r->cond_ms},
+        {"commit_ms", r->commit_ms},
+        {"roofline_denoise_ms", r->roof_den_ms},
+        {"roofline_commit_ms", r->roof_commit_ms},
+        {"tokens_per_s", r->tps_excl},
+        {"tokens_per_s_with_prefill", r->tps_incl},
+        {"step_ms", step_ms(r)},
+        {"roofline_denoise_call_ms", r->roof_den_call_ms},
+        {"roofline_condition_ms", r->roof_cond_ms},
+        {"denoise_commit_ms", r->den_commit_ms},
+        {"denoise_own_gpu_ms", r->den_own_ms},
+        {"denoise_commit_own_gpu_ms", r->commit_own_ms},
+        {"slot_open_ms", r->open_ms},
+        {"slot_close_ms", r->close_ms},
+        {"host_between_calls_ms_per_step", r->between_ms},
+        {"tail_step_ms", r->tail_ms},
+        {"started_unix_s", r->started_s},
+        {"ended_unix_s", r->ended_s},
+    };
+    json_t *o = json_pack("{s:i, s:i, s:b, s:I, s:I}", "tp", rc->tp, "batch", r->B, "graphs",
+                          rc->graphs, "prompt", (json_int_t)rc->prompt, "tokens",
+                          (json_int_t)r->tokens);
+    for (size_t i = 0; i < sizeof figs / sizeof figs[0]; i++)
+        json_object_set_new(o, figs[i].key, num(figs[i].v));
+    json_object_set_new(o, "steps_per_canvas",
+                        json_integer(r->n_steps / (rc->canvases ? rc->canvases : 1)));
     json_t *mem = json_array(), *prof = json_object();
     json_object_set_new(o, "weights", json_string(rc->fp8 ? "fp8" : "bf16"));
-    json_object_set_new(o, "step_ms", json_real(step_ms(r)));
-    json_object_set_new(o, "roofline_denoise_call_ms", json_real(r->roof_den_call_ms));
-    json_object_set_new(o, "roofline_condition_ms", json_real(r->roof_cond_ms));
-    json_object_set_new(o, "denoise_commit_ms", json_real(r->den_commit_ms));
-    json_object_set_new(o, "denoise_own_gpu_ms", json_real(r->den_own_ms));
-    json_object_set_new(o, "denoise_commit_own_gpu_ms", json_real(r->commit_own_ms));
-    json_object_set_new(o, "slot_open_ms", json_real(r->open_ms));
-    json_object_set_new(o, "slot_close_ms", json_real(r->close_ms));
-    json_object_set_new(o, "host_between_calls_ms_per_step", json_real(r->between_ms));
     json_object_set_new(o, "commit_apart", json_boolean(rc->commit_apart));
     json_object_set_new(o, "prompt_apart", json_boolean(rc->prompt_apart));
     json_object_set_new(o, "condition_apart", json_boolean(rc->condition_apart));
-    json_object_set_new(o, "tail_step_ms", json_real(r->tail_ms));
     json_object_set_new(o, "graphs_made_recorded", json_integer(r->captures));
-    json_object_set_new(o, "started_unix_s", json_real(r->started_s));
-    json_object_set_new(o, "ended_unix_s", json_real(r->ended_s));
     if (rc->fp8)
         json_object_set_new(o, "fp8_projections",
                             json_string(rc->fp8_own ? "own GEMM" : "cuBLASLt"));
     for (int q = 0; q < n_ranks && q < 8; q++)
-        json_array_append_new(mem, json_real(r->gib_rank[q]));
+        json_array_append_new(mem, num(r->gib_rank[q]));
     json_object_set_new(o, "gpu_gib_per_rank", mem);
     for (int i = 0; i < r->n_prof; i++)
         json_object_set_new(prof, r->prof[i].label,
-                            json_real(r->prof[i].ms / ((double)r->n_plain * rc->reps)));
+                            num(r->prof[i].ms / ((double)r->n_plain * rc->reps)));
     if (r->n_prof)
         json_object_set_new(o, "profile_ms_per_step", prof);
     else
@@ -764,22 +798,33 @@ int main(int argc, char **argv)
                "---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++) {
             const struct batch_result *r = &res[i];
-            printf("| %d | %d | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | "
-                   "%.2f | %.2f | %.1f | %.0f | %.0f | %.2f |\n",
-                   rc.tp, r->B, (long long)r->tokens, step_ms(r), r->roof_den_ms,
-                   r->roof_den_ms > 0 ? step_ms(r) / r->roof_den_ms : NAN, r->den_ms,
-                   r->roof_den_call_ms, r->cond_ms, r->roof_cond_ms, r->den_commit_ms,
-                   r->commit_ms, r->roof_commit_ms, r->prefill_ms, r->tps_excl, r->tps_incl,
-                   r->gib_rank[0]);
+            const double v[] = {step_ms(r), r->roof_den_ms,
+                                r->roof_den_ms > 0 ? step_ms(r) / r->roof_den_ms : NAN,
+                                r->den_ms, r->roof_den_call_ms, r->cond_ms, r->roof_cond_ms,
+                                r->den_commit_ms, r->commit_ms, r->roof_commit_ms,
+                                r->prefill_ms, r->tps_excl, r->tps_incl, r->gib_rank[0]};
+            static const int prec[] = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 0, 0, 2};
+            printf("| %d | %d | %lld |", rc.tp, r->B, (long long)r->tokens);
+            for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+                char t[32];
+                printf(" %s |", cell(t, sizeof t, v[k], prec[k]));
+            }
+            printf("\n");
         }
         printf("\n| B | denoise own GPU ms | step with commit own GPU ms | slot open ms | "
                "slot close ms | host ms between calls, a step | first step with the prompt's "
                "rest ms | graphs made in the recorded rounds |\n"
                "|---|---:|---:|---:|---:|---:|---:|---:|\n");
-        for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
-            printf("| %d | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %lld |\n", res[i].B,
-                   res[i].den_own_ms, res[i].commit_own_ms, res[i].open_ms, res[i].close_ms,
-                   res[i].between_ms, res[i].tail_ms, res[i].captures);
+        for (int i = 0; i < nb && res[i].wall_ms > 0; i++) {
+            const struct batch_result *r = &res[i];
+            char t[6][32];
+            printf("| %d | %s | %s | %s | %s | %s | %s | %lld |\n", r->B,
+                   cell(t[0], sizeof t[0], r->den_own_ms, 2),
+                   cell(t[1], sizeof t[1], r->commit_own_ms, 2),
+                   cell(t[2], sizeof t[2], r->open_ms, 2), cell(t[3], sizeof t[3], r->close_ms, 2),
+                   cell(t[4], sizeof t[4], r->between_ms, 3),
+                   cell(t[5], sizeof t[5], r->tail_ms, 2), r->captures);
+        }
         if (rc.profile)
             for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
                 print_profile(&cfg, &rc, &res[i], ceilings ? &ce : NULL);
