@@ -561,6 +561,16 @@ static const char *cell(char *b, size_t n, double v, int prec)
     return b;
 }
 
+/* Prints n figures as table cells, " v |" each, v[k] to prec[k] decimals
+ * ("-" for NaN). */
+static void print_cells(const double *v, const int *prec, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        char t[32];
+        printf(" %s |", cell(t, sizeof t, v[k], prec[k]));
+    }
+}
+
 /* One batch size's row of the JSON: its settings and figures (null where
  * there was no sample), memory per rank, and the profile's stages when
  * profiled.  The caller owns it. */
@@ -805,10 +815,7 @@ int main(int argc, char **argv)
                                 r->prefill_ms, r->tps_excl, r->tps_incl, r->gib_rank[0]};
             static const int prec[] = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 0, 0, 2};
             printf("| %d | %d | %lld |", rc.tp, r->B, (long long)r->tokens);
-            for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
-                char t[32];
-                printf(" %s |", cell(t, sizeof t, v[k], prec[k]));
-            }
+            print_cells(v, prec, sizeof v / sizeof v[0]);
             printf("\n");
         }
         printf("\n| B | denoise own GPU ms | step with commit own GPU ms | slot open ms | "
@@ -817,13 +824,12 @@ int main(int argc, char **argv)
                "|---|---:|---:|---:|---:|---:|---:|---:|\n");
         for (int i = 0; i < nb && res[i].wall_ms > 0; i++) {
             const struct batch_result *r = &res[i];
-            char t[6][32];
-            printf("| %d | %s | %s | %s | %s | %s | %s | %lld |\n", r->B,
-                   cell(t[0], sizeof t[0], r->den_own_ms, 2),
-                   cell(t[1], sizeof t[1], r->commit_own_ms, 2),
-                   cell(t[2], sizeof t[2], r->open_ms, 2), cell(t[3], sizeof t[3], r->close_ms, 2),
-                   cell(t[4], sizeof t[4], r->between_ms, 3),
-                   cell(t[5], sizeof t[5], r->tail_ms, 2), r->captures);
+            const double v[] = {r->den_own_ms, r->commit_own_ms, r->open_ms, r->close_ms,
+                                r->between_ms, r->tail_ms};
+            static const int prec[] = {2, 2, 2, 2, 3, 2};
+            printf("| %d |", r->B);
+            print_cells(v, prec, sizeof v / sizeof v[0]);
+            printf(" %lld |\n", r->captures);
         }
         if (rc.profile)
             for (int i = 0; i < nb && res[i].wall_ms > 0; i++)
