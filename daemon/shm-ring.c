@@ -159,7 +159,7 @@ int dshm_ring_create(const struct dshm_sizes *ask, const struct dshm_limits *lim
             close(fd);
         dshm_ring_destroy(r);
         return dg_error_set(err, DG_E_IO, "shm ring: memfd of %llu bytes: %s",
-                            (unsigned long long)r->g.total, strerror(e));
+                            (unsigned long long)g.total, strerror(e));
     }
     r->map = mmap(NULL, r->g.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (r->map == MAP_FAILED) {

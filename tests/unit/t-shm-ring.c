@@ -1,13 +1,14 @@
 /*
  * t-shm-ring - the daemon's side of the shared-memory ring
  * (daemon/shm-ring.c), driven from here as the client: the geometry and
- * the seals; submissions of every kind turned into the protocol's request
- * objects with every setting; completions with their bytes, through many
+ * the seals; a memfd the kernel refuses; submissions of every kind turned
+ * into the protocol's request objects with every setting; completions with their bytes, through many
  * laps of both rings and the result arena; the bound (no slot, no take;
  * DG_SHM_NEED_WAKE) and completions that wait for room; every malformed
  * entry completing as its own job's error; random bytes in every entry;
  * indexes out of range abandoning the ring and nothing else.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
@@ -15,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -179,6 +182,35 @@ static int geometry_and_seals(void)
     close(fd);
     dshm_ring_destroy(r);
     dshm_ring_destroy(NULL);
+    return 0;
+}
+
+/* A memfd the kernel will not size (here: past the process's file-size
+ * limit, RLIMIT_FSIZE) fails the creation with the size asked for and the
+ * kernel's reason, and frees what the creation had made (the sanitizer
+ * build reads any freed byte the message used). */
+static int memfd_refused(void)
+{
+    struct dshm_sizes ask = {64, 64, 1 << 16, 1 << 16};
+    struct dshm_limits lim = {.max_entries = 1024, .max_arena_bytes = 1 << 20};
+    struct dg_error err = {0};
+    struct dshm_ring *r = (struct dshm_ring *)(uintptr_t)1; /* must come back NULL */
+    struct rlimit old, low;
+    char want[80];
+    int fd = 12345, rc;
+
+    snprintf(want, sizeof want, "memfd of %llu bytes: %s",
+             (unsigned long long)dshm_ring_size_for(&ask, &lim), strerror(EFBIG));
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    low = old;
+    low.rlim_cur = 4096;
+    CHECK(signal(SIGXFSZ, SIG_IGN) != SIG_ERR);
+    CHECK(setrlimit(RLIMIT_FSIZE, &low) == 0);
+    rc = dshm_ring_create(&ask, &lim, &r, &fd, &err);
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    CHECKF(rc == -DG_E_IO && err.code == DG_E_IO && strstr(err.msg, want),
+           "rc %d: %s (want \"%s\")", rc, err.msg, want);
+    CHECK(r == NULL && fd == -1);
     return 0;
 }
 
@@ -659,6 +691,7 @@ static int bad_indexes(void)
 int main(void)
 {
     TEST_CASE(geometry_and_seals);
+    TEST_CASE(memfd_refused);
     TEST_CASE(requests_carry_everything);
     TEST_CASE(plain_text_flag);
     TEST_CASE(many_laps);
