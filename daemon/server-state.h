@@ -118,6 +118,13 @@ struct dserver {
     int ring_ok;
     int listen_fd, event_fd, signal_fd;
     int accept_armed;
+    /* accepts failed for want of a descriptor (EMFILE, ENFILE) since the
+     * last that worked, retried at each tick; logged when they begin and
+     * when they end, not at each try, and those lines limited as the
+     * refusals are (STARVED_LOG_BURST a window) */
+    unsigned long long accept_starved;
+    double accept_starved_since;
+    struct dlog_limit starved_log;
     /* connections refused at accept (busy, forbidden), their refusal sent
      * and their side shut for writing, kept until the client closes or
      * LINGER_S passes, what they send read and dropped: a client that

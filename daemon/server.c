@@ -33,6 +33,8 @@
 #define PREP_TEXT_BYTES 4096    /* a prompt with this much text is tokenized off this thread */
 #define REFUSAL_LOG_BURST 10    /* refusals logged at info level in a window; the rest at debug */
 #define REFUSAL_LOG_WINDOW_S 10.0
+#define STARVED_LOG_BURST 4     /* lines on accepts short of descriptors a window (the rest debug) */
+#define STARVED_LOG_WINDOW_S 60.0
 
 static double now_s(void)
 {
@@ -864,6 +866,26 @@ static void linger_sweep(struct dserver *srv, double t)
         }
 }
 
+/* The count of lines on accepts short of descriptors that the last window
+ * held back, once (0: none). */
+static void log_starved_held(unsigned long long held)
+{
+    if (held)
+        dlog(DG_LOG_INFO, "%llu more lines on accepts short of descriptors in the %.0f s "
+             "before were logged at debug level only", held, STARVED_LOG_WINDOW_S);
+}
+
+/* The level for a line on accepts short of descriptors: level while the
+ * window allows one, else debug (a limit near the connections' count
+ * would otherwise log two lines a connection). */
+static enum dg_log_level starved_log_level(struct dserver *srv, enum dg_log_level level)
+{
+    unsigned long long held;
+    const int ok = dlog_limit_take(&srv->starved_log, now_s(), &held);
+    log_starved_held(held);
+    return ok ? level : DG_LOG_DEBUG;
+}
+
 static void on_accept(struct dserver *srv, int res)
 {
     struct conn *c = NULL;
@@ -871,13 +893,28 @@ static void on_accept(struct dserver *srv, int res)
     socklen_t clen = sizeof cred;
 
     srv->accept_armed = 0;
+    if (res == -EMFILE || res == -ENFILE) {
+        /* retried at the next tick; the clients wait in the backlog */
+        if (srv->accept_starved++ == 0) {
+            srv->accept_starved_since = now_s();
+            dlog(starved_log_level(srv, DG_LOG_WARN), "accept: %s: new connections wait in "
+                 "the socket's backlog, tried again every tick, until a descriptor is free "
+                 "(%d connections open; the limit: RLIMIT_NOFILE, LimitNOFILE= in a unit)",
+                 strerror(-res), srv->n_conns);
+        }
+        return;
+    }
     if (res < 0) {
         if (res != -ECANCELED && res != -EBADF && res != -EINVAL)
             dlog(DG_LOG_WARN, "accept: %s", strerror(-res));
-        if (res == -EMFILE || res == -ENFILE)
-            return; /* retried at the next tick */
         arm_accept(srv);
         return;
+    }
+    if (srv->accept_starved) {
+        dlog(starved_log_level(srv, DG_LOG_INFO), "accept works again after %.1f s (%llu "
+             "%s failed for want of a descriptor)", now_s() - srv->accept_starved_since,
+             srv->accept_starved, srv->accept_starved == 1 ? "try" : "tries");
+        srv->accept_starved = 0;
     }
     for (int i = 0; i < srv->o.max_connections && !c; i++)
         if (!srv->conns[i].in_use)
@@ -1107,6 +1144,7 @@ static void on_tick(struct dserver *srv)
     linger_sweep(srv, t);
     grace_check(srv, t);
     log_refusals_held(dlog_limit_due(&srv->refusals, t));
+    log_starved_held(dlog_limit_due(&srv->starved_log, t));
     arm_tick(srv);
 }
 
@@ -1349,6 +1387,8 @@ int dserver_create(const struct dserver_options *o, struct dsched *s,
     srv->started = now_s();
     srv->refusals.burst = REFUSAL_LOG_BURST;
     srv->refusals.window = REFUSAL_LOG_WINDOW_S;
+    srv->starved_log.burst = STARVED_LOG_BURST;
+    srv->starved_log.window = STARVED_LOG_WINDOW_S;
     srv->tick_ts.tv_sec = (long long)o->tick;
     srv->tick_ts.tv_nsec = (long long)((o->tick - (double)(long long)o->tick) * 1e9);
     snprintf(srv->socket_path, sizeof srv->socket_path, "%s", o->socket_path);

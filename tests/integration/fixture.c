@@ -3,6 +3,7 @@
 #include "tests/harness.h"
 #include "tests/sql-peek.h"
 
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -268,6 +269,21 @@ int fixture_wait_count(const char *db, int64_t want, double limit_s, const char 
         usleep(20000);
     }
     return 0;
+}
+
+int fixture_fds_open(pid_t pid)
+{
+    char dir[64];
+    struct dirent *d;
+    DIR *dp;
+    int n = 0;
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    if (!(dp = opendir(dir)))
+        return -1;
+    while ((d = readdir(dp)))
+        n += d->d_name[0] != '.';
+    closedir(dp);
+    return n;
 }
 
 long fixture_proc_kib(pid_t pid, const char *field)

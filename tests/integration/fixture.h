@@ -111,6 +111,10 @@ json_t *fixture_status(const char *sock);
 const char *fixture_ev_kind(const json_t *e);
 long long fixture_ev_int(const json_t *e, const char *key);
 
+/* Descriptors open in process pid (its /proc/pid/fd entries); -1 if they
+ * cannot be read. */
+int fixture_fds_open(pid_t pid);
+
 /* A "Name:   123 kB" line of /proc/pid/status (field "VmRSS", "VmHWM",
  * ...), in KiB; -1 where it cannot be read. */
 long fixture_proc_kib(pid_t pid, const char *field);

@@ -5,7 +5,9 @@
  * engine steps than one after another, and the same outputs), cancel
  * mid-request, a client that vanishes mid-stream, a half-closed client,
  * every kind of bad input (the connection stays usable), a full queue,
- * too many connections, a second daemon refused on a live socket, a stale
+ * too many connections, a daemon out of file descriptors (new clients
+ * wait in the backlog until some free; two log lines a wait, not one a
+ * tick), a second daemon refused on a live socket, a stale
  * socket replaced, the start's status lines and then readiness sent to
  * $NOTIFY_SOCKET, the log reopened on SIGHUP, SIGTERM during generation
  * ending cleanly, a done line longer than max_output_bytes reaching a
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -614,6 +617,117 @@ static int too_many_connections(void)
     return 0;
 }
 
+/* Lines of the file at path holding needle; -1 if it cannot be read. */
+static int lines_with(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    int n = 0;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A daemon out of file descriptors (its soft RLIMIT_NOFILE lowered, from
+ * here, to what it holds and two more): eight clients connect and each
+ * sends a status request.  Those the free descriptors allow are taken and
+ * answered; the others wait in the socket's backlog, unanswered, while
+ * every accept fails (EMFILE) at each tick of 20 ms, and they are taken
+ * and answered as the answered ones close.  The log says when accepts
+ * begin to fail and when they work again, not at every tick, and no more
+ * than 4 such lines a minute; with the limit back the daemon serves as
+ * before and stops cleanly. */
+static int out_of_descriptors(void)
+{
+    enum { N = 8 };
+    const char *opts[] = {"tick=0.02", "pin_workers=false", NULL};
+    char sock2[600], log5[600];
+    struct fixture_cl *c[N] = {0};
+    int answered[N] = {0};
+    struct rlimit low, was;
+    json_t *e;
+    int st, held, n_answered = 0, n_first;
+    pid_t p;
+
+    snprintf(sock2, sizeof sock2, "%s", test_path("nofd.sock"));
+    snprintf(log5, sizeof log5, "%s", test_path("nofd.log"));
+    p = spawn(sock2, log5, opts);
+    CHECKF(wait_ready(p, sock2) == 0, "the daemon did not come up; log %s", log5);
+    usleep(200000); /* (wait_ready's probe closed) */
+    CHECK((held = fixture_fds_open(p)) > 0);
+    CHECK(prlimit(p, RLIMIT_NOFILE, NULL, &was) == 0);
+    low = was; /* (the soft limit: the daemon raises it only at its start) */
+    low.rlim_cur = (rlim_t)held + 2;
+    CHECK(prlimit(p, RLIMIT_NOFILE, &low, NULL) == 0);
+    for (int k = 0; k < N; k++) {
+        CHECK((c[k] = fixture_cl_open(sock2)) != NULL); /* (the backlog takes it) */
+        CHECK(cl_send(c[k], "{\"v\":1,\"op\":\"status\"}\n") == 0);
+    }
+    /* those taken answer; then nothing more for two rounds of reads of
+     * 100 ms a client waiting (more than 25 ticks) */
+    for (int quiet = 0; quiet < 2;) {
+        int got = 0;
+        for (int k = 0; k < N; k++) {
+            if (answered[k])
+                continue;
+            st = fixture_cl_read(c[k], &e, 1);
+            CHECKF(st == FIXTURE_EV_OK || st == FIXTURE_EV_TIMEOUT, "client %d: %s", k,
+                   st == FIXTURE_EV_EOF ? "EOF" : "a bad line");
+            if (st == FIXTURE_EV_OK) {
+                CHECKF(!strcmp(ev_kind(e), "status"), "client %d: %s", k, ev_kind(e));
+                json_decref(e);
+                answered[k] = 1;
+                n_answered++;
+                got = 1;
+            }
+        }
+        quiet = got ? 0 : quiet + 1;
+    }
+    n_first = n_answered;
+    CHECKF(n_first >= 1 && n_first < N, "%d of %d answered with 2 descriptors free (log %s)",
+           n_first, N, log5);
+    /* one answered client closes, and the next waiting one is taken and
+     * answered; then the next closes: a wait (and its two lines) a client */
+    for (int k = 0, shut = 0; k < N; k++) {
+        if (answered[k])
+            continue;
+        while (!c[shut])
+            shut++;
+        fixture_cl_close(c[shut]);
+        c[shut] = NULL;
+        CHECKF(fixture_cl_read(c[k], &e, WAIT_MS) == FIXTURE_EV_OK, "client %d: no answer "
+               "after client %d closed (log %s)", k, shut, log5);
+        CHECKF(!strcmp(ev_kind(e), "status"), "client %d: %s", k, ev_kind(e));
+        json_decref(e);
+        answered[k] = 1;
+        n_answered++;
+    }
+    for (int k = 0; k < N; k++)
+        fixture_cl_close(c[k]);
+    CHECK(n_answered == N);
+    CHECK(prlimit(p, RLIMIT_NOFILE, &was, NULL) == 0);
+    e = fixture_status(sock2);
+    CHECK(e && !strcmp(ev_kind(e), "status"));
+    json_decref(e);
+    /* dozens of failed accepts (25 ticks and more), said in one line when
+     * they began and one when they ended, a pair a wait, at most 4 lines a
+     * minute (the rest at debug level) */
+    CHECKF(log_soon(log5, "accept works again"), "log %s", log5);
+    st = lines_with(log5, "accept: Too many open files");
+    CHECKF(st >= 1 && st <= 2, "%d lines of failed accepts (log %s)", st, log5);
+    held = lines_with(log5, "accept works again");
+    CHECKF(held == st, "%d lines of accepts working again, %d of failing (log %s)", held, st,
+           log5);
+    printf("# out_of_descriptors: %d of %d answered at first, %d waits logged\n", n_first, N,
+           st);
+    CHECK(kill(p, SIGTERM) == 0 && wait_exit(p, &st) == 0 && WIFEXITED(st) &&
+          WEXITSTATUS(st) == 0);
+    return 0;
+}
+
 static int second_daemon_refused(void)
 {
     char log2[600];
@@ -1119,6 +1233,7 @@ int main(void)
         TEST_CASE(bad_input);
         TEST_CASE(queue_full);
         TEST_CASE(too_many_connections);
+        TEST_CASE(out_of_descriptors);
         TEST_CASE(second_daemon_refused);
         TEST_CASE(sigterm_during_generation);
         TEST_CASE(stale_socket_replaced);

@@ -23,7 +23,6 @@
  * complete; a second shm_attach on
  * one connection and an attach with rings turned off are refused.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -88,17 +87,7 @@ static dgemma_t *open_conn(void)
 /* The daemon's open descriptors. */
 static int daemon_fds(void)
 {
-    char path[64];
-    DIR *d;
-    struct dirent *e;
-    int n = 0;
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)daemon_pid);
-    if (!(d = opendir(path)))
-        return -1;
-    while ((e = readdir(d)))
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
+    return fixture_fds_open(daemon_pid);
 }
 
 /* One integer of the status event; -1 on failure. */
