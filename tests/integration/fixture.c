@@ -286,6 +286,28 @@ int fixture_fds_open(pid_t pid)
     return n;
 }
 
+int fixture_fd_first_free(pid_t pid)
+{
+    static unsigned char used[65536];
+    char dir[64];
+    struct dirent *d;
+    DIR *dp;
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    if (!(dp = opendir(dir)))
+        return -1;
+    memset(used, 0, sizeof used);
+    while ((d = readdir(dp))) {
+        const long fd = d->d_name[0] == '.' ? -1 : strtol(d->d_name, NULL, 10);
+        if (fd >= 0 && fd < (long)sizeof used)
+            used[fd] = 1;
+    }
+    closedir(dp);
+    for (int fd = 0; fd < (int)sizeof used; fd++)
+        if (!used[fd])
+            return fd;
+    return -1;
+}
+
 long fixture_proc_kib(pid_t pid, const char *field)
 {
     char path[64], line[256];

@@ -115,6 +115,11 @@ long long fixture_ev_int(const json_t *e, const char *key);
  * cannot be read. */
 int fixture_fds_open(pid_t pid);
 
+/* The lowest descriptor number process pid does not have open (a soft
+ * RLIMIT_NOFILE of that number leaves it none to open); -1 if its
+ * descriptors cannot be read or the lowest free one is past 65535. */
+int fixture_fd_first_free(pid_t pid);
+
 /* A "Name:   123 kB" line of /proc/pid/status (field "VmRSS", "VmHWM",
  * ...), in KiB; -1 where it cannot be read. */
 long fixture_proc_kib(pid_t pid, const char *field);

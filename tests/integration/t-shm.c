@@ -21,7 +21,10 @@
  * a prompt whose prefill is short even under AddressSanitizer) and a
  * short one behind them all
  * complete; a second shm_attach on
- * one connection and an attach with rings turned off are refused.
+ * one connection and an attach with rings turned off are refused, and an
+ * attach while the daemon has no descriptor free fails with the reason
+ * (the same connection attaches once it has).  Each daemon the cases stop
+ * must exit 0 on SIGTERM: under AddressSanitizer that is its leak check.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,14 +68,21 @@ static int start_daemon(const char *const *opts)
     return daemon_pid > 0 && fixture_wait_ready(daemon_pid, sock_path) == 0 ? 0 : -1;
 }
 
-static void stop_daemon(void)
+/* SIGTERM to the daemon, if one runs, and its end: 0 when it exited 0
+ * (under the sanitizers, with no report: LeakSanitizer's exit is not 0),
+ * or none ran; -1 otherwise, said on a comment line. */
+static int stop_daemon(void)
 {
-    int st;
-    if (daemon_pid > 0) {
-        kill(daemon_pid, SIGTERM);
-        fixture_wait_exit(daemon_pid, &st);
-        daemon_pid = 0;
-    }
+    int st = 0, clean;
+    if (daemon_pid <= 0)
+        return 0;
+    kill(daemon_pid, SIGTERM);
+    clean = fixture_wait_exit(daemon_pid, &st) == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    daemon_pid = 0;
+    if (!clean)
+        printf("# the daemon did not exit 0 after SIGTERM (status 0x%x; log %s)\n", st,
+               log_path);
+    return clean ? 0 : -1;
 }
 
 static dgemma_t *open_conn(void)
@@ -721,7 +732,7 @@ static int user_ring_cap(void)
     struct raw a, b, c;
     int rc = -1;
 
-    stop_daemon(); /* (refusals left one with rings off) */
+    CHECK(stop_daemon() == 0); /* (refusals left one with rings off) */
     CHECK(start_daemon(opts) == 0);
     CHECK(raw_attach_req(&a, five) == 0 && raw_attach_req(&b, five) == 0);
     CHECK(a.size > (5u << 20) && a.size + b.size <= (12u << 20));
@@ -738,7 +749,7 @@ static int user_ring_cap(void)
     raw_detach(&b);
     raw_detach(&c);
     /* and without a cap, the large ring is lent */
-    stop_daemon();
+    CHECK(stop_daemon() == 0);
     {
         const char *const none[] = {"pin_workers=false", "shm_user_max_mb=0", NULL};
         CHECK(start_daemon(none) == 0);
@@ -756,7 +767,7 @@ static int daemon_killed(void)
     dgemma_completion_t d;
     int rc;
 
-    stop_daemon(); /* (refusals left one with rings off) */
+    CHECK(stop_daemon() == 0); /* (refusals left one with rings off) */
     CHECK(start_daemon(DAEMON_OPTS) == 0);
     c = open_conn();
 
@@ -898,7 +909,7 @@ static int plain_text_default(void)
     struct out o;
 
     CHECK(plain_tokens > parsed_tokens && parsed_tokens > 0); /* (ring_plain_text ran) */
-    stop_daemon();
+    CHECK(stop_daemon() == 0);
     CHECK(start_daemon(opts) == 0);
     CHECK((c = open_conn()) != NULL);
     for (int ask = 0; ask < 3; ask++) { /* no key, parse_special true, false */
@@ -932,8 +943,39 @@ static int refusals(void)
     CHECKF(strstr(dgemma_errmsg(c), "has a ring"), "%s", dgemma_errmsg(c));
     dgemma_ring_detach(a);
     dgemma_close(c);
+    /* the daemon out of descriptors (its soft limit lowered to the lowest
+     * it has free): the attach fails with the reason; the connection and
+     * the daemon go on, and with the limit back the same connection
+     * attaches */
+    c = open_conn();
+    CHECK(c && status_int("running") >= 0); /* (c taken: a status after it answered) */
+    {
+        struct rlimit was, low;
+        int first = -1, rc;
+        /* the status connection closed on the daemon's side too: the same
+         * lowest free descriptor three times 50 ms apart */
+        for (int same = 0, tries = 0; same < 3 && tries < 200; tries++) {
+            const int now = fixture_fd_first_free(daemon_pid);
+            same = now == first ? same + 1 : 0;
+            first = now;
+            usleep(50000);
+        }
+        CHECK(first > 0);
+        CHECK(prlimit(daemon_pid, RLIMIT_NOFILE, NULL, &was) == 0);
+        low = was;
+        low.rlim_cur = (rlim_t)first;
+        CHECK(prlimit(daemon_pid, RLIMIT_NOFILE, &low, NULL) == 0);
+        rc = dgemma_ring_attach(c, NULL, &b);
+        CHECK(prlimit(daemon_pid, RLIMIT_NOFILE, &was, NULL) == 0);
+        CHECKF(rc == DGEMMA_E_DAEMON && b == NULL &&
+                   strstr(dgemma_errmsg(c), "Too many open files"),
+               "rc %d: %s", rc, dgemma_errmsg(c));
+        CHECKF(dgemma_ring_attach(c, NULL, &a) == 0, "%s", dgemma_errmsg(c));
+        dgemma_ring_detach(a);
+    }
+    dgemma_close(c);
     /* rings off */
-    stop_daemon();
+    CHECK(stop_daemon() == 0);
     {
         const char *const off[] = {"pin_workers=false", "shm_max_entries=0", NULL};
         CHECK(start_daemon(off) == 0);
@@ -942,7 +984,7 @@ static int refusals(void)
     CHECK(c && dgemma_ring_attach(c, NULL, &a) == DGEMMA_E_DAEMON && a == NULL);
     CHECKF(strstr(dgemma_errmsg(c), "rings are off"), "%s", dgemma_errmsg(c));
     dgemma_close(c);
-    stop_daemon();
+    CHECK(stop_daemon() == 0);
     return 0;
 }
 
