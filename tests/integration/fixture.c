@@ -113,6 +113,17 @@ int fixture_wait_ready(pid_t pid, const char *sock)
     return -1;
 }
 
+int fixture_stop(pid_t pid, const char *log)
+{
+    int st = 0;
+    const int clean = kill(pid, SIGTERM) == 0 && fixture_wait_exit(pid, &st) == 0 &&
+                      WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!clean)
+        printf("# the daemon (pid %d) did not exit 0 after SIGTERM: status 0x%x; log %s\n",
+               (int)pid, st, log ? log : "(none)");
+    return clean ? 0 : -1;
+}
+
 int fixture_finish(pid_t pid, const char *log)
 {
     int rc;

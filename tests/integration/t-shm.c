@@ -68,21 +68,13 @@ static int start_daemon(const char *const *opts)
     return daemon_pid > 0 && fixture_wait_ready(daemon_pid, sock_path) == 0 ? 0 : -1;
 }
 
-/* SIGTERM to the daemon, if one runs, and its end: 0 when it exited 0
- * (under the sanitizers, with no report: LeakSanitizer's exit is not 0),
- * or none ran; -1 otherwise, said on a comment line. */
+/* The daemon, if one runs, stopped (fixture_stop): 0 when it exited 0 or
+ * none ran. */
 static int stop_daemon(void)
 {
-    int st = 0, clean;
-    if (daemon_pid <= 0)
-        return 0;
-    kill(daemon_pid, SIGTERM);
-    clean = fixture_wait_exit(daemon_pid, &st) == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    const pid_t p = daemon_pid;
     daemon_pid = 0;
-    if (!clean)
-        printf("# the daemon did not exit 0 after SIGTERM (status 0x%x; log %s)\n", st,
-               log_path);
-    return clean ? 0 : -1;
+    return p > 0 ? fixture_stop(p, log_path) : 0;
 }
 
 static dgemma_t *open_conn(void)
