@@ -649,7 +649,7 @@ static int out_of_descriptors(void)
     int answered[N] = {0};
     struct rlimit low, was;
     json_t *e;
-    int st, held, n_answered = 0, n_first;
+    int st, held, begins, ends, n_answered = 0, n_first;
     pid_t p;
 
     snprintf(sock2, sizeof sock2, "%s", test_path("nofd.sock"));
@@ -716,13 +716,13 @@ static int out_of_descriptors(void)
      * they began and one when they ended, a pair a wait, at most 4 lines a
      * minute (the rest at debug level) */
     CHECKF(log_soon(log5, "accept works again"), "log %s", log5);
-    st = lines_with(log5, "accept: Too many open files");
-    CHECKF(st >= 1 && st <= 2, "%d lines of failed accepts (log %s)", st, log5);
-    held = lines_with(log5, "accept works again");
-    CHECKF(held == st, "%d lines of accepts working again, %d of failing (log %s)", held, st,
-           log5);
+    begins = lines_with(log5, "accept: Too many open files");
+    CHECKF(begins >= 1 && begins <= 2, "%d lines of failed accepts (log %s)", begins, log5);
+    ends = lines_with(log5, "accept works again");
+    CHECKF(ends == begins, "%d lines of accepts working again, %d of failing (log %s)", ends,
+           begins, log5);
     printf("# out_of_descriptors: %d of %d answered at first, %d waits logged\n", n_first, N,
-           st);
+           begins);
     CHECK(kill(p, SIGTERM) == 0 && wait_exit(p, &st) == 0 && WIFEXITED(st) &&
           WEXITSTATUS(st) == 0);
     return 0;
