@@ -4,6 +4,7 @@
 #include "tests/sql-peek.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <poll.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -113,15 +114,23 @@ int fixture_wait_ready(pid_t pid, const char *sock)
     return -1;
 }
 
-int fixture_stop(pid_t pid, const char *log)
+int fixture_exits_clean(pid_t pid, const char *log)
 {
     int st = 0;
-    const int clean = kill(pid, SIGTERM) == 0 && fixture_wait_exit(pid, &st) == 0 &&
-                      WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    const int clean = fixture_wait_exit(pid, &st) == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
     if (!clean)
-        printf("# the daemon (pid %d) did not exit 0 after SIGTERM: status 0x%x; log %s\n",
+        printf("# the daemon (pid %d) did not exit 0 when told to stop: status 0x%x; log %s\n",
                (int)pid, st, log ? log : "(none)");
     return clean ? 0 : -1;
+}
+
+int fixture_stop(pid_t pid, const char *log)
+{
+    if (kill(pid, SIGTERM) != 0) {
+        printf("# SIGTERM to the daemon (pid %d): %s\n", (int)pid, strerror(errno));
+        return -1;
+    }
+    return fixture_exits_clean(pid, log);
 }
 
 int fixture_finish(pid_t pid, const char *log)
@@ -282,7 +291,9 @@ int fixture_wait_count(const char *db, int64_t want, double limit_s, const char 
     return 0;
 }
 
-int fixture_fds_open(pid_t pid)
+/* Walks /proc/pid/fd: the count of descriptors open, each of those below
+ * 65536 marked in used (when not NULL); -1 if it cannot be read. */
+static int read_fds(pid_t pid, unsigned char *used)
 {
     char dir[64];
     struct dirent *d;
@@ -291,28 +302,30 @@ int fixture_fds_open(pid_t pid)
     snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
     if (!(dp = opendir(dir)))
         return -1;
-    while ((d = readdir(dp)))
-        n += d->d_name[0] != '.';
+    while ((d = readdir(dp))) {
+        long fd;
+        if (d->d_name[0] == '.')
+            continue;
+        n++;
+        fd = strtol(d->d_name, NULL, 10);
+        if (used && fd >= 0 && fd < 65536)
+            used[fd] = 1;
+    }
     closedir(dp);
     return n;
+}
+
+int fixture_fds_open(pid_t pid)
+{
+    return read_fds(pid, NULL);
 }
 
 int fixture_fd_first_free(pid_t pid)
 {
     static unsigned char used[65536];
-    char dir[64];
-    struct dirent *d;
-    DIR *dp;
-    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
-    if (!(dp = opendir(dir)))
-        return -1;
     memset(used, 0, sizeof used);
-    while ((d = readdir(dp))) {
-        const long fd = d->d_name[0] == '.' ? -1 : strtol(d->d_name, NULL, 10);
-        if (fd >= 0 && fd < (long)sizeof used)
-            used[fd] = 1;
-    }
-    closedir(dp);
+    if (read_fds(pid, used) < 0)
+        return -1;
     for (int fd = 0; fd < (int)sizeof used; fd++)
         if (!used[fd])
             return fd;

@@ -56,10 +56,13 @@ int fixture_wait_ready(pid_t pid, const char *sock);
  * exited by itself; *status as waitpid gives it. */
 int fixture_wait_exit(pid_t pid, int *status);
 
-/* SIGTERM to the daemon pid and its end: 0 when it exited 0 within
+/* The daemon pid's end, once told to stop: 0 when it exited 0 within
  * FIXTURE_WAIT_MS (under the sanitizers that is also their leak check,
  * which a SIGKILL skips: LeakSanitizer's exit is not 0); -1 otherwise,
  * said on a comment line naming log (may be NULL). */
+int fixture_exits_clean(pid_t pid, const char *log);
+
+/* SIGTERM to the daemon pid, then fixture_exits_clean. */
 int fixture_stop(pid_t pid, const char *log);
 
 /* The end of a daemon test's main: the daemon, if still running (pid > 0),

@@ -976,10 +976,7 @@ static int batch_daemon_stops_checks(void)
     CHECK(waitpid(pid, &st, 0) == pid);
     side_batch = 0;
     side_daemon = 0;
-    {
-        int dst;
-        CHECK(fixture_wait_exit(d, &dst) == 0 && WIFEXITED(dst) && WEXITSTATUS(dst) == 0);
-    }
+    CHECK(fixture_exits_clean(d, l2) == 0);
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 3, "status %d", st);
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     printf("# %d of 40 results before the daemon stopped\n", n);
@@ -1227,10 +1224,7 @@ static int batch_cancelled_checks(void)
     side_batch = 0;
     CHECK(WIFEXITED(st));
     side_daemon = 0;
-    {
-        int dst;
-        CHECK(fixture_wait_exit(d, &dst) == 0 && WIFEXITED(dst) && WEXITSTATUS(dst) == 0);
-    }
+    CHECK(fixture_exits_clean(d, l4) == 0);
     CHECKF(WEXITSTATUS(st) == 3, "the batch exited %d", WEXITSTATUS(st));
     CHECK(check_results(out, &n, &errors, &dups) == 0);
     CHECKF(n == 0, "%d results of requests the stopping daemon cancelled", n);

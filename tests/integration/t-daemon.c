@@ -617,20 +617,6 @@ static int too_many_connections(void)
     return 0;
 }
 
-/* Lines of the file at path holding needle; -1 if it cannot be read. */
-static int lines_with(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    char line[4096];
-    int n = 0;
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof line, f))
-        n += strstr(line, needle) != NULL;
-    fclose(f);
-    return n;
-}
-
 /* A daemon out of file descriptors (its soft RLIMIT_NOFILE lowered, from
  * here, to what it holds and two more): eight clients connect and each
  * sends a status request.  Those the free descriptors allow are taken and
@@ -716,15 +702,14 @@ static int out_of_descriptors(void)
      * they began and one when they ended, a pair a wait, at most 4 lines a
      * minute (the rest at debug level) */
     CHECKF(log_soon(log5, "accept works again"), "log %s", log5);
-    begins = lines_with(log5, "accept: Too many open files");
+    begins = log_count(log5, 0, "accept: Too many open files", "");
     CHECKF(begins >= 1 && begins <= 2, "%d lines of failed accepts (log %s)", begins, log5);
-    ends = lines_with(log5, "accept works again");
+    ends = log_count(log5, 0, "accept works again", "");
     CHECKF(ends == begins, "%d lines of accepts working again, %d of failing (log %s)", ends,
            begins, log5);
     printf("# out_of_descriptors: %d of %d answered at first, %d waits logged\n", n_first, N,
            begins);
-    CHECK(kill(p, SIGTERM) == 0 && wait_exit(p, &st) == 0 && WIFEXITED(st) &&
-          WEXITSTATUS(st) == 0);
+    CHECK(fixture_stop(p, log5) == 0);
     return 0;
 }
 
