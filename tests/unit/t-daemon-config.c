@@ -381,6 +381,7 @@ static int hostile(void)
     CHECK(text);
     dg_config_defaults(&c);
     memset(text, '[', n);
+    text[n] = '\0';
     if (load(&c, text, &err) != -DG_E_CONFIG) {
         free(text);
         CHECK(!"deep flow nesting accepted");
