@@ -508,7 +508,7 @@ install: all
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; install -d $(DESTDIR)$(MANDIR)/man$$s; \
 	    install -m 0644 $$p $(DESTDIR)$(MANDIR)/man$$s/; done
 	$(Q)install -d $(DESTDIR)$(SYSCONFDIR)/dgemma $(DESTDIR)$(UNITDIR) \
-	    $(DESTDIR)$(SYSCONFDIR)/cron.d $(DESTDIR)$(SYSUSERSDIR)
+	    $(DESTDIR)$(SYSCONFDIR)/cron.d $(DESTDIR)$(SYSCONFDIR)/logrotate.d $(DESTDIR)$(SYSUSERSDIR)
 	$(Q)test -e $(DESTDIR)$(SYSCONFDIR)/dgemma/dgemmad.yaml || \
 	    install -m 0644 etc/dgemmad.yaml $(DESTDIR)$(SYSCONFDIR)/dgemma/dgemmad.yaml
 	$(Q)sed 's|/usr/local/bin/|$(BINDIR)/|g; s|/etc/dgemma/|$(SYSCONFDIR)/dgemma/|g' \
@@ -517,6 +517,8 @@ install: all
 	$(Q)test -e $(DESTDIR)$(SYSCONFDIR)/cron.d/dgemma-batch || \
 	    sed 's|/usr/local/bin/|$(BINDIR)/|g' etc/dgemma-batch.cron \
 	    >$(DESTDIR)$(SYSCONFDIR)/cron.d/dgemma-batch
+	$(Q)test -e $(DESTDIR)$(SYSCONFDIR)/logrotate.d/dgemma || \
+	    install -m 0644 etc/dgemma.logrotate $(DESTDIR)$(SYSCONFDIR)/logrotate.d/dgemma
 
 uninstall:
 	$(Q)for b in $(notdir $(BINS)); do rm -f $(DESTDIR)$(BINDIR)/$$b; done
@@ -525,7 +527,8 @@ uninstall:
 	    $(DESTDIR)$(LIBDIR)/pkgconfig/dgemma.pc $(DESTDIR)$(UNITDIR)/dgemmad.service \
 	    $(DESTDIR)$(SYSUSERSDIR)/dgemma.conf
 	$(Q)for p in $(MAN_PAGES); do s=$${p##*.}; rm -f $(DESTDIR)$(MANDIR)/man$$s/$$(basename $$p); done
-	@echo "kept: $(SYSCONFDIR)/dgemma/dgemmad.yaml, $(SYSCONFDIR)/cron.d/dgemma-batch"
+	@echo "kept: $(SYSCONFDIR)/dgemma/dgemmad.yaml, $(SYSCONFDIR)/cron.d/dgemma-batch," \
+	    "$(SYSCONFDIR)/logrotate.d/dgemma"
 
 clean:
 	rm -rf build build-asan build-tsan build-cpu-only

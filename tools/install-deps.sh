@@ -7,7 +7,7 @@
 set -eu
 
 PACKAGES="build-essential pkg-config clang libclang-rt-dev libjansson-dev libyaml-dev
-liburing-dev libsqlite3-dev man-db groff-base python3"
+liburing-dev libsqlite3-dev man-db groff-base python3 logrotate"
 
 missing=""
 for p in $PACKAGES; do

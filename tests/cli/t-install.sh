@@ -2,12 +2,13 @@
 # Description: `make install DESTDIR=... PREFIX=/usr` puts every file in
 # place (binaries, libdgemma shared and static, dgemma.h, dgemma.pc, manual
 # pages, dgemmad.yaml, the systemd unit (Type=notify, a start of up to 15
-# minutes, the socket families NCCL's bootstrap needs), the sysusers file,
-# the cron example); a program written against the installed header,
+# minutes, the socket families NCCL's bootstrap needs, /var/log/dgemma),
+# the sysusers file, the cron example, the logrotate file); a program written against the installed header,
 # built and linked through pkg-config (shared, then static), runs against
 # the installed daemon serving the installed default model; the shared
 # library exports only dgemma_* symbols; a second install keeps an edited
-# dgemmad.yaml; uninstall removes what install put there.
+# dgemmad.yaml and logrotate file; uninstall removes what install put
+# there but those and the cron file.
 set -u
 # (CI runs as root; dgemmad refuses root unless told)
 ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
@@ -30,13 +31,16 @@ for f in usr/bin/dgemmad usr/bin/dgemma-client usr/bin/dgemma-eval usr/include/d
          usr/share/man/man1/dgemma-client.1 usr/share/man/man5/dgemmad.yaml.5 \
          usr/share/man/man3/libdgemma.3 usr/share/dgemma/model/default/config.json \
          etc/dgemma/dgemmad.yaml etc/systemd/system/dgemmad.service \
-         usr/lib/sysusers.d/dgemma.conf etc/cron.d/dgemma-batch; do
+         usr/lib/sysusers.d/dgemma.conf etc/cron.d/dgemma-batch etc/logrotate.d/dgemma; do
     [ -e "$root/$f" ] || missing="$missing $f"
 done
 if [ -z "$missing" ] && grep -q '^ExecStart=/usr/bin/dgemmad -c /etc/dgemma/dgemmad.yaml' \
        "$root/etc/systemd/system/dgemmad.service" &&
    grep -q '^Type=notify' "$root/etc/systemd/system/dgemmad.service" &&
    grep -q '^StateDirectory=dgemma' "$root/etc/systemd/system/dgemmad.service" &&
+   grep -q '^LogsDirectory=dgemma$' "$root/etc/systemd/system/dgemmad.service" &&
+   cmp -s etc/dgemma.logrotate "$root/etc/logrotate.d/dgemma" &&
+   [ "$(stat -c %a "$root/etc/logrotate.d/dgemma")" = 644 ] &&
    grep -q '^TimeoutStartSec=15min' "$root/etc/systemd/system/dgemmad.service" &&
    grep -q '^RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6$' \
        "$root/etc/systemd/system/dgemmad.service"
@@ -68,11 +72,13 @@ kill $d; wait $d; st=$?; d=0
 [ $st -eq 0 ] && ok daemon_exit || bad daemon_exit "status $st"
 
 echo "max_batch: 3" >>"$root/etc/dgemma/dgemmad.yaml"
+sed -i 's/^    rotate 8$/    rotate 30/' "$root/etc/logrotate.d/dgemma"
 mk install >/dev/null
 mk uninstall >"$tmp/uninstall.log"
 left=$(cd "$root" && find . -type f | sort | tr '\n' ' ')
 if grep -q '^max_batch: 3' "$root/etc/dgemma/dgemmad.yaml" &&
-   [ "$left" = "./etc/cron.d/dgemma-batch ./etc/dgemma/dgemmad.yaml " ]
+   grep -q '^    rotate 30$' "$root/etc/logrotate.d/dgemma" &&
+   [ "$left" = "./etc/cron.d/dgemma-batch ./etc/dgemma/dgemmad.yaml ./etc/logrotate.d/dgemma " ]
 then ok reinstall_uninstall; else bad reinstall_uninstall "left: $left"; fi
 
 [ $fails -eq 0 ]
