@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "client/client.h"
+#include "lib/version.h"
 
 static const char usage[] =
     "usage: dgemma-client [generate] [OPTIONS] [PROMPT...]   one request, streamed\n"
@@ -20,8 +21,9 @@ static const char usage[] =
     "Every command but stats takes -s SOCKET (else $DGEMMA_SOCKET, else "
     DGEMMA_DEFAULT_SOCKET ")\n"
     "and --wait SECONDS (retry while the daemon starts).  COMMAND --help shows\n"
-    "a command's options.  Exit status: 0 done, 1 a request failed (or out of\n"
-    "memory), 2 usage, 3 the daemon is unreachable or the connection was lost.\n";
+    "a command's options, --version the version.  Exit status: 0 done, 1 a\n"
+    "request failed (or out of memory), 2 usage, 3 the daemon is unreachable or\n"
+    "the connection was lost.\n";
 
 static int is_command(const char *a)
 {
@@ -64,7 +66,7 @@ int main(int argc, char **argv)
         return EXIT_DONE;
     }
     if (argc >= 2 && !strcmp(argv[1], "--version")) {
-        puts("dgemma-client 0.1.0");
+        printf("dgemma-client %s\n", DGEMMA_VERSION);
         return EXIT_DONE;
     }
     if (argc >= 2) {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lib/log.h"
+#include "lib/version.h"
 #include "tools/eval/eval.h"
 
 static const char usage[] =
@@ -25,7 +26,8 @@ static const char usage[] =
     "  quantize --model DIR ...  write the model with FP8 weights (W8A8 layout)\n"
     "  accuracy --problems FILE  exact-match accuracy of a running daemon\n"
     "\n"
-    "dgemma-eval COMMAND --help shows a command's options.\n";
+    "dgemma-eval COMMAND --help shows a command's options; dgemma-eval --version the\n"
+    "version.\n";
 
 void eval_errorf(const char *fmt, ...)
 {
@@ -50,6 +52,10 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dgemma-eval %s\n", DGEMMA_VERSION);
+        return 0;
     }
     if (!strcmp(argv[1], "inspect"))
         return cmd_inspect(argc - 1, argv + 1);
