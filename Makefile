@@ -92,8 +92,8 @@ else
 # (full RELRO).  Not _FORTIFY_SOURCE=2: it made the CPU backend's
 # 2,048-token prefill and first canvas 10% slower (dgemma-eval generate,
 # medians of 5 interleaved with a build without it: 2,001 against 1,803
-# ms, where the canaries alone read 1,805 against 1,800; a machine of 2
-# CPUs).  The sanitizer builds check what it would, and more.
+# ms, where the canaries and RELRO read 1,805 against 1,800; a machine
+# of 2 CPUs).  The sanitizer builds check what it would, and more.
 ALL_CFLAGS += -fstack-protector-strong
 LDFLAGS    += -Wl,-z,relro -Wl,-z,now
 endif
