@@ -35,6 +35,7 @@
 #define REFUSAL_LOG_WINDOW_S 10.0
 #define STARVED_LOG_BURST 4     /* lines on accepts short of descriptors a window (the rest debug) */
 #define STARVED_LOG_WINDOW_S 60.0
+#define STARVED_WHAT "lines on accepts short of descriptors"
 
 static double now_s(void)
 {
@@ -391,11 +392,13 @@ static void write_line(struct dserver *srv, struct conn *c, char *line, size_t l
 }
 
 /* The count of refusals the last window held back, once (0: none). */
-static void log_refusals_held(unsigned long long held)
+/* A limit's count of lines held back (what names them), logged once at
+ * info level; nothing when held is 0. */
+static void log_held(const struct dlog_limit *l, const char *what, unsigned long long held)
 {
     if (held)
-        dlog(DG_LOG_INFO, "%llu more refusals in the %.0f s before were logged at debug level "
-             "only", held, REFUSAL_LOG_WINDOW_S);
+        dlog(DG_LOG_INFO, "%llu more %s in the %.0f s before were logged at debug level only",
+             held, what, l->window);
 }
 
 void log_refusal(struct dserver *srv, const struct conn *c, const char *what, const char *code,
@@ -403,7 +406,7 @@ void log_refusal(struct dserver *srv, const struct conn *c, const char *what, co
 {
     unsigned long long held;
     const int info = dlog_limit_take(&srv->refusals, now_s(), &held);
-    log_refusals_held(held);
+    log_held(&srv->refusals, "refusals", held);
     dlog(info ? DG_LOG_INFO : DG_LOG_DEBUG, "conn %u uid=%d: %srefused: %s: %s", slot_of(srv, c),
          (int)c->uid, what, code, msg);
 }
@@ -866,15 +869,6 @@ static void linger_sweep(struct dserver *srv, double t)
         }
 }
 
-/* The count of lines on accepts short of descriptors that the last window
- * held back, once (0: none). */
-static void log_starved_held(unsigned long long held)
-{
-    if (held)
-        dlog(DG_LOG_INFO, "%llu more lines on accepts short of descriptors in the %.0f s "
-             "before were logged at debug level only", held, STARVED_LOG_WINDOW_S);
-}
-
 /* The level for a line on accepts short of descriptors: level while the
  * window allows one, else debug (a limit near the connections' count
  * would otherwise log two lines a connection). */
@@ -882,7 +876,7 @@ static enum dg_log_level starved_log_level(struct dserver *srv, enum dg_log_leve
 {
     unsigned long long held;
     const int ok = dlog_limit_take(&srv->starved_log, now_s(), &held);
-    log_starved_held(held);
+    log_held(&srv->starved_log, STARVED_WHAT, held);
     return ok ? level : DG_LOG_DEBUG;
 }
 
@@ -1143,8 +1137,8 @@ static void on_tick(struct dserver *srv)
         arm_accept(srv);
     linger_sweep(srv, t);
     grace_check(srv, t);
-    log_refusals_held(dlog_limit_due(&srv->refusals, t));
-    log_starved_held(dlog_limit_due(&srv->starved_log, t));
+    log_held(&srv->refusals, "refusals", dlog_limit_due(&srv->refusals, t));
+    log_held(&srv->starved_log, STARVED_WHAT, dlog_limit_due(&srv->starved_log, t));
     arm_tick(srv);
 }
 
