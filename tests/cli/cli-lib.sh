@@ -12,6 +12,8 @@
 #                             exits with another status than WANT
 #   has NAME out|err TEXT     the kept output holds TEXT
 #   need_daemon               D, C, M, ROOT_OK for the daemon tests (below)
+#   skip_sanitizer_build WHY  exits 77 with a skip line when $BUILD is a
+#                             sanitizer build (its name has asan or tsan)
 # (sourced, not run: no t- prefix, so the runner does not take it for a test)
 cli_name=$1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgemma-$cli_name-XXXXXX")
@@ -31,6 +33,13 @@ run() {
 }
 
 has() { grep -qF -- "$3" "$tmp/$1.$2"; }
+
+skip_sanitizer_build() {
+    case "$BUILD" in *asan*|*tsan*)
+        echo "skip $cli_name: $1"
+        exit 77 ;;
+    esac
+}
 
 # need_daemon: D, C and M set to the build's dgemmad, dgemma-client and
 # random test model, ROOT_OK to the option that lets dgemmad run as root

@@ -8,11 +8,8 @@
 # A sanitizer build, which is not hardened this way, is skipped.
 set -u
 BUILD=${BUILD:-build}
-case "$BUILD" in *asan*|*tsan*)
-    echo "skip t-hardening: a sanitizer build is not hardened this way"
-    exit 77 ;;
-esac
 . "${0%/*}/cli-lib.sh" t-hardening
+skip_sanitizer_build "a sanitizer build is not hardened this way"
 for t in readelf nm; do
     command -v $t >/dev/null 2>&1 || { echo "skip t-hardening: $t (binutils) missing"; exit 77; }
 done

@@ -13,11 +13,8 @@ set -u
 # (CI runs as root; dgemmad refuses root unless told)
 ROOT_OK=; [ "$(id -u)" = 0 ] && ROOT_OK="-o allow_root=true"
 BUILD=${BUILD:-build}
-case "$BUILD" in *asan*|*tsan*)
-    echo "skip t-install: a sanitizer build is not installed (its libraries need the runtime)"
-    exit 77 ;;
-esac
 . "${0%/*}/cli-lib.sh" t-install
+skip_sanitizer_build "a sanitizer build is not installed (its libraries need the runtime)"
 d=0
 trap '[ $d -gt 0 ] && kill $d 2>/dev/null; rm -rf "$tmp"' EXIT
 root=$tmp/root
