@@ -360,7 +360,11 @@ $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(BUILD)/tests/gpu/gpu-util.o $(HAR
 # libFuzzer targets: clang, ASan + UBSan, linked with the library sources
 # compiled once for them (with libFuzzer's coverage, not its main) into
 # $(BUILD)/fuzz/libfuzz.a.
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=address,undefined \
+# A float converted to an integer type that cannot hold it, and a float
+# divided by zero: GCC's -fsanitize=undefined leaves out both, clang's the
+# second; every sanitizer build here asks for both.
+SAN_FLOAT := float-cast-overflow,float-divide-by-zero
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=address,undefined,$(SAN_FLOAT) \
                -fno-sanitize-recover=all
 FUZZ_FLAGS := $(FUZZ_CFLAGS) -fsanitize=fuzzer
 # (the daemon's request parser is fuzzed too: its sources go in as well)
@@ -411,9 +415,7 @@ TEST_RUN = BUILD=$(BUILD) tests/run.sh $(UNIT_BIN) $(INTEG_BIN) $(CLI_TESTS) \
 # reports it with the fill).  The suite's tests took 206 s with it and 211
 # without, one run each, on a machine of 2 CPUs.
 ASAN_BUILD := build-asan
-# GCC's -fsanitize=undefined leaves out a float converted to an integer
-# type that cannot hold it, and a float divided by zero: both asked for.
-ASAN_SANITIZE := address,undefined,float-cast-overflow,float-divide-by-zero
+ASAN_SANITIZE := address,undefined,$(SAN_FLOAT)
 FUZZ_SMOKE_SECONDS ?= 5
 SAN_CFLAGS := -O2 -g
 test-asan: test-asan-build
