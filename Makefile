@@ -362,7 +362,7 @@ $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(BUILD)/tests/gpu/gpu-util.o $(HAR
 # $(BUILD)/fuzz/libfuzz.a.
 # A float converted to an integer type that cannot hold it, and a float
 # divided by zero: GCC's -fsanitize=undefined leaves out both, clang's the
-# second; every sanitizer build here asks for both.
+# second; the ASan suite and the fuzz targets ask for both.
 SAN_FLOAT := float-cast-overflow,float-divide-by-zero
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -I. -g -O1 -fsanitize=address,undefined,$(SAN_FLOAT) \
                -fno-sanitize-recover=all
