@@ -33,6 +33,7 @@
 #define PREP_TEXT_BYTES 4096    /* a prompt with this much text is tokenized off this thread */
 #define REFUSAL_LOG_BURST 10    /* refusals logged at info level in a window; the rest at debug */
 #define REFUSAL_LOG_WINDOW_S 10.0
+#define REFUSAL_WHAT "refusals"
 #define STARVED_LOG_BURST 4     /* lines on accepts short of descriptors a window (the rest debug) */
 #define STARVED_LOG_WINDOW_S 60.0
 #define STARVED_WHAT "lines on accepts short of descriptors"
@@ -391,7 +392,6 @@ static void write_line(struct dserver *srv, struct conn *c, char *line, size_t l
     free(line);
 }
 
-/* The count of refusals the last window held back, once (0: none). */
 /* A limit's count of lines held back (what names them), logged once at
  * info level; nothing when held is 0. */
 static void log_held(const struct dlog_limit *l, const char *what, unsigned long long held)
@@ -406,7 +406,7 @@ void log_refusal(struct dserver *srv, const struct conn *c, const char *what, co
 {
     unsigned long long held;
     const int info = dlog_limit_take(&srv->refusals, now_s(), &held);
-    log_held(&srv->refusals, "refusals", held);
+    log_held(&srv->refusals, REFUSAL_WHAT, held);
     dlog(info ? DG_LOG_INFO : DG_LOG_DEBUG, "conn %u uid=%d: %srefused: %s: %s", slot_of(srv, c),
          (int)c->uid, what, code, msg);
 }
@@ -1137,7 +1137,7 @@ static void on_tick(struct dserver *srv)
         arm_accept(srv);
     linger_sweep(srv, t);
     grace_check(srv, t);
-    log_held(&srv->refusals, "refusals", dlog_limit_due(&srv->refusals, t));
+    log_held(&srv->refusals, REFUSAL_WHAT, dlog_limit_due(&srv->refusals, t));
     log_held(&srv->starved_log, STARVED_WHAT, dlog_limit_due(&srv->starved_log, t));
     arm_tick(srv);
 }
